@@ -1,0 +1,303 @@
+r"""The :class:`Discretization` contract and the registry of discretizations by name.
+
+A discretization of an interval :math:`[a, b]` turns a function :math:`f` into ``n``
+numbers (``sample``), integrates such numbers (``integrate``), and reconstructs the function
+between them (``interpolate``). Every continuous variable of ctformer (tokens ``x``,
+features ``y``, head features ``sigma``, FFN hidden ``r``) is discretized by one object of
+this contract, so operators never need to know which rule is in use.
+
+Two kinds of values exist:
+
+* **nodal** discretizations (quadrature and spectral rules) store point values
+  :math:`f(x_j)`; integrals are :math:`\sum_j w_j f(x_j)`.
+* **Galerkin** discretizations store coefficients :math:`c_j` of a finite-element
+  function :math:`f_h = \sum_j c_j \phi_j`; integrals are :math:`\int f_h`.
+
+Operators that act pointwise (softmax, activations, normalization) need values *at
+points*. The pair :meth:`Discretization.to_quadrature` / :meth:`Discretization.from_quadrature`
+together with ``quadrature_nodes`` / ``quadrature_weights`` gives a uniform way to do that:
+for nodal rules both maps are the identity and the quadrature points are the nodes; for
+Galerkin rules ``to_quadrature`` evaluates :math:`f_h` at per-element Gauss points and
+``from_quadrature`` is the :math:`L^2` projection :math:`M^{-1} B^T W g` back onto the space.
+"""
+from __future__ import annotations
+
+import abc
+import math
+from functools import cached_property
+from typing import Callable, ClassVar
+
+import array_api_compat
+import numpy as np
+
+__all__ = ["Discretization", "register", "get", "available", "check_values", "as_discretization"]
+
+_REGISTRY: dict[str, type["Discretization"]] = {}
+
+
+def register(cls: type["Discretization"]) -> type["Discretization"]:
+    """Class decorator: make ``cls`` available as ``get(cls.name, ...)``."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def available() -> list[str]:
+    """Names accepted by :func:`get`, in the order of DESIGN.md section 3."""
+    return list(_REGISTRY)
+
+
+def get(name: str, n: int, domain=(0.0, 1.0), **kwargs) -> "Discretization":
+    """Build a discretization by name.
+
+    Parameters
+    ----------
+    name : str
+        One of :func:`available` (e.g. ``"midpoint"``, ``"gauss-legendre"``, ``"p2"``).
+    n : int
+        Number of values (nodes or degrees of freedom).
+    domain : tuple of float, optional
+        The interval ``(a, b)`` with ``a < b``; default ``(0, 1)``.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is unknown; the message lists the known names.
+    """
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown discretization name {name!r}; known names: {', '.join(available())}")
+    return _REGISTRY[name](n, domain=domain, **kwargs)
+
+
+def as_discretization(spec, n: int | None = None) -> "Discretization":
+    """Accept a :class:`Discretization` or a registered name (then ``n`` is required)."""
+    if isinstance(spec, Discretization):
+        return spec
+    if isinstance(spec, str):
+        if n is None:
+            raise ValueError(f"discretization given by name {spec!r} needs n")
+        return get(spec, n)
+    raise TypeError(f"expected a Discretization or a name from {available()}, got {type(spec).__name__}")
+
+
+def check_values(values, n: int, axis: int, argname: str = "values"):
+    """Validate an array of discretized values: length ``n`` along ``axis`` and all finite.
+
+    Returns the array namespace of ``values`` and the normalized (non-negative) axis.
+    """
+    xp = array_api_compat.array_namespace(values)
+    ndim = values.ndim
+    if ndim == 0:
+        raise ValueError(f"{argname} must have at least one dimension, got a scalar")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for {argname} with {ndim} dimensions")
+    axis = axis % ndim
+    if values.shape[axis] != n:
+        raise ValueError(
+            f"{argname} has length {values.shape[axis]} along axis {axis}, expected n = {n}"
+        )
+    if not bool(xp.all(xp.isfinite(values))):
+        raise ValueError(f"{argname} contains NaN or inf")
+    return xp, axis
+
+
+class Discretization(abc.ABC):
+    r"""A discretization of an interval :math:`[a, b]` by ``n`` values.
+
+    Subclasses set the class attributes ``name`` (registry key), ``order`` (expected order of
+    accuracy on smooth data, ``math.inf`` for spectral methods), ``min_n``, and implement
+    :meth:`_nodes`, :meth:`_weights` and :meth:`interpolate`.
+
+    Parameters
+    ----------
+    n : int
+        Number of values (nodes or degrees of freedom); at least ``min_n``.
+    domain : tuple of float, optional
+        Interval ``(a, b)`` with finite ``a < b``. Default ``(0, 1)``.
+    """
+
+    name: ClassVar[str]
+    order: ClassVar[float]
+    kind: ClassVar[str] = "quadrature"  # "quadrature", "spectral" or "galerkin"
+    min_n: ClassVar[int] = 1
+    periodic: ClassVar[bool] = False
+
+    def __init__(self, n: int, domain=(0.0, 1.0)):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"n must be an integer, got {type(n).__name__}")
+        n = int(n)
+        if n < self.min_n:
+            raise ValueError(f"{type(self).__name__} needs n >= {self.min_n}, got n = {n}")
+        try:
+            a, b = (float(v) for v in domain)
+        except (TypeError, ValueError):
+            raise ValueError(f"domain must be a pair (a, b) of numbers, got {domain!r}") from None
+        if not (math.isfinite(a) and math.isfinite(b)) or not a < b:
+            raise ValueError(f"domain must be a finite interval (a, b) with a < b, got {domain!r}")
+        self.n = n
+        self.domain = (a, b)
+
+    # -- geometry ------------------------------------------------------------------------
+    @property
+    def length(self) -> float:
+        """Length :math:`b - a` of the interval."""
+        return self.domain[1] - self.domain[0]
+
+    @property
+    def h(self) -> float:
+        """Characteristic mesh width ``length / n`` (the abscissa of convergence plots)."""
+        return self.length / self.n
+
+    @cached_property
+    def nodes(self) -> np.ndarray:
+        """Node points (host array, shape ``(n,)``)."""
+        x = np.asarray(self._nodes(), dtype=np.float64)
+        x.setflags(write=False)
+        return x
+
+    @cached_property
+    def weights(self) -> np.ndarray:
+        """Weights :math:`w_j` with :math:`\\int_a^b f \\approx \\sum_j w_j v_j` (host, ``(n,)``)."""
+        w = np.asarray(self._weights(), dtype=np.float64)
+        w.setflags(write=False)
+        return w
+
+    @abc.abstractmethod
+    def _nodes(self) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def _weights(self) -> np.ndarray: ...
+
+    # -- the contract --------------------------------------------------------------------
+    def integrate(self, values, axis: int = -1):
+        r"""Integral over the interval: :math:`\sum_j w_j v_j` along ``axis``."""
+        xp, axis = check_values(values, self.n, axis)
+        w = xp.asarray(self.weights, dtype=values.dtype) if xp.isdtype(values.dtype, "real floating") \
+            else xp.asarray(self.weights)
+        v = xp.moveaxis(values, axis, -1)
+        return xp.sum(v * w, axis=-1)
+
+    def interpolate(self, values, points, axis: int = -1):
+        """Evaluate the reconstruction of ``values`` at ``points``.
+
+        Parameters
+        ----------
+        values : array
+            Discrete values, length ``n`` along ``axis``.
+        points : array_like, shape (P,)
+            Points in the closed interval ``domain``.
+        axis : int
+            Axis of ``values`` that holds the ``n`` values; it is replaced by ``P`` points.
+
+        Notes
+        -----
+        The reconstruction is linear in ``values``: the default applies the host-built
+        ``(P, n)`` matrix :meth:`interpolation_matrix` (barycentric or piecewise-polynomial,
+        never a monomial fit).
+        """
+        xp, axis = check_values(values, self.n, axis)
+        pts = self._check_points(points)
+        mat = xp.asarray(self.interpolation_matrix(pts), dtype=values.dtype)
+        out = xp.moveaxis(values, axis, -1) @ xp.matrix_transpose(mat)
+        return xp.moveaxis(out, -1, axis)
+
+    def interpolation_matrix(self, points) -> np.ndarray:
+        """Host matrix ``L`` of shape ``(P, n)`` with ``interpolate(v, points) = L @ v``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement interpolation_matrix")
+
+    def _check_points(self, points) -> np.ndarray:
+        try:
+            pts = np.asarray(points, dtype=np.float64)
+        except TypeError:  # device arrays: bring the (small) point set to the host
+            import array_api_compat
+
+            pts = np.asarray(array_api_compat.to_device(points, "cpu"), dtype=np.float64)
+        if pts.ndim != 1:
+            raise ValueError(f"points must be a 1-D array, got shape {pts.shape}")
+        if not np.all(np.isfinite(pts)):
+            raise ValueError("points contains NaN or inf")
+        a, b = self.domain
+        tol = 1e-12 * self.length
+        if pts.size and (pts.min() < a - tol or pts.max() > b + tol):
+            raise ValueError(f"points must lie in the domain [{a:g}, {b:g}]")
+        return np.clip(pts, a, b)
+
+    def sample(self, f: Callable) -> np.ndarray:
+        """Discrete values of the function ``f``: ``f(nodes)`` for nodal rules."""
+        return np.asarray(f(self.nodes), dtype=np.float64)
+
+    def refine(self, factor: int = 2) -> "Discretization":
+        """The same rule with ``factor`` times as many cells (or points)."""
+        factor = _check_factor(factor)
+        return type(self)(self._refined_n(factor), domain=self.domain)
+
+    def _refined_n(self, factor: int) -> int:
+        return self.n * factor
+
+    # -- values at quadrature points (identity for nodal rules) ---------------------------
+    @property
+    def quadrature_nodes(self) -> np.ndarray:
+        """Points where pointwise nonlinear operators are evaluated (nodes for nodal rules)."""
+        return self.nodes
+
+    @property
+    def quadrature_weights(self) -> np.ndarray:
+        """Quadrature weights belonging to :attr:`quadrature_nodes`."""
+        return self.weights
+
+    def to_quadrature(self, values, axis: int = -1):
+        """Values at :attr:`quadrature_nodes` (identity for nodal rules)."""
+        return values
+
+    def from_quadrature(self, values, axis: int = -1):
+        """Inverse of :meth:`to_quadrature`: identity for nodal rules, L2 projection for FE."""
+        return values
+
+    # -- misc ----------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        a, b = self.domain
+        dom = "" if (a, b) == (0.0, 1.0) else f", domain=({a:g}, {b:g})"
+        return f"{type(self).__name__}({self.n}{dom})"
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and self.n == other.n and self.domain == other.domain
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.n, self.domain))
+
+
+def barycentric_matrix(nodes: np.ndarray, bary: np.ndarray, points: np.ndarray) -> np.ndarray:
+    r"""Matrix of the barycentric interpolation formula (second kind).
+
+    .. math::  p(x) = \frac{\sum_j \frac{\lambda_j}{x - x_j} v_j}{\sum_j \frac{\lambda_j}{x - x_j}}
+
+    Rows for points that coincide with a node are the unit vectors of that node.
+    """
+    diff = points[:, None] - nodes[None, :]
+    exact = diff == 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = bary[None, :] / diff
+        mat = c / c.sum(axis=1, keepdims=True)
+    hit = exact.any(axis=1)
+    mat[hit] = exact[hit].astype(np.float64)
+    return mat
+
+
+def linear_matrix(nodes: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """Matrix of piecewise-linear interpolation through ``nodes`` (linear extrapolation at ends)."""
+    n = nodes.size
+    mat = np.zeros((points.size, n))
+    if n == 1:
+        mat[:, 0] = 1.0
+        return mat
+    i = np.clip(np.searchsorted(nodes, points, side="right") - 1, 0, n - 2)
+    t = (points - nodes[i]) / (nodes[i + 1] - nodes[i])
+    rows = np.arange(points.size)
+    mat[rows, i] = 1.0 - t
+    mat[rows, i + 1] = t
+    return mat
+
+
+def _check_factor(factor) -> int:
+    if isinstance(factor, bool) or not isinstance(factor, (int, np.integer)) or factor < 1:
+        raise ValueError(f"refine factor must be a positive integer, got {factor!r}")
+    return int(factor)

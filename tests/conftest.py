@@ -1,0 +1,48 @@
+"""Shared test configuration.
+
+Optional dependencies (torch, transformers with the MiniLM weights) skip their tests when
+missing, unless ``CTFORMER_REQUIRE_ALL=1`` (set by CI) turns those skips into failures.
+CuPy tests skip with the reason when no CUDA device is usable.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+import numpy as np
+import pytest
+
+from ctformer.backend import cupy_available
+
+REQUIRE_ALL = os.environ.get("CTFORMER_REQUIRE_ALL", "") == "1"
+
+
+def require(module: str):
+    """Import ``module`` or skip (fail under ``CTFORMER_REQUIRE_ALL=1``)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if REQUIRE_ALL:
+            pytest.fail(f"{module} is required in CI (CTFORMER_REQUIRE_ALL=1) but missing: {exc}")
+        pytest.skip(f"{module} not installed: {exc}")
+
+
+def pytest_collection_modifyitems(config, items):
+    if cupy_available():
+        return
+    skip = pytest.mark.skip(reason="needs CuPy with a usable CUDA GPU (cupy.cuda.is_available() is False)")
+    for item in items:
+        if "cupy" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20251003)
+
+
+def fitted_order(h, err):
+    """Least-squares slope of log(err) against log(h)."""
+    h = np.asarray(h, dtype=float)
+    err = np.asarray(err, dtype=float)
+    return float(np.polyfit(np.log(h), np.log(err), 1)[0])
