@@ -1,6 +1,23 @@
-"""ctformer: the Transformer as a discretized integro-differential equation."""
-from . import backend, discretizations, operators, solvers
+"""ctformer: the Transformer as a discretized integro-differential equation.
+
+The public entry points:
+
+- :mod:`ctformer.discretizations`: the nine discretizations of an interval,
+- :mod:`ctformer.kernels` and :mod:`ctformer.operators`: feature kernels, attention, feed-forward
+  layers, normalizations,
+- :class:`ContinuousTransformer` and :class:`Block`: the evolution equation in depth,
+- :mod:`ctformer.solvers`: splitting and Runge-Kutta schemes,
+- :mod:`ctformer.bridges`: torch and HuggingFace networks as discretizations,
+- :mod:`ctformer.studies`: convergence studies,
+- :mod:`ctformer.particles`: tokens as particles on the sphere.
+"""
+from . import backend, discretizations, kernels, operators, solvers
 from .backend import get_backend
+from .model import Block, ContinuousTransformer
+from . import bridges
 
 __version__ = "0.1.0"
-__all__ = ["backend", "discretizations", "operators", "solvers", "get_backend", "__version__"]
+__all__ = [
+    "backend", "discretizations", "kernels", "operators", "solvers", "bridges",
+    "get_backend", "Block", "ContinuousTransformer", "__version__",
+]

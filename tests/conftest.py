@@ -9,6 +9,11 @@ from __future__ import annotations
 import importlib
 import os
 
+# Tests run in parallel workers (pytest -n 2 on 2 cores): one BLAS/OpenMP thread per worker.
+# torch's thread pool and NumPy's BLAS otherwise oversubscribe the cores (10-20x slowdowns).
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 import numpy as np
 import pytest
 
@@ -16,11 +21,21 @@ from ctformer.backend import cupy_available
 
 REQUIRE_ALL = os.environ.get("CTFORMER_REQUIRE_ALL", "") == "1"
 
+try:  # numpy may have been imported before this file: limit its pools directly too
+    from threadpoolctl import threadpool_limits
+
+    _LIMITS = threadpool_limits(limits=1)
+except ImportError:  # pragma: no cover
+    _LIMITS = None
+
 
 def require(module: str):
     """Import ``module`` or skip (fail under ``CTFORMER_REQUIRE_ALL=1``)."""
     try:
-        return importlib.import_module(module)
+        mod = importlib.import_module(module)
+        if module == "torch":
+            mod.set_num_threads(1)
+        return mod
     except ImportError as exc:
         if REQUIRE_ALL:
             pytest.fail(f"{module} is required in CI (CTFORMER_REQUIRE_ALL=1) but missing: {exc}")

@@ -5,6 +5,25 @@
 ['midpoint', 'trapezoid', 'gauss-legendre', 'clenshaw-curtis', 'fourier', 'chebyshev', 'legendre', 'p1', 'p2']
 """
 from .base import Discretization, available, get, as_discretization
-from .quadrature import Midpoint, GaussLegendre
+from .quadrature import Midpoint, Trapezoid, GaussLegendre, ClenshawCurtis
+from .spectral import Fourier, Chebyshev, Legendre
+from .galerkin import P1, P2
+from .report import error_table, format_error_table
 
-__all__ = ["Discretization", "available", "get", "as_discretization", "Midpoint", "GaussLegendre"]
+__all__ = [
+    "Discretization",
+    "available",
+    "get",
+    "as_discretization",
+    "Midpoint",
+    "Trapezoid",
+    "GaussLegendre",
+    "ClenshawCurtis",
+    "Fourier",
+    "Chebyshev",
+    "Legendre",
+    "P1",
+    "P2",
+    "error_table",
+    "format_error_table",
+]

@@ -30,7 +30,18 @@ from typing import Callable, ClassVar
 import array_api_compat
 import numpy as np
 
-__all__ = ["Discretization", "register", "get", "available", "check_values", "as_discretization"]
+__all__ = [
+    "Discretization",
+    "register",
+    "get",
+    "available",
+    "check_values",
+    "as_discretization",
+    "host_to_like",
+    "apply_matrix",
+    "apply_along_first",
+    "is_native_array",
+]
 
 _REGISTRY: dict[str, type["Discretization"]] = {}
 
@@ -171,8 +182,7 @@ class Discretization(abc.ABC):
     def integrate(self, values, axis: int = -1):
         r"""Integral over the interval: :math:`\sum_j w_j v_j` along ``axis``."""
         xp, axis = check_values(values, self.n, axis)
-        w = xp.asarray(self.weights, dtype=values.dtype) if xp.isdtype(values.dtype, "real floating") \
-            else xp.asarray(self.weights)
+        w = host_to_like(self, values, "weights", lambda: self.weights)
         v = xp.moveaxis(values, axis, -1)
         return xp.sum(v * w, axis=-1)
 
@@ -196,9 +206,8 @@ class Discretization(abc.ABC):
         """
         xp, axis = check_values(values, self.n, axis)
         pts = self._check_points(points)
-        mat = xp.asarray(self.interpolation_matrix(pts), dtype=values.dtype)
-        out = xp.moveaxis(values, axis, -1) @ xp.matrix_transpose(mat)
-        return xp.moveaxis(out, -1, axis)
+        mat = host_to_like(None, values, None, lambda: self.interpolation_matrix(pts))
+        return apply_matrix(mat, values, axis)
 
     def interpolation_matrix(self, points) -> np.ndarray:
         """Host matrix ``L`` of shape ``(P, n)`` with ``interpolate(v, points) = L @ v``."""
@@ -222,8 +231,16 @@ class Discretization(abc.ABC):
         return np.clip(pts, a, b)
 
     def sample(self, f: Callable) -> np.ndarray:
-        """Discrete values of the function ``f``: ``f(nodes)`` for nodal rules."""
-        return np.asarray(f(self.nodes), dtype=np.float64)
+        """Discrete values of the function ``f``: ``f(nodes)`` for nodal rules.
+
+        A scalar result is broadcast to all nodes; NaN or inf raises :class:`ValueError`.
+        """
+        v = np.asarray(f(self.nodes), dtype=np.float64)
+        if v.ndim == 0:
+            v = np.full(self.n, float(v))
+        if not np.all(np.isfinite(v)):
+            raise ValueError("f returned NaN or inf at the nodes")
+        return v
 
     def refine(self, factor: int = 2) -> "Discretization":
         """The same rule with ``factor`` times as many cells (or points)."""
@@ -263,6 +280,62 @@ class Discretization(abc.ABC):
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self.n, self.domain))
+
+
+def is_native_array(x) -> bool:
+    """True for NumPy and CuPy arrays (the libraries with a :class:`~ctformer.backend.Backend`)."""
+    return array_api_compat.is_numpy_array(x) or array_api_compat.is_cupy_array(x)
+
+
+def host_to_like(owner, values, key, build):
+    """The host array (or scipy.sparse matrix) ``build()`` as an array like ``values``.
+
+    For NumPy and CuPy arrays the copy lives in ``backend.cached(owner, key, build)`` and is
+    built and transferred once (pass ``owner=None`` for a one-off matrix, e.g. one that depends
+    on evaluation points). Other array-API namespaces (``array_api_strict``) get a dense copy.
+    The result is cast to the dtype of ``values`` when that is a real floating type.
+    """
+    from ..backend import backend_of
+
+    xp = array_api_compat.array_namespace(values)
+    if is_native_array(values):
+        backend = backend_of(values)
+        if owner is None:
+            host = build()
+            mat = backend.sparse_from_host(host) if hasattr(host, "tocsr") else backend.asarray(host)
+        else:
+            mat = backend.cached(owner, key, build)
+        if xp.isdtype(values.dtype, "real floating") and mat.dtype != values.dtype:
+            mat = mat.astype(values.dtype)
+        return mat
+    host = build()
+    if hasattr(host, "toarray"):
+        host = host.toarray()
+    if xp.isdtype(values.dtype, "real floating"):
+        return xp.asarray(np.asarray(host, dtype=np.float64), dtype=values.dtype)
+    return xp.asarray(np.asarray(host))
+
+
+def apply_matrix(mat, values, axis: int):
+    """Contract a dense ``(m, n)`` matrix with the length-``n`` axis ``axis`` of ``values``.
+
+    The axis keeps its position and gets length ``m``; all other axes are batch axes.
+    """
+    xp = array_api_compat.array_namespace(values)
+    out = xp.moveaxis(values, axis, -1) @ xp.matrix_transpose(mat)
+    return xp.moveaxis(out, -1, axis)
+
+
+def apply_along_first(values, axis: int, linear_map):
+    """Apply ``linear_map`` (acting on 2-D arrays ``(n, k)``, e.g. a sparse product or a
+    factorized solve) along ``axis`` of ``values``, treating all other axes as columns."""
+    xp = array_api_compat.array_namespace(values)
+    v = xp.moveaxis(values, axis, 0)
+    batch = tuple(v.shape[1:])
+    cols = math.prod(batch)
+    out = linear_map(xp.reshape(v, (v.shape[0], cols)))
+    out = xp.reshape(xp.asarray(out), (out.shape[0],) + batch)
+    return xp.moveaxis(out, 0, axis)
 
 
 def barycentric_matrix(nodes: np.ndarray, bary: np.ndarray, points: np.ndarray) -> np.ndarray:

@@ -1,4 +1,32 @@
-"""Operators of the continuous Transformer: attention, feature maps, normalizations."""
-from .quadrature_attention import quadrature_attention
+"""Operators of the continuous Transformer: attention, feature maps, normalizations.
 
-__all__ = ["quadrature_attention"]
+Every operator acts on values at quadrature points, arrays shaped
+``(..., Nq_tokens, Nq_features)`` on a :class:`Grids`, and is discretized once per grids.
+"""
+from .quadrature_attention import quadrature_attention
+from .base import Grids, Operator, check_state
+from .functions import FeatureFunction, as_feature_function, evaluate_stack
+from .attention import Attention
+from .feature import ACTIVATIONS, FeatureMap, FeedForward, gelu, gelu_tanh, get_activation, relu, silu
+from .normalization import LayerNormProjection, SphereProjection
+
+__all__ = [
+    "quadrature_attention",
+    "Grids",
+    "Operator",
+    "check_state",
+    "FeatureFunction",
+    "as_feature_function",
+    "evaluate_stack",
+    "Attention",
+    "FeatureMap",
+    "FeedForward",
+    "ACTIVATIONS",
+    "get_activation",
+    "relu",
+    "gelu",
+    "gelu_tanh",
+    "silu",
+    "LayerNormProjection",
+    "SphereProjection",
+]

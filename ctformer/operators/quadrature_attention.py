@@ -9,24 +9,40 @@ quadrature weights :math:`w_j` and a mask :math:`m_{ij} \in \{0, 1\}`,
                           {\sum_j w_j m_{ij} e^{\beta q_i \cdot k_j}},
 
 the quadrature of :math:`\int_X \gamma(x_i, x') v(x') dx'` with the state-dependent kernel
-:math:`\gamma` of DESIGN.md section 1. Uniform weights cancel (ordinary softmax attention);
-other weights enter as a log-weight bias, :math:`\mathrm{softmax}_j(\beta q_i\cdot k_j + \log w_j)`.
+:math:`\gamma` of DESIGN.md section 1 (Tai, Liu, Li, Chan 2025, arXiv 2510.03989). Uniform
+weights cancel (ordinary softmax attention); other weights enter as a log-weight bias,
+:math:`\mathrm{softmax}_j(\beta q_i\cdot k_j + \log w_j)`.
 
 The sum is computed in query chunks with the row maximum subtracted (log-sum-exp), so memory
 is :math:`O(\text{chunk} \times N)` and the result is finite in float32 and for very large
-:math:`\beta`.
+:math:`\beta`. The code is written once against the array namespace (NumPy, CuPy,
+``array_api_strict``); large NumPy problems take a streaming path that reuses one score buffer,
+works in place, and spreads the element-wise work (mostly ``exp``) over a few threads.
 """
 from __future__ import annotations
 
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import array_api_compat
 import numpy as np
 
 __all__ = ["quadrature_attention"]
 
-# Target size of one chunk of scores, in elements (8 MiB in float64).
+# Scores per chunk (elements of one (chunk, M) block) for the generic path: ~8 MiB in
+# float64 on the host; on a GPU larger blocks amortize the kernel launches.
 _CHUNK_ELEMENTS = 1 << 20
+_CHUNK_ELEMENTS_DEVICE = 1 << 27
+# NumPy streaming path: a (chunk, M) score block of ~8 MiB keeps BLAS efficient (chunk >= 128
+# rows at M = 8192 in float64) while the extra memory stays far below an N x N matrix.
+_CHUNK_BYTES_NUMPY = 8 << 20
+_MIN_CHUNK_ROWS = 64
+# Problems with fewer score entries per (batch, head) than this are done batched in one go.
+_STREAM_MIN_ENTRIES = 1 << 16
+# Below this many score entries a chunk is not worth splitting over threads.
+_THREAD_MIN_ENTRIES = 1 << 15
 
 
 def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="full", chunk=None):
@@ -53,55 +69,208 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
         Positive quadrature weights of the key nodes. Default: uniform (plain softmax).
     mask : None, "causal" or bool array broadcasting to (..., N, M), optional
         ``"causal"`` keeps :math:`x_j \le x_i` (requires N == M). A boolean array keeps the
-        entries that are True; every row must keep at least one entry.
+        entries that are True; its last axis has length M, the one before it N or 1 (a key
+        mask), and every row must keep at least one entry.
     diagonal : {"full", "half"}
         With ``mask="causal"``: weight of the diagonal cell. ``"full"`` is the standard causal
         mask (first-order quadrature of :math:`\int_0^{x_i}`); ``"half"`` gives it weight
         :math:`w_i / 2` (second order on midpoint nodes, DESIGN.md section 2).
     chunk : int, optional
         Number of query rows processed at once. Default: chosen so that one block of scores
-        has about a million entries.
+        stays small (a few MiB on the CPU), never an N x M matrix for large N.
 
     Returns
     -------
     array, shape (..., N, e)
-        Same array library and dtype as ``q``.
+        Same array library and dtype as the inputs (float32 stays float32).
 
     Raises
     ------
     ValueError
-        For mismatched shapes, non-positive weights, non-finite ``beta`` or a bad mask.
+        For mismatched shapes, non-positive weights, non-finite ``beta``, a mask of the wrong
+        shape or one that removes every key of some query, or a bad ``chunk``.
+    TypeError
+        For non-floating inputs or a non-boolean mask.
+
+    Notes
+    -----
+    With :math:`s_{ij} = \beta q_i \cdot k_j + \log w_j` and the row maximum
+    :math:`\mu_i = \max_{j: m_{ij}=1} s_{ij}`, the code evaluates
+
+    .. math::
+
+        \mathrm{out}_i = \frac{\sum_j m_{ij} e^{s_{ij} - \mu_i} v_j}{\sum_j m_{ij} e^{s_{ij} - \mu_i}},
+
+    where every exponent is :math:`\le 0` and the largest is exactly 0, so nothing overflows and
+    the denominator is at least 1, for any finite :math:`\beta`. The denominator is obtained in
+    the same matrix product as the numerator (a column of ones appended to :math:`v`). With a
+    causal mask only the keys :math:`j \le i` are computed (half the work) and only the
+    diagonal block of each chunk is masked.
+
+    On NumPy the element-wise work runs on ``CTFORMER_NUM_THREADS`` threads (default: the
+    ``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS`` setting, else the number of usable cores);
+    the matrix products use the threads of the BLAS library.
     """
     xp = array_api_compat.array_namespace(q, k, v)
-    q, k, v, beta, log_w, keep, diag_shift = _validate(xp, q, k, v, beta, weights, mask, diagonal)
+    q, k, v, beta, log_w, keep, diag_shift, lead = _validate(xp, q, k, v, beta, weights, mask, diagonal)
     n, m = q.shape[-2], k.shape[-2]
-    if chunk is None:
-        batch = math.prod(q.shape[:-2]) or 1
-        chunk = max(1, min(n, _CHUNK_ELEMENTS // max(1, m * batch)))
-    elif isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1):
         raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
-    kt = xp.matrix_transpose(k)
     causal = isinstance(mask, str)
-    cols = xp.arange(m)
+    if n == 0:
+        return xp.zeros((*lead, 0, v.shape[-1]), dtype=q.dtype)
+    if (array_api_compat.is_numpy_array(q) and q.dtype in (np.float32, np.float64)
+            and n * m >= _STREAM_MIN_ENTRIES):
+        return _stream_numpy(q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk)
+    if chunk is None:
+        target = _CHUNK_ELEMENTS_DEVICE if array_api_compat.is_cupy_array(q) else _CHUNK_ELEMENTS
+        chunk = max(1, min(n, target // max(1, m * (math.prod(lead) or 1))))
+    return _stream_generic(xp, q, k, v, beta, log_w, keep, causal, diag_shift, int(chunk))
+
+
+# -- generic path (any array namespace) ------------------------------------------------------
+def _stream_generic(xp, q, k, v, beta, log_w, keep, causal, diag_shift, chunk):
+    """Query chunks with functional array-API operations; returns (..., N, e)."""
+    n, e = q.shape[-2], v.shape[-1]
+    q = q * beta  # O(N d): cheaper than scaling every score
+    # the column of ones gives the denominator from the same product as the numerator
+    ones = xp.ones((*v.shape[:-1], 1), dtype=v.dtype)
+    v1 = xp.concat([v, ones], axis=-1)
     blocks = []
-    for start in range(0, n, int(chunk)):
-        stop = min(n, start + int(chunk))
-        s = (q[..., start:stop, :] @ kt) * beta
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        cols = stop if causal else k.shape[-2]  # causal: keys after the chunk never count
+        s = q[..., start:stop, :] @ xp.matrix_transpose(k[..., :cols, :])
         if log_w is not None:
-            s = s + log_w
+            s = s + log_w[:cols]
         if causal:
-            rows = xp.arange(start, stop)[:, None]
-            s = xp.where(cols[None, :] <= rows, s, -xp.inf)
-            if diag_shift is not None:
-                s = s + xp.where(cols[None, :] == rows, diag_shift, 0.0)
+            s = _mask_diagonal_block(xp, s, start, stop, diag_shift)
         elif keep is not None:
-            s = xp.where(keep[..., start:stop, :], s, -xp.inf)
-        s = s - xp.max(s, axis=-1, keepdims=True)
-        p = xp.exp(s)
-        blocks.append((p @ v) / xp.sum(p, axis=-1, keepdims=True))
+            rows = keep[..., start:stop, :] if keep.shape[-2] > 1 else keep
+            s = xp.where(rows, s, -xp.inf)
+        p = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+        num = p @ v1[..., :cols, :]
+        blocks.append(num[..., :e] / num[..., e:])
     return xp.concat(blocks, axis=-2) if len(blocks) > 1 else blocks[0]
 
 
+def _mask_diagonal_block(xp, s, start, stop, diag_shift):
+    """Mask keys j > i inside the diagonal block s[..., :, start:stop] (and halve j == i)."""
+    r = stop - start
+    i = xp.arange(r)[:, None]
+    j = xp.arange(r)[None, :]
+    block = xp.where(j <= i, s[..., start:], -xp.inf)
+    if diag_shift is not None:
+        block = block + xp.astype(j == i, s.dtype) * diag_shift
+    return xp.concat([s[..., :start], block], axis=-1) if start else block
+
+
+# -- NumPy streaming path ------------------------------------------------------------------
+def _stream_numpy(q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
+    """One (batch, head) at a time, query chunks, one reused score buffer, in-place ops."""
+    dtype = q.dtype
+    n, m, e = q.shape[-2], k.shape[-2], v.shape[-1]
+    itemsize = dtype.itemsize
+    if chunk is None:
+        chunk = max(_MIN_CHUNK_ROWS, _CHUNK_BYTES_NUMPY // (m * itemsize))
+    chunk = int(min(chunk, n))
+    qs = np.multiply(q, beta, dtype=dtype)  # beta folded into the queries: O(N d)
+    v1 = np.empty((*v.shape[:-1], e + 1), dtype=dtype)
+    v1[..., :e] = v
+    v1[..., e] = 1
+    out = np.empty((*lead, n, e), dtype=dtype)
+    views = [np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (qs, k, v1)]
+    keep = None if keep is None else np.broadcast_to(keep, (*lead, *keep.shape[-2:]))
+    scores = np.empty(chunk * m, dtype=dtype)
+    num = np.empty((chunk, e + 1), dtype=dtype)
+    row_max = np.empty((chunk, 1), dtype=dtype)
+    drop = None if keep is None else np.empty(chunk * m, dtype=bool)
+    upper = np.triu(np.ones((chunk, chunk), dtype=bool), 1) if causal else None
+    threads = _num_threads()
+    for idx in np.ndindex(*lead):
+        qb, kb, vb = (a[idx] for a in views)
+        keep_b = None if keep is None else keep[idx]
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            r = stop - start
+            cols = stop if causal else m
+            s = scores[: r * cols].reshape(r, cols)
+            np.matmul(qb[start:stop], kb[:cols].T, out=s)
+
+            def softmax_rows(a, b, s=s, start=start, keep_b=keep_b):
+                # exp(s - row max) in place for rows a:b of the chunk (the costly part)
+                sa = s[a:b]
+                if log_w is not None:
+                    np.add(sa, log_w[: s.shape[1]], out=sa)
+                if causal:
+                    block = sa[:, start:]
+                    np.copyto(block, -np.inf, where=upper[a:b, : block.shape[1]])
+                    if diag_shift is not None:
+                        i = np.arange(a, b)
+                        block[i - a, i] += diag_shift
+                elif keep_b is not None:
+                    rows = keep_b[start + a:start + b] if keep_b.shape[0] > 1 else keep_b
+                    d = drop[a * s.shape[1]: b * s.shape[1]].reshape(sa.shape)
+                    np.logical_not(rows, out=d)
+                    np.copyto(sa, -np.inf, where=d)
+                mx = row_max[a:b]
+                np.max(sa, axis=1, keepdims=True, out=mx)
+                np.subtract(sa, mx, out=sa)
+                np.exp(sa, out=sa)
+
+            _parallel_rows(softmax_rows, r, r * cols, threads)
+            nb = num[:r]
+            np.matmul(s, vb[:cols], out=nb)
+            np.divide(nb[:, :e], nb[:, e:], out=out[idx][start:stop])
+    return out
+
+
+def _parallel_rows(func, rows, entries, threads):
+    """Run func(a, b) over row blocks of a chunk, on up to ``threads`` threads."""
+    parts = min(threads, rows, max(1, entries // _THREAD_MIN_ENTRIES))
+    if parts <= 1:
+        func(0, rows)
+        return
+    bounds = [rows * p // parts for p in range(parts + 1)]
+    pool = _pool(threads)
+    futures = [pool.submit(func, bounds[p], bounds[p + 1]) for p in range(1, parts)]
+    try:
+        func(bounds[0], bounds[1])
+    finally:
+        for f in futures:
+            f.result()
+
+
+_POOL_LOCK = threading.Lock()
+_POOL: dict = {}
+
+
+def _pool(threads):
+    """A shared worker pool, rebuilt after a fork (threads do not survive one)."""
+    key = (os.getpid(), threads)
+    with _POOL_LOCK:
+        if key not in _POOL:
+            _POOL.clear()
+            _POOL[key] = ThreadPoolExecutor(max_workers=max(1, threads - 1),
+                                            thread_name_prefix="ctformer-attention")
+        return _POOL[key]
+
+
+def _num_threads():
+    for name in ("CTFORMER_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            try:
+                return max(1, int(value.split(",")[0]))
+            except ValueError:
+                raise ValueError(f"environment variable {name} must be a positive integer, got {value!r}") from None
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+# -- validation ------------------------------------------------------------------------------
 def _validate(xp, q, k, v, beta, weights, mask, diagonal):
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.ndim < 2:
@@ -110,17 +279,14 @@ def _validate(xp, q, k, v, beta, weights, mask, diagonal):
         raise ValueError(f"q and k must share the feature size, got {q.shape[-1]} and {k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v must have the same number of tokens, got {k.shape[-2]} and {v.shape[-2]}")
-    try:
-        xp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except ValueError:
-        raise ValueError(
-            f"leading (batch, head) axes of q, k, v do not broadcast: "
-            f"{tuple(q.shape[:-2])}, {tuple(k.shape[:-2])}, {tuple(v.shape[:-2])}"
-        ) from None
     n, m = q.shape[-2], k.shape[-2]
+    if m == 0:
+        raise ValueError("k and v must hold at least one key token, got 0")
+    shapes = [("q", q.shape[:-2]), ("k", k.shape[:-2]), ("v", v.shape[:-2])]
     dtype = xp.result_type(q, k, v)
     if not xp.isdtype(dtype, "real floating"):
         raise TypeError(f"q, k, v must be real floating arrays, got dtype {dtype}")
+    q, k, v = (xp.astype(a, dtype, copy=False) for a in (q, k, v))
 
     # beta: scalar or array over the leading axes -> shape (..., 1, 1)
     if isinstance(beta, (int, float, np.floating, np.integer)) and not isinstance(beta, bool):
@@ -128,10 +294,16 @@ def _validate(xp, q, k, v, beta, weights, mask, diagonal):
             raise ValueError(f"beta must be finite, got {beta!r}")
         beta = float(beta)
     else:
-        beta = xp.asarray(beta, dtype=dtype)
+        try:
+            beta = xp.asarray(beta, dtype=dtype)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"beta must be a real number or an array of them, got {beta!r}") from exc
         if not bool(xp.all(xp.isfinite(beta))):
             raise ValueError("beta must be finite")
-        if beta.ndim > 0:
+        if beta.ndim == 0:
+            beta = float(beta)
+        else:
+            shapes.append(("beta", beta.shape))
             beta = beta[..., None, None]
 
     log_w = None
@@ -160,11 +332,19 @@ def _validate(xp, q, k, v, beta, weights, mask, diagonal):
     else:
         keep = xp.asarray(mask)
         if keep.dtype != xp.bool:
-            raise ValueError(f"mask array must be boolean, got dtype {keep.dtype}")
-        if keep.ndim < 2 or keep.shape[-2:] != (n, m):
-            raise ValueError(f"mask array must have shape (..., {n}, {m}), got {tuple(keep.shape)}")
+            raise TypeError(f"mask array must be boolean (True = keep), got dtype {keep.dtype}")
+        if keep.ndim < 2 or keep.shape[-1] != m or keep.shape[-2] not in (1, n):
+            raise ValueError(
+                f"mask array must have shape (..., {n}, {m}) or (..., 1, {m}), got {tuple(keep.shape)}"
+            )
         if not bool(xp.all(xp.any(keep, axis=-1))):
             raise ValueError("mask removes every key for some query; each row needs one kept entry")
         if diagonal == "half":
             raise ValueError("diagonal='half' only applies with mask='causal'")
-    return q, k, v, beta, log_w, keep, diag_shift
+        shapes.append(("mask", keep.shape[:-2]))
+    try:
+        lead = tuple(np.broadcast_shapes(*(tuple(s) for _, s in shapes)))
+    except ValueError:
+        listed = ", ".join(f"{name} {tuple(s)}" for name, s in shapes)
+        raise ValueError(f"leading (batch, head) axes do not broadcast: {listed}") from None
+    return q, k, v, beta, log_w, keep, diag_shift, lead

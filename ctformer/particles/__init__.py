@@ -1,1 +1,45 @@
-"""ctformer.particles"""
+r"""Tokens as particles on the sphere and their mean-field limit (Geshkovski et al. 2025).
+
+* :class:`SelfAttentionDynamics`: the (SA) and (USA) particle systems, solved with Euler,
+  Heun or RK4 and the retraction onto the sphere; :class:`Trajectory`.
+* :class:`CircleMeanField`: the continuity equation for the token density on the circle,
+  Fourier spectral with exact Bessel kernel coefficients.
+* Diagnostics: :func:`gram`, :func:`inner_product_histogram`, :func:`cluster_count`,
+  :func:`energy`, :func:`single_cluster_distance`, :func:`in_open_hemisphere`,
+  :func:`attention_matrix`, :func:`attention_rank`, :func:`row_entropy`.
+* :mod:`ctformer.particles.minilm`: clustering of the hidden states of a real model
+  (imported on demand; needs torch and transformers).
+"""
+from .diagnostics import (
+    attention_matrix,
+    attention_rank,
+    cluster_count,
+    energy,
+    gram,
+    in_open_hemisphere,
+    inner_product_histogram,
+    row_entropy,
+    single_cluster_distance,
+)
+from .dynamics import SelfAttentionDynamics, Trajectory, log_partition, retract, tangent_projection
+from .meanfield import CircleMeanField, MeanFieldSolution, linear_growth_rate
+
+__all__ = [
+    "SelfAttentionDynamics",
+    "Trajectory",
+    "CircleMeanField",
+    "MeanFieldSolution",
+    "linear_growth_rate",
+    "log_partition",
+    "retract",
+    "tangent_projection",
+    "gram",
+    "inner_product_histogram",
+    "cluster_count",
+    "energy",
+    "single_cluster_distance",
+    "in_open_hemisphere",
+    "attention_matrix",
+    "attention_rank",
+    "row_entropy",
+]

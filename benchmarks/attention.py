@@ -1,0 +1,274 @@
+"""Benchmark: quadrature_attention against torch SDPA and a naive NumPy softmax, on the CPU.
+
+Run ``python benchmarks/attention.py`` (about two minutes on 2 cores). For every N in
+{1024, 4096, 8192}, head dimension 64, float32 and float64, it times in the same process
+
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``,
+* ``quadrature``: :func:`ctformer.operators.quadrature_attention` (NumPy streaming path),
+* ``naive``: NumPy with the full N x N score matrix (in place, one softmax),
+
+all with 2 threads (torch.set_num_threads, OPENBLAS/OMP/MKL_NUM_THREADS and threadpoolctl),
+the calls interleaved, best of ``--repeats``. It prints each time, its ratio to SDPA, the
+extra peak memory of one call, and a line saying whether the issue's goal is met
+(N = 8192: ratio <= 1.0 in both precisions, extra memory <= 64 MiB in float64).
+
+Memory columns: ``traced`` is the peak of NumPy allocations during one call (tracemalloc,
+including the output array; not available for torch), ``rss`` is the growth of the peak
+resident set size over one call in a fresh subprocess that holds only the inputs (all methods,
+torch included; page-granular; the peak is reset through /proc/self/clear_refs on Linux).
+
+Environment: unless ``--keep-env`` is given, the script re-executes itself without
+OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (so OpenBLAS picks its kernel for the real CPU) and
+says so; the BLAS libraries actually loaded are printed from threadpoolctl.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+_CLEARED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+_MARK = "CTFORMER_BENCH_CLEARED_ENV"
+
+
+def _prepare_environment(argv):
+    """Fix thread counts and drop OpenBLAS overrides before NumPy is imported (re-exec)."""
+    threads = "2"
+    for i, arg in enumerate(argv):
+        if arg == "--threads" and i + 1 < len(argv):
+            threads = argv[i + 1]
+        elif arg.startswith("--threads="):
+            threads = arg.split("=", 1)[1]
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CTFORMER_NUM_THREADS"):
+        os.environ[name] = threads
+    if "--keep-env" in argv or "--child" in argv:
+        return
+    present = [name for name in _CLEARED if name in os.environ]
+    if present:
+        env = {key: value for key, value in os.environ.items() if key not in _CLEARED}
+        env[_MARK] = ",".join(f"{name}={os.environ[name]}" for name in present)
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], env)
+
+
+if __name__ == "__main__":
+    _prepare_environment(sys.argv[1:])
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+import tracemalloc  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+MiB = 1 << 20
+
+
+def make_inputs(n, d, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((n, d)).astype(dtype) for _ in range(3))
+
+
+def naive_attention(q, k, v, beta, causal=False):
+    """Full N x N softmax in NumPy (in place, but the whole score matrix at once)."""
+    s = q @ k.T
+    s *= s.dtype.type(beta)
+    if causal:
+        s[np.triu_indices(s.shape[0], 1)] = -np.inf
+    s -= s.max(axis=1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=1, keepdims=True)
+    return s @ v
+
+
+def methods(causal):
+    """name -> (setup(q, k, v, beta) -> zero-argument call); imports lazily."""
+    def sdpa(q, k, v, beta):
+        import torch
+
+        tq, tk, tv = (torch.from_numpy(a)[None, None] for a in (q, k, v))
+        f = torch.nn.functional.scaled_dot_product_attention
+
+        def call():
+            with torch.no_grad():
+                return f(tq, tk, tv, is_causal=causal, scale=beta)
+
+        return call
+
+    def quadrature(q, k, v, beta):
+        from ctformer.operators import quadrature_attention
+
+        mask = "causal" if causal else None
+        return lambda: quadrature_attention(q, k, v, beta=beta, mask=mask)
+
+    def naive(q, k, v, beta):
+        return lambda: naive_attention(q, k, v, beta, causal)
+
+    return {"sdpa": sdpa, "quadrature": quadrature, "naive": naive}
+
+
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def rss_child(method, n, d, dtype, causal):
+    """Child process: peak resident set growth (MiB) over one call with only the inputs alive.
+
+    Linux: the peak (VmHWM) is reset to the current RSS through /proc/self/clear_refs, so
+    import-time peaks do not hide the call's; elsewhere falls back to ru_maxrss.
+    """
+    q, k, v = make_inputs(n, d, dtype)
+    call = methods(causal)[method](q, k, v, 1 / math.sqrt(d))
+    if method == "sdpa":
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    methods(causal)[method](*make_inputs(64, d, dtype), 1 / math.sqrt(d))()  # load code pages first
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = _status_kib("VmRSS")
+        out = call()
+        after = _status_kib("VmHWM")
+    except OSError:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        out = call()
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    del out
+    print(json.dumps({"rss_mib": (after - before) / 1024}))
+
+
+def rss_extra(method, n, d, dtype, causal):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", method, str(n), str(d),
+           np.dtype(dtype).name, "1" if causal else "0"]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
+        return json.loads(res.stdout.strip().splitlines()[-1])["rss_mib"]
+    except (subprocess.SubprocessError, ValueError, IndexError, KeyError) as exc:
+        print(f"  (rss measurement of {method} failed: {exc})", file=sys.stderr)
+        return math.nan
+
+
+def traced_extra(call):
+    tracemalloc.start()
+    try:
+        out = call()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    del out
+    return peak / MiB
+
+
+def time_interleaved(calls, repeats):
+    """Best-of-``repeats`` wall time of each call, the calls alternating (fair under load)."""
+    best = {name: math.inf for name in calls}
+    for call in calls.values():
+        call()  # warm up: thread pools, torch kernels, page faults
+    for _ in range(repeats):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
+def blas_description():
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return ["threadpoolctl not installed: BLAS kernel unknown"]
+    return [
+        f"{i.get('internal_api')} {i.get('version')} kernel={i.get('architecture')} threads={i.get('num_threads')} "
+        f"({os.path.basename(i.get('filepath', ''))})"
+        for i in threadpool_info()
+    ]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 8192])
+    parser.add_argument("--dim", type=int, default=64, help="head dimension")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--causal", action="store_true", help="causal mask (SDPA is_causal=True)")
+    parser.add_argument("--no-naive", action="store_true", help="skip the N x N NumPy baseline")
+    parser.add_argument("--no-rss", action="store_true", help="skip the subprocess ru_maxrss measurement")
+    parser.add_argument("--keep-env", action="store_true",
+                        help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE as they are")
+    args = parser.parse_args(argv)
+
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(args.threads)
+    threadpool_limits(args.threads)
+    cleared = os.environ.get(_MARK)
+    if cleared:
+        print(f"environment: re-executed without {cleared} (pass --keep-env to keep them)")
+    else:
+        kept = [f"{n}={os.environ[n]}" for n in _CLEARED if n in os.environ]
+        print("environment: " + (f"kept {', '.join(kept)} (--keep-env)" if kept else
+                                 "OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE not set, nothing removed"))
+    print(f"threads: torch {torch.get_num_threads()}, BLAS/element-wise {args.threads}; "
+          f"numpy {np.__version__}, torch {torch.__version__}")
+    for line in blas_description():
+        print(f"BLAS: {line}")
+    print(f"load average at start: {os.getloadavg()[0]:.2f} (cpus: {os.cpu_count()})")
+    print(f"head dim {args.dim}, beta = 1/sqrt(d), {'causal' if args.causal else 'no mask'}, "
+          f"best of {args.repeats}; memory: traced = tracemalloc peak of NumPy allocations, "
+          f"rss = peak RSS growth in a fresh subprocess\n")
+
+    header = f"{'N':>6} {'dtype':>8} {'method':>11} {'time ms':>9} {'/ SDPA':>7} {'traced MiB':>11} {'rss MiB':>8}"
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for dtype in args.dtypes:
+        for n in args.sizes:
+            q, k, v = make_inputs(n, args.dim, dtype)
+            beta = 1 / math.sqrt(args.dim)
+            setups = methods(args.causal)
+            if args.no_naive:
+                setups.pop("naive")
+            calls = {name: setup(q, k, v, beta) for name, setup in setups.items()}
+            ref = np.asarray(calls["sdpa"]()[0, 0], dtype=np.float64)
+            best = time_interleaved(calls, args.repeats)
+            for name, call in calls.items():
+                out = np.asarray(call()).reshape(ref.shape)
+                err = float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+                traced = math.nan if name == "sdpa" else traced_extra(call)
+                rss = math.nan if args.no_rss else rss_extra(name, n, args.dim, dtype, args.causal)
+                ratio = best[name] / best["sdpa"]
+                rows.append(dict(n=n, dtype=dtype, method=name, ms=best[name] * 1e3, ratio=ratio,
+                                 traced=traced, rss=rss, err=err))
+                print(f"{n:>6} {dtype:>8} {name:>11} {best[name] * 1e3:>9.1f} {ratio:>7.3f} "
+                      f"{_fmt(traced):>11} {_fmt(rss):>8}   (max rel. diff to SDPA {err:.1e})", flush=True)
+    print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
+    goal = [r for r in rows if r["method"] == "quadrature" and r["n"] == 8192]
+    if goal:
+        ok_time = all(r["ratio"] <= 1.0 for r in goal)
+        mem64 = [r["traced"] for r in goal if r["dtype"] == "float64"]
+        ok_mem = all(m <= 64 for m in mem64)
+        print("goal at N = 8192 (ratio <= 1.0 in both dtypes, extra memory <= 64 MiB in float64): "
+              + ", ".join(f"{r['dtype']} ratio {r['ratio']:.3f}" for r in goal)
+              + (f", float64 traced {mem64[0]:.1f} MiB" if mem64 else "")
+              + f" -> {'met' if ok_time and ok_mem else 'NOT met'}")
+    return rows
+
+
+def _fmt(x):
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _, _, method, n, d, dtype, causal = sys.argv
+        rss_child(method, int(n), int(d), dtype, causal == "1")
+    else:
+        main()

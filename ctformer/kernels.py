@@ -1,0 +1,448 @@
+r"""Feature kernels :math:`W(y, \eta)` and their discretization on pairs of discretizations.
+
+A kernel defines the integral operator of DESIGN.md section 1,
+
+.. math::  (W u)(y) = \int_{Y_{\mathrm{in}}} W(y, \eta)\, u(\eta)\, d\eta ,
+
+mapping functions of :math:`\eta` (the input variable, e.g. features :math:`Y`) to functions of
+:math:`y` (the output variable, e.g. head features :math:`Y_h` or the FFN variable :math:`R`).
+Operators act on values at quadrature points, so a kernel discretized on an output
+discretization ``out`` and an input discretization ``inp`` is the host matrix
+
+.. math::  A_{ij} = W(y_i, \eta_j)\, w_j ,
+
+with :math:`y_i` = ``out.quadrature_nodes``, :math:`\eta_j` = ``inp.quadrature_nodes`` and
+:math:`w_j` = ``inp.quadrature_weights`` (:meth:`Kernel.matrix`). Applying the operator is a
+contraction with this matrix (:meth:`Kernel.apply`), except for :class:`Convolution`, which uses
+FFTs on uniform periodic grids.
+
+Every kernel is defined on the reference square :math:`[0, 1]^2`. On other domains it is
+transplanted affinely, :math:`W(y, \eta) = W_{\mathrm{ref}}(s, t) / L_{\mathrm{in}}` with
+:math:`s = (y - a_{\mathrm{out}}) / L_{\mathrm{out}}` and :math:`t = (\eta - a_{\mathrm{in}}) /
+L_{\mathrm{in}}`, so that the operator does not depend on the domain length.
+
+==========================  ==========================================================
+kernel                      :math:`W_{\mathrm{ref}}(s, t)`
+==========================  ==========================================================
+:class:`PiecewiseConstant`  :math:`d_{\mathrm{in}} A_{ij}` on cell :math:`(i, j)` (a torch ``nn.Linear``)
+:class:`Smooth`             a user function
+:class:`SmoothRandom`       a random entire function (trigonometric modes)
+:class:`Convolution`        :math:`p((s - t) \bmod 1)`
+==========================  ==========================================================
+"""
+from __future__ import annotations
+
+import abc
+import math
+from numbers import Integral, Real
+from typing import Callable
+
+import array_api_compat
+import numpy as np
+
+from .backend import backend_of
+
+__all__ = ["Kernel", "PiecewiseConstant", "Smooth", "SmoothRandom", "Convolution", "cell_index"]
+
+
+def cell_index(points, domain, cells: int) -> np.ndarray:
+    r"""Index of the uniform cell of ``domain`` that contains each point.
+
+    .. math::  i(y) = \min(\max(\lfloor d\,(y - a) / (b - a) \rfloor, 0), d - 1)
+
+    Points on an interior cell boundary belong to the cell on their right; the right end
+    :math:`b` belongs to the last cell.
+
+    Parameters
+    ----------
+    points : array_like
+        Points in ``domain``.
+    domain : tuple of float
+        The interval ``(a, b)``.
+    cells : int
+        Number ``d`` of uniform cells.
+
+    Returns
+    -------
+    ndarray of int
+        Cell indices in ``0 .. d - 1``, same shape as ``points``.
+    """
+    a, b = domain
+    idx = np.floor((np.asarray(points, dtype=np.float64) - a) * (cells / (b - a)))
+    return np.clip(idx, 0, cells - 1).astype(np.intp)
+
+
+def _to_host(x):
+    """Bring torch tensors and CuPy arrays to host NumPy (other inputs pass through)."""
+    if hasattr(x, "detach"):  # torch tensors
+        x = x.detach().cpu().numpy()
+    if type(x).__module__.split(".")[0] == "cupy":
+        x = x.get()
+    return x
+
+
+def _reference_points(disc) -> np.ndarray:
+    a, b = disc.domain
+    return (np.asarray(disc.quadrature_nodes, dtype=np.float64) - a) / (b - a)
+
+
+def _check_discretization(disc, argname: str):
+    if not (hasattr(disc, "quadrature_nodes") and hasattr(disc, "quadrature_weights")):
+        raise TypeError(f"{argname} must be a Discretization, got {type(disc).__name__}")
+
+
+class Kernel(abc.ABC):
+    r"""A kernel :math:`W(y, \eta)` on :math:`[0, 1]^2` that discretizes onto any pair of grids.
+
+    Subclasses implement :meth:`evaluate`; they may override :meth:`_build_matrix` (for an
+    exact or separable construction) and :meth:`apply` (for a fast algorithm).
+
+    Notes
+    -----
+    Host matrices are built once per ``(out, inp)`` pair and kept on the kernel; device copies
+    are kept by the backend of the array they are applied to (``Backend.cached``), one per
+    dtype.
+    """
+
+    @abc.abstractmethod
+    def evaluate(self, s, t) -> np.ndarray:
+        r"""Kernel values :math:`W_{\mathrm{ref}}(s, t)` at reference points (NumPy, broadcasting).
+
+        Parameters
+        ----------
+        s, t : ndarray
+            Output and input reference coordinates in :math:`[0, 1]`, broadcast together.
+
+        Returns
+        -------
+        ndarray
+            The kernel values, of the broadcast shape.
+        """
+
+    def matrix(self, out, inp) -> np.ndarray:
+        r"""The host matrix :math:`A_{ij} = W(y_i, \eta_j) w_j` of shape ``(nq_out, nq_in)``.
+
+        Parameters
+        ----------
+        out : Discretization
+            Discretization of the output variable :math:`y` (rows).
+        inp : Discretization
+            Discretization of the input variable :math:`\eta` (columns, with weights).
+
+        Returns
+        -------
+        ndarray, shape (len(out.quadrature_nodes), len(inp.quadrature_nodes))
+            Read-only float64 array.
+
+        Raises
+        ------
+        TypeError
+            If ``out`` or ``inp`` is not a discretization.
+        ValueError
+            If the kernel takes non-finite values on these grids.
+        """
+        _check_discretization(out, "out")
+        _check_discretization(inp, "inp")
+        cache = self.__dict__.setdefault("_matrices", {})
+        key = (out, inp)
+        if key not in cache:
+            mat = np.ascontiguousarray(self._build_matrix(out, inp), dtype=np.float64)
+            shape = (len(out.quadrature_nodes), len(inp.quadrature_nodes))
+            if mat.shape != shape:
+                raise ValueError(f"{type(self).__name__} produced a matrix of shape {mat.shape}, expected {shape}")
+            if not np.all(np.isfinite(mat)):
+                raise ValueError(f"{type(self).__name__} takes NaN or inf values on {out!r} x {inp!r}")
+            mat.setflags(write=False)
+            cache[key] = mat
+        return cache[key]
+
+    def _build_matrix(self, out, inp) -> np.ndarray:
+        s = _reference_points(out)
+        t = _reference_points(inp)
+        values = np.broadcast_to(self.evaluate(s[:, None], t[None, :]), (s.size, t.size))
+        return values * (np.asarray(inp.quadrature_weights) / inp.length)[None, :]
+
+    def device_matrix(self, u, out, inp):
+        """The matrix of :meth:`matrix` on the backend and in the dtype of the array ``u``."""
+        dtype = np.dtype(str(u.dtype))
+        return backend_of(u).cached(self, ("matrix", out, inp, dtype.str),
+                                    lambda: self.matrix(out, inp).astype(dtype))
+
+    def apply(self, u, out, inp, axis: int = -1):
+        r"""Apply the operator: :math:`(W u)(y_i) = \sum_j A_{ij} u_j` along ``axis``.
+
+        Parameters
+        ----------
+        u : array
+            Values at ``inp.quadrature_nodes`` along ``axis`` (NumPy or CuPy, real floating).
+        out, inp : Discretization
+            Output and input discretizations.
+        axis : int
+            The axis of ``u`` holding the input variable; it is replaced by the output one.
+
+        Returns
+        -------
+        array
+            Same backend and dtype as ``u``; length ``len(out.quadrature_nodes)`` along ``axis``.
+
+        Raises
+        ------
+        ValueError
+            If ``u`` has the wrong length along ``axis``.
+        TypeError
+            If ``u`` is not a real floating array.
+        """
+        xp, axis = _check_input(u, inp, axis)
+        mat = self.device_matrix(u, out, inp)
+        moved = xp.moveaxis(u, axis, -1)
+        return xp.moveaxis(moved @ xp.matrix_transpose(mat), -1, axis)
+
+
+def _check_input(u, inp, axis):
+    xp = array_api_compat.array_namespace(u)
+    if not xp.isdtype(u.dtype, "real floating"):
+        raise TypeError(f"u must be a real floating array, got dtype {u.dtype}")
+    if not -u.ndim <= axis < u.ndim:
+        raise ValueError(f"axis {axis} is out of range for u with {u.ndim} dimensions")
+    axis %= u.ndim
+    nq = len(inp.quadrature_nodes)
+    if u.shape[axis] != nq:
+        raise ValueError(
+            f"u has length {u.shape[axis]} along axis {axis}, expected {nq} "
+            f"(the quadrature points of {inp!r})"
+        )
+    return xp, axis
+
+
+class PiecewiseConstant(Kernel):
+    r"""The embedding of a discrete weight matrix :math:`A \in \mathbb{R}^{d_{out} \times d_{in}}`.
+
+    .. math::  W_{\mathrm{ref}}(s, t) = d_{\mathrm{in}}\, A_{i(s)\, j(t)} ,
+
+    where :math:`i(s)`, :math:`j(t)` are the cells of the uniform partitions of :math:`[0, 1]`
+    into :math:`d_{out}` and :math:`d_{in}` cells (:func:`cell_index`). On
+    ``Midpoint(d_out)`` x ``Midpoint(d_in)`` the discretized matrix is exactly :math:`A`, so a
+    torch ``nn.Linear`` (weight ``A``, :math:`y = A x`) is this operator on the midpoint grid.
+    On refined midpoint grids, piecewise-constant data are mapped to the same values.
+
+    Parameters
+    ----------
+    matrix : array_like, shape (d_out, d_in)
+        The weight (NumPy, CuPy or a torch tensor; copied to the host in float64).
+
+    Raises
+    ------
+    ValueError
+        If ``matrix`` is not 2-D, is empty, or contains NaN or inf.
+    """
+
+    def __init__(self, matrix):
+        try:
+            a = np.array(_to_host(matrix), dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(f"matrix must be a 2-D array of numbers, got {type(matrix).__name__}") from None
+        if a.ndim != 2 or a.size == 0:
+            raise ValueError(f"PiecewiseConstant matrix must be a non-empty 2-D array (d_out, d_in), got shape {a.shape}")
+        if not np.all(np.isfinite(a)):
+            raise ValueError("PiecewiseConstant matrix contains NaN or inf")
+        a.setflags(write=False)
+        self.weight = a
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(d_out, d_in)``."""
+        return self.weight.shape
+
+    def __repr__(self) -> str:
+        return f"PiecewiseConstant(shape={self.shape})"
+
+    def evaluate(self, s, t):
+        d_out, d_in = self.shape
+        i = cell_index(s, (0.0, 1.0), d_out)
+        j = cell_index(t, (0.0, 1.0), d_in)
+        return d_in * self.weight[i, j]
+
+    def _build_matrix(self, out, inp):
+        d_out, d_in = self.shape
+        i = cell_index(out.quadrature_nodes, out.domain, d_out)
+        j = cell_index(inp.quadrature_nodes, inp.domain, d_in)
+        # w_j / (cell width) is exactly 1 on Midpoint(d_in) and exactly 1/2 on Midpoint(2 d_in):
+        # the discrete weight is reproduced bit for bit in the discrete limit.
+        ratio = np.asarray(inp.quadrature_weights) / (inp.length / d_in)
+        return self.weight[i[:, None], j[None, :]] * ratio[None, :]
+
+
+class Smooth(Kernel):
+    r"""A kernel given by a vectorized function :math:`W_{\mathrm{ref}}(s, t)` on :math:`[0, 1]^2`.
+
+    Parameters
+    ----------
+    function : callable
+        ``function(s, t)`` with broadcasting NumPy arrays ``s`` (column) and ``t`` (row).
+
+    Raises
+    ------
+    TypeError
+        If ``function`` is not callable.
+    """
+
+    def __init__(self, function: Callable):
+        if not callable(function):
+            raise TypeError(f"Smooth needs a callable function(y, eta), got {type(function).__name__}")
+        self.function = function
+
+    def __repr__(self) -> str:
+        return f"Smooth({getattr(self.function, '__name__', self.function)!r})"
+
+    def evaluate(self, s, t):
+        return np.asarray(self.function(s, t), dtype=np.float64)
+
+
+class SmoothRandom(Kernel):
+    r"""A random smooth (entire) kernel, deterministic in ``seed``.
+
+    .. math::
+
+        W_{\mathrm{ref}}(s, t) = c \sum_{p, q = 0}^{m - 1} a_{pq}
+            \cos(\pi p s + \phi_p) \cos(\pi q t + \psi_q),
+        \qquad a_{pq} \sim \mathcal{N}(0, 1)\, (1 + p + q)^{-\alpha},
+
+    with random phases :math:`\phi_p, \psi_q \in [0, 2\pi)`, :math:`m` = ``modes``,
+    :math:`\alpha` = ``decay``, and :math:`c` chosen so that
+    :math:`\|W\|_{L^2([0,1]^2)}` = ``scale``. Since the Hilbert-Schmidt norm bounds the operator
+    norm, :math:`\|W u\|_{L^2} \le` ``scale`` :math:`\|u\|_{L^2}`: operators are O(1). The kernel is
+    entire in both arguments and not periodic, so spectral rules converge spectrally and
+    periodic rules do not get an unfair advantage.
+
+    Parameters
+    ----------
+    seed : int
+        Seed of :func:`numpy.random.default_rng`.
+    modes : int, optional
+        Number :math:`m \ge 1` of modes per variable. Default 4.
+    decay : float, optional
+        Decay exponent :math:`\alpha \ge 0` of the coefficients. Default 2.
+    scale : float, optional
+        :math:`L^2` norm of the kernel. Default 1.
+
+    Raises
+    ------
+    ValueError
+        For a non-integer seed or modes, modes < 1, negative or non-finite decay, or a
+        non-finite scale.
+    """
+
+    def __init__(self, seed: int, modes: int = 4, decay: float = 2.0, scale: float = 1.0):
+        if isinstance(seed, bool) or not isinstance(seed, Integral):
+            raise ValueError(f"seed must be an integer, got {seed!r}")
+        if isinstance(modes, bool) or not isinstance(modes, Integral) or modes < 1:
+            raise ValueError(f"modes must be a positive integer, got {modes!r}")
+        if not isinstance(decay, Real) or not math.isfinite(decay) or decay < 0:
+            raise ValueError(f"decay must be a finite number >= 0, got {decay!r}")
+        if not isinstance(scale, Real) or not math.isfinite(scale):
+            raise ValueError(f"scale must be a finite number, got {scale!r}")
+        self.seed, self.modes, self.decay, self.scale = int(seed), int(modes), float(decay), float(scale)
+        rng = np.random.default_rng(self.seed)
+        p = np.arange(self.modes)
+        coeffs = rng.standard_normal((self.modes, self.modes)) * (1.0 + p[:, None] + p[None, :]) ** -self.decay
+        self.phase_out = rng.uniform(0.0, 2 * np.pi, self.modes)
+        self.phase_in = rng.uniform(0.0, 2 * np.pi, self.modes)
+        # L2 norm of the unscaled kernel by a Gauss rule that is exact to rounding for these modes
+        t, w = np.polynomial.legendre.leggauss(4 * self.modes + 24)
+        t, w = 0.5 * (t + 1.0), 0.5 * w
+        vals = self._basis(t, self.phase_out) @ coeffs @ self._basis(t, self.phase_in).T
+        norm = math.sqrt(float(w @ vals**2 @ w))
+        self.coefficients = coeffs * (self.scale / norm)
+
+    def __repr__(self) -> str:
+        return f"SmoothRandom(seed={self.seed}, modes={self.modes}, decay={self.decay}, scale={self.scale})"
+
+    def _basis(self, s, phase):
+        s = np.asarray(s, dtype=np.float64)
+        return np.cos(np.pi * np.arange(self.modes) * s[..., None] + phase)
+
+    def evaluate(self, s, t):
+        s, t = np.broadcast_arrays(np.asarray(s, dtype=np.float64), np.asarray(t, dtype=np.float64))
+        return np.einsum("...p,pq,...q->...", self._basis(s, self.phase_out), self.coefficients,
+                         self._basis(t, self.phase_in))
+
+    def _build_matrix(self, out, inp):
+        b_out = self._basis(_reference_points(out), self.phase_out)
+        b_in = self._basis(_reference_points(inp), self.phase_in)
+        return (b_out @ self.coefficients @ b_in.T) * (np.asarray(inp.quadrature_weights) / inp.length)[None, :]
+
+
+class Convolution(Kernel):
+    r"""A translation-invariant periodic kernel :math:`W_{\mathrm{ref}}(s, t) = p((s - t) \bmod 1)`.
+
+    On a uniform periodic grid (same grid for input and output, :math:`n` equally spaced
+    points with equal weights :math:`1/n` of the period, e.g. ``Midpoint`` or ``Fourier``) the
+    matrix is circulant, :math:`A_{ij} = p(((i - j) \bmod n)/n) / n`, and :meth:`apply` computes
+    it by FFT in :math:`O(n \log n)` through the backend (pyFFTW on the CPU, ``cupyx.scipy.fft``
+    on the GPU). Elsewhere it falls back to the dense matrix.
+
+    Parameters
+    ----------
+    profile : callable
+        ``profile(z)`` for ``z`` in :math:`[0, 1)`, vectorized; read as 1-periodic.
+
+    Raises
+    ------
+    TypeError
+        If ``profile`` is not callable.
+    """
+
+    def __init__(self, profile: Callable):
+        if not callable(profile):
+            raise TypeError(f"Convolution needs a callable profile(z), got {type(profile).__name__}")
+        self.profile = profile
+
+    def __repr__(self) -> str:
+        return f"Convolution({getattr(self.profile, '__name__', self.profile)!r})"
+
+    def evaluate(self, s, t):
+        z = np.asarray(s, dtype=np.float64) - np.asarray(t, dtype=np.float64)
+        nearest = np.round(z)
+        # differences that are integers up to rounding are exactly 0 mod 1 (no p(1 - eps) vs p(0))
+        z = np.where(np.abs(z - nearest) < 1e-13, 0.0, z - np.floor(z))
+        return np.asarray(self.profile(z), dtype=np.float64)
+
+    @staticmethod
+    def is_uniform_periodic(disc) -> bool:
+        """True when ``disc`` has equally spaced quadrature points with equal weights ``L / n``."""
+        x = np.asarray(disc.quadrature_nodes, dtype=np.float64)
+        w = np.asarray(disc.quadrature_weights, dtype=np.float64)
+        n, length = x.size, disc.length
+        h = length / n
+        tol = 1e-12 * length
+        return bool(
+            np.all(np.abs(w - h) <= tol)
+            and (n == 1 or np.all(np.abs(np.diff(x) - h) <= tol))
+            and -tol <= x[0] - disc.domain[0] < h
+        )
+
+    def symbol(self, disc) -> np.ndarray:
+        r"""``rfft`` of the circulant's first column :math:`c_k = p(k / n) / n` (host, complex)."""
+        n = len(disc.quadrature_nodes)
+        c = np.asarray(self.profile(np.arange(n) / n), dtype=np.float64) / n
+        c = np.broadcast_to(c, (n,))
+        if not np.all(np.isfinite(c)):
+            raise ValueError(f"Convolution profile takes NaN or inf values on {disc!r}")
+        return np.fft.rfft(c)
+
+    def apply(self, u, out, inp, axis: int = -1):
+        """Apply by FFT when ``out == inp`` is uniform periodic, else by the dense matrix.
+
+        See :meth:`Kernel.apply` for the parameters.
+        """
+        xp, axis = _check_input(u, inp, axis)
+        if out != inp or not self.is_uniform_periodic(inp):
+            return super().apply(u, out, inp, axis)
+        backend = backend_of(u)
+        n = len(inp.quadrature_nodes)
+        complex_dtype = np.result_type(np.dtype(str(u.dtype)), np.complex64)
+        symbol = backend.cached(self, ("symbol", inp, complex_dtype.str),
+                                lambda: self.symbol(inp).astype(complex_dtype))
+        moved = xp.moveaxis(u, axis, -1)
+        result = backend.fft.irfft(backend.fft.rfft(moved, axis=-1) * symbol, n=n, axis=-1)
+        return xp.moveaxis(xp.astype(xp.asarray(result), u.dtype), -1, axis)

@@ -1,0 +1,234 @@
+r"""Multi-head self-attention as a nonlocal integral operator in the token variable.
+
+For heads :math:`h = 1, \dots, H` (DESIGN.md section 1; Tai, Liu, Li, Chan 2025),
+
+.. math::
+
+    q^h = W_Q^h u + b_Q^h, \quad k^h = W_K^h u + b_K^h, \quad v^h = W_V^h u + b_V^h
+    \qquad \text{(functions on } X \times Y_h),
+
+    s^h(x, x') = \beta_h \int_{Y_h} q^h(x, \sigma)\, k^h(x', \sigma)\, d\sigma, \qquad
+    \gamma^h(x, x') = \frac{m(x, x') e^{s^h(x, x')}}{\int_X m(x, x'') e^{s^h(x, x'')} dx''},
+
+    \mathrm{Attn}(u)(x, y) = \sum_h \int_{Y_h} W_O^h(y, \sigma)
+        \int_X \gamma^h(x, x')\, v^h(x', \sigma)\, dx'\, d\sigma + b_O(y).
+
+Discretized, the :math:`\sigma` integral is the head-feature quadrature and the :math:`x'`
+integral is :func:`~ctformer.operators.quadrature_attention.quadrature_attention` with the token
+weights. With midpoint grids, :math:`\beta_h = \sqrt{d_h}` and :class:`~ctformer.kernels.PiecewiseConstant`
+kernels from the blocks of torch's in- and out-projections, this is exactly
+``torch.nn.MultiheadAttention`` (DESIGN.md section 2).
+"""
+from __future__ import annotations
+
+from numbers import Real
+
+import numpy as np
+
+from ..kernels import Kernel
+from .base import Grids, Operator, check_state, device_array
+from .functions import as_feature_function, evaluate_stack
+from .quadrature_attention import quadrature_attention
+
+__all__ = ["Attention"]
+
+
+def _kernel_list(kernels, name: str) -> list:
+    if isinstance(kernels, Kernel):
+        kernels = [kernels]
+    try:
+        kernels = list(kernels)
+    except TypeError:
+        raise TypeError(f"{name} must be a list of Kernel objects (one per head), got {type(kernels).__name__}") from None
+    if not kernels:
+        raise ValueError(f"{name} must contain at least one kernel (one per head)")
+    for h, k in enumerate(kernels):
+        if not isinstance(k, Kernel):
+            raise TypeError(f"{name}[{h}] must be a ctformer.kernels.Kernel, got {type(k).__name__}")
+    return kernels
+
+
+class Attention(Operator):
+    r"""Multi-head self-attention with feature kernels, biases and one temperature per head.
+
+    Parameters
+    ----------
+    W_Q, W_K, W_V : list of Kernel
+        One kernel per head, mapping features :math:`Y` to head features :math:`Y_h`.
+        ``heads = len(W_Q)``; all four lists must have that length.
+    W_O : list of Kernel
+        One kernel per head, mapping head features :math:`Y_h` to features :math:`Y`.
+    b_Q, b_K, b_V : list of feature functions, optional
+        One bias per head on :math:`Y_h` (``None`` entries are zero); see
+        :mod:`ctformer.operators.functions`.
+    b_O : feature function, optional
+        Output bias on :math:`Y`.
+    beta : float or sequence of float
+        Inverse temperature :math:`\beta_h`, one number for all heads or one per head; finite.
+    mask : {None, "causal"}
+        ``"causal"`` keeps :math:`x' \le x`.
+    diagonal : {"full", "half"}
+        With a causal mask, the weight of the diagonal cell: ``"full"`` (the standard causal
+        mask, first order) or ``"half"`` (second order on midpoint grids).
+
+    Raises
+    ------
+    TypeError
+        If a kernel list holds something that is not a kernel.
+    ValueError
+        If the lists have different lengths, ``beta`` is not finite or has the wrong length,
+        ``mask`` or ``diagonal`` is not one of the allowed values, or a bias list has the
+        wrong length.
+
+    Notes
+    -----
+    ``discretize(grids)`` returns ``f(u, key_mask=None)``: ``u`` has shape
+    ``(..., Nq_tokens, Nq_features)``; ``key_mask`` is an optional boolean array ``(..., N)``
+    (True = keep the key token, for padded batches), combined with the causal mask. Every
+    query must keep at least one key.
+
+    The scores use the head-feature quadrature,
+    :math:`s_{ij} = \beta_h \sum_\sigma w_\sigma q_{i\sigma} k_{j\sigma}`: the query is scaled by
+    :math:`w_\sigma` and passed to ``quadrature_attention`` with one :math:`\beta_h` per head,
+    all heads in one call on arrays ``(..., H, N, d_h)``. Token weights are
+    ``grids.tokens.quadrature_weights``; uniform weights are dropped (they cancel), others
+    act as a log-weight bias.
+    """
+
+    def __init__(self, W_Q, W_K, W_V, W_O, *, b_Q=None, b_K=None, b_V=None, b_O=None,
+                 beta=1.0, mask=None, diagonal="full"):
+        self.W_Q = _kernel_list(W_Q, "W_Q")
+        self.heads = len(self.W_Q)
+        for name, ks in (("W_K", W_K), ("W_V", W_V), ("W_O", W_O)):
+            ks = _kernel_list(ks, name)
+            if len(ks) != self.heads:
+                raise ValueError(
+                    f"W_Q, W_K, W_V and W_O must have one kernel per head; W_Q has {self.heads}, "
+                    f"{name} has {len(ks)}"
+                )
+            setattr(self, name, ks)
+        for name, bs in (("b_Q", b_Q), ("b_K", b_K), ("b_V", b_V)):
+            if bs is not None:
+                if isinstance(bs, (str, bytes)) or not hasattr(bs, "__len__"):
+                    raise TypeError(f"{name} must be None or a list of {self.heads} feature functions (one per head)")
+                if len(bs) != self.heads:
+                    raise ValueError(f"{name} must have one entry per head ({self.heads}), got {len(bs)}")
+                bs = [as_feature_function(b, f"{name}[{h}]") for h, b in enumerate(bs)]
+            setattr(self, name, bs)
+        self.b_O = as_feature_function(b_O, "b_O")
+        self.beta = self._check_beta(beta)
+        if mask not in (None, "causal"):
+            raise ValueError(f"mask must be None or 'causal', got {mask!r}")
+        if diagonal not in ("full", "half"):
+            raise ValueError(f"diagonal must be 'full' or 'half', got {diagonal!r}")
+        if diagonal == "half" and mask is None:
+            raise ValueError("diagonal='half' only applies with mask='causal'")
+        self.mask, self.diagonal = mask, diagonal
+
+    def _check_beta(self, beta) -> np.ndarray:
+        if isinstance(beta, Real) and not isinstance(beta, bool):
+            beta = [float(beta)] * self.heads
+        try:
+            arr = np.array(beta, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(f"beta must be a number or a list of {self.heads} numbers, got {beta!r}") from None
+        if arr.ndim == 0:
+            arr = np.full(self.heads, float(arr))
+        if arr.shape != (self.heads,):
+            raise ValueError(f"beta must be a number or have one value per head ({self.heads}), got shape {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"beta must be finite, got {arr.tolist()}")
+        arr.setflags(write=False)
+        return arr
+
+    def __repr__(self) -> str:
+        return (f"Attention(heads={self.heads}, beta={self.beta.tolist()}, mask={self.mask!r}, "
+                f"diagonal={self.diagonal!r})")
+
+    def host_arrays(self, grids: Grids) -> dict:
+        """The stacked host arrays of the discretized operator on ``grids``.
+
+        Returns
+        -------
+        dict
+            ``"Q"``, ``"K"``, ``"V"``: ``(H, nq_h, nq_y)`` kernel matrices; ``"O"``: the
+            output kernels concatenated over heads, ``(H * nq_h, nq_y)`` (transposed, ready to
+            right-multiply); ``"b_Q"``, ``"b_K"``, ``"b_V"``: ``(H, 1, nq_h)`` or None;
+            ``"b_O"``: ``(nq_y,)`` or None; ``"w_sigma"``: ``(nq_h,)``; ``"beta"``: ``(H,)``;
+            ``"w_tokens"``: ``(nq_x,)`` or None when uniform.
+        """
+        y, sigma = grids.features, grids.head_features
+        arrays = {name: np.stack([k.matrix(sigma, y) for k in getattr(self, f"W_{name}")])
+                  for name in ("Q", "K", "V")}
+        w_o = np.stack([k.matrix(y, sigma) for k in self.W_O])  # (H, nq_y, nq_h)
+        arrays["O"] = np.ascontiguousarray(np.transpose(w_o, (0, 2, 1)).reshape(-1, w_o.shape[1]))
+        for name in ("b_Q", "b_K", "b_V"):
+            bs = getattr(self, name)
+            stacked = None if bs is None else evaluate_stack(bs, sigma, name)
+            arrays[name] = None if stacked is None else stacked[:, None, :]
+        arrays["b_O"] = self.b_O.evaluate(y)
+        arrays["w_sigma"] = np.asarray(sigma.quadrature_weights, dtype=np.float64) / sigma.length
+        arrays["beta"] = np.asarray(self.beta)
+        w = np.asarray(grids.tokens.quadrature_weights, dtype=np.float64)
+        arrays["w_tokens"] = None if np.all(w == w[0]) else w / grids.tokens.length
+        return arrays
+
+    def _discretize(self, grids: Grids):
+        host = self.host_arrays(grids)
+        n_tokens = grids.shape[0]
+        heads, mask, diagonal = self.heads, self.mask, self.diagonal
+        owner = self
+
+        def device(u, name):
+            return device_array(owner, u, (grids, name), host[name])
+
+        def attention(u, key_mask=None):
+            xp = check_state(u, grids)
+            keep = _key_mask(xp, key_mask, u, n_tokens, mask, diagonal)
+            x = u[..., None, :, :]  # (..., 1, N, d): broadcast over heads
+            q, k, v = (_affine(xp, x, device(u, name), device(u, f"b_{name}")) for name in ("Q", "K", "V"))
+            attended = quadrature_attention(
+                q * device(u, "w_sigma"), k, v, beta=device(u, "beta"),
+                weights=device(u, "w_tokens"),
+                mask=mask if keep is None else keep,
+                diagonal=diagonal if keep is None else "full",
+            )  # (..., H, N, d_h)
+            # concatenate heads along the features and contract with the stacked W_O
+            concat = xp.reshape(xp.moveaxis(attended, -3, -2), (*attended.shape[:-3], n_tokens, -1))
+            out = concat @ device(u, "O")
+            b_o = device(u, "b_O")
+            return out if b_o is None else out + b_o
+
+        attention.heads = heads
+        return attention
+
+
+def _affine(xp, x, matrix, bias):
+    """``x @ matrix^T + bias`` with head-stacked matrices (bias may be None)."""
+    y = x @ xp.matrix_transpose(matrix)
+    return y if bias is None else y + bias
+
+
+def _key_mask(xp, key_mask, u, n_tokens, mask, diagonal):
+    """Combine a key-padding mask (..., N) with the causal mask into a bool (..., 1, N, N) array."""
+    if key_mask is None:
+        return None
+    km = xp.asarray(key_mask)
+    if km.dtype != xp.bool:
+        raise TypeError(f"key_mask must be a boolean array (True = keep), got dtype {km.dtype}")
+    if km.ndim < 1 or km.shape[-1] != n_tokens:
+        raise ValueError(f"key_mask must have shape (..., {n_tokens}) (one flag per token), got {tuple(km.shape)}")
+    try:
+        lead = xp.broadcast_shapes(tuple(km.shape[:-1]), tuple(u.shape[:-2]))
+    except ValueError:
+        raise ValueError(
+            f"key_mask leading axes {tuple(km.shape[:-1])} do not broadcast with the batch axes "
+            f"{tuple(u.shape[:-2])} of u"
+        ) from None
+    if diagonal == "half":
+        raise ValueError("key_mask cannot be combined with diagonal='half'; use diagonal='full'")
+    keep = xp.broadcast_to(km[..., None, None, :], (*lead, 1, n_tokens, n_tokens))
+    if mask == "causal":
+        rows = xp.arange(n_tokens)
+        keep = keep & (rows[None, :] <= rows[:, None])
+    return keep

@@ -1,0 +1,187 @@
+r"""Feature maps and the feed-forward operator, acting token by token.
+
+Feature map (DESIGN.md section 1) with kernel :math:`W` and bias :math:`b`:
+
+.. math::  (W u)(x, y) = \int_Y W(y, \eta)\, u(x, \eta)\, d\eta + b(y).
+
+Feed-forward operator with activation :math:`\phi`:
+
+.. math::  F(u)(x, y) = \int_R W_2(y, r)\, \phi\big((W_1 u)(x, r) + b_1(r)\big)\, dr + b_2(y).
+
+With midpoint grids and :class:`~ctformer.kernels.PiecewiseConstant` kernels these are exactly
+``nn.Linear`` and ``Linear -> activation -> Linear`` (DESIGN.md section 2).
+
+Activations (:data:`ACTIVATIONS`):
+
+.. math::
+
+    \mathrm{relu}(z) = \max(z, 0), \qquad
+    \mathrm{gelu}(z) = \tfrac{z}{2}\big(1 + \mathrm{erf}(z / \sqrt{2})\big),
+
+    \mathrm{gelu\_tanh}(z) = \tfrac{z}{2}\Big(1 + \tanh\big(\sqrt{2/\pi}\,(z + 0.044715 z^3)\big)\Big),
+    \qquad \mathrm{silu}(z) = \frac{z}{1 + e^{-z}}.
+
+ReLU is the projection onto :math:`\{v \ge 0\}` (Tai et al.).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import array_api_compat
+
+from ..kernels import Kernel
+from .base import Grids, Operator, check_state, device_array
+from .functions import as_feature_function
+
+__all__ = ["FeatureMap", "FeedForward", "ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
+
+
+def relu(z):
+    r""":math:`\max(z, 0)`."""
+    xp = array_api_compat.array_namespace(z)
+    return xp.where(z > 0, z, xp.zeros_like(z))
+
+
+def _erf(z):
+    if array_api_compat.is_cupy_array(z):
+        import cupyx.scipy.special as special
+    else:
+        import scipy.special as special
+    return special.erf(z)
+
+
+def gelu(z):
+    r"""Exact GELU, :math:`\frac{z}{2}(1 + \mathrm{erf}(z / \sqrt{2}))` (torch's default)."""
+    return z * 0.5 * (1.0 + _erf(z * math.sqrt(0.5)))
+
+
+def gelu_tanh(z):
+    r"""Tanh GELU, :math:`\frac{z}{2}(1 + \tanh(\sqrt{2/\pi}(z + 0.044715 z^3)))`."""
+    xp = array_api_compat.array_namespace(z)
+    return 0.5 * z * (1.0 + xp.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z * z * z)))
+
+
+def silu(z):
+    r"""SiLU, :math:`z / (1 + e^{-z})`, evaluated without overflow."""
+    xp = array_api_compat.array_namespace(z)
+    e = xp.exp(-xp.abs(z))  # in (0, 1]: no overflow for any z
+    return z * xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+ACTIVATIONS: dict[str, Callable] = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
+
+
+def get_activation(name) -> Callable:
+    """The activation function called ``name`` (or ``name`` itself if it is callable).
+
+    Parameters
+    ----------
+    name : str or callable
+        One of ``"relu"``, ``"gelu"`` (erf), ``"gelu_tanh"``, ``"silu"``.
+
+    Returns
+    -------
+    callable
+
+    Raises
+    ------
+    ValueError
+        If the name is unknown; the message lists the valid names.
+    """
+    if callable(name):
+        return name
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; valid activations: {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def _check_kernel(kernel, name):
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"{name} must be a ctformer.kernels.Kernel, got {type(kernel).__name__}")
+    return kernel
+
+
+class FeatureMap(Operator):
+    r"""The feature integral operator :math:`u \mapsto \int_Y W(y, \eta) u(x, \eta) d\eta + b(y)`.
+
+    Parameters
+    ----------
+    kernel : Kernel
+        :math:`W`, mapping features to features.
+    bias : feature function, optional
+        :math:`b(y)`; see :mod:`ctformer.operators.functions`.
+
+    Raises
+    ------
+    TypeError
+        If ``kernel`` is not a :class:`~ctformer.kernels.Kernel`.
+    """
+
+    def __init__(self, kernel, bias=None):
+        self.kernel = _check_kernel(kernel, "kernel")
+        self.bias = as_feature_function(bias, "bias")
+
+    def _discretize(self, grids: Grids):
+        y = grids.features
+        bias = self.bias.evaluate(y)
+        kernel, owner = self.kernel, self
+
+        def feature_map(u):
+            check_state(u, grids)
+            out = kernel.apply(u, y, y, axis=-1)
+            if bias is None:
+                return out
+            return out + device_array(owner, u, (grids, "bias"), bias)
+
+        return feature_map
+
+
+class FeedForward(Operator):
+    r"""The feed-forward operator :math:`F(u) = W_2\, \phi(W_1 u + b_1) + b_2` through :math:`R`.
+
+    Parameters
+    ----------
+    W_1 : Kernel
+        Features :math:`Y` to the hidden variable :math:`R`.
+    W_2 : Kernel
+        :math:`R` back to :math:`Y`.
+    b_1 : feature function, optional
+        Bias on :math:`R`.
+    b_2 : feature function, optional
+        Bias on :math:`Y`.
+    activation : {"relu", "gelu", "gelu_tanh", "silu"} or callable
+        :math:`\phi`; ``"gelu"`` is the exact (erf) GELU. Default ``"gelu"``.
+
+    Raises
+    ------
+    TypeError
+        If a kernel is not a :class:`~ctformer.kernels.Kernel`.
+    ValueError
+        If the activation name is unknown (the message lists the valid ones).
+    """
+
+    def __init__(self, W_1, W_2, b_1=None, b_2=None, activation="gelu"):
+        self.W_1 = _check_kernel(W_1, "W_1")
+        self.W_2 = _check_kernel(W_2, "W_2")
+        self.b_1 = as_feature_function(b_1, "b_1")
+        self.b_2 = as_feature_function(b_2, "b_2")
+        self.activation_name = activation if isinstance(activation, str) else getattr(activation, "__name__", "custom")
+        self.phi = get_activation(activation)
+
+    def _discretize(self, grids: Grids):
+        y, r = grids.features, grids.hidden
+        b_1, b_2 = self.b_1.evaluate(r), self.b_2.evaluate(y)
+        w_1, w_2, phi, owner = self.W_1, self.W_2, self.phi, self
+
+        def feedforward(u):
+            check_state(u, grids)
+            z = w_1.apply(u, r, y, axis=-1)
+            if b_1 is not None:
+                z = z + device_array(owner, u, (grids, "b_1"), b_1)
+            out = w_2.apply(phi(z), y, r, axis=-1)
+            if b_2 is not None:
+                out = out + device_array(owner, u, (grids, "b_2"), b_2)
+            return out
+
+        return feedforward

@@ -1,0 +1,165 @@
+r"""Feature functions: biases and affine parameters as functions of one continuous variable.
+
+A bias :math:`b(y)`, a LayerNorm gain :math:`g(y)` or shift :math:`c(y)` is a function on an
+interval (features :math:`Y`, head features :math:`Y_h` or the FFN variable :math:`R`). It can
+be given as
+
+* ``None``: absent (zero for a bias),
+* a number: the constant function,
+* a callable ``b(y)``: evaluated, vectorized, at the quadrature nodes,
+* a 1-D array of ``d`` values: the piecewise-constant function equal to ``values[i]`` on the
+  cell :math:`[a + i L / d, a + (i + 1) L / d)` of the uniform partition of :math:`[a, b]`,
+  :math:`L = b - a`. This is the embedding of a torch bias or LayerNorm weight of length ``d``:
+  on ``Midpoint(d)`` its node values are exactly ``values``.
+
+:func:`as_feature_function` turns any of these into a :class:`FeatureFunction`, whose
+:meth:`FeatureFunction.evaluate` gives the host array of values at the quadrature nodes of a
+discretization.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import numpy as np
+
+from ..kernels import _to_host, cell_index
+
+__all__ = ["FeatureFunction", "as_feature_function", "evaluate_stack", "cell_index"]
+
+
+class FeatureFunction:
+    r"""A function of one continuous variable, evaluated at quadrature nodes.
+
+    Parameters
+    ----------
+    spec : None, float, callable or 1-D array_like
+        See the module docstring. Arrays and numbers must be finite.
+    name : str
+        Name of the parameter (used in error messages), e.g. ``"b_O"``.
+
+    Raises
+    ------
+    TypeError
+        If ``spec`` is none of the accepted kinds.
+    ValueError
+        If an array is not 1-D, empty, or contains NaN or inf; if a number is not finite.
+    """
+
+    def __init__(self, spec, name: str = "feature function"):
+        self.name = name
+        self.kind: str
+        if spec is None:
+            self.kind = "none"
+            self.spec = None
+        elif isinstance(spec, Real) and not isinstance(spec, bool):
+            value = float(spec)
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {spec!r}")
+            self.kind = "constant"
+            self.spec = value
+        elif callable(spec) and not hasattr(spec, "__array__"):
+            self.kind = "callable"
+            self.spec = spec
+        else:
+            try:
+                values = np.array(_to_host(spec), dtype=np.float64)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"{name} must be None, a number, a callable b(y) or a 1-D array of values, "
+                    f"got {type(spec).__name__}"
+                ) from None
+            if values.ndim == 0:  # a 0-d array or scalar tensor is a number
+                if not math.isfinite(float(values)):
+                    raise ValueError(f"{name} must be finite, got {float(values)!r}")
+                self.kind = "constant"
+                self.spec = float(values)
+                return
+            if values.ndim != 1 or values.size == 0:
+                raise ValueError(f"{name} must be a non-empty 1-D array of values, got shape {values.shape}")
+            if not np.all(np.isfinite(values)):
+                raise ValueError(f"{name} contains NaN or inf")
+            values.setflags(write=False)
+            self.kind = "piecewise-constant"
+            self.spec = values
+
+    @property
+    def is_none(self) -> bool:
+        """True when the function is absent (``None``)."""
+        return self.kind == "none"
+
+    @property
+    def is_constant(self) -> bool:
+        """True for a number (a constant function)."""
+        return self.kind == "constant"
+
+    def evaluate(self, disc) -> np.ndarray | None:
+        """Values at ``disc.quadrature_nodes`` (host float64 array), or ``None`` when absent.
+
+        Parameters
+        ----------
+        disc : Discretization
+            The discretization of the variable the function lives on.
+
+        Returns
+        -------
+        ndarray of shape (nq,) or None
+
+        Raises
+        ------
+        ValueError
+            If a callable returns values of the wrong shape or non-finite values.
+        """
+        nodes = disc.quadrature_nodes
+        if self.kind == "none":
+            return None
+        if self.kind == "constant":
+            return np.full(nodes.shape, self.spec)
+        if self.kind == "piecewise-constant":
+            return self.spec[cell_index(nodes, disc.domain, self.spec.size)]
+        values = np.asarray(_to_host(self.spec(nodes)), dtype=np.float64)
+        values = np.broadcast_to(values, nodes.shape).copy() if values.ndim == 0 else values
+        if values.shape != nodes.shape:
+            raise ValueError(
+                f"{self.name}: the callable returned shape {values.shape} for {nodes.size} nodes; "
+                "it must be vectorized (one value per point)"
+            )
+        if not np.all(np.isfinite(values)):
+            raise ValueError(f"{self.name}: the callable returned NaN or inf")
+        return values
+
+    def __repr__(self) -> str:
+        if self.kind == "piecewise-constant":
+            return f"FeatureFunction(piecewise-constant, {self.spec.size} cells)"
+        return f"FeatureFunction({self.spec!r})"
+
+
+def as_feature_function(spec, name: str = "feature function") -> FeatureFunction:
+    """Return ``spec`` as a :class:`FeatureFunction` (unchanged if it already is one).
+
+    Parameters
+    ----------
+    spec : None, float, callable, 1-D array_like or FeatureFunction
+        The function; see the module docstring.
+    name : str
+        Parameter name for error messages.
+
+    Returns
+    -------
+    FeatureFunction
+    """
+    if isinstance(spec, FeatureFunction):
+        return spec
+    return FeatureFunction(spec, name)
+
+
+def evaluate_stack(specs, disc, name: str) -> np.ndarray | None:
+    """Stack the values of several feature functions at ``disc``'s nodes into shape (H, nq).
+
+    Absent (``None``) members give zero rows; returns ``None`` when all are absent.
+    """
+    funcs = [as_feature_function(s, f"{name}[{h}]") for h, s in enumerate(specs)]
+    if all(f.is_none for f in funcs):
+        return None
+    nq = disc.quadrature_nodes.size
+    return np.stack([np.zeros(nq) if f.is_none else f.evaluate(disc) for f in funcs])

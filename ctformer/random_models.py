@@ -1,0 +1,133 @@
+r"""Continuous Transformers with smooth random parameters, for convergence studies.
+
+Every kernel is a :class:`ctformer.kernels.SmoothRandom` kernel with :math:`L^2` norm
+``KERNEL_SCALE`` = 0.5, so each linear map is a contraction-sized, entire function of its two
+variables; every bias and every LayerNorm gain or shift is a low-frequency trigonometric
+function of its variable. The flow is then smooth in :math:`x` and :math:`y` and of size
+:math:`O(1)` over a few layers, and discretization errors come only from the rules, not from
+the parameters. A different ``seed`` gives independent parameters.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .kernels import SmoothRandom
+from .model import Block, ContinuousTransformer
+from .operators import Attention, FeedForward, LayerNormProjection
+
+__all__ = ["random_smooth", "NORMS", "KERNEL_SCALE"]
+
+NORMS = ("pre", "post", "post-projection", "none")
+KERNEL_SCALE = 0.5
+BIAS_SCALE = 0.1
+
+
+class _Trig:
+    r"""The function :math:`y \mapsto c_0 + a \sin(\pi k y + \phi)` (vectorized, picklable)."""
+
+    def __init__(self, offset, amplitude, frequency, phase):
+        self.offset, self.amplitude, self.frequency, self.phase = offset, amplitude, frequency, phase
+
+    def __call__(self, y):
+        return self.offset + self.amplitude * np.sin(np.pi * self.frequency * np.asarray(y) + self.phase)
+
+    def __repr__(self):
+        return (f"{self.offset:.3g} + {self.amplitude:.3g} sin(pi {self.frequency} y "
+                f"+ {self.phase:.3g})")
+
+
+def random_smooth(seed=0, layers=2, heads=2, norm="pre", activation="gelu", mask=None,
+                  diagonal="full", beta=4.0) -> ContinuousTransformer:
+    r"""A :class:`ctformer.model.ContinuousTransformer` with smooth random parameters.
+
+    Parameters
+    ----------
+    seed : int
+        Seed of all parameters.
+    layers : int
+        Number of layers :math:`T \ge 1`.
+    heads : int
+        Attention heads :math:`H \ge 1` per layer.
+    norm : {"pre", "post", "post-projection", "none"}
+        Normalization layout:
+
+        - ``"pre"``: pre-norm blocks with LayerNorms of smooth per-feature gain
+          :math:`g(y) = 1 + 0.2 \sin(\pi k y + \phi)` and shift :math:`c(y)` of size 0.1,
+          ``eps = 0``, and a final LayerNorm of the same kind;
+        - ``"post"``: post-norm blocks with such per-feature affine LayerNorms. They are not
+          projections: refining depth warns (:class:`ctformer.model.InconsistentDepthLimitWarning`);
+        - ``"post-projection"``: post-norm blocks with scalar :math:`\sigma_1`, :math:`\sigma_2`
+          and ``eps = 0``, the exact :math:`L^2` projection onto :math:`S_1(\sigma_1, \sigma_2)`
+          (Tai et al. 2025, Thm 3.1), which has a continuous-depth limit;
+        - ``"none"``: no normalization.
+    activation : {"relu", "gelu", "gelu_tanh", "silu"}
+        FFN activation.
+    mask : None or "causal"
+        Attention mask.
+    diagonal : {"full", "half"}
+        Weight of the diagonal cell with ``mask="causal"``.
+    beta : float
+        Inverse temperature of every head.
+
+    Returns
+    -------
+    ContinuousTransformer
+        Without default ``head_features``/``hidden``: :meth:`ContinuousTransformer.solve` uses
+        the feature discretization for them unless told otherwise.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``norm``, non-positive ``layers`` or ``heads``, or invalid attention
+        or activation options (raised by the operators).
+
+    Notes
+    -----
+    Kernels are :class:`ctformer.kernels.SmoothRandom` with ``modes=4``, ``decay=2`` and
+    :math:`\|W\|_{L^2} = 0.5`; biases are :math:`0.1 \sin(\pi k y + \phi)` with
+    :math:`k \in \{1, 2\}`. Feature variance must stay away from zero for LayerNorm to be
+    smooth (DESIGN.md section 1); choose the initial data accordingly.
+    """
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    for name, value in (("layers", layers), ("heads", heads)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    rng = np.random.default_rng(int(seed))
+
+    def kernel():
+        return SmoothRandom(int(rng.integers(2**31)), modes=4, decay=2.0, scale=KERNEL_SCALE)
+
+    def trig(offset, amplitude):
+        return _Trig(offset, amplitude, int(rng.integers(1, 3)), float(rng.uniform(0, 2 * math.pi)))
+
+    def layer_norm():
+        if norm == "post-projection":
+            return LayerNormProjection(gain=float(rng.uniform(0.8, 1.2)),
+                                       shift=float(rng.uniform(-0.1, 0.1)), eps=0.0)
+        return LayerNormProjection(gain=trig(1.0, 0.2), shift=trig(0.0, BIAS_SCALE), eps=0.0)
+
+    blocks = []
+    for _ in range(int(layers)):
+        attention = Attention(
+            [kernel() for _ in range(heads)], [kernel() for _ in range(heads)],
+            [kernel() for _ in range(heads)], [kernel() for _ in range(heads)],
+            b_Q=[trig(0.0, BIAS_SCALE) for _ in range(heads)],
+            b_K=[trig(0.0, BIAS_SCALE) for _ in range(heads)],
+            b_V=[trig(0.0, BIAS_SCALE) for _ in range(heads)],
+            b_O=trig(0.0, BIAS_SCALE),
+            beta=beta, mask=mask, diagonal=diagonal,
+        )
+        feedforward = FeedForward(kernel(), kernel(), b_1=trig(0.0, BIAS_SCALE),
+                                  b_2=trig(0.0, BIAS_SCALE), activation=activation)
+        if norm == "none":
+            blocks.append(Block(attention, feedforward, placement="none"))
+        else:
+            placement = "pre" if norm == "pre" else "post"
+            blocks.append(Block(attention, feedforward, layer_norm(), layer_norm(), placement=placement))
+    final_norm = layer_norm() if norm == "pre" else None
+    return ContinuousTransformer(blocks, final_norm=final_norm)

@@ -1,0 +1,271 @@
+r"""The result of a convergence study: the error table, observed orders, export and plots.
+
+For levels :math:`i` with mesh widths (or time steps) :math:`h_i` and errors :math:`e_i`, the
+order observed between neighbours is
+
+.. math::  p_i = \frac{\log(e_{i-1} / e_i)}{\log(h_{i-1} / h_i)},
+
+and :attr:`ConvergenceResult.observed_order` is the least-squares slope of
+:math:`\log e_i` against :math:`\log h_i` over the *asymptotic levels*: the levels whose error
+lies above the rounding floor :math:`10^{-12} \max(1, \|u_{\text{ref}}\|)` (below it the
+error is rounding noise, e.g. a spectral method that has converged), optionally restricted to
+the ``fit_levels`` finest of them.
+
+With ``reference="finest"`` the measured error is :math:`e_h - e_{\text{ref}}`; a reference only
+one refinement (ratio :math:`r`) finer than the last measured level biases the last
+neighbour order up to :math:`\log_r(r^p + 1)`, so make the reference several refinements finer.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["Row", "ConvergenceResult", "fit_order", "neighbour_orders", "comparison_table"]
+
+COLUMNS = ("level", "n", "h", "error", "order", "seconds")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One level of a study.
+
+    Attributes
+    ----------
+    level : int
+        Index of the level, 0 for the coarsest.
+    n : int
+        Number of values of the refined variable, or steps per layer when refining time.
+    h : float
+        Mesh width ``length / n`` of the refined variable, or the time step ``1 / n``.
+    error : float or None
+        Error against the reference; ``None`` for the level that *is* the reference.
+    order : float or None
+        Order observed between this level and the previous one (``None`` on the first).
+    seconds : float
+        Wall time of the solve.
+    """
+
+    level: int
+    n: int
+    h: float
+    error: float | None
+    order: float | None
+    seconds: float
+
+
+def neighbour_orders(h, errors) -> list:
+    """Orders :math:`\\log(e_{i-1}/e_i) / \\log(h_{i-1}/h_i)` (``None`` where undefined)."""
+    out = [None]
+    for i in range(1, len(h)):
+        e0, e1 = errors[i - 1], errors[i]
+        if e0 is None or e1 is None or e0 <= 0 or e1 <= 0 or h[i - 1] == h[i]:
+            out.append(None)
+        else:
+            out.append(math.log(e0 / e1) / math.log(h[i - 1] / h[i]))
+    return out
+
+
+def fit_order(h, errors, floor: float = 0.0, fit_levels: int | None = None) -> float:
+    """Least-squares slope of ``log(error)`` against ``log(h)`` over the asymptotic levels.
+
+    Parameters
+    ----------
+    h, errors : sequence of float
+        Mesh widths and errors (``None`` errors are skipped).
+    floor : float
+        Errors at or below it are rounding noise and are left out.
+    fit_levels : int, optional
+        Use only this many of the finest remaining levels.
+
+    Returns
+    -------
+    float
+        The slope, or NaN when fewer than two levels remain.
+    """
+    pts = [(hi, ei) for hi, ei in zip(h, errors) if ei is not None and ei > floor]
+    if fit_levels is not None:
+        pts = pts[-fit_levels:]
+    if len(pts) < 2:
+        return float("nan")
+    hh, ee = np.log(np.array(pts, dtype=float)).T
+    return float(np.polyfit(hh, ee, 1)[0])
+
+
+def _fmt(value, spec):
+    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) \
+        else format(value, spec)
+
+
+@dataclass
+class ConvergenceResult:
+    """Error table and observed order of a convergence study (see :func:`convergence`).
+
+    Attributes
+    ----------
+    table : list of Row
+        One row per level, coarsest first.
+    observed_order : float
+        Least-squares order over the asymptotic levels (module notes).
+    expected_order : float
+        The theoretical order of the refined discretization or scheme (``inf`` if spectral).
+    refine : str
+        ``"tokens"``, ``"features"``, ``"hidden"`` or ``"time"``.
+    method : str
+        The refined discretization's name, or the scheme when refining time.
+    reference : str
+        ``"finest"``, ``"richardson"`` or ``"exact"``.
+    norm : str
+        ``"l2"`` or ``"max"``.
+    min_feature_std : float
+        Smallest feature standard deviation :math:`\\min_x \\mathrm{std}_y\\, u(t, x, \\cdot)`
+        met at the layer boundaries of all cases (LayerNorm is singular where it is small).
+    wall_seconds : float
+        Wall time of the whole study.
+    parameters : dict
+        Everything else that defines the study (discretizations, scheme, model fingerprint).
+    """
+
+    table: list
+    observed_order: float
+    expected_order: float
+    refine: str
+    method: str
+    reference: str
+    norm: str
+    min_feature_std: float
+    wall_seconds: float
+    parameters: dict = field(default_factory=dict)
+
+    # -- views ------------------------------------------------------------------------
+    @property
+    def h(self) -> np.ndarray:
+        """Mesh widths (or time steps) of the levels that have an error."""
+        return np.array([r.h for r in self.table if r.error is not None])
+
+    @property
+    def errors(self) -> np.ndarray:
+        """Errors of the levels that have one (the reference level has none)."""
+        return np.array([r.error for r in self.table if r.error is not None])
+
+    @property
+    def n(self) -> np.ndarray:
+        """Sizes (or steps per layer) of the levels that have an error."""
+        return np.array([r.n for r in self.table if r.error is not None])
+
+    @property
+    def label(self) -> str:
+        """A short legend entry, e.g. ``"tokens: gauss-legendre"``."""
+        return f"{self.refine}: {self.method}"
+
+    # -- export -----------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """Plain-Python form (what :meth:`to_json` writes)."""
+        def clean(x):
+            return None if isinstance(x, float) and not math.isfinite(x) else x
+
+        return {
+            "refine": self.refine, "method": self.method, "reference": self.reference,
+            "norm": self.norm, "observed_order": clean(self.observed_order),
+            "expected_order": clean(self.expected_order),
+            "min_feature_std": clean(self.min_feature_std), "wall_seconds": self.wall_seconds,
+            "parameters": self.parameters, "table": [asdict(r) for r in self.table],
+        }
+
+    def to_json(self, path) -> Path:
+        """Write :meth:`to_dict` as JSON to ``path``; returns the path."""
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        return path
+
+    def to_csv(self, path) -> Path:
+        """Write the table (columns ``level, n, h, error, order, seconds``) to ``path``."""
+        path = Path(path)
+        with path.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(COLUMNS)
+            for r in self.table:
+                writer.writerow(["" if getattr(r, c) is None else repr(getattr(r, c)) if
+                                 isinstance(getattr(r, c), float) else getattr(r, c)
+                                 for c in COLUMNS])
+        return path
+
+    def plot(self, path=None, *, ax=None):
+        """Log-log plot of error against h with reference slopes; see :func:`plot_convergence`."""
+        from .plotting import plot_convergence
+
+        return plot_convergence([self], path=path, ax=ax)
+
+    # -- printing ---------------------------------------------------------------------
+    def __str__(self) -> str:
+        step = "dt" if self.refine == "time" else "h"
+        size = "steps" if self.refine == "time" else "n"
+        head = (f"convergence in {self.refine} ({self.method}), reference {self.reference}, "
+                f"{self.norm} norm")
+        lines = [head, f"{'level':>5} {size:>6} {step:>10} {'error':>10} {'order':>6} {'seconds':>8}"]
+        for r in self.table:
+            err = "reference" if r.error is None else _fmt(r.error, ".3e")
+            lines.append(f"{r.level:>5} {r.n:>6} {r.h:>10.3e} {err:>10} {_fmt(r.order, '6.2f'):>6} "
+                         f"{r.seconds:>8.3f}")
+        expected = "spectral" if math.isinf(self.expected_order) else f"{self.expected_order:g}"
+        lines.append(f"observed order {_fmt(self.observed_order, '.2f')} (expected {expected}); "
+                     f"min feature std {_fmt(self.min_feature_std, '.3g')}; "
+                     f"wall time {self.wall_seconds:.2f} s")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"ConvergenceResult(refine={self.refine!r}, method={self.method!r}, "
+                f"levels={[r.n for r in self.table]}, observed_order={self.observed_order:.3g})")
+
+
+def comparison_table(results, title: str | None = None) -> str:
+    """Side-by-side text table of several studies of the same variable and levels.
+
+    Parameters
+    ----------
+    results : sequence of ConvergenceResult
+        Studies whose tables have the same ``n`` column (e.g. two discretizations).
+    title : str, optional
+        First line; default names the refined variable.
+
+    Returns
+    -------
+    str
+        Columns ``n``, ``h`` and, for each study, its error and neighbour order, then a line
+        of observed orders.
+
+    Raises
+    ------
+    ValueError
+        If ``results`` is empty or the studies have different levels.
+    """
+    results = list(results)
+    if not results:
+        raise ValueError("comparison_table needs at least one study")
+    ns = [r.n for r in results[0].table]
+    if any([r.n for r in res.table] != ns for res in results):
+        raise ValueError("comparison_table needs studies with the same levels")
+    refine = results[0].refine
+    size, step = ("steps", "dt") if refine == "time" else ("n", "h")
+    width = max(18, *(len(res.method) + 2 for res in results))
+    lines = [title or f"convergence in {refine} ({results[0].norm} error, reference "
+                      f"{results[0].reference})",
+             f"{size:>6} {step:>10}" + "".join(f"{res.method:>{width}}" for res in results)]
+    for i, n in enumerate(ns):
+        cells = []
+        for res in results:
+            row = res.table[i]
+            err = "reference" if row.error is None else f"{row.error:.3e}"
+            order = "" if row.order is None else f" ({row.order:.2f})"
+            cells.append(f"{err + order:>{width}}")
+        lines.append(f"{n:>6} {results[0].table[i].h:>10.3e}" + "".join(cells))
+    lines.append(f"{'observed order':>17}" + "".join(
+        f"{_fmt(res.observed_order, '.2f'):>{width}}" for res in results))
+    lines.append(f"{'expected order':>17}" + "".join(
+        f"{'spectral' if math.isinf(res.expected_order) else format(res.expected_order, 'g'):>{width}}"
+        for res in results))
+    return "\n".join(lines)

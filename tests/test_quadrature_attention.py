@@ -1,0 +1,271 @@
+"""quadrature_attention against independent references.
+
+References: torch ``scaled_dot_product_attention`` / ``softmax`` run in float64 (an additive
+float mask carries log-weights and the half diagonal), a hand-built dense NumPy formula, and the
+hard-max limit beta -> infinity. Both code paths are checked: the batched array-API path and the
+NumPy streaming path (selected by problem size; the fixture moves the threshold).
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from ctformer.operators import quadrature_attention
+
+from .conftest import require
+
+# the package re-exports the function under the module's name, so fetch the module itself
+qa_module = importlib.import_module("ctformer.operators.quadrature_attention")
+
+
+@pytest.fixture(params=["generic", "stream"])
+def path(request, monkeypatch):
+    """Force the batched generic path or the NumPy streaming path (threaded element-wise work)."""
+    if request.param == "stream":
+        monkeypatch.setattr(qa_module, "_STREAM_MIN_ENTRIES", 0)
+        monkeypatch.setattr(qa_module, "_THREAD_MIN_ENTRIES", 16)
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", "3")
+    else:
+        monkeypatch.setattr(qa_module, "_STREAM_MIN_ENTRIES", 1 << 62)
+    return request.param
+
+
+def _torch_sdpa(q, k, v, *, scale, bias=None, is_causal=False):
+    """float64 torch SDPA with an additive float mask ``bias``."""
+    torch = require("torch")
+    t = [torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in (q, k, v)]
+    bias = None if bias is None else torch.from_numpy(np.array(bias, dtype=np.float64))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        *t, attn_mask=bias, is_causal=is_causal, scale=scale
+    )
+    return out.numpy()
+
+
+def _qkv(rng, shape_q, shape_kv, d=8, e=5):
+    q = rng.standard_normal((*shape_q, d))
+    k = rng.standard_normal((*shape_kv, d))
+    v = rng.standard_normal((*shape_kv[:-1], shape_kv[-1], e))
+    return q, k, v
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
+
+
+def test_gauss_weights_equal_softmax_with_log_weight_bias(rng, path):
+    # Gauss-Legendre nodes on [0, 1]: sum_j w_j e^{s_ij} v_j / sum_j w_j e^{s_ij} is
+    # softmax(s + log w); torch gets log w as an additive float mask.
+    n = 41
+    nodes, w = np.polynomial.legendre.leggauss(n)
+    w = w / 2
+    q, k, v = _qkv(rng, (2, n), (2, n))
+    beta = 0.9
+    out = quadrature_attention(q, k, v, beta=beta, weights=w)
+    ref = _torch_sdpa(q, k, v, scale=beta, bias=np.broadcast_to(np.log(w), (n, n)))
+    assert _rel(out, ref) < 1e-13
+    # uniform weights cancel: same as no weights at all
+    plain = _torch_sdpa(q, k, v, scale=beta)
+    assert _rel(quadrature_attention(q, k, v, beta=beta, weights=np.full(n, 1 / n)), plain) < 1e-13
+
+
+@pytest.mark.parametrize("n", [5, 64, 97])
+def test_chunked_equals_unchunked(rng, path, n):
+    q, k, v = _qkv(rng, (3, n), (3, n))
+    w = rng.uniform(0.2, 1.0, n)
+    ref = _torch_sdpa(q, k, v, scale=1.3, bias=np.broadcast_to(np.log(w), (n, n)))
+    whole = quadrature_attention(q, k, v, beta=1.3, weights=w, chunk=n)
+    assert _rel(whole, ref) < 1e-13
+    for chunk in (1, 3, 7, 32, n - 1, n + 5):
+        for mask in (None, "causal"):
+            out = quadrature_attention(q, k, v, beta=1.3, weights=w, chunk=max(1, chunk), mask=mask)
+            base = whole if mask is None else quadrature_attention(q, k, v, beta=1.3, weights=w, mask=mask)
+            assert _rel(out, base) < 1e-13, (chunk, mask)
+
+
+def test_causal_equals_torch_is_causal(rng, path):
+    q, k, v = _qkv(rng, (2, 3, 50), (2, 3, 50), d=6, e=4)
+    out = quadrature_attention(q, k, v, beta=1 / math.sqrt(6), mask="causal", chunk=16)
+    ref = _torch_sdpa(q, k, v, scale=1 / math.sqrt(6), is_causal=True)
+    assert _rel(out, ref) < 1e-13
+
+
+def test_half_diagonal_equals_hand_built_rule(rng, path):
+    # out_i = sum_{j<i} w_j e^{s_ij} v_j + (w_i/2) e^{s_ii} v_i, normalized the same way;
+    # dense and without max subtraction (scores are O(1) here).
+    n = 33
+    q, k, v = _qkv(rng, (n,), (n,))
+    w = rng.uniform(0.5, 1.5, n)
+    beta = 0.6
+    weight = np.tril(np.exp(beta * q @ k.T) * w)
+    weight[np.diag_indices(n)] /= 2
+    ref = weight @ v / weight.sum(axis=1, keepdims=True)
+    out = quadrature_attention(q, k, v, beta=beta, weights=w, mask="causal", diagonal="half", chunk=10)
+    assert _rel(out, ref) < 1e-13
+    full = quadrature_attention(q, k, v, beta=beta, weights=w, mask="causal")
+    assert _rel(full, ref) > 1e-3  # the two diagonal rules really differ
+
+
+def test_per_head_beta_with_batch_and_head_axes(rng, path):
+    b, h, n = 2, 3, 40
+    q, k, v = _qkv(rng, (b, h, n), (b, 1, n))  # keys and values shared by the heads
+    beta = np.array([0.25, 1.0, 2.5])
+    out = quadrature_attention(q, k, v, beta=beta)
+    assert out.shape == (b, h, n, v.shape[-1])
+    for head in range(h):
+        ref = _torch_sdpa(q[:, head], k[:, 0], v[:, 0], scale=float(beta[head]))
+        assert _rel(out[:, head], ref) < 1e-13
+
+
+def test_boolean_and_key_masks_match_torch(rng, path):
+    n = 30
+    q, k, v = _qkv(rng, (2, n), (2, n))
+    keep = rng.random((2, n, n)) < 0.4
+    keep[..., 3] = True
+    bias = np.where(keep, 0.0, -np.inf)
+    out = quadrature_attention(q, k, v, beta=0.8, mask=keep, chunk=7)
+    assert _rel(out, _torch_sdpa(q, k, v, scale=0.8, bias=bias)) < 1e-13
+    key_keep = np.ones((2, 1, n), dtype=bool)
+    key_keep[0, 0, 20:] = False  # a padded first sequence
+    bias = np.where(key_keep, 0.0, -np.inf)
+    out = quadrature_attention(q, k, v, beta=0.8, mask=key_keep)
+    assert _rel(out, _torch_sdpa(q, k, v, scale=0.8, bias=bias)) < 1e-13
+
+
+def test_float32_large_beta_is_finite_and_equals_hard_max(rng, path):
+    n = 64
+    q, k, v = (a.astype(np.float32) for a in _qkv(rng, (n,), (n,), d=4))
+    beta = 1e4
+    out = quadrature_attention(q, k, v, beta=beta)
+    assert out.dtype == np.float32 and np.all(np.isfinite(out))
+    scores = q.astype(np.float64) @ k.astype(np.float64).T
+    top2 = np.sort(scores, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-2  # exp(-beta * gap) < e^-100: the limit is exact
+    assert clear.sum() > n // 2
+    hard = v[np.argmax(scores, axis=1)]
+    np.testing.assert_allclose(out[clear], hard[clear], rtol=0, atol=1e-6)
+    # causal and weighted variants stay finite and pick the best allowed key
+    out = quadrature_attention(q, k, v, beta=beta, mask="causal", weights=np.full(n, 1 / n, np.float32))
+    masked = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
+    top2 = np.sort(masked, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0] > 1e-2) | ~np.isfinite(top2[:, 0])
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(out[clear], v[np.argmax(masked, axis=1)][clear], rtol=0, atol=1e-6)
+
+
+def test_float32_stays_float32_and_is_accurate(rng, path):
+    q, k, v = _qkv(rng, (2, 45), (2, 45))
+    ref = _torch_sdpa(q, k, v, scale=2.0, is_causal=True)
+    out = quadrature_attention(*(a.astype(np.float32) for a in (q, k, v)), beta=2.0, mask="causal")
+    assert out.dtype == np.float32
+    assert _rel(out, ref) < 1e-5
+
+
+def test_threads_do_not_change_the_result(rng, monkeypatch):
+    monkeypatch.setattr(qa_module, "_STREAM_MIN_ENTRIES", 0)
+    monkeypatch.setattr(qa_module, "_THREAD_MIN_ENTRIES", 1)
+    q, k, v = _qkv(rng, (70,), (70,))
+    keep = rng.random((70, 70)) < 0.5
+    keep[:, 0] = True
+    results = []
+    for threads in ("1", "2", "5"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", threads)
+        results.append([quadrature_attention(q, k, v, beta=1.1, mask=m, chunk=23) for m in (None, "causal", keep)])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert np.array_equal(a, b)
+    ref = _torch_sdpa(q, k, v, scale=1.1, bias=np.where(keep, 0.0, -np.inf))
+    assert _rel(results[-1][2], ref) < 1e-13
+
+
+def test_memory_is_chunk_times_n_not_n_squared(rng):
+    n = 3000  # an N x N float64 score matrix would be 72 MB
+    q, k, v = _qkv(rng, (n,), (n,), d=4, e=4)
+    tracemalloc.start()
+    try:
+        out = quadrature_attention(q, k, v, beta=1.0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20e6
+    idx = [0, 1234, n - 1]
+    assert _rel(out[idx], _torch_sdpa(q[idx], k, v, scale=1.0)) < 1e-13
+
+
+def test_array_api_strict_inputs(rng):
+    xp = pytest.importorskip("array_api_strict")
+    n = 20
+    q, k, v = _qkv(rng, (2, n), (2, n))
+    w = rng.uniform(0.5, 1.0, n)
+    out = quadrature_attention(*(xp.asarray(a) for a in (q, k, v)), beta=xp.asarray([0.5, 2.0]),
+                               weights=xp.asarray(w), mask="causal", diagonal="half", chunk=6)
+    assert type(out) is type(xp.asarray(q))
+    bias = np.log(w) + np.log(0.5) * np.eye(n) + np.where(np.tril(np.ones((n, n))) > 0, 0.0, -np.inf)
+    for b, beta in enumerate((0.5, 2.0)):
+        assert _rel(np.asarray(out[b, ...]), _torch_sdpa(q[b], k[b], v[b], scale=beta, bias=bias)) < 1e-13
+
+
+def _fully_masked_row():
+    keep = np.ones((10, 10), bool)
+    keep[4] = False
+    return keep
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda q, k, v: dict(k=k[..., :-1]), "feature size"),
+        (lambda q, k, v: dict(v=v[..., :-1, :]), "same number of tokens"),
+        (lambda q, k, v: dict(k=np.stack([k[0]] * 3)), "do not broadcast"),
+        (lambda q, k, v: dict(weights=np.ones(9)), r"weights must have shape \(10,\)"),
+        (lambda q, k, v: dict(weights=np.r_[0.0, np.ones(9)]), "positive"),
+        (lambda q, k, v: dict(weights=-np.ones(10)), "positive"),
+        (lambda q, k, v: dict(beta=math.inf), "beta must be finite"),
+        (lambda q, k, v: dict(beta=math.nan), "beta must be finite"),
+        (lambda q, k, v: dict(beta=np.array([1.0, np.nan])), "beta must be finite"),
+        (lambda q, k, v: dict(beta=np.ones(3)), "do not broadcast"),
+        (lambda q, k, v: dict(mask=np.ones((10, 9), bool)), "mask array must have shape"),
+        (lambda q, k, v: dict(mask=np.ones((3, 10, 10), bool)), "do not broadcast"),
+        (lambda q, k, v: dict(mask=_fully_masked_row()), "removes every key"),
+        (lambda q, k, v: dict(mask="anticausal"), "mask must be None, 'causal'"),
+        (lambda q, k, v: dict(diagonal="half"), "only applies with mask='causal'"),
+        (lambda q, k, v: dict(diagonal="third", mask="causal"), "diagonal must be"),
+        (lambda q, k, v: dict(chunk=0), "chunk must be a positive integer"),
+        (lambda q, k, v: dict(chunk=2.5), "chunk must be a positive integer"),
+        (lambda q, k, v: dict(q=q[..., :0, :], k=k[..., :0, :], v=v[..., :0, :]), "at least one key"),
+    ],
+)
+def test_bad_input_raises_clear_error(rng, change, match):
+    q, k, v = _qkv(rng, (2, 10), (2, 10))
+    args = dict(q=q, k=k, v=v, beta=1.0)
+    args.update(change(q, k, v))
+    with pytest.raises(ValueError, match=match):
+        quadrature_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+def test_bad_types_raise_type_error(rng):
+    q, k, v = _qkv(rng, (10,), (10,))
+    with pytest.raises(TypeError, match="real floating"):
+        quadrature_attention(q.astype(int), k.astype(int), v.astype(int), beta=1.0)
+    with pytest.raises(TypeError, match="boolean"):
+        quadrature_attention(q, k, v, beta=1.0, mask=np.ones((10, 10)))
+    with pytest.raises(ValueError, match="as many queries as keys"):
+        quadrature_attention(q[:5], k, v, beta=1.0, mask="causal")
+
+
+@pytest.mark.cupy
+def test_cupy_matches_numpy(rng):
+    cupy = pytest.importorskip("cupy")
+    n = 300
+    q, k, v = _qkv(rng, (2, 2, n), (2, 2, n), d=16, e=16)
+    w = rng.uniform(0.5, 1.0, n)
+    for kwargs in (dict(), dict(weights=w), dict(mask="causal", diagonal="half"), dict(mask="causal")):
+        host = quadrature_attention(q, k, v, beta=np.array([0.5, 2.0]), **kwargs)
+        dev_kwargs = {key: cupy.asarray(val) if isinstance(val, np.ndarray) else val for key, val in kwargs.items()}
+        dev = quadrature_attention(*(cupy.asarray(a) for a in (q, k, v)), beta=cupy.asarray([0.5, 2.0]),
+                                   chunk=64, **dev_kwargs)
+        assert isinstance(dev, cupy.ndarray)
+        assert _rel(cupy.asnumpy(dev), host) < 1e-12
