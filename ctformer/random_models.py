@@ -106,10 +106,16 @@ def random_smooth(seed=0, layers=2, heads=2, norm="pre", activation="gelu", mask
         return _Trig(offset, amplitude, int(rng.integers(1, 3)), float(rng.uniform(0, 2 * math.pi)))
 
     def layer_norm():
-        if norm == "post-projection":
-            return LayerNormProjection(gain=float(rng.uniform(0.8, 1.2)),
-                                       shift=float(rng.uniform(-0.1, 0.1)), eps=0.0)
         return LayerNormProjection(gain=trig(1.0, 0.2), shift=trig(0.0, BIAS_SCALE), eps=0.0)
+
+    def block_norms():
+        if norm == "post-projection":
+            # One constraint set S1(sigma1, sigma2) per block: both sub-steps project onto the
+            # same set, so every scheme has the same continuous-depth limit.
+            projection = LayerNormProjection(gain=float(rng.uniform(0.8, 1.2)),
+                                             shift=float(rng.uniform(-0.1, 0.1)), eps=0.0)
+            return projection, projection
+        return layer_norm(), layer_norm()
 
     blocks = []
     for _ in range(int(layers)):
@@ -128,6 +134,6 @@ def random_smooth(seed=0, layers=2, heads=2, norm="pre", activation="gelu", mask
             blocks.append(Block(attention, feedforward, placement="none"))
         else:
             placement = "pre" if norm == "pre" else "post"
-            blocks.append(Block(attention, feedforward, layer_norm(), layer_norm(), placement=placement))
+            blocks.append(Block(attention, feedforward, *block_norms(), placement=placement))
     final_norm = layer_norm() if norm == "pre" else None
     return ContinuousTransformer(blocks, final_norm=final_norm)

@@ -275,6 +275,14 @@ class Discretization(abc.ABC):
         dom = "" if (a, b) == (0.0, 1.0) else f", domain=({a:g}, {b:g})"
         return f"{type(self).__name__}({self.n}{dom})"
 
+    def __getstate__(self):
+        # Only (n, domain) define a discretization; cached matrices and factorizations
+        # (e.g. SuperLU objects, which cannot be pickled) are rebuilt on demand after unpickling.
+        return {"n": self.n, "domain": self.domain}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
     def __eq__(self, other) -> bool:
         return type(self) is type(other) and self.n == other.n and self.domain == other.domain
 

@@ -156,19 +156,14 @@ def chebyshev_barycentric_weights(n: int) -> np.ndarray:
     return lam
 
 
-@register
-class ClenshawCurtis(Discretization):
-    r"""Clenshaw-Curtis rule on the ``n`` Chebyshev extrema (both ends included).
+class ChebyshevExtremaGrid(Discretization):
+    r"""Nodes :math:`t_j = -\cos(\pi j/(n-1))` mapped to :math:`[a, b]`, Clenshaw-Curtis weights.
 
-    :math:`x_j = \tfrac{a + b}{2} - \tfrac{b - a}{2} \cos(\pi j / (n - 1))`; the weights
-    integrate the polynomial interpolant exactly (:func:`clenshaw_curtis_weights`), so the rule
-    is exact for degree :math:`n - 1` and converges geometrically for analytic integrands.
-    Interpolation is the barycentric formula with weights :math:`(-1)^j \delta_j`.
-    Refinement keeps the nodes: ``n -> (n - 1) * factor + 1``.
+    Shared by :class:`ClenshawCurtis` (a quadrature rule with barycentric interpolation) and
+    :class:`~ctformer.discretizations.spectral.Chebyshev` (the spectral method on the same
+    points). Refinement keeps the nodes: ``n -> (n - 1) * factor + 1``.
     """
 
-    name = "clenshaw-curtis"
-    order = math.inf
     min_n = 2
 
     @property
@@ -185,9 +180,24 @@ class ClenshawCurtis(Discretization):
     def _weights(self):
         return 0.5 * self.length * clenshaw_curtis_weights(self.n)
 
+    def _refined_n(self, factor):
+        return (self.n - 1) * factor + 1
+
+
+@register
+class ClenshawCurtis(ChebyshevExtremaGrid):
+    r"""Clenshaw-Curtis rule on the ``n`` Chebyshev extrema (both ends included).
+
+    :math:`x_j = \tfrac{a + b}{2} - \tfrac{b - a}{2} \cos(\pi j / (n - 1))`; the weights
+    integrate the polynomial interpolant exactly (:func:`clenshaw_curtis_weights`), so the rule
+    is exact for degree :math:`n - 1` and converges geometrically for analytic integrands.
+    Interpolation is the barycentric formula with weights :math:`(-1)^j \delta_j`.
+    Refinement keeps the nodes: ``n -> (n - 1) * factor + 1``.
+    """
+
+    name = "clenshaw-curtis"
+    order = math.inf
+
     def interpolation_matrix(self, points):
         lam = chebyshev_barycentric_weights(self.n)
         return barycentric_matrix(self.nodes, lam, self._check_points(points))
-
-    def _refined_n(self, factor):
-        return (self.n - 1) * factor + 1

@@ -32,7 +32,7 @@ from .base import (
     is_native_array,
     register,
 )
-from .quadrature import chebyshev_barycentric_weights, chebyshev_extrema, clenshaw_curtis_weights
+from .quadrature import ChebyshevExtremaGrid, chebyshev_barycentric_weights
 
 __all__ = ["Fourier", "Chebyshev", "Legendre", "chebyshev_vandermonde", "legendre_vandermonde"]
 
@@ -187,7 +187,7 @@ class Fourier(_Spectral):
 
 
 @register
-class Chebyshev(_Spectral):
+class Chebyshev(ChebyshevExtremaGrid, _Spectral):
     r"""Chebyshev spectral discretization on the ``n`` Chebyshev extrema (ends included).
 
     The reconstruction is the interpolating Chebyshev series
@@ -205,24 +205,6 @@ class Chebyshev(_Spectral):
     """
 
     name = "chebyshev"
-    min_n = 2
-
-    @property
-    def h(self) -> float:
-        """Mean node spacing :math:`(b - a)/(n - 1)`."""
-        return self.length / (self.n - 1)
-
-    def _nodes(self):
-        a, b = self.domain
-        x = 0.5 * (a + b) + 0.5 * (b - a) * chebyshev_extrema(self.n)
-        x[[0, -1]] = a, b
-        return x
-
-    def _weights(self):
-        return 0.5 * self.length * clenshaw_curtis_weights(self.n)
-
-    def _refined_n(self, factor):
-        return (self.n - 1) * factor + 1
 
     def _coefficient_scale(self) -> np.ndarray:
         m = self.n - 1

@@ -460,15 +460,7 @@ class SelfAttentionDynamics:
             )
         if scheme not in _SCHEMES:
             raise ValueError(f"scheme must be one of {_SCHEMES}, got {scheme!r}")
-        t1, dt = float(t1), float(dt)
-        if not (math.isfinite(t1) and t1 >= 0):
-            raise ValueError(f"t1 must be finite and >= 0, got {t1}")
-        if not (math.isfinite(dt) and dt > 0):
-            raise ValueError(f"dt must be finite and > 0, got {dt}")
-        if isinstance(save_every, bool) or not isinstance(save_every, (int, np.integer)) or save_every < 1:
-            raise ValueError(f"save_every must be a positive integer, got {save_every!r}")
-        steps = math.ceil(t1 / dt * (1 - 1e-12)) if t1 > 0 else 0
-        h = t1 / steps if steps else 0.0
+        steps, h = time_steps(t1, dt, save_every)
         times, saved = [0.0], [x0]
         x = x0
         for s in range(1, steps + 1):
@@ -484,3 +476,19 @@ class SelfAttentionDynamics:
 
 def _spectral_norm(a, d) -> float:
     return 1.0 if a is None else float(np.linalg.norm(a, 2))
+
+
+def time_steps(t1, dt, save_every) -> tuple[int, float]:
+    """Validate a uniform time grid on ``[0, t1]``; return the step count and the exact step.
+
+    The step is ``t1 / ceil(t1 / dt)`` (at most ``dt``) so that the last step lands on ``t1``.
+    """
+    t1, dt = float(t1), float(dt)
+    if not (math.isfinite(t1) and t1 >= 0):
+        raise ValueError(f"t1 must be finite and >= 0, got {t1}")
+    if not (math.isfinite(dt) and dt > 0):
+        raise ValueError(f"dt must be finite and > 0, got {dt}")
+    if isinstance(save_every, bool) or not isinstance(save_every, (int, np.integer)) or save_every < 1:
+        raise ValueError(f"save_every must be a positive integer, got {save_every!r}")
+    steps = math.ceil(t1 / dt * (1 - 1e-12)) if t1 > 0 else 0
+    return steps, (t1 / steps if steps else 0.0)

