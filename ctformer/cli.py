@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -186,6 +187,7 @@ def _run_list(args) -> int:
     for name in solvers.available():
         s = solvers.get(name)
         doc = (type(s).__doc__ or "").strip().splitlines()[0]
+        doc = re.sub(r":math:`([^`]*)`", r"\1", doc).replace("\\Delta ", "d")
         print(f"  {name:<16} {s.order:<11g} {doc}")
     return 0
 

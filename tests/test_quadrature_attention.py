@@ -27,7 +27,8 @@ def path(request, monkeypatch):
     """Force the batched generic path or the NumPy streaming path (threaded element-wise work)."""
     if request.param == "stream":
         monkeypatch.setattr(qa_module, "_STREAM_MIN_ENTRIES", 0)
-        monkeypatch.setattr(qa_module, "_THREAD_MIN_ENTRIES", 16)
+        monkeypatch.setattr(qa_module, "_PARALLEL_MIN_ENTRIES", 0)
+        monkeypatch.setattr(qa_module, "_ELEMENTWISE_BLOCK_BYTES", 300)  # a few rows per block
         monkeypatch.setenv("CTFORMER_NUM_THREADS", "3")
     else:
         monkeypatch.setattr(qa_module, "_STREAM_MIN_ENTRIES", 1 << 62)
@@ -164,10 +165,13 @@ def test_float32_stays_float32_and_is_accurate(rng, path):
     assert _rel(out, ref) < 1e-5
 
 
-def test_threads_do_not_change_the_result(rng, monkeypatch):
+@pytest.mark.parametrize("blas_limit", ["threadpoolctl", "none available"])
+def test_threads_do_not_change_the_result(rng, monkeypatch, blas_limit):
     monkeypatch.setattr(qa_module, "_STREAM_MIN_ENTRIES", 0)
-    monkeypatch.setattr(qa_module, "_THREAD_MIN_ENTRIES", 1)
-    q, k, v = _qkv(rng, (70,), (70,))
+    monkeypatch.setattr(qa_module, "_PARALLEL_MIN_ENTRIES", 0)
+    if blas_limit != "threadpoolctl":  # without threadpoolctl: one worker, threaded BLAS
+        monkeypatch.setattr(qa_module, "_single_thread_blas", lambda: None)
+    q, k, v = _qkv(rng, (2, 70), (2, 70))
     keep = rng.random((70, 70)) < 0.5
     keep[:, 0] = True
     results = []
@@ -181,7 +185,8 @@ def test_threads_do_not_change_the_result(rng, monkeypatch):
     assert _rel(results[-1][2], ref) < 1e-13
 
 
-def test_memory_is_chunk_times_n_not_n_squared(rng):
+def test_memory_is_chunk_times_n_not_n_squared(rng, monkeypatch):
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "2")  # one score buffer per worker thread
     n = 3000  # an N x N float64 score matrix would be 72 MB
     q, k, v = _qkv(rng, (n,), (n,), d=4, e=4)
     tracemalloc.start()

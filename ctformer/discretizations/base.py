@@ -209,9 +209,9 @@ class Discretization(abc.ABC):
         mat = host_to_like(None, values, None, lambda: self.interpolation_matrix(pts))
         return apply_matrix(mat, values, axis)
 
+    @abc.abstractmethod
     def interpolation_matrix(self, points) -> np.ndarray:
         """Host matrix ``L`` of shape ``(P, n)`` with ``interpolate(v, points) = L @ v``."""
-        raise NotImplementedError(f"{type(self).__name__} must implement interpolation_matrix")
 
     def _check_points(self, points) -> np.ndarray:
         try:

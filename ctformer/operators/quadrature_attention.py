@@ -17,10 +17,11 @@ The sum is computed in query chunks with the row maximum subtracted (log-sum-exp
 is :math:`O(\text{chunk} \times N)` and the result is finite in float32 and for very large
 :math:`\beta`. The code is written once against the array namespace (NumPy, CuPy,
 ``array_api_strict``); large NumPy problems take a streaming path that reuses one score buffer,
-works in place, and spreads the element-wise work (mostly ``exp``) over a few threads.
+works in place, and spreads the chunks over a few threads.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -41,8 +42,10 @@ _CHUNK_BYTES_NUMPY = 8 << 20
 _MIN_CHUNK_ROWS = 64
 # Problems with fewer score entries per (batch, head) than this are done batched in one go.
 _STREAM_MIN_ENTRIES = 1 << 16
-# Below this many score entries a chunk is not worth splitting over threads.
-_THREAD_MIN_ENTRIES = 1 << 15
+# Below this many score entries in all, a call is not worth spreading over threads.
+_PARALLEL_MIN_ENTRIES = 1 << 20
+# Rows of a score chunk are exponentiated in blocks of this size (L2 cache).
+_ELEMENTWISE_BLOCK_BYTES = 1 << 20
 
 
 def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="full", chunk=None):
@@ -107,9 +110,14 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     causal mask only the keys :math:`j \le i` are computed (half the work) and only the
     diagonal block of each chunk is masked.
 
-    On NumPy the element-wise work runs on ``CTFORMER_NUM_THREADS`` threads (default: the
-    ``OPENBLAS_NUM_THREADS`` or ``OMP_NUM_THREADS`` setting, else the number of usable cores);
-    the matrix products use the threads of the BLAS library.
+    Large NumPy problems are split into (batch, head, query chunk) tasks shared by
+    ``CTFORMER_NUM_THREADS`` worker threads (default: the thread count of the BLAS library),
+    each with its own score buffer of about 8 MiB, while the BLAS library is limited to one
+    thread through ``threadpoolctl`` (OpenBLAS threads busy-wait between calls and would take
+    the cores the element-wise work needs). Without ``threadpoolctl`` one worker runs and BLAS
+    keeps its threads. Extra memory is about ``threads x 8 MiB`` plus copies of ``q`` and
+    ``v`` and the output. Set ``CTFORMER_NUM_THREADS=1`` when calling from several threads at
+    once (e.g. a threaded Dask worker).
     """
     xp = array_api_compat.array_namespace(q, k, v)
     q, k, v, beta, log_w, keep, diag_shift, lead = _validate(xp, q, k, v, beta, weights, mask, diagonal)
@@ -167,82 +175,96 @@ def _mask_diagonal_block(xp, s, start, stop, diag_shift):
 
 # -- NumPy streaming path ------------------------------------------------------------------
 def _stream_numpy(q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
-    """One (batch, head) at a time, query chunks, one reused score buffer, in-place ops."""
+    """Query chunks of every (batch, head), each done by one worker with its own buffers."""
     dtype = q.dtype
     n, m, e = q.shape[-2], k.shape[-2], v.shape[-1]
-    itemsize = dtype.itemsize
+    threads = _num_threads()
     if chunk is None:
-        chunk = max(_MIN_CHUNK_ROWS, _CHUNK_BYTES_NUMPY // (m * itemsize))
+        chunk = max(_MIN_CHUNK_ROWS, _CHUNK_BYTES_NUMPY // (m * dtype.itemsize))
+        # at least two tasks per worker thread, for balance
+        per_problem = -(-2 * threads // (math.prod(lead) or 1))
+        chunk = min(chunk, max(_MIN_CHUNK_ROWS, -(-n // per_problem)))
     chunk = int(min(chunk, n))
     qs = np.multiply(q, beta, dtype=dtype)  # beta folded into the queries: O(N d)
     v1 = np.empty((*v.shape[:-1], e + 1), dtype=dtype)
     v1[..., :e] = v
-    v1[..., e] = 1
+    v1[..., e] = 1  # the last output column is the denominator
     out = np.empty((*lead, n, e), dtype=dtype)
-    views = [np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (qs, k, v1)]
+    k = np.ascontiguousarray(k)  # BLAS-friendly strides (a no-op for the usual inputs)
+    qs, k, v1 = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (qs, k, v1))
     keep = None if keep is None else np.broadcast_to(keep, (*lead, *keep.shape[-2:]))
-    scores = np.empty(chunk * m, dtype=dtype)
-    num = np.empty((chunk, e + 1), dtype=dtype)
-    row_max = np.empty((chunk, 1), dtype=dtype)
-    drop = None if keep is None else np.empty(chunk * m, dtype=bool)
     upper = np.triu(np.ones((chunk, chunk), dtype=bool), 1) if causal else None
-    threads = _num_threads()
-    for idx in np.ndindex(*lead):
-        qb, kb, vb = (a[idx] for a in views)
-        keep_b = None if keep is None else keep[idx]
-        for start in range(0, n, chunk):
+    starts = range(0, n, chunk)
+    if causal:  # the last chunks cost the most: hand them out first
+        starts = reversed(starts)
+    tasks = [(idx, start) for start in starts for idx in np.ndindex(*lead)]
+
+    def worker(next_task):
+        scores = np.empty(chunk * m, dtype=dtype)
+        num = np.empty((chunk, e + 1), dtype=dtype)
+        row_max = np.empty((chunk, 1), dtype=dtype)
+        drop = None if keep is None else np.empty(chunk * m, dtype=bool)
+        while (task := next_task()) is not None:
+            idx, start = task
             stop = min(n, start + chunk)
             r = stop - start
-            cols = stop if causal else m
+            cols = stop if causal else m  # causal: keys after the chunk never count
             s = scores[: r * cols].reshape(r, cols)
-            np.matmul(qb[start:stop], kb[:cols].T, out=s)
-
-            def softmax_rows(a, b, s=s, start=start, keep_b=keep_b):
-                # exp(s - row max) in place for rows a:b of the chunk (the costly part)
+            np.matmul(qs[idx][start:stop], k[idx][:cols].T, out=s)
+            # exp(s - row max) in place, in row blocks that stay in cache
+            block_rows = max(1, _ELEMENTWISE_BLOCK_BYTES // (cols * dtype.itemsize))
+            for a in range(0, r, block_rows):
+                b = min(r, a + block_rows)
                 sa = s[a:b]
                 if log_w is not None:
-                    np.add(sa, log_w[: s.shape[1]], out=sa)
-                if causal:
-                    block = sa[:, start:]
-                    np.copyto(block, -np.inf, where=upper[a:b, : block.shape[1]])
+                    np.add(sa, log_w[:cols], out=sa)
+                if causal:  # only the diagonal block has keys after the query
+                    diag = sa[:, start:]
+                    np.copyto(diag, -np.inf, where=upper[a:b, :r])
                     if diag_shift is not None:
                         i = np.arange(a, b)
-                        block[i - a, i] += diag_shift
-                elif keep_b is not None:
-                    rows = keep_b[start + a:start + b] if keep_b.shape[0] > 1 else keep_b
-                    d = drop[a * s.shape[1]: b * s.shape[1]].reshape(sa.shape)
-                    np.logical_not(rows, out=d)
+                        diag[i - a, i] += diag_shift
+                elif keep is not None:
+                    kb = keep[idx]
+                    d = drop[: sa.size].reshape(sa.shape)
+                    np.logical_not(kb[start + a:start + b] if kb.shape[0] > 1 else kb, out=d)
                     np.copyto(sa, -np.inf, where=d)
-                mx = row_max[a:b]
+                mx = row_max[: b - a]
                 np.max(sa, axis=1, keepdims=True, out=mx)
                 np.subtract(sa, mx, out=sa)
                 np.exp(sa, out=sa)
-
-            _parallel_rows(softmax_rows, r, r * cols, threads)
             nb = num[:r]
-            np.matmul(s, vb[:cols], out=nb)
+            np.matmul(s, v1[idx][:cols], out=nb)
             np.divide(nb[:, :e], nb[:, e:], out=out[idx][start:stop])
+
+    threads = min(threads, len(tasks))
+    big = n * m * (math.prod(lead) or 1) >= _PARALLEL_MIN_ENTRIES
+    limiter = _single_thread_blas() if threads > 1 and big else None
+    if limiter is None:  # one worker; the BLAS library uses its own threads
+        remaining = iter(tasks)
+        worker(lambda: next(remaining, None))
+        return out
+    # Several workers, each with a single-threaded BLAS: OpenBLAS threads busy-wait after a
+    # call, so interleaving threaded BLAS with threaded element-wise work wastes a core.
+    counter = itertools.count()
+
+    def next_task():
+        i = next(counter)  # atomic in CPython
+        return tasks[i] if i < len(tasks) else None
+
+    with limiter:
+        futures = [_pool(threads).submit(worker, next_task) for _ in range(threads - 1)]
+        try:
+            worker(next_task)
+        finally:
+            for f in futures:
+                f.result()
     return out
-
-
-def _parallel_rows(func, rows, entries, threads):
-    """Run func(a, b) over row blocks of a chunk, on up to ``threads`` threads."""
-    parts = min(threads, rows, max(1, entries // _THREAD_MIN_ENTRIES))
-    if parts <= 1:
-        func(0, rows)
-        return
-    bounds = [rows * p // parts for p in range(parts + 1)]
-    pool = _pool(threads)
-    futures = [pool.submit(func, bounds[p], bounds[p + 1]) for p in range(1, parts)]
-    try:
-        func(bounds[0], bounds[1])
-    finally:
-        for f in futures:
-            f.result()
 
 
 _POOL_LOCK = threading.Lock()
 _POOL: dict = {}
+_CONTROLLER: list = []
 
 
 def _pool(threads):
@@ -256,14 +278,45 @@ def _pool(threads):
         return _POOL[key]
 
 
-def _num_threads():
-    for name in ("CTFORMER_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(name, "").strip()
-        if value:
+def _blas_controller():
+    """threadpoolctl's controller of the loaded BLAS libraries, or None without threadpoolctl."""
+    with _POOL_LOCK:
+        if not _CONTROLLER:
             try:
-                return max(1, int(value.split(",")[0]))
-            except ValueError:
-                raise ValueError(f"environment variable {name} must be a positive integer, got {value!r}") from None
+                from threadpoolctl import ThreadpoolController
+
+                _CONTROLLER.append(ThreadpoolController())
+            except Exception:  # not installed, or an unknown library layout
+                _CONTROLLER.append(None)
+        return _CONTROLLER[0]
+
+
+def _single_thread_blas():
+    """A context limiting BLAS to one thread for the duration of a call (None if impossible)."""
+    controller = _blas_controller()
+    if controller is None:
+        return None
+    return controller.limit(limits=1, user_api="blas")
+
+
+def _num_threads():
+    """Worker threads: CTFORMER_NUM_THREADS, else the BLAS library's current thread count."""
+    value = os.environ.get("CTFORMER_NUM_THREADS", "").strip()
+    if value:
+        try:
+            return max(1, int(value))
+        except ValueError:
+            raise ValueError(f"CTFORMER_NUM_THREADS must be a positive integer, got {value!r}") from None
+    controller = _blas_controller()
+    if controller is not None:
+        counts = [info.get("num_threads") or 1 for info in controller.info() if info.get("user_api") == "blas"]
+        if counts:
+            return max(counts)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        try:
+            return max(1, int(os.environ.get(name, "").split(",")[0]))
+        except ValueError:
+            pass
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
