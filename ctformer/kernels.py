@@ -445,4 +445,4 @@ class Convolution(Kernel):
                                 lambda: self.symbol(inp).astype(complex_dtype))
         moved = xp.moveaxis(u, axis, -1)
         result = backend.fft.irfft(backend.fft.rfft(moved, axis=-1) * symbol, n=n, axis=-1)
-        return xp.moveaxis(xp.astype(xp.asarray(result), u.dtype), -1, axis)
+        return xp.moveaxis(xp.astype(xp.asarray(result), u.dtype, copy=False), -1, axis)

@@ -117,3 +117,26 @@ def _compare_cupy_numpy(cupy, disc):
     if hasattr(disc, "coefficients"):
         np.testing.assert_allclose(cupy.asnumpy(disc.coefficients(dev, axis=0)),
                                    disc.coefficients(host, axis=0), atol=1e-13)
+
+
+def test_planned_real_ffts_match_numpy_and_never_alias():
+    """rfft/irfft run cached FFTW plans: compare with numpy.fft for strided input, other axes
+    and float32, and check that a second call does not overwrite the first call's result."""
+    fft = get_backend("numpy").fft
+    rng = np.random.default_rng(3)
+    for shape, axis in (((6, 16), -1), ((15, 4), 0), ((3, 7, 9), 1)):
+        x = rng.standard_normal(shape)
+        X = fft.rfft(x, axis=axis)
+        np.testing.assert_allclose(X, np.fft.rfft(x, axis=axis), rtol=0, atol=1e-13)
+        n = shape[axis]
+        np.testing.assert_allclose(fft.irfft(X, n=n, axis=axis), x, rtol=0, atol=1e-14)
+    strided = rng.standard_normal((8, 20))[:, ::2]
+    np.testing.assert_allclose(fft.rfft(strided), np.fft.rfft(strided), rtol=0, atol=1e-13)
+    single = rng.standard_normal(12).astype(np.float32)
+    assert fft.rfft(single).dtype == np.complex64
+    np.testing.assert_allclose(fft.rfft(single), np.fft.rfft(single), rtol=0, atol=1e-5)
+    a, b = rng.standard_normal((2, 10))
+    fa = fft.rfft(a)
+    fb = fft.rfft(b)  # same plan
+    np.testing.assert_allclose(fa, np.fft.rfft(a), rtol=0, atol=1e-13)
+    assert not np.shares_memory(fa, fb)
