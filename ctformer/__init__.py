@@ -13,11 +13,14 @@ The public entry points:
 """
 from . import backend, discretizations, kernels, operators, solvers
 from .backend import get_backend
+from .state import Grids
+from .solvers import InconsistentDepthLimitWarning
 from .model import Block, ContinuousTransformer
 from . import bridges
 
 __version__ = "0.1.0"
 __all__ = [
     "backend", "discretizations", "kernels", "operators", "solvers", "bridges",
-    "get_backend", "Block", "ContinuousTransformer", "__version__",
+    "get_backend", "Grids", "Block", "ContinuousTransformer", "InconsistentDepthLimitWarning",
+    "__version__",
 ]

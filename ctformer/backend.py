@@ -7,9 +7,16 @@ A :class:`Backend` bundles what a numerical kernel needs from an array library:
 * ``fft``: FFTs and DCTs (pyFFTW with its plan cache on the CPU, ``cupyx.scipy.fft`` on the GPU),
 * ``sparse``: 2-D sparse matrices (:mod:`scipy.sparse` on the CPU, :mod:`cupyx.scipy.sparse`
   on the GPU),
-* ``asarray`` / ``asnumpy`` for moving data on and off the device, and
-* a per-instance cache of device copies of host-built arrays (nodes, weights, Vandermonde
-  and mass matrices are computed once on the host, then transferred once).
+* ``asarray`` / ``asnumpy`` for moving data on and off the device.
+
+The library's one *device seam* is two functions:
+
+* :func:`constant`: a host constant (nodes, weights, kernel, Vandermonde or mass matrix,
+  built once in float64 NumPy) as an array in the namespace, on the device and in the dtype
+  of a given state. Each conversion is made once per (owner, key, namespace, device, dtype)
+  and kept while the owner lives, so a time step never transfers or casts a constant.
+* :func:`to_host`: any array (NumPy, CuPy, torch, ``array_api_strict``, nested lists) as a
+  host NumPy array.
 
 Nothing here copies data between host and device unless asked to.
 """
@@ -22,7 +29,7 @@ from functools import cached_property
 import array_api_compat
 import numpy as np
 
-__all__ = ["Backend", "get_backend", "backend_of", "cupy_available"]
+__all__ = ["Backend", "get_backend", "backend_of", "cupy_available", "constant", "to_host"]
 
 
 def cupy_available() -> bool:
@@ -63,8 +70,6 @@ class Backend:
                 "(cupy.cuda.is_available() is False); use 'numpy' or 'auto'"
             )
         self.name = name
-        # owner object -> {key: device array}; entries die with their owner.
-        self._cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"Backend({self.name!r})"
@@ -89,12 +94,8 @@ class Backend:
         return self.module.asarray(x, dtype=dtype)
 
     def asnumpy(self, x) -> np.ndarray:
-        """Return a host NumPy copy (or view) of ``x``."""
-        if self.name == "cupy":
-            import cupy
-
-            return cupy.asnumpy(x)
-        return np.asarray(x)
+        """Return a host NumPy copy (or view) of ``x`` (:func:`to_host`)."""
+        return to_host(x)
 
     # -- FFT -----------------------------------------------------------------------------
     @cached_property
@@ -132,19 +133,127 @@ class Backend:
 
     # -- cache ---------------------------------------------------------------------------
     def cached(self, owner, key, build):
-        """Return the device copy of ``build()`` for ``(owner, key)``, building it once.
+        """The device copy of the host array ``build()`` for ``(owner, key)``, built once.
 
-        ``build`` returns a host array (NumPy or scipy.sparse); it runs only on the first call
-        for this owner and key. The copy is released when ``owner`` is garbage-collected.
+        A thin wrapper over the library's one cache (see :func:`constant`): the copy keeps
+        the dtype of the host array and lives on this backend's device.
         """
-        entries = self._cache.setdefault(owner, {})
-        if key not in entries:
-            host = build()
-            if hasattr(host, "tocsr"):
-                entries[key] = self.sparse_from_host(host)
-            else:
-                entries[key] = self.asarray(host)
-        return entries[key]
+        return _cached(owner, (self.name, key), lambda: self._transfer(build()))
+
+    def _transfer(self, host):
+        if hasattr(host, "tocsr"):
+            return self.sparse_from_host(host)
+        return self.asarray(host)
+
+
+# owner -> {key: converted constant}; entries die with their owner.
+_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _cached(owner, key, make):
+    if owner is None:
+        return make()
+    entries = _CACHE.get(owner)
+    if entries is None:
+        entries = _CACHE.setdefault(owner, {})
+    value = entries.get(key)
+    if value is None:
+        value = entries[key] = make()
+    return value
+
+
+def _placement(like):
+    """(namespace name, device, dtype string) of the array ``like``."""
+    if array_api_compat.is_numpy_array(like):
+        return "numpy", None, like.dtype.str
+    if array_api_compat.is_cupy_array(like):
+        return "cupy", int(like.device.id), like.dtype.str
+    xp = array_api_compat.array_namespace(like)
+    return xp.__name__, str(array_api_compat.device(like)), str(like.dtype)
+
+
+def constant(owner, key, host, like):
+    """The host constant ``host`` as an array like ``like``: same namespace, device and dtype.
+
+    Parameters
+    ----------
+    owner : object or None
+        The object the constant belongs to (a discretization, a kernel, an operator); the
+        converted copy is cached per ``(owner, key, namespace, device, dtype)`` and released
+        with the owner. ``None`` converts without caching (one-off matrices).
+    key : hashable
+        What the constant is, within its owner.
+    host : ndarray, scipy.sparse matrix, callable or None
+        The host value, or a function returning it (called only when the cache misses).
+        ``None`` stays ``None``.
+    like : array
+        A state of the target namespace (NumPy, CuPy, ``array_api_strict``, ...). A real
+        floating ``like`` fixes the dtype; otherwise the host dtype is kept.
+
+    Returns
+    -------
+    array or sparse matrix
+        NumPy and CuPy keep sparse matrices sparse (``scipy.sparse`` / ``cupyx.scipy.sparse``,
+        CSR); other namespaces get a dense copy.
+    """
+    if host is None:
+        return None
+    namespace, device, dtype = _placement(like)
+
+    def make():
+        value = host() if callable(host) else host
+        if value is None:
+            return None
+        return _convert(value, like, namespace)
+
+    return _cached(owner, ("constant", key, namespace, device, dtype), make)
+
+
+def _convert(value, like, namespace):
+    xp = array_api_compat.array_namespace(like)
+    floating = xp.isdtype(like.dtype, "real floating")
+    if hasattr(value, "tocsr"):
+        if namespace in ("numpy", "cupy"):
+            matrix = value.tocsr()
+            if floating:
+                matrix = matrix.astype(np.dtype(like.dtype.str))
+            return get_backend(namespace).sparse_from_host(matrix)
+        value = value.toarray()
+    value = np.asarray(value)
+    if namespace == "numpy":
+        out = value.astype(like.dtype, copy=False) if floating else value
+        return out
+    if namespace == "cupy":
+        import cupy
+
+        with like.device:
+            return cupy.asarray(value, dtype=like.dtype if floating else None)
+    target = like.dtype if floating else None
+    return xp.asarray(value, dtype=target, device=array_api_compat.device(like)) if target is not None \
+        else xp.asarray(value, device=array_api_compat.device(like))
+
+
+def to_host(x, dtype=None) -> np.ndarray:
+    """A host NumPy array from any array: NumPy, CuPy, torch, ``array_api_strict``, lists.
+
+    Parameters
+    ----------
+    x : array_like
+    dtype : dtype, optional
+        Convert to this dtype (e.g. ``np.float64`` for results and diagnostics).
+
+    Returns
+    -------
+    ndarray
+        A view when ``x`` already is a NumPy array of that dtype.
+    """
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch
+        x = x.detach().cpu().numpy()
+    elif array_api_compat.is_cupy_array(x):
+        x = x.get()
+    elif not isinstance(x, np.ndarray) and hasattr(x, "__array_namespace__"):
+        x = np.asarray(x.__array__() if hasattr(x, "__array__") else list(x))
+    return np.asarray(x, dtype=dtype)
 
 
 class _PyFFTW:

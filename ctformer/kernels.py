@@ -40,7 +40,7 @@ from typing import Callable
 import array_api_compat
 import numpy as np
 
-from .backend import backend_of
+from .backend import _cached, backend_of, constant, to_host
 
 __all__ = ["Kernel", "PiecewiseConstant", "Smooth", "SmoothRandom", "Convolution", "cell_index"]
 
@@ -73,12 +73,8 @@ def cell_index(points, domain, cells: int) -> np.ndarray:
 
 
 def _to_host(x):
-    """Bring torch tensors and CuPy arrays to host NumPy (other inputs pass through)."""
-    if hasattr(x, "detach"):  # torch tensors
-        x = x.detach().cpu().numpy()
-    if type(x).__module__.split(".")[0] == "cupy":
-        x = x.get()
-    return x
+    """Host NumPy copy of an array of any namespace (other inputs pass through)."""
+    return to_host(x) if hasattr(x, "__array_namespace__") or hasattr(x, "detach") else x
 
 
 def _reference_points(disc) -> np.ndarray:
@@ -99,9 +95,9 @@ class Kernel(abc.ABC):
 
     Notes
     -----
-    Host matrices are built once per ``(out, inp)`` pair and kept on the kernel; device copies
-    are kept by the backend of the array they are applied to (``Backend.cached``), one per
-    dtype.
+    Host matrices are built once per ``(out, inp)`` pair and device copies once per namespace,
+    device and dtype, both in the library's cache (:func:`ctformer.backend.constant`), not on
+    the kernel: a kernel is plain data.
     """
 
     @abc.abstractmethod
@@ -118,6 +114,10 @@ class Kernel(abc.ABC):
         ndarray
             The kernel values, of the broadcast shape.
         """
+
+    def parameters(self) -> dict:
+        """Named arrays of the kernel's numbers (a user function's own ``parameters()``, if any)."""
+        return {}
 
     def matrix(self, out, inp) -> np.ndarray:
         r"""The host matrix :math:`A_{ij} = W(y_i, \eta_j) w_j` of shape ``(nq_out, nq_in)``.
@@ -143,18 +143,17 @@ class Kernel(abc.ABC):
         """
         _check_discretization(out, "out")
         _check_discretization(inp, "inp")
-        cache = self.__dict__.setdefault("_matrices", {})
-        key = (out, inp)
-        if key not in cache:
-            mat = np.ascontiguousarray(self._build_matrix(out, inp), dtype=np.float64)
-            shape = (len(out.quadrature_nodes), len(inp.quadrature_nodes))
-            if mat.shape != shape:
-                raise ValueError(f"{type(self).__name__} produced a matrix of shape {mat.shape}, expected {shape}")
-            if not np.all(np.isfinite(mat)):
-                raise ValueError(f"{type(self).__name__} takes NaN or inf values on {out!r} x {inp!r}")
-            mat.setflags(write=False)
-            cache[key] = mat
-        return cache[key]
+        return _cached(self, ("matrix", out, inp), lambda: self._checked_matrix(out, inp))
+
+    def _checked_matrix(self, out, inp) -> np.ndarray:
+        mat = np.ascontiguousarray(self._build_matrix(out, inp), dtype=np.float64)
+        shape = (len(out.quadrature_nodes), len(inp.quadrature_nodes))
+        if mat.shape != shape:
+            raise ValueError(f"{type(self).__name__} produced a matrix of shape {mat.shape}, expected {shape}")
+        if not np.all(np.isfinite(mat)):
+            raise ValueError(f"{type(self).__name__} takes NaN or inf values on {out!r} x {inp!r}")
+        mat.setflags(write=False)
+        return mat
 
     def _build_matrix(self, out, inp) -> np.ndarray:
         s = _reference_points(out)
@@ -164,9 +163,7 @@ class Kernel(abc.ABC):
 
     def device_matrix(self, u, out, inp):
         """The matrix of :meth:`matrix` on the backend and in the dtype of the array ``u``."""
-        dtype = np.dtype(str(u.dtype))
-        return backend_of(u).cached(self, ("matrix", out, inp, dtype.str),
-                                    lambda: self.matrix(out, inp).astype(dtype))
+        return constant(self, ("matrix", out, inp), lambda: self.matrix(out, inp), u)
 
     def apply(self, u, out, inp, axis: int = -1):
         r"""Apply the operator: :math:`(W u)(y_i) = \sum_j A_{ij} u_j` along ``axis``.
@@ -248,6 +245,10 @@ class PiecewiseConstant(Kernel):
         a.setflags(write=False)
         self.weight = a
 
+    def parameters(self) -> dict:
+        """``{"weight": A}``: the discrete weight, as many numbers as the ``nn.Linear`` has."""
+        return {"weight": self.weight}
+
     @property
     def shape(self) -> tuple[int, int]:
         """``(d_out, d_in)``."""
@@ -293,6 +294,10 @@ class Smooth(Kernel):
 
     def __repr__(self) -> str:
         return f"Smooth({getattr(self.function, '__name__', self.function)!r})"
+
+    def parameters(self) -> dict:
+        own = getattr(self.function, "parameters", None)
+        return dict(own()) if callable(own) else {}
 
     def evaluate(self, s, t):
         return np.asarray(self.function(s, t), dtype=np.float64)
@@ -357,6 +362,11 @@ class SmoothRandom(Kernel):
     def __repr__(self) -> str:
         return f"SmoothRandom(seed={self.seed}, modes={self.modes}, decay={self.decay}, scale={self.scale})"
 
+    def parameters(self) -> dict:
+        """The scaled coefficients and the phases (see the class docstring)."""
+        return {"coefficients": self.coefficients, "phase_out": self.phase_out,
+                "phase_in": self.phase_in}
+
     def _basis(self, s, phase):
         s = np.asarray(s, dtype=np.float64)
         return np.cos(np.pi * np.arange(self.modes) * s[..., None] + phase)
@@ -399,6 +409,10 @@ class Convolution(Kernel):
 
     def __repr__(self) -> str:
         return f"Convolution({getattr(self.profile, '__name__', self.profile)!r})"
+
+    def parameters(self) -> dict:
+        own = getattr(self.profile, "parameters", None)
+        return dict(own()) if callable(own) else {}
 
     def evaluate(self, s, t):
         z = np.asarray(s, dtype=np.float64) - np.asarray(t, dtype=np.float64)

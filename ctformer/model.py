@@ -1,6 +1,6 @@
 r"""The continuous Transformer: blocks of sub-flows evolved in depth by a splitting scheme.
 
-A model with :math:`T` layers is the evolution equation of DESIGN.md section 1 on
+A model with :math:`T` layers is the evolution equation of the design notes (section 1) on
 :math:`t \in [0, T]`, with parameters piecewise constant on :math:`[l, l + 1)`:
 
 .. math::
@@ -11,47 +11,40 @@ A model with :math:`T` layers is the evolution equation of DESIGN.md section 1 o
 
 where a post-norm step projects with :math:`N_1` after the attention sub-step and with
 :math:`N_2` after the feed-forward sub-step. :class:`Block` turns one layer into a
-:class:`ctformer.solvers.SplitProblem` on a given set of :class:`ctformer.operators.Grids`;
-:class:`ContinuousTransformer` stacks the blocks and advances them with any
-:class:`ctformer.solvers.Scheme`.
+:class:`ctformer.solvers.SplitProblem` on a :class:`ctformer.Grids` (the state space, which
+lifts the operators' flows to stored values); :class:`ContinuousTransformer` stacks the
+blocks and advances them with any :class:`ctformer.solvers.Scheme`.
+
+A model is data: :meth:`ContinuousTransformer.parameters` is a flat mapping of named arrays,
+the rest is a few structural options. Discretized operators are cached outside the model, so
+a model pickles with the standard library before and after a solve.
 
 With midpoint grids of ``N`` tokens and ``d`` features, ``lie`` and one step per layer, the
-solve is exactly the discrete network (DESIGN.md section 2; Tai, Liu, Li, Chan 2025):
+solve is exactly the discrete network (design notes, section 2; Tai, Liu, Li, Chan 2025):
 :meth:`ContinuousTransformer.run`.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Callable, Sequence
-
-import array_api_compat
-import numpy as np
 
 from . import solvers
 from .discretizations import Discretization, Midpoint, as_discretization
-from .model_inputs import as_state_array, check_key_mask, sample_initial
-from .operators import Grids
+from .operators.functions import named_parameters
+from .model_inputs import (as_state_array, check_padding_mask, check_steps, renamed_keyword,
+                           warn_renamed)
+from .random_models import random_layers
+from .solvers import InconsistentDepthLimitWarning
+from .state import Grids
 
-__all__ = ["Block", "ContinuousTransformer", "InconsistentDepthLimitWarning"]
+__all__ = ["Block", "ContinuousTransformer", "InconsistentDepthLimitWarning", "PLACEMENTS"]
 
+#: Where the normalizations of a block act.
 PLACEMENTS = ("pre", "post", "none")
 
 
-class InconsistentDepthLimitWarning(UserWarning):
-    """Refining depth on a post-norm model whose normalization is not a projection.
-
-    A post-norm step projects onto the constraint set after every sub-step. When the
-    normalization has a per-feature affine map or ``eps > 0`` it is not idempotent, so halving
-    the step applies it twice as often and the discrete solutions have no consistent
-    continuous-depth limit (DESIGN.md section 1).
-    """
-
-
-def _is_projection(norm) -> bool:
+def _is_projection(normalization) -> bool:
     """Whether a normalization operator is idempotent (a true projection)."""
-    if norm is None:
-        return True
-    return bool(getattr(norm, "is_projection", False))
+    return normalization is None or bool(getattr(normalization, "is_projection", False))
 
 
 class Block:
@@ -63,124 +56,125 @@ class Block:
         The attention operator :math:`\mathrm{Attn}`; ``None`` drops the sub-flow.
     feedforward : ctformer.operators.FeedForward or None
         The feed-forward operator :math:`F`; ``None`` drops the sub-flow.
-    norm1, norm2 : normalization operator or None
+    normalization1, normalization2 : normalization operator or None
         :class:`ctformer.operators.LayerNormProjection`,
-        :class:`ctformer.operators.SphereProjection` or ``None`` (identity). ``norm1`` belongs
-        to attention, ``norm2`` to the feed-forward.
+        :class:`ctformer.operators.SphereProjection` or ``None`` (identity).
+        ``normalization1`` belongs to attention, ``normalization2`` to the feed-forward.
+        (``norm1``/``norm2`` are deprecated names.)
     placement : {"pre", "post", "none"}
-        Where the norms act:
+        Where the normalizations act:
 
         - ``"pre"``: flows :math:`u \mapsto \mathrm{Attn}(N_1 u)` and
           :math:`u \mapsto F(N_2 u)`, no projections;
         - ``"post"``: flows :math:`\mathrm{Attn}`, :math:`F` followed by the projections
           :math:`N_1`, :math:`N_2`;
-        - ``"none"``: no normalization (``norm1`` and ``norm2`` must be ``None``).
+        - ``"none"``: no normalization (both must be ``None``).
 
     Raises
     ------
     ValueError
-        For an unknown placement, a block without sub-flows, or norms with ``"none"``.
+        For an unknown placement, a block without sub-flows, or normalizations with
+        ``"none"``.
     """
 
-    def __init__(self, attention=None, feedforward=None, norm1=None, norm2=None, placement="pre"):
+    def __init__(self, attention=None, feedforward=None, normalization1=None, normalization2=None,
+                 placement="pre", *, norm1=None, norm2=None):
+        normalization1 = renamed_keyword("norm1", norm1, "normalization1", normalization1)
+        normalization2 = renamed_keyword("norm2", norm2, "normalization2", normalization2)
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         if attention is None and feedforward is None:
             raise ValueError("a Block needs an attention or a feedforward operator (both are None)")
-        if placement == "none" and (norm1 is not None or norm2 is not None):
-            raise ValueError("placement='none' takes no norms; pass norm1=None and norm2=None")
+        if placement == "none" and (normalization1 is not None or normalization2 is not None):
+            raise ValueError("placement='none' takes no normalizations; pass normalization1=None "
+                             "and normalization2=None")
         self.attention = attention
         self.feedforward = feedforward
-        self.norm1 = norm1
-        self.norm2 = norm2
+        self.normalization1 = normalization1
+        self.normalization2 = normalization2
         self.placement = placement
 
+    @property
+    def norm1(self):
+        """Deprecated name of :attr:`normalization1`."""
+        warn_renamed("Block.norm1", "Block.normalization1")
+        return self.normalization1
+
+    @property
+    def norm2(self):
+        """Deprecated name of :attr:`normalization2`."""
+        warn_renamed("Block.norm2", "Block.normalization2")
+        return self.normalization2
+
     def __repr__(self) -> str:
-        return (
-            f"Block(attention={self.attention!r}, feedforward={self.feedforward!r}, "
-            f"norm1={self.norm1!r}, norm2={self.norm2!r}, placement={self.placement!r})"
-        )
+        return (f"Block(attention={self.attention!r}, feedforward={self.feedforward!r}, "
+                f"normalization1={self.normalization1!r}, normalization2={self.normalization2!r}, "
+                f"placement={self.placement!r})")
 
     @property
     def is_consistent_in_depth(self) -> bool:
-        """False for a post-norm block whose norms are not idempotent projections."""
+        """False for a post-norm block whose normalizations are not idempotent projections."""
         if self.placement != "post":
             return True
-        return _is_projection(self.norm1) and _is_projection(self.norm2)
+        return _is_projection(self.normalization1) and _is_projection(self.normalization2)
 
-    def split_problem(self, grids: Grids, key_mask=None) -> solvers.SplitProblem:
-        r"""The layer as a split problem on ``grids``.
+    def parameters(self) -> dict:
+        """Named arrays of every parameter of the block (see :meth:`ContinuousTransformer.parameters`)."""
+        return named_parameters(attention=self.attention, feedforward=self.feedforward,
+                                normalization1=self.normalization1,
+                                normalization2=self.normalization2)
+
+    def split_problem(self, grids: Grids, padding_mask=None) -> solvers.SplitProblem:
+        r"""The layer as a split problem on ``grids``, acting on stored values.
 
         Parameters
         ----------
-        grids : ctformer.operators.Grids
+        grids : ctformer.Grids
             Discretizations of tokens, features, head features and the hidden variable.
-        key_mask : bool array of shape (..., N), optional
-            Keys to keep in attention (True = a real token), for padded batches. Only for
-            nodal token discretizations.
+        padding_mask : bool array of shape (..., N), optional
+            Tokens that are real (True) in padded batches; validated by the caller
+            (:meth:`ContinuousTransformer.solve`). Only for nodal token discretizations.
 
         Returns
         -------
         ctformer.solvers.SplitProblem
-            Flows in splitting order (attention, then feed-forward) acting on stored values
-            (nodal values or Galerkin coefficients) of shape ``(..., N, d)``; for post-norm
-            the projections :math:`N_1, N_2`.
-
-        Notes
-        -----
-        Operators act on values at quadrature points. For a Galerkin discretization of the
-        tokens or the features each flow is wrapped as
-        :math:`c \mapsto \Pi\, f(E c)`, with :math:`E` the evaluation at the quadrature points
-        (``to_quadrature``) and :math:`\Pi` the :math:`L^2` projection back
-        (``from_quadrature``), on both axes. Each operator is discretized once per ``grids``.
+            Flows in splitting order (attention, then feed-forward) and, for post-norm, the
+            projections :math:`N_1, N_2`, each lifted by :meth:`Grids.lift` from point values
+            to stored values (the identity for nodal grids). Each operator is discretized
+            once per ``grids``.
         """
         if not isinstance(grids, Grids):
-            raise TypeError(f"grids must be a ctformer.operators.Grids, got {type(grids).__name__}")
-        if key_mask is not None and grids.tokens.kind == "galerkin":
-            raise ValueError("key_mask needs a nodal token discretization, got a Galerkin one")
-        attn = None
+            raise TypeError(f"grids must be a ctformer.Grids, got {type(grids).__name__}")
+        attention = None
         if self.attention is not None:
-            attn_op = self.attention.discretize(grids)
-            attn = attn_op if key_mask is None else (lambda v, _a=attn_op: _a(v, key_mask=key_mask))
-        ffn = self.feedforward.discretize(grids) if self.feedforward is not None else None
-        n1 = self.norm1.discretize(grids) if self.norm1 is not None else None
-        n2 = self.norm2.discretize(grids) if self.norm2 is not None else None
-
+            attention = self.attention.discretize(grids)
+            if padding_mask is not None:
+                attention = _with_padding(attention, padding_mask)
+        feedforward = self.feedforward.discretize(grids) if self.feedforward is not None else None
         flows, projections = [], []
-        for op, norm in ((attn, n1), (ffn, n2)):
+        for op, normalization in ((attention, self.normalization1), (feedforward, self.normalization2)):
             if op is None:
                 continue
-            if self.placement == "pre" and norm is not None:
-                flows.append(_compose(op, norm))
-            else:
-                flows.append(op)
-            projections.append(norm if self.placement == "post" else None)
-
-        if grids.tokens.kind == "galerkin" or grids.features.kind == "galerkin":
-            flows = [_galerkin(f, grids) for f in flows]
-            projections = [None if p is None else _galerkin(p, grids) for p in projections]
-        if not any(p is not None for p in projections):
-            projections = []
+            n = normalization.discretize(grids) if normalization is not None else None
+            flows.append(_compose(op, n) if self.placement == "pre" and n is not None else op)
+            projections.append(n if self.placement == "post" else None)
+        flows = [grids.lift(f) for f in flows]
+        projections = [grids.lift(p) for p in projections] if any(p is not None for p in projections) else []
         return solvers.SplitProblem(flows, projections)
 
 
-def _compose(op: Callable, norm: Callable) -> Callable:
+def _with_padding(attention: Callable, padding_mask) -> Callable:
+    def masked(u):
+        return attention(u, padding_mask=padding_mask)
+
+    return masked
+
+
+def _compose(op: Callable, normalization: Callable) -> Callable:
     def flow(u):
-        return op(norm(u))
+        return op(normalization(u))
 
     return flow
-
-
-def _galerkin(f: Callable, grids: Grids) -> Callable:
-    """Wrap ``f`` (acting on quadrature values) to act on stored values."""
-    tokens, features = grids.tokens, grids.features
-
-    def wrapped(c):
-        g = tokens.to_quadrature(features.to_quadrature(c, axis=-1), axis=-2)
-        g = f(g)
-        return tokens.from_quadrature(features.from_quadrature(g, axis=-1), axis=-2)
-
-    return wrapped
 
 
 class ContinuousTransformer:
@@ -190,8 +184,9 @@ class ContinuousTransformer:
     ----------
     blocks : sequence of Block
         Layer :math:`l` (parameters constant on :math:`[l, l + 1)`).
-    final_norm : normalization operator or None
+    final_normalization : normalization operator or None
         Applied once at :math:`t = T` (pre-norm networks with a final LayerNorm).
+        (``final_norm`` is a deprecated name.)
     head_features, hidden : Discretization or None
         Default discretizations of the head-feature variable :math:`\sigma` and the FFN
         variable :math:`r` (a converted torch model stores ``Midpoint(d_h)`` and
@@ -206,8 +201,10 @@ class ContinuousTransformer:
     with token and feature discretizations. See :mod:`ctformer.model` for the equations.
     """
 
-    def __init__(self, blocks: Sequence[Block], final_norm=None, head_features=None, hidden=None,
-                 features=None):
+    def __init__(self, blocks: Sequence[Block], final_normalization=None, head_features=None,
+                 hidden=None, features=None, *, final_norm=None):
+        final_normalization = renamed_keyword("final_norm", final_norm, "final_normalization",
+                                              final_normalization)
         blocks = list(blocks)
         if not blocks:
             raise ValueError("blocks must contain at least one Block")
@@ -218,15 +215,21 @@ class ContinuousTransformer:
             if disc is not None and not isinstance(disc, Discretization):
                 raise TypeError(f"{name} must be a Discretization or None, got {type(disc).__name__}")
         self.blocks = blocks
-        self.final_norm = final_norm
+        self.final_normalization = final_normalization
         self.head_features = head_features
         self.hidden = hidden
         self.features = features
 
+    @property
+    def final_norm(self):
+        """Deprecated name of :attr:`final_normalization`."""
+        warn_renamed("ContinuousTransformer.final_norm", "ContinuousTransformer.final_normalization")
+        return self.final_normalization
+
     def __repr__(self) -> str:
         placements = sorted({b.placement for b in self.blocks})
         return (f"ContinuousTransformer(layers={self.layers}, placement={'/'.join(placements)}, "
-                f"final_norm={self.final_norm is not None})")
+                f"final_normalization={self.final_normalization is not None})")
 
     @property
     def layers(self) -> int:
@@ -243,9 +246,21 @@ class ContinuousTransformer:
         """
         return not all(b.is_consistent_in_depth for b in self.blocks)
 
+    def parameters(self) -> dict:
+        r"""Every parameter of the model as a flat mapping ``name -> array`` (host float64).
+
+        Names are dotted paths, e.g. ``"blocks.0.attention.W_Q.1.weight"`` (the query kernel
+        of head 1 in layer 0) or ``"final_normalization.gain"``. For a converted network the
+        arrays hold exactly as many numbers as the torch or HuggingFace module has
+        parameters (a :class:`~ctformer.kernels.PiecewiseConstant` kernel is its weight
+        matrix, a piecewise-constant bias its vector). Structural constants (the inverse
+        temperatures :math:`\beta_h`, ``eps``, the activation) are options, not parameters.
+        """
+        return named_parameters(blocks=self.blocks, final_normalization=self.final_normalization)
+
     # -- grids ---------------------------------------------------------------------------
     def grids(self, tokens, features, head_features=None, hidden=None) -> Grids:
-        """The :class:`ctformer.operators.Grids` used by :meth:`solve` for these choices."""
+        """The :class:`ctformer.Grids` used by :meth:`solve` for these choices."""
         tokens = as_discretization(tokens)
         features = as_discretization(features)
         head_features = self._default(head_features, self.head_features, features, "head_features")
@@ -264,15 +279,16 @@ class ContinuousTransformer:
 
     # -- evolution -----------------------------------------------------------------------
     def solve(self, u0, *, tokens, features, head_features=None, hidden=None, scheme="lie",
-              steps_per_layer=1, trajectory=False, key_mask=None):
+              steps_per_layer=1, trajectory=False, padding_mask=None, key_mask=None):
         r"""Evolve :math:`u_0` from :math:`t = 0` to :math:`t = T`.
 
         Parameters
         ----------
         u0 : array of shape (..., N, d), or callable
-            Values on the tokens x features grid (leading axes are a batch), or a function
-            ``u0(x, y)`` broadcasting over ``x`` of shape ``(N, 1)`` and ``y`` of shape
-            ``(1, d)``; it is sampled at the nodes (L2-projected for Galerkin rules).
+            Stored values on the tokens x features grid (leading axes are a batch), or a
+            function ``u0(x, y)`` broadcasting over ``x`` of shape ``(N, 1)`` and ``y`` of
+            shape ``(1, d)``; it is sampled by :meth:`ctformer.Grids.sample` (nodal values,
+            or the :math:`L^2` projection for Galerkin rules).
         tokens, features : Discretization or str
             Discretizations of :math:`x` and :math:`y`. A name takes ``n`` from the shape of
             ``u0`` (which must then be an array).
@@ -285,21 +301,24 @@ class ContinuousTransformer:
             Steps :math:`k \ge 1` per layer; :math:`\Delta t = 1/k`.
         trajectory : bool
             Return the states at the layer boundaries :math:`t = 0, 1, \dots, T` instead of
-            only the final state. The final norm (if any) is applied to the last entry.
-        key_mask : bool array of shape (..., N), optional
+            only the final state. The final normalization (if any) is applied to the last entry.
+        padding_mask : bool array of shape (..., N), optional
             Attention keeps only keys where True (padding masks of real batches).
+            (``key_mask`` is a deprecated name.)
 
         Returns
         -------
         array of shape (..., N, d), or list of T + 1 arrays
-            :math:`u(T)` (after the final norm), or the trajectory.
+            :math:`u(T)` (after the final normalization), or the trajectory, in the namespace,
+            device and dtype of ``u0``.
 
         Raises
         ------
         ValueError
-            If ``u0`` does not match the grids, ``steps_per_layer`` is not a positive integer,
-            the scheme is unknown (the message lists the known ones) or ``key_mask`` has the
-            wrong shape.
+            If ``u0`` does not match the grids or is not finite, ``steps_per_layer`` is not a
+            positive integer, the scheme is unknown (the message lists the known ones),
+            ``padding_mask`` has the wrong shape, or the state stops being finite during the
+            solve (the message names the layer).
 
         Warns
         -----
@@ -308,45 +327,30 @@ class ContinuousTransformer:
 
         Notes
         -----
-        On layer :math:`l` the scheme advances the :class:`ctformer.solvers.SplitProblem` of
-        block :math:`l` by ``steps_per_layer`` steps of size :math:`1/k`:
-
-        .. math::  u^{n+1} = \Phi_{\Delta t}(u^n), \qquad t \in [l, l + 1).
+        The state is validated once, here; the time loop checks finiteness once per layer.
         """
-        if isinstance(steps_per_layer, bool) or not isinstance(steps_per_layer, (int, np.integer)) \
-                or steps_per_layer < 1:
-            raise ValueError(f"steps_per_layer must be a positive integer, got {steps_per_layer!r}")
-        steps = int(steps_per_layer)
+        padding_mask = renamed_keyword("key_mask", key_mask, "padding_mask", padding_mask)
+        steps = check_steps(steps_per_layer)
         integrator = solvers.get(scheme)
         if steps > 1 and self.warns_inconsistent_depth:
-            warnings.warn(
-                "refining depth (steps_per_layer > 1) on a post-norm model whose LayerNorm is not an "
-                "idempotent projection (per-feature gain/shift or eps > 0): no consistent "
-                "continuous-depth limit exists (DESIGN.md section 1); results depend on the step "
-                "count and no convergence order is meaningful",
-                InconsistentDepthLimitWarning,
-                stacklevel=2,
-            )
+            solvers.warn_inconsistent_depth("steps_per_layer > 1 on a post-norm model whose "
+                                            "normalization is not a projection", stacklevel=2)
         u, grids = self._initial_state(u0, tokens, features, head_features, hidden)
-        if key_mask is not None:
-            key_mask = check_key_mask(key_mask, u)
-
-        dt = 1.0 / steps
-        states = [u] if trajectory else None
-        for block in self.blocks:
-            problem = block.split_problem(grids, key_mask=key_mask)
-            for _ in range(steps):
-                u = integrator.step(problem, u, dt)
-            if trajectory:
-                states.append(u)
-        if self.final_norm is not None:
-            norm = self.final_norm.discretize(grids)
-            if grids.tokens.kind == "galerkin" or grids.features.kind == "galerkin":
-                norm = _galerkin(norm, grids)
-            u = norm(u)
-            if trajectory:
-                states[-1] = u
-        return states if trajectory else u
+        if padding_mask is not None:
+            if not grids.is_nodal:
+                raise ValueError("padding_mask needs nodal token and feature discretizations, "
+                                 "got a Galerkin one")
+            padding_mask = check_padding_mask(padding_mask, u)
+        problems = [block.split_problem(grids, padding_mask) for block in self.blocks]
+        states = solvers.integrate(integrator, problems, u, steps, trajectory=trajectory,
+                                   what="the state")
+        final = grids.lift(self.final_normalization.discretize(grids)) \
+            if self.final_normalization is not None else None
+        if trajectory:
+            if final is not None:
+                states[-1] = final(states[-1])
+            return states
+        return states if final is None else final(states)
 
     def _initial_state(self, u0, tokens, features, head_features, hidden):
         if callable(u0) and not hasattr(u0, "shape"):
@@ -357,24 +361,17 @@ class ContinuousTransformer:
                         "pass a Discretization object"
                     )
             grids = self.grids(tokens, features, head_features, hidden)
-            return sample_initial(u0, grids.tokens, grids.features), grids
+            return grids.sample(u0), grids
         u = as_state_array(u0, "u0")
         if u.ndim < 2:
             raise ValueError(f"u0 must have shape (..., tokens, features), got shape {tuple(u.shape)}")
         tokens = as_discretization(tokens, u.shape[-2])
         features = as_discretization(features, u.shape[-1])
         grids = self.grids(tokens, features, head_features, hidden)
-        if tuple(u.shape[-2:]) != (grids.tokens.n, grids.features.n):
-            raise ValueError(
-                f"u0 has shape {tuple(u.shape)}; its last two axes must be (tokens.n, features.n) = "
-                f"({grids.tokens.n}, {grids.features.n})"
-            )
-        xp = array_api_compat.array_namespace(u)
-        if not bool(xp.all(xp.isfinite(u))):
-            raise ValueError("u0 contains NaN or inf")
+        grids.validate(u, "u0")
         return u, grids
 
-    def run(self, x, mask=None):
+    def run(self, x, padding_mask=None, *, mask=None):
         r"""The discrete network: midpoint grids, ``lie``, one step per layer.
 
         Parameters
@@ -382,9 +379,10 @@ class ContinuousTransformer:
         x : array of shape (N, d) or (B, N, d)
             Token states (e.g. embedding outputs), read as values on ``Midpoint(N)`` x
             ``Midpoint(d)``.
-        mask : array of shape (N,) or (B, N), optional
-            Attention/padding mask, boolean or 0/1, with 1 for a real token (the HuggingFace
+        padding_mask : array of shape (N,) or (B, N), optional
+            Padding mask, boolean or 0/1, with 1 for a real token (the HuggingFace
             ``attention_mask`` convention; the opposite of torch's ``src_key_padding_mask``).
+            (``mask`` is a deprecated name.)
 
         Returns
         -------
@@ -394,31 +392,37 @@ class ContinuousTransformer:
         ------
         ValueError
             If ``x`` has the wrong number of axes, a width other than the model's features, or
-            ``mask`` has the wrong shape, values other than 0/1 or a row without real tokens.
+            ``padding_mask`` has the wrong shape, values other than 0/1 or a row without real
+            tokens.
 
         Notes
         -----
         With midpoint nodes every quadrature weight of a variable with ``n`` nodes is
         :math:`1/n`, so the kernel matrices are the torch weights, uniform token weights cancel
-        in the softmax and one Lie step of size 1 is one block (DESIGN.md section 2).
+        in the softmax and one Lie step of size 1 is one block (design notes, section 2).
         """
+        padding_mask = renamed_keyword("mask", mask, "padding_mask", padding_mask,
+                                       where="run")
         x = as_state_array(x, "x")
         if x.ndim not in (2, 3):
             raise ValueError(f"x must have shape (N, d) or (B, N, d), got shape {tuple(x.shape)}")
         if self.features is not None and x.shape[-1] != self.features.n:
             raise ValueError(f"x has {x.shape[-1]} features, the model expects {self.features.n}")
         return self.solve(x, tokens=Midpoint(x.shape[-2]), features=Midpoint(x.shape[-1]),
-                          scheme="lie", steps_per_layer=1, key_mask=mask)
+                          scheme="lie", steps_per_layer=1, padding_mask=padding_mask)
 
     @classmethod
-    def random_smooth(cls, seed=0, layers=2, heads=2, norm="pre", activation="gelu", mask=None,
-                      diagonal="full", beta=4.0):
+    def random_smooth(cls, seed=0, layers=2, heads=2, placement="pre", activation="gelu", mask=None,
+                      diagonal="full", beta=4.0, *, norm=None):
         """A model with smooth random parameters for convergence studies.
 
-        See :func:`ctformer.random_models.random_smooth` for the parameters and the
-        construction.
+        See :func:`ctformer.random_models.random_layers` for the parameters and the
+        construction (``norm`` is a deprecated name of ``placement``).
         """
-        from .random_models import random_smooth
-
-        return random_smooth(seed=seed, layers=layers, heads=heads, norm=norm, activation=activation,
-                             mask=mask, diagonal=diagonal, beta=beta)
+        if norm is not None:
+            warn_renamed("random_smooth(norm=...)", "random_smooth(placement=...)")
+            placement = norm
+        layout = random_layers(seed=seed, layers=layers, heads=heads, placement=placement,
+                               activation=activation, mask=mask, diagonal=diagonal, beta=beta)
+        blocks = [Block(**block) for block in layout["blocks"]]
+        return cls(blocks, final_normalization=layout["final_normalization"])

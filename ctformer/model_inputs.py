@@ -1,56 +1,56 @@
-r"""Input handling of :class:`ctformer.model.ContinuousTransformer`: initial data and masks.
+r"""Where data enters a model: states, padding masks, step counts, renamed keywords.
 
-- :func:`sample_initial` turns :math:`u_0(x, y)` into discrete values on tokens x features;
-- :func:`as_state_array` accepts NumPy/CuPy arrays (kept on their device) and anything
-  NumPy can read (lists, torch CPU tensors);
-- :func:`check_key_mask` validates a padding mask (1 = real token).
+- :func:`as_state_array` accepts arrays of any supported namespace (kept where they live) and
+  anything NumPy can read (lists, torch CPU tensors through the host);
+- :func:`check_padding_mask` validates a padding mask (1 = real token);
+- :func:`check_steps` validates a number of steps per layer;
+- :func:`renamed_keyword` / :func:`warn_renamed` keep an old keyword working with a
+  :class:`DeprecationWarning`.
 """
 from __future__ import annotations
 
-from typing import Callable
+import warnings
 
 import array_api_compat
 import numpy as np
 
-from .discretizations import Discretization
+from .backend import to_host
 
-__all__ = ["sample_initial", "as_state_array", "check_key_mask"]
+__all__ = ["as_state_array", "check_padding_mask", "check_steps", "renamed_keyword", "warn_renamed"]
 
 
-def sample_initial(u0: Callable, tokens: Discretization, features: Discretization) -> np.ndarray:
-    r"""Discrete values of :math:`u_0(x, y)` on ``tokens`` x ``features``.
+def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
+    """Emit the :class:`DeprecationWarning` of a renamed name."""
+    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=stacklevel)
 
-    Parameters
-    ----------
-    u0 : callable
-        ``u0(x, y)`` for ``x`` of shape ``(Nq, 1)`` and ``y`` of shape ``(1, dq)`` (broadcasting).
-    tokens, features : Discretization
-        Discretizations of :math:`x` and :math:`y`.
 
-    Returns
-    -------
-    ndarray, shape (tokens.n, features.n)
-        Point values at the nodes for nodal rules; the :math:`L^2` projection (evaluation at
-        the quadrature points, then ``from_quadrature`` on both axes) for Galerkin rules.
+def renamed_keyword(old: str, old_value, new: str, new_value, where: str | None = None):
+    """The value of keyword ``new``, accepting its deprecated name ``old`` with a warning.
 
     Raises
     ------
-    ValueError
-        If the values do not broadcast to the grid or are not finite.
+    TypeError
+        If both names are given.
     """
-    x = np.asarray(tokens.quadrature_nodes)[:, None]
-    y = np.asarray(features.quadrature_nodes)[None, :]
-    g = np.asarray(u0(x, y), dtype=np.float64)
-    try:
-        g = np.broadcast_to(g, (x.shape[0], y.shape[1])).copy()
-    except ValueError:
-        raise ValueError(
-            f"u0(x, y) must broadcast to shape ({x.shape[0]}, {y.shape[1]}) for x of shape "
-            f"{x.shape} and y of shape {y.shape}; got shape {g.shape}"
-        ) from None
-    if not np.all(np.isfinite(g)):
-        raise ValueError("u0(x, y) returned NaN or inf")
-    return tokens.from_quadrature(features.from_quadrature(g, axis=-1), axis=-2)
+    if old_value is None:
+        return new_value
+    prefix = f"{where}({old}=...)" if where else f"{old}=..."
+    if new_value is not None:
+        raise TypeError(f"pass {new} only ({old} is its deprecated name), not both")
+    warn_renamed(prefix, f"{new}=...", stacklevel=4)
+    return old_value
+
+
+def check_steps(steps_per_layer) -> int:
+    """A positive integer number of steps per layer (``ValueError`` otherwise)."""
+    if isinstance(steps_per_layer, bool) or not isinstance(steps_per_layer, (int, np.integer)) \
+            or steps_per_layer < 1:
+        raise ValueError(f"steps_per_layer must be a positive integer, got {steps_per_layer!r}")
+    return int(steps_per_layer)
+
+
+def _is_native(x) -> bool:
+    return array_api_compat.is_numpy_array(x) or array_api_compat.is_cupy_array(x)
 
 
 def as_state_array(x, name):
@@ -71,26 +71,26 @@ def as_state_array(x, name):
     Raises
     ------
     TypeError
-        If ``x`` is not numeric, or is boolean.
+        If ``x`` is not numeric, is boolean, or is complex.
     """
-    if array_api_compat.is_numpy_array(x) or array_api_compat.is_cupy_array(x):
+    if _is_native(x):
         arr = x
     else:
-        if hasattr(x, "detach"):  # torch tensors
-            x = x.detach().cpu().numpy()
         try:
-            arr = np.asarray(x)
+            arr = to_host(x)
         except Exception:
             raise TypeError(f"{name} must be an array, got {type(x).__name__}") from None
-    if not np.issubdtype(arr.dtype, np.floating):
-        if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):
+    if arr.dtype.kind == "c":
+        raise TypeError(f"{name} must be a real array, got complex dtype {arr.dtype}")
+    if arr.dtype.kind != "f":
+        if arr.dtype == bool or arr.dtype.kind not in "iu":
             raise TypeError(f"{name} must be a real floating array, got dtype {arr.dtype}")
         arr = arr.astype(np.float64)
     return arr
 
 
-def check_key_mask(mask, u):
-    """A boolean key mask of shape ``u.shape[:-1]`` (1 = keep) on ``u``'s device.
+def check_padding_mask(mask, u):
+    """A boolean padding mask of shape ``u.shape[:-1]`` (1 = real token) like ``u``.
 
     Parameters
     ----------
@@ -102,6 +102,7 @@ def check_key_mask(mask, u):
     Returns
     -------
     bool array, shape (..., N)
+        In the namespace and on the device of ``u``.
 
     Raises
     ------
@@ -109,18 +110,16 @@ def check_key_mask(mask, u):
         For a wrong shape, values other than 0/1, or a sequence without real tokens.
     """
     xp = array_api_compat.array_namespace(u)
-    if hasattr(mask, "detach"):
-        mask = mask.detach().cpu().numpy()
-    if not (array_api_compat.is_numpy_array(mask) or array_api_compat.is_cupy_array(mask)):
-        mask = np.asarray(mask)
+    if not _is_native(mask):
+        mask = to_host(mask)
     if tuple(mask.shape) != tuple(u.shape[:-1]):
         raise ValueError(
-            f"mask must have shape {tuple(u.shape[:-1])} (batch, tokens), got {tuple(mask.shape)}"
+            f"padding_mask must have shape {tuple(u.shape[:-1])} (batch, tokens), got {tuple(mask.shape)}"
         )
     if mask.dtype != bool:
         if not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError("mask must be boolean or hold only 0 and 1 (1 = real token)")
+            raise ValueError("padding_mask must be boolean or hold only 0 and 1 (1 = real token)")
         mask = mask == 1
     if not bool(mask.any(axis=-1).all()):
-        raise ValueError("mask has a sequence without any real token (a row of zeros)")
+        raise ValueError("padding_mask has a sequence without any real token (a row of zeros)")
     return xp.asarray(mask)

@@ -14,12 +14,11 @@ import math
 import numpy as np
 
 from .kernels import SmoothRandom
-from .model import Block, ContinuousTransformer
 from .operators import Attention, FeedForward, LayerNormProjection
 
-__all__ = ["random_smooth", "NORMS", "KERNEL_SCALE"]
+__all__ = ["random_layers", "PLACEMENTS", "KERNEL_SCALE"]
 
-NORMS = ("pre", "post", "post-projection", "none")
+PLACEMENTS = ("pre", "post", "post-projection", "none")
 KERNEL_SCALE = 0.5
 BIAS_SCALE = 0.1
 
@@ -33,14 +32,21 @@ class _Trig:
     def __call__(self, y):
         return self.offset + self.amplitude * np.sin(np.pi * self.frequency * np.asarray(y) + self.phase)
 
+    def parameters(self) -> dict:
+        """The four numbers of the function, as 0-d arrays."""
+        return {name: np.asarray(float(getattr(self, name)))
+                for name in ("offset", "amplitude", "frequency", "phase")}
+
     def __repr__(self):
         return (f"{self.offset:.3g} + {self.amplitude:.3g} sin(pi {self.frequency} y "
                 f"+ {self.phase:.3g})")
 
 
-def random_smooth(seed=0, layers=2, heads=2, norm="pre", activation="gelu", mask=None,
-                  diagonal="full", beta=4.0) -> ContinuousTransformer:
-    r"""A :class:`ctformer.model.ContinuousTransformer` with smooth random parameters.
+def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu", mask=None,
+                  diagonal="full", beta=4.0) -> dict:
+    r"""The layers of a continuous Transformer with smooth random parameters.
+
+    :meth:`ctformer.ContinuousTransformer.random_smooth` builds the model from them.
 
     Parameters
     ----------
@@ -50,8 +56,8 @@ def random_smooth(seed=0, layers=2, heads=2, norm="pre", activation="gelu", mask
         Number of layers :math:`T \ge 1`.
     heads : int
         Attention heads :math:`H \ge 1` per layer.
-    norm : {"pre", "post", "post-projection", "none"}
-        Normalization layout:
+    placement : {"pre", "post", "post-projection", "none"}
+        Where the normalizations act:
 
         - ``"pre"``: pre-norm blocks with LayerNorms of smooth per-feature gain
           :math:`g(y) = 1 + 0.2 \sin(\pi k y + \phi)` and shift :math:`c(y)` of size 0.1,
@@ -73,14 +79,16 @@ def random_smooth(seed=0, layers=2, heads=2, norm="pre", activation="gelu", mask
 
     Returns
     -------
-    ContinuousTransformer
-        Without default ``head_features``/``hidden``: :meth:`ContinuousTransformer.solve` uses
-        the feature discretization for them unless told otherwise.
+    dict
+        ``"blocks"``: one dict of :class:`ctformer.model.Block` arguments per layer;
+        ``"final_normalization"``: the final LayerNorm or ``None``. The model has no default
+        ``head_features``/``hidden``: :meth:`ContinuousTransformer.solve` uses the feature
+        discretization for them unless told otherwise.
 
     Raises
     ------
     ValueError
-        For an unknown ``norm``, non-positive ``layers`` or ``heads``, or invalid attention
+        For an unknown ``placement``, non-positive ``layers`` or ``heads``, or invalid attention
         or activation options (raised by the operators).
 
     Notes
@@ -88,10 +96,10 @@ def random_smooth(seed=0, layers=2, heads=2, norm="pre", activation="gelu", mask
     Kernels are :class:`ctformer.kernels.SmoothRandom` with ``modes=4``, ``decay=2`` and
     :math:`\|W\|_{L^2} = 0.5`; biases are :math:`0.1 \sin(\pi k y + \phi)` with
     :math:`k \in \{1, 2\}`. Feature variance must stay away from zero for LayerNorm to be
-    smooth (DESIGN.md section 1); choose the initial data accordingly.
+    smooth (design notes, section 1); choose the initial data accordingly.
     """
-    if norm not in NORMS:
-        raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
     for name, value in (("layers", layers), ("heads", heads)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -109,7 +117,7 @@ def random_smooth(seed=0, layers=2, heads=2, norm="pre", activation="gelu", mask
         return LayerNormProjection(gain=trig(1.0, 0.2), shift=trig(0.0, BIAS_SCALE), eps=0.0)
 
     def block_norms():
-        if norm == "post-projection":
+        if placement == "post-projection":
             # One constraint set S1(sigma1, sigma2) per block: both sub-steps project onto the
             # same set, so every scheme has the same continuous-depth limit.
             projection = LayerNormProjection(gain=float(rng.uniform(0.8, 1.2)),
@@ -130,10 +138,10 @@ def random_smooth(seed=0, layers=2, heads=2, norm="pre", activation="gelu", mask
         )
         feedforward = FeedForward(kernel(), kernel(), b_1=trig(0.0, BIAS_SCALE),
                                   b_2=trig(0.0, BIAS_SCALE), activation=activation)
-        if norm == "none":
-            blocks.append(Block(attention, feedforward, placement="none"))
-        else:
-            placement = "pre" if norm == "pre" else "post"
-            blocks.append(Block(attention, feedforward, *block_norms(), placement=placement))
-    final_norm = layer_norm() if norm == "pre" else None
-    return ContinuousTransformer(blocks, final_norm=final_norm)
+        block = {"attention": attention, "feedforward": feedforward, "placement": "none"}
+        if placement != "none":
+            block["normalization1"], block["normalization2"] = block_norms()
+            block["placement"] = "pre" if placement == "pre" else "post"
+        blocks.append(block)
+    final = layer_norm() if placement == "pre" else None
+    return {"blocks": blocks, "final_normalization": final}

@@ -76,16 +76,16 @@ def test_cached_builds_once_and_returns_the_same_object():
         calls.append(1)
         return np.arange(4.0)
 
-    before = len(be._cache)
+    before = len(backend_module._CACHE)
     first = be.cached(owner, "k", build)
     assert be.cached(owner, "k", build) is first and len(calls) == 1
     np.testing.assert_array_equal(first, np.arange(4.0))
     sparse = be.cached(owner, "s", lambda: scipy.sparse.eye(3, format="coo"))
     assert sparse.format == "csr" and be.cached(owner, "s", lambda: None) is sparse
-    assert len(be._cache) == before + 1
+    assert len(backend_module._CACHE) == before + 1
     del owner
     gc.collect()
-    assert len(be._cache) == before  # entries die with their owner
+    assert len(backend_module._CACHE) == before  # entries die with their owner
 
 
 def test_backend_of():

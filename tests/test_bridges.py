@@ -219,7 +219,7 @@ def test_block_and_model_validation():
         Block(attention=object(), placement="sandwich")
     with pytest.raises(ValueError, match="needs an attention or a feedforward"):
         Block()
-    with pytest.raises(ValueError, match="no norms"):
+    with pytest.raises(ValueError, match="takes no normalizations"):
         Block(attention=object(), norm1=object(), placement="none")
     with pytest.raises(ValueError, match="at least one Block"):
         ContinuousTransformer([])

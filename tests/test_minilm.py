@@ -28,7 +28,7 @@ def test_minilm_discrete_limit(minilm):
     assert not mask.all(), "the batch must be padded"
     assert len(hidden) == 7
     assert ct.layers == 6 and ct.hidden.n == 1536 and ct.head_features.n == 32
-    assert all(b.placement == "post" and b.norm1.eps == 1e-12 for b in ct.blocks)
+    assert all(b.placement == "post" and b.normalization1.eps == 1e-12 for b in ct.blocks)
     out = ct.run(x, mask=mask)
     assert module.relative_error(out, hidden[-1], mask) < 1e-10
     # a padded sentence alone and unpadded, as an (N, d) input
@@ -54,8 +54,8 @@ def test_minilm_from_packaged_safetensors(minilm):
         np.testing.assert_array_equal(query, state[f"layer.{l}.attention.self.query.weight"])
         np.testing.assert_array_equal(output, state[f"layer.{l}.attention.output.dense.weight"])
         np.testing.assert_array_equal(block.feedforward.W_2.weight, state[f"layer.{l}.output.dense.weight"])
-        np.testing.assert_array_equal(block.norm2.gain.spec, state[f"layer.{l}.output.LayerNorm.weight"])
-        assert block.norm1.eps == 1e-12 and np.all(attention.beta == np.sqrt(32))
+        np.testing.assert_array_equal(block.normalization2.gain.spec, state[f"layer.{l}.output.LayerNorm.weight"])
+        assert block.normalization1.eps == 1e-12 and np.all(attention.beta == np.sqrt(32))
 
 
 def test_discrete_limit_report(minilm):

@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import fitted_order, require
 
 from ctformer.discretizations import GaussLegendre, Midpoint
-from ctformer.model import ContinuousTransformer, InconsistentDepthLimitWarning
+from ctformer.model import Block, ContinuousTransformer, InconsistentDepthLimitWarning
 
 FEATURES = GaussLegendre(16)
 
@@ -32,7 +32,7 @@ def solve(model, tokens, **kw):
 def test_token_convergence_unmasked(norm):
     """Midpoint tokens: order 2; Gauss-Legendre tokens: spectral. Reference: GaussLegendre(96),
     interpolated (barycentric, spectrally accurate) at each level's nodes."""
-    model = ContinuousTransformer.random_smooth(seed=1, norm=norm)
+    model = ContinuousTransformer.random_smooth(seed=1, placement=norm)
     fine = GaussLegendre(96)
     trajectory = solve(model, fine, trajectory=True)
     reference = trajectory[-1]
@@ -54,7 +54,7 @@ def test_token_convergence_galerkin(element, order):
     the FE solution at 41 points converges with order p + 1 to the GaussLegendre(96) solution."""
     from ctformer.discretizations import get
 
-    model = ContinuousTransformer.random_smooth(seed=1, norm="pre")
+    model = ContinuousTransformer.random_smooth(seed=1, placement="pre")
     fine = GaussLegendre(96)
     points = np.linspace(0.0, 1.0, 41)
     reference = fine.interpolate(solve(model, fine), points, axis=-2)
@@ -112,8 +112,8 @@ def test_solve_validates_inputs():
     for steps in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="steps_per_layer must be a positive integer"):
             model.solve(u, tokens=tokens, features=FEATURES, steps_per_layer=steps)
-    with pytest.raises(ValueError, match="unknown scheme 'heun'.*lie"):
-        model.solve(u, tokens=tokens, features=FEATURES, scheme="heun")
+    with pytest.raises(ValueError, match="unknown scheme 'leapfrog'.*lie"):
+        model.solve(u, tokens=tokens, features=FEATURES, scheme="leapfrog")
     with pytest.raises(ValueError, match="needs n"):
         model.solve(u0, tokens="midpoint", features=FEATURES)
     with pytest.raises(ValueError, match="broadcast"):
@@ -125,13 +125,13 @@ def test_solve_validates_inputs():
     # LayerNorm with eps = 0 on a feature-constant token: a clear error, never NaN
     with pytest.raises(ValueError, match="variance"):
         model.solve(np.ones((5, 16)), tokens=tokens, features=FEATURES)
-    with pytest.raises(ValueError, match="norm must be one of"):
-        ContinuousTransformer.random_smooth(norm="sandwich")
+    with pytest.raises(ValueError, match="placement must be one of"):
+        ContinuousTransformer.random_smooth(placement="sandwich")
 
 
 def test_inconsistent_depth_limit_warning():
     u = u0(Midpoint(4).nodes[:, None], FEATURES.nodes[None, :])
-    post = ContinuousTransformer.random_smooth(seed=3, norm="post")
+    post = ContinuousTransformer.random_smooth(seed=3, placement="post")
     assert post.warns_inconsistent_depth
     with pytest.warns(InconsistentDepthLimitWarning, match="no consistent continuous-depth limit"):
         post.solve(u, tokens=Midpoint(4), features=FEATURES, steps_per_layer=2)
@@ -139,7 +139,7 @@ def test_inconsistent_depth_limit_warning():
         warnings.simplefilter("error")
         post.solve(u, tokens=Midpoint(4), features=FEATURES, steps_per_layer=1)
         for norm in ("post-projection", "pre", "none"):
-            model = ContinuousTransformer.random_smooth(seed=3, norm=norm)
+            model = ContinuousTransformer.random_smooth(seed=3, placement=norm)
             assert not model.warns_inconsistent_depth
             model.solve(u, tokens=Midpoint(4), features=FEATURES, steps_per_layer=2)
     assert issubclass(InconsistentDepthLimitWarning, UserWarning)
@@ -203,3 +203,32 @@ def test_depth_refinement_against_solve_ivp_and_trajectory_against_layers():
     errors = [np.abs(model.solve(x.numpy(), scheme="lie", steps_per_layer=k, **grids) - exact).max()
               for k in steps]
     assert abs(fitted_order([1 / k for k in steps], errors) - 1.0) < 0.2, errors
+
+
+def test_renamed_keywords_warn_and_give_the_same_model():
+    """Old names (norm=, norm1=, final_norm=, run(mask=), solve(key_mask=)) keep working with a
+    DeprecationWarning and compute exactly what the new names compute."""
+    u = u0(Midpoint(4).nodes[:, None], FEATURES.nodes[None, :])
+    new = ContinuousTransformer.random_smooth(seed=2, placement="post")
+    with pytest.warns(DeprecationWarning, match="placement"):
+        old = ContinuousTransformer.random_smooth(seed=2, norm="post")
+    np.testing.assert_array_equal(old.solve(u, tokens=Midpoint(4), features=FEATURES),
+                                  new.solve(u, tokens=Midpoint(4), features=FEATURES))
+    block = new.blocks[0]
+    with pytest.warns(DeprecationWarning, match="normalization1"):
+        same = Block(block.attention, block.feedforward, norm1=block.normalization1,
+                     norm2=block.normalization2, placement="post")
+    assert same.normalization1 is block.normalization1
+    with pytest.warns(DeprecationWarning, match="normalization2"):
+        assert same.norm2 is block.normalization2
+    with pytest.raises(TypeError, match="not both"):
+        Block(block.attention, norm1=block.normalization1, normalization1=block.normalization1)
+    keep = np.array([True, True, False, True])
+    expected = new.solve(u, tokens=Midpoint(4), features=FEATURES, padding_mask=keep)
+    with pytest.warns(DeprecationWarning, match="padding_mask"):
+        got = new.solve(u, tokens=Midpoint(4), features=FEATURES, key_mask=keep)
+    np.testing.assert_array_equal(got, expected)
+    x = u[None]
+    with pytest.warns(DeprecationWarning, match="padding_mask"):
+        got = new.run(x, mask=keep[None])
+    np.testing.assert_array_equal(got, new.run(x, padding_mask=keep[None]))

@@ -80,7 +80,7 @@ def test_attention_key_mask_equals_torch_key_padding_mask(mask):
         padding = torch.zeros(2, n, dtype=torch.float64).masked_fill(torch.tensor(~keep), float("-inf"))
         reference = mha(x, x, x, attn_mask=causal, key_padding_mask=padding, need_weights=False)[0].numpy()
     got = _attention_from_torch(mha, heads, mask).discretize(_midpoint_grids(n, e, e // heads, e))(
-        x.numpy(), key_mask=keep)
+        x.numpy(), padding_mask=keep)
     assert _rel(got, reference) < 1e-12
 
 
@@ -397,10 +397,10 @@ def test_operator_errors():
         att(np.ones((4, 4)), grids)
     with pytest.raises(ValueError, match="NaN or inf"):
         att(np.full((4, 3), np.nan), grids)
-    with pytest.raises(ValueError, match=r"key_mask must have shape \(\.\.\., 4\)"):
-        att(np.ones((4, 3)), grids, key_mask=np.ones(3, dtype=bool))
+    with pytest.raises(ValueError, match=r"padding_mask must have shape \(\.\.\., 4\)"):
+        att(np.ones((4, 3)), grids, padding_mask=np.ones(3, dtype=bool))
     with pytest.raises(TypeError, match="boolean"):
-        att(np.ones((4, 3)), grids, key_mask=np.ones(4))
+        att(np.ones((4, 3)), grids, padding_mask=np.ones(4))
     with pytest.raises(TypeError, match="Grids"):
         att.discretize((Midpoint(4), Midpoint(3)))
 

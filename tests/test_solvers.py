@@ -119,7 +119,7 @@ def test_projected_lie_and_euler_are_first_order():
 def test_registry_and_bad_input(linear_pair):
     A, B, u0 = linear_pair
     problem = SplitProblem([lambda u: A @ u, lambda u: B @ u])
-    assert solvers.available() == ["lie", "strang", "parallel", "euler", "rk4"]
+    assert solvers.available() == ["lie", "strang", "parallel", "euler", "heun", "rk4"]
     with pytest.raises(ValueError, match="unknown scheme 'midpoint'"):
         solvers.get("midpoint")
     with pytest.raises(ValueError, match="substep must be one of"):
@@ -141,10 +141,10 @@ def _initial(x, y):
 
 @pytest.fixture(scope="module")
 def grids_and_start():
-    from ctformer.model import sample_initial
+    from ctformer import Grids
 
     tokens, features = GaussLegendre(8), GaussLegendre(12)
-    return tokens, features, sample_initial(_initial, tokens, features)
+    return tokens, features, Grids(tokens, features).sample(_initial)
 
 
 def _l2(tokens, features, diff):
@@ -163,12 +163,12 @@ def pre_norm_reference(grids_and_start):
     from ctformer.model import ContinuousTransformer
 
     tokens, features, u0 = grids_and_start
-    model = ContinuousTransformer.random_smooth(seed=0, layers=2, norm="pre")
+    model = ContinuousTransformer.random_smooth(seed=0, layers=2, placement="pre")
     grids = model.grids(tokens, features)
     u = u0
     for block in model.blocks:
         u = _ivp(block.split_problem(grids).rhs, u, u0.shape)
-    return model, model.final_norm.discretize(grids)(u)
+    return model, model.final_normalization.discretize(grids)(u)
 
 
 @pytest.mark.parametrize("name,steps,order", [
@@ -196,7 +196,7 @@ def test_depth_order_on_post_norm_projection_model(grids_and_start):
     from ctformer.model import ContinuousTransformer
 
     tokens, features, u0 = grids_and_start
-    model = ContinuousTransformer.random_smooth(seed=0, layers=2, norm="post-projection")
+    model = ContinuousTransformer.random_smooth(seed=0, layers=2, placement="post-projection")
     assert not model.warns_inconsistent_depth
     grids = model.grids(tokens, features)
     wy = features.weights / features.weights.sum()
@@ -207,7 +207,7 @@ def test_depth_order_on_post_norm_projection_model(grids_and_start):
     w = (u0 - (u0 @ wy)[:, None]) / std(u0)[:, None]
     for block in model.blocks:
         attention, ffn = block.attention.discretize(grids), block.feedforward.discretize(grids)
-        n1, n2 = block.norm1.discretize(grids), block.norm2.discretize(grids)
+        n1, n2 = block.normalization1.discretize(grids), block.normalization2.discretize(grids)
         a2, b2 = std(n1(w))[0], std(n2(w))[0]
 
         def rhs(v, attention=attention, ffn=ffn, n1=n1, n2=n2, a2=a2, b2=b2):
@@ -228,7 +228,7 @@ def test_post_norm_affine_refinement_warns(grids_and_start):
     from ctformer.model import ContinuousTransformer, InconsistentDepthLimitWarning
 
     tokens, features, _ = grids_and_start
-    model = ContinuousTransformer.random_smooth(seed=1, layers=1, norm="post")
+    model = ContinuousTransformer.random_smooth(seed=1, layers=1, placement="post")
     assert model.warns_inconsistent_depth
     with warnings.catch_warnings():
         warnings.simplefilter("error")

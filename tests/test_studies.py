@@ -234,7 +234,7 @@ def smooth_in_x(x, y):
 def smooth_model():
     from ctformer.model import ContinuousTransformer
 
-    return ContinuousTransformer.random_smooth(seed=0, layers=2, norm="pre")
+    return ContinuousTransformer.random_smooth(seed=0, layers=2, placement="pre")
 
 
 def _fixed_others(refine, name):
@@ -314,7 +314,7 @@ def test_causal_diagonal_rule_orders(diagonal, order):
 def test_time_study_of_post_norm_affine_model_warns():
     from ctformer.model import ContinuousTransformer, InconsistentDepthLimitWarning
 
-    model = ContinuousTransformer.random_smooth(seed=0, layers=1, norm="post")
+    model = ContinuousTransformer.random_smooth(seed=0, layers=1, placement="post")
     with pytest.warns(InconsistentDepthLimitWarning) as record:
         convergence(model, refine="time", levels=[1, 2], tokens="midpoint:6",
                     features="midpoint:6", progress=False)

@@ -63,6 +63,5 @@ def feedforward_from_weights(w_1, b_1, w_2, b_2, activation: str):
 
 
 def layer_norm_from_weights(weight, bias, eps: float):
-    """LayerNorm with piecewise-constant gain and shift (1 and 0 when absent)."""
-    return LayerNormProjection(gain=1.0 if weight is None else weight,
-                               shift=0.0 if bias is None else bias, eps=float(eps))
+    """LayerNorm with piecewise-constant gain and shift (none when the module has none)."""
+    return LayerNormProjection(gain=weight, shift=bias, eps=float(eps))

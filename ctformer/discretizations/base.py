@@ -30,6 +30,8 @@ from typing import Callable, ClassVar
 import array_api_compat
 import numpy as np
 
+from ..backend import constant
+
 __all__ = [
     "Discretization",
     "register",
@@ -37,7 +39,6 @@ __all__ = [
     "available",
     "check_values",
     "as_discretization",
-    "host_to_like",
     "apply_matrix",
     "apply_along_first",
     "is_native_array",
@@ -182,7 +183,7 @@ class Discretization(abc.ABC):
     def integrate(self, values, axis: int = -1):
         r"""Integral over the interval: :math:`\sum_j w_j v_j` along ``axis``."""
         xp, axis = check_values(values, self.n, axis)
-        w = host_to_like(self, values, "weights", lambda: self.weights)
+        w = constant(self, "weights", lambda: self.weights, values)
         v = xp.moveaxis(values, axis, -1)
         return xp.sum(v * w, axis=-1)
 
@@ -206,7 +207,7 @@ class Discretization(abc.ABC):
         """
         xp, axis = check_values(values, self.n, axis)
         pts = self._check_points(points)
-        mat = host_to_like(None, values, None, lambda: self.interpolation_matrix(pts))
+        mat = constant(None, None, lambda: self.interpolation_matrix(pts), values)
         return apply_matrix(mat, values, axis)
 
     @abc.abstractmethod
@@ -293,35 +294,6 @@ class Discretization(abc.ABC):
 def is_native_array(x) -> bool:
     """True for NumPy and CuPy arrays (the libraries with a :class:`~ctformer.backend.Backend`)."""
     return array_api_compat.is_numpy_array(x) or array_api_compat.is_cupy_array(x)
-
-
-def host_to_like(owner, values, key, build):
-    """The host array (or scipy.sparse matrix) ``build()`` as an array like ``values``.
-
-    For NumPy and CuPy arrays the copy lives in ``backend.cached(owner, key, build)`` and is
-    built and transferred once (pass ``owner=None`` for a one-off matrix, e.g. one that depends
-    on evaluation points). Other array-API namespaces (``array_api_strict``) get a dense copy.
-    The result is cast to the dtype of ``values`` when that is a real floating type.
-    """
-    from ..backend import backend_of
-
-    xp = array_api_compat.array_namespace(values)
-    if is_native_array(values):
-        backend = backend_of(values)
-        if owner is None:
-            host = build()
-            mat = backend.sparse_from_host(host) if hasattr(host, "tocsr") else backend.asarray(host)
-        else:
-            mat = backend.cached(owner, key, build)
-        if xp.isdtype(values.dtype, "real floating") and mat.dtype != values.dtype:
-            mat = mat.astype(values.dtype)
-        return mat
-    host = build()
-    if hasattr(host, "toarray"):
-        host = host.toarray()
-    if xp.isdtype(values.dtype, "real floating"):
-        return xp.asarray(np.asarray(host, dtype=np.float64), dtype=values.dtype)
-    return xp.asarray(np.asarray(host))
 
 
 def apply_matrix(mat, values, axis: int):

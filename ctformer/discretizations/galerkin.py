@@ -33,12 +33,12 @@ import numpy as np
 import scipy.sparse
 import scipy.sparse.linalg
 
+from ..backend import constant
 from .base import (
     Discretization,
     apply_along_first,
     apply_matrix,
     check_values,
-    host_to_like,
     is_native_array,
     register,
 )
@@ -121,7 +121,7 @@ class _LagrangeElements(Discretization):
         xp, axis = check_values(values, self.n, axis)
         if not is_native_array(values):
             return super().interpolate(values, points, axis)
-        basis = host_to_like(None, values, None, lambda: self.basis_matrix(points))
+        basis = constant(None, None, lambda: self.basis_matrix(points), values)
         return apply_along_first(values, axis, lambda v: basis @ v)
 
     # -- quadrature-point view -----------------------------------------------------------
@@ -187,7 +187,7 @@ class _LagrangeElements(Discretization):
     def to_quadrature(self, values, axis: int = -1):
         r"""Values of :math:`f_h` at :attr:`quadrature_nodes`: :math:`B c` along ``axis``."""
         xp, axis = check_values(values, self.n, axis)
-        basis = host_to_like(self, values, "quadrature_basis", lambda: self.quadrature_basis)
+        basis = constant(self, "quadrature_basis", lambda: self.quadrature_basis, values)
         if not is_native_array(values):
             return apply_matrix(basis, values, axis)
         return apply_along_first(values, axis, lambda v: basis @ v)
@@ -196,9 +196,9 @@ class _LagrangeElements(Discretization):
         r""":math:`L^2` projection :math:`M^{-1} B^T W g` of values ``g`` at the quadrature nodes."""
         xp, axis = check_values(values, self.quadrature_nodes.size, axis)
         if not is_native_array(values):
-            mat = host_to_like(self, values, "projection_matrix", lambda: self.projection_matrix)
+            mat = constant(self, "projection_matrix", lambda: self.projection_matrix, values)
             return apply_matrix(mat, values, axis)
-        rhs = host_to_like(self, values, "projection_rhs", lambda: self._projection_rhs)
+        rhs = constant(self, "projection_rhs", lambda: self._projection_rhs, values)
         solve = self._solver(values)
         out = apply_along_first(values, axis, lambda g: solve(rhs @ g))
         return out.astype(values.dtype, copy=False)

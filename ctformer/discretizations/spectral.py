@@ -23,12 +23,12 @@ import array_api_compat
 import numpy as np
 
 from ..backend import backend_of
+from ..backend import constant
 from .base import (
     Discretization,
     apply_matrix,
     barycentric_matrix,
     check_values,
-    host_to_like,
     is_native_array,
     register,
 )
@@ -163,8 +163,8 @@ class Fourier(_Spectral):
         pts = self._check_points(points)
         c = _fft_module(values).rfft(xp.moveaxis(values, axis, -1), axis=-1) / self.n
         cos_m, sin_m = self._series_matrices(pts)
-        cos_m = host_to_like(None, values, None, lambda: cos_m)
-        sin_m = host_to_like(None, values, None, lambda: sin_m)
+        cos_m = constant(None, None, lambda: cos_m, values)
+        sin_m = constant(None, None, lambda: sin_m, values)
         out = xp.real(c) @ xp.matrix_transpose(cos_m) - xp.imag(c) @ xp.matrix_transpose(sin_m)
         return xp.moveaxis(out, -1, axis)
 
@@ -218,7 +218,7 @@ class Chebyshev(ChebyshevExtremaGrid, _Spectral):
         return self._coefficients(values, axis)
 
     def _coefficients(self, values, axis: int):
-        scale = host_to_like(self, values, "chebyshev_scale", self._coefficient_scale)
+        scale = constant(self, "chebyshev_scale", self._coefficient_scale, values)
         return _scale_along(_dct1(values, axis), scale, axis)
 
     def interpolate(self, values, points, axis: int = -1):
@@ -226,7 +226,7 @@ class Chebyshev(ChebyshevExtremaGrid, _Spectral):
         xp, axis = check_values(values, self.n, axis)
         pts = self._check_points(points)
         coef = self._coefficients(values, axis)
-        vander = host_to_like(None, values, None, lambda: chebyshev_vandermonde(self._reference(pts), self.n))
+        vander = constant(None, None, lambda: chebyshev_vandermonde(self._reference(pts), self.n), values)
         return apply_matrix(vander, coef, axis)
 
     def interpolation_matrix(self, points):
@@ -284,7 +284,7 @@ class Legendre(_Spectral):
     def coefficients(self, values, axis: int = -1):
         """Legendre coefficients :math:`a_m` of the interpolant along ``axis``."""
         xp, axis = check_values(values, self.n, axis)
-        mat = host_to_like(self, values, "legendre_coefficients", lambda: self.coefficient_matrix)
+        mat = constant(self, "legendre_coefficients", lambda: self.coefficient_matrix, values)
         return apply_matrix(mat, values, axis)
 
     def interpolation_matrix(self, points):

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 from numbers import Real
 
+import array_api_compat
 import numpy as np
 
 from ..kernels import Kernel
-from .base import Grids, Operator, check_state, device_array
-from .functions import as_feature_function, evaluate_stack
+from ..model_inputs import renamed_keyword
+from .base import Constants, Grids, Operator
+from .functions import as_feature_function, evaluate_stack, named_parameters
 from .quadrature_attention import quadrature_attention
 
 __all__ = ["Attention"]
@@ -82,15 +84,16 @@ class Attention(Operator):
 
     Notes
     -----
-    ``discretize(grids)`` returns ``f(u, key_mask=None)``: ``u`` has shape
-    ``(..., Nq_tokens, Nq_features)``; ``key_mask`` is an optional boolean array ``(..., N)``
-    (True = keep the key token, for padded batches), combined with the causal mask. Every
+    ``discretize(grids)`` returns ``f(u, padding_mask=None)``: ``u`` has shape
+    ``(..., Nq_tokens, Nq_features)``; ``padding_mask`` is an optional boolean array
+    ``(..., N)`` (True = a real token, kept as a key), combined with the causal mask. Every
     query must keep at least one key.
 
     The scores use the head-feature quadrature,
-    :math:`s_{ij} = \beta_h \sum_\sigma w_\sigma q_{i\sigma} k_{j\sigma}`: the query is scaled by
-    :math:`w_\sigma` and passed to ``quadrature_attention`` with one :math:`\beta_h` per head,
-    all heads in one call on arrays ``(..., H, N, d_h)``. Token weights are
+    :math:`s_{ij} = \beta_h \sum_\sigma w_\sigma q_{i\sigma} k_{j\sigma}`: the query kernel is
+    pre-scaled by :math:`w_\sigma`, the three projections of all heads are one matrix product
+    (as torch's packed in-projection), and ``quadrature_attention`` runs with one
+    :math:`\beta_h` per head, all heads in one call on arrays ``(..., H, N, d_h)``. Token weights are
     ``grids.tokens.quadrature_weights``; uniform weights are dropped (they cancel), others
     act as a log-weight bias.
     """
@@ -114,6 +117,8 @@ class Attention(Operator):
                 if len(bs) != self.heads:
                     raise ValueError(f"{name} must have one entry per head ({self.heads}), got {len(bs)}")
                 bs = [as_feature_function(b, f"{name}[{h}]") for h, b in enumerate(bs)]
+                if all(b.is_none for b in bs):
+                    bs = None
             setattr(self, name, bs)
         self.b_O = as_feature_function(b_O, "b_O")
         self.beta = self._check_beta(beta)
@@ -145,6 +150,20 @@ class Attention(Operator):
         return (f"Attention(heads={self.heads}, beta={self.beta.tolist()}, mask={self.mask!r}, "
                 f"diagonal={self.diagonal!r})")
 
+    def __call__(self, u, grids: Grids, padding_mask=None, *, key_mask=None):
+        """Apply to validated point values ``u`` on ``grids`` (see :meth:`Operator.__call__`).
+
+        ``padding_mask`` (bool, ``(..., N)``, True = a real token) keeps only those keys;
+        ``key_mask`` is its deprecated name.
+        """
+        padding_mask = renamed_keyword("key_mask", key_mask, "padding_mask", padding_mask)
+        return super().__call__(u, grids, padding_mask=padding_mask)
+
+    def parameters(self) -> dict:
+        """Named arrays of the kernels and biases (``W_Q.<head>.<kernel parameter>``, ...)."""
+        return named_parameters(W_Q=self.W_Q, W_K=self.W_K, W_V=self.W_V, W_O=self.W_O,
+                                b_Q=self.b_Q, b_K=self.b_K, b_V=self.b_V, b_O=self.b_O)
+
     def host_arrays(self, grids: Grids) -> dict:
         """The stacked host arrays of the discretized operator on ``grids``.
 
@@ -175,58 +194,66 @@ class Attention(Operator):
 
     def _discretize(self, grids: Grids):
         host = self.host_arrays(grids)
-        n_tokens = grids.shape[0]
-        heads, mask, diagonal = self.heads, self.mask, self.diagonal
-        owner = self
+        heads, n_tokens = self.heads, grids.shape[0]
+        n_sigma = host["Q"].shape[1]
+        # One GEMM for all projections (queries pre-scaled by the head-feature weights):
+        # rows (3, H, nq_h) of a (3 H nq_h, nq_y) matrix, as torch's packed in-projection.
+        w_sigma = host["w_sigma"]
+        stacked = np.concatenate([host["Q"] * w_sigma[None, :, None], host["K"], host["V"]])
+        biases = [host[name] for name in ("b_Q", "b_K", "b_V")]
+        bias = None
+        if any(b is not None for b in biases):
+            zeros = np.zeros((heads, 1, n_sigma))
+            biases = [zeros if b is None else b for b in biases]
+            biases[0] = biases[0] * w_sigma
+            bias = np.concatenate(biases).reshape(-1)
+        constants = Constants(
+            QKV_t=np.ascontiguousarray(stacked.reshape(-1, stacked.shape[-1]).T),
+            b_QKV=bias, O=host["O"], b_O=host["b_O"], beta=host["beta"], w_tokens=host["w_tokens"],
+        )
+        mask, diagonal = self.mask, self.diagonal
 
-        def device(u, name):
-            return device_array(owner, u, (grids, name), host[name])
-
-        def attention(u, key_mask=None):
-            xp = check_state(u, grids)
-            keep = _key_mask(xp, key_mask, u, n_tokens, mask, diagonal)
-            x = u[..., None, :, :]  # (..., 1, N, d): broadcast over heads
-            q, k, v = (_affine(xp, x, device(u, name), device(u, f"b_{name}")) for name in ("Q", "K", "V"))
+        def attention(u, padding_mask=None):
+            xp = array_api_compat.array_namespace(u)
+            keep = _key_mask(xp, padding_mask, u, n_tokens, mask, diagonal)
+            qkv = u @ constants("QKV_t", u)
+            b_qkv = constants("b_QKV", u)
+            if b_qkv is not None:
+                qkv = qkv + b_qkv
+            qkv = xp.reshape(qkv, (*u.shape[:-1], 3, heads, n_sigma))
+            q, k, v = (xp.moveaxis(qkv[..., i, :, :], -2, -3) for i in range(3))  # (..., H, N, d_h)
             attended = quadrature_attention(
-                q * device(u, "w_sigma"), k, v, beta=device(u, "beta"),
-                weights=device(u, "w_tokens"),
+                q, k, v, beta=constants("beta", u), weights=constants("w_tokens", u),
                 mask=mask if keep is None else keep,
                 diagonal=diagonal if keep is None else "full",
-            )  # (..., H, N, d_h)
+            )
             # concatenate heads along the features and contract with the stacked W_O
             concat = xp.reshape(xp.moveaxis(attended, -3, -2), (*attended.shape[:-3], n_tokens, -1))
-            out = concat @ device(u, "O")
-            b_o = device(u, "b_O")
+            out = concat @ constants("O", u)
+            b_o = constants("b_O", u)
             return out if b_o is None else out + b_o
 
-        attention.heads = heads
         return attention
 
 
-def _affine(xp, x, matrix, bias):
-    """``x @ matrix^T + bias`` with head-stacked matrices (bias may be None)."""
-    y = x @ xp.matrix_transpose(matrix)
-    return y if bias is None else y + bias
-
-
 def _key_mask(xp, key_mask, u, n_tokens, mask, diagonal):
-    """Combine a key-padding mask (..., N) with the causal mask into a bool (..., 1, N, N) array."""
+    """Combine a padding mask (..., N) with the causal mask into a bool (..., 1, N, N) array."""
     if key_mask is None:
         return None
     km = xp.asarray(key_mask)
     if km.dtype != xp.bool:
-        raise TypeError(f"key_mask must be a boolean array (True = keep), got dtype {km.dtype}")
+        raise TypeError(f"padding_mask must be a boolean array (True = a real token), got dtype {km.dtype}")
     if km.ndim < 1 or km.shape[-1] != n_tokens:
-        raise ValueError(f"key_mask must have shape (..., {n_tokens}) (one flag per token), got {tuple(km.shape)}")
+        raise ValueError(f"padding_mask must have shape (..., {n_tokens}) (one flag per token), got {tuple(km.shape)}")
     try:
         lead = xp.broadcast_shapes(tuple(km.shape[:-1]), tuple(u.shape[:-2]))
     except ValueError:
         raise ValueError(
-            f"key_mask leading axes {tuple(km.shape[:-1])} do not broadcast with the batch axes "
+            f"padding_mask leading axes {tuple(km.shape[:-1])} do not broadcast with the batch axes "
             f"{tuple(u.shape[:-2])} of u"
         ) from None
     if diagonal == "half":
-        raise ValueError("key_mask cannot be combined with diagonal='half'; use diagonal='full'")
+        raise ValueError("padding_mask cannot be combined with diagonal='half'; use diagonal='full'")
     keep = xp.broadcast_to(km[..., None, None, :], (*lead, 1, n_tokens, n_tokens))
     if mask == "causal":
         rows = xp.arange(n_tokens)

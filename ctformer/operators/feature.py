@@ -31,8 +31,8 @@ from typing import Callable
 import array_api_compat
 
 from ..kernels import Kernel
-from .base import Grids, Operator, check_state, device_array
-from .functions import as_feature_function
+from .base import Constants, Grids, Operator
+from .functions import as_feature_function, named_parameters
 
 __all__ = ["FeatureMap", "FeedForward", "ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
 
@@ -122,17 +122,19 @@ class FeatureMap(Operator):
         self.kernel = _check_kernel(kernel, "kernel")
         self.bias = as_feature_function(bias, "bias")
 
+    def parameters(self) -> dict:
+        """Named arrays of the kernel and the bias."""
+        return named_parameters(kernel=self.kernel, bias=self.bias)
+
     def _discretize(self, grids: Grids):
         y = grids.features
-        bias = self.bias.evaluate(y)
-        kernel, owner = self.kernel, self
+        constants = Constants(bias=self.bias.evaluate(y))
+        kernel = self.kernel
 
         def feature_map(u):
-            check_state(u, grids)
             out = kernel.apply(u, y, y, axis=-1)
-            if bias is None:
-                return out
-            return out + device_array(owner, u, (grids, "bias"), bias)
+            bias = constants("bias", u)
+            return out if bias is None else out + bias
 
         return feature_map
 
@@ -169,19 +171,22 @@ class FeedForward(Operator):
         self.activation_name = activation if isinstance(activation, str) else getattr(activation, "__name__", "custom")
         self.phi = get_activation(activation)
 
+    def parameters(self) -> dict:
+        """Named arrays of the two kernels and the two biases."""
+        return named_parameters(W_1=self.W_1, W_2=self.W_2, b_1=self.b_1, b_2=self.b_2)
+
     def _discretize(self, grids: Grids):
         y, r = grids.features, grids.hidden
-        b_1, b_2 = self.b_1.evaluate(r), self.b_2.evaluate(y)
-        w_1, w_2, phi, owner = self.W_1, self.W_2, self.phi, self
+        constants = Constants(b_1=self.b_1.evaluate(r), b_2=self.b_2.evaluate(y))
+        w_1, w_2, phi = self.W_1, self.W_2, self.phi
 
         def feedforward(u):
-            check_state(u, grids)
             z = w_1.apply(u, r, y, axis=-1)
+            b_1 = constants("b_1", u)
             if b_1 is not None:
-                z = z + device_array(owner, u, (grids, "b_1"), b_1)
+                z = z + b_1
             out = w_2.apply(phi(z), y, r, axis=-1)
-            if b_2 is not None:
-                out = out + device_array(owner, u, (grids, "b_2"), b_2)
-            return out
+            b_2 = constants("b_2", u)
+            return out if b_2 is None else out + b_2
 
         return feedforward

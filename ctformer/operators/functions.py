@@ -25,7 +25,7 @@ import numpy as np
 
 from ..kernels import _to_host, cell_index
 
-__all__ = ["FeatureFunction", "as_feature_function", "evaluate_stack", "cell_index"]
+__all__ = ["FeatureFunction", "as_feature_function", "evaluate_stack", "cell_index", "named_parameters"]
 
 
 class FeatureFunction:
@@ -82,6 +82,16 @@ class FeatureFunction:
             values.setflags(write=False)
             self.kind = "piecewise-constant"
             self.spec = values
+
+    def parameters(self) -> dict:
+        """The numbers of the function: ``{"": array}`` for a number or an array of cell
+        values, a callable's own ``parameters()`` when it has one, else nothing."""
+        if self.kind == "none":
+            return {}
+        if self.kind == "callable":
+            own = getattr(self.spec, "parameters", None)
+            return dict(own()) if callable(own) else {}
+        return {"": np.asarray(self.spec, dtype=np.float64)}
 
     @property
     def is_none(self) -> bool:
@@ -163,3 +173,22 @@ def evaluate_stack(specs, disc, name: str) -> np.ndarray | None:
         return None
     nq = disc.quadrature_nodes.size
     return np.stack([np.zeros(nq) if f.is_none else f.evaluate(disc) for f in funcs])
+
+
+def named_parameters(**components) -> dict:
+    """Flatten the ``parameters()`` of named components into one ``name -> array`` mapping.
+
+    A component may be ``None`` (skipped), an object with ``parameters()``, or a list of
+    them (named by index). Names are joined with dots; an empty inner name stands for the
+    component itself.
+    """
+    out = {}
+    for prefix, component in components.items():
+        if component is None:
+            continue
+        if isinstance(component, (list, tuple)):
+            out.update(named_parameters(**{f"{prefix}.{i}": c for i, c in enumerate(component)}))
+            continue
+        for name, value in component.parameters().items():
+            out[f"{prefix}.{name}" if name else prefix] = value
+    return out

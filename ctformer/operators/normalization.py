@@ -24,10 +24,12 @@ from __future__ import annotations
 import math
 from numbers import Real
 
+import array_api_compat
 import numpy as np
 
-from .base import Grids, Operator, check_state, device_array
-from .functions import as_feature_function
+from ..backend import to_host
+from .base import Constants, Grids, Operator
+from .functions import as_feature_function, named_parameters
 
 __all__ = ["LayerNormProjection", "SphereProjection"]
 
@@ -45,7 +47,7 @@ def _feature_weights(grids: Grids) -> np.ndarray:
 
 def _first_token(bad) -> tuple:
     """Index (batch..., token) of the first True entry of the boolean array ``bad``, on the host."""
-    host = bad.get() if type(bad).__module__.split(".")[0] == "cupy" else np.asarray(bad)
+    host = to_host(bad)
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(host.reshape(-1))), host.shape))
 
 
@@ -56,9 +58,9 @@ class LayerNormProjection(Operator):
     ----------
     gain : feature function, optional
         :math:`g(y)`: a number (default 1), a callable, or a 1-D array read as piecewise
-        constant (a torch ``LayerNorm.weight``).
+        constant (a torch ``LayerNorm.weight``); ``None``: no gain (1).
     shift : feature function, optional
-        :math:`c(y)`, default 0 (a torch ``LayerNorm.bias``).
+        :math:`c(y)`, default 0 (a torch ``LayerNorm.bias``); ``None``: no shift (0).
     eps : float, optional
         :math:`\varepsilon \ge 0`, default 0.
 
@@ -77,9 +79,13 @@ class LayerNormProjection(Operator):
     """
 
     def __init__(self, gain=1.0, shift=0.0, eps=0.0):
-        self.gain = as_feature_function(1.0 if gain is None else gain, "gain")
-        self.shift = as_feature_function(0.0 if shift is None else shift, "shift")
+        self.gain = as_feature_function(gain, "gain")
+        self.shift = as_feature_function(shift, "shift")
         self.eps = _check_eps(eps)
+
+    def parameters(self) -> dict:
+        """Named arrays of the gain and the shift (absent ones are left out)."""
+        return named_parameters(gain=self.gain, shift=self.shift)
 
     @property
     def is_projection(self) -> bool:
@@ -88,21 +94,21 @@ class LayerNormProjection(Operator):
         That is: scalar gain :math:`\sigma_2 > 0`, scalar shift :math:`\sigma_1` and
         :math:`\varepsilon = 0`.
         """
-        return (self.gain.is_constant and self.gain.spec > 0 and self.shift.is_constant
-                and self.eps == 0.0)
+        gain_ok = self.gain.is_none or (self.gain.is_constant and self.gain.spec > 0)
+        return gain_ok and (self.shift.is_none or self.shift.is_constant) and self.eps == 0.0
 
     def __repr__(self) -> str:
         return f"LayerNormProjection(gain={self.gain!r}, shift={self.shift!r}, eps={self.eps!r})"
 
     def _discretize(self, grids: Grids):
         y = grids.features
-        weights = _feature_weights(grids)
-        gain, shift = self.gain.evaluate(y), self.shift.evaluate(y)
-        eps, owner = self.eps, self
+        constants = Constants(w=_feature_weights(grids), gain=self.gain.evaluate(y),
+                              shift=self.shift.evaluate(y))
+        eps = self.eps
 
         def layer_norm(u):
-            xp = check_state(u, grids)
-            w = device_array(owner, u, (grids, "w"), weights)
+            xp = array_api_compat.array_namespace(u)
+            w = constants("w", u)
             mean = xp.sum(u * w, axis=-1, keepdims=True)
             centred = u - mean
             var = xp.sum(centred * centred * w, axis=-1, keepdims=True)
@@ -118,8 +124,9 @@ class LayerNormProjection(Operator):
                         "Use eps > 0 or avoid feature-constant states."
                     )
             normalized = centred / xp.sqrt(var + eps)
-            return (normalized * device_array(owner, u, (grids, "gain"), gain)
-                    + device_array(owner, u, (grids, "shift"), shift))
+            gain, shift = constants("gain", u), constants("shift", u)
+            out = normalized if gain is None else normalized * gain
+            return out if shift is None else out + shift
 
         return layer_norm
 
@@ -143,26 +150,31 @@ class SphereProjection(Operator):
     """
 
     def __init__(self, gain=1.0, eps=0.0):
-        self.gain = as_feature_function(1.0 if gain is None else gain, "gain")
+        self.gain = as_feature_function(gain, "gain")
         self.eps = _check_eps(eps)
+
+    def parameters(self) -> dict:
+        """Named arrays of the gain (left out when absent)."""
+        return named_parameters(gain=self.gain)
 
     @property
     def is_projection(self) -> bool:
         """True for the plain projection onto the unit sphere (gain 1, eps 0)."""
-        return self.gain.is_constant and self.gain.spec == 1.0 and self.eps == 0.0
+        plain_gain = self.gain.is_none or (self.gain.is_constant and self.gain.spec == 1.0)
+        return plain_gain and self.eps == 0.0
 
     def __repr__(self) -> str:
         return f"SphereProjection(gain={self.gain!r}, eps={self.eps!r})"
 
     def _discretize(self, grids: Grids):
         y = grids.features
-        weights = _feature_weights(grids)
-        gain = self.gain.evaluate(y)
-        eps, owner = self.eps, self
+        plain = self.is_projection
+        constants = Constants(w=_feature_weights(grids), gain=None if plain else self.gain.evaluate(y))
+        eps = self.eps
 
         def sphere(u):
-            xp = check_state(u, grids)
-            w = device_array(owner, u, (grids, "w"), weights)
+            xp = array_api_compat.array_namespace(u)
+            w = constants("w", u)
             square = xp.sum(u * u * w, axis=-1, keepdims=True)
             if eps == 0.0:
                 bad = square == 0
@@ -173,6 +185,6 @@ class SphereProjection(Operator):
                         "it has no projection onto the sphere. Use eps > 0."
                     )
             out = u / xp.sqrt(square + eps)
-            return out if self.is_projection else out * device_array(owner, u, (grids, "gain"), gain)
+            return out if plain else out * constants("gain", u)
 
         return sphere

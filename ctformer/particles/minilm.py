@@ -285,7 +285,7 @@ def continuous_model_clustering(steps_per_layer=(1, 2, 4, 8), *, layers=6, n_tok
                                 seed=0, beta=4.0, bins=40, tol=0.5):
     r"""Clustering along the depth of a continuous pre-norm model, for several time steps.
 
-    The model is ``ContinuousTransformer.random_smooth(seed, layers, norm="pre", beta=beta)``
+    The model is ``ContinuousTransformer.random_smooth(seed, layers, placement="pre", beta=beta)``
     without its final LayerNorm, on midpoint grids of ``n_tokens`` x ``n_features`` nodes,
     with :math:`u_0(x, y) = \cos(4y + 1.5\sin(\pi x + 0.5)) + 0.3\sin(\pi x y)`, solved by
     ``"lie"`` with each number of steps per layer. The states at the layer boundaries
@@ -299,8 +299,8 @@ def continuous_model_clustering(steps_per_layer=(1, 2, 4, 8), *, layers=6, n_tok
     from ..discretizations import get as get_discretization
     from ..model import ContinuousTransformer
 
-    base = ContinuousTransformer.random_smooth(seed=seed, layers=layers, norm="pre", beta=beta)
-    model = ContinuousTransformer(base.blocks, final_norm=None, head_features=base.head_features,
+    base = ContinuousTransformer.random_smooth(seed=seed, layers=layers, placement="pre", beta=beta)
+    model = ContinuousTransformer(base.blocks, final_normalization=None, head_features=base.head_features,
                                   hidden=base.hidden)
     tokens = get_discretization("midpoint", n_tokens)
     features = get_discretization("midpoint", n_features)

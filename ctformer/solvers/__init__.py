@@ -2,12 +2,17 @@
 
 >>> import ctformer.solvers as s
 >>> s.available()
-['lie', 'strang', 'parallel', 'euler', 'rk4']
+['lie', 'strang', 'parallel', 'euler', 'heun', 'rk4']
 """
-from .base import Scheme, SplitProblem, available, get
+from .base import (InconsistentDepthLimitWarning, Scheme, SplitProblem, available, get, integrate,
+                   warn_inconsistent_depth)
 from .splitting import Lie, Parallel, Strang
-from .runge_kutta import RK4, Euler
+from .runge_kutta import TABLEAUS, ButcherTableau, ClassicalRK4, Euler, Heun, RungeKutta
 from .substeps import SUBSTEPS
 
-__all__ = ["Scheme", "SplitProblem", "available", "get", "Euler", "Lie", "Strang", "Parallel",
-           "RK4", "SUBSTEPS"]
+#: The classical Runge-Kutta scheme (the class behind ``get("rk4")``).
+RK4 = ClassicalRK4
+
+__all__ = ["Scheme", "SplitProblem", "available", "get", "integrate", "Euler", "Heun", "RK4",
+           "Lie", "Strang", "Parallel", "RungeKutta", "ButcherTableau", "TABLEAUS", "SUBSTEPS",
+           "InconsistentDepthLimitWarning", "warn_inconsistent_depth"]

@@ -5,7 +5,7 @@ obeys
 
 .. math::  \partial_t u = \sum_{k=1}^{K} f_k(u),
 
-with sub-flows :math:`f_1` = attention and :math:`f_2` = feed-forward (DESIGN.md section 1).
+with sub-flows :math:`f_1` = attention and :math:`f_2` = feed-forward (design notes, section 1).
 A post-norm model additionally projects onto the constraint set after sub-step :math:`k`
 (``projections[k]``). A :class:`SplitProblem` carries exactly this data and a
 :class:`Scheme` advances it by ``dt``.
@@ -13,10 +13,43 @@ A post-norm model additionally projects onto the constraint set after sub-step :
 from __future__ import annotations
 
 import abc
+import warnings
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Callable, ClassVar
 
-__all__ = ["SplitProblem", "Scheme", "register", "get", "available"]
+import array_api_compat
+
+__all__ = ["SplitProblem", "Scheme", "register", "get", "available", "check_dt", "integrate",
+           "InconsistentDepthLimitWarning", "warn_inconsistent_depth"]
+
+
+class InconsistentDepthLimitWarning(UserWarning):
+    """Refining depth on a post-norm model whose normalization is not a projection.
+
+    A post-norm step projects onto the constraint set after every sub-step. When the
+    normalization has a per-feature affine map or ``eps > 0`` it is not idempotent, so halving
+    the step applies it twice as often and the discrete solutions have no consistent
+    continuous-depth limit (design notes, section 1): no convergence order is meaningful.
+    """
+
+
+def warn_inconsistent_depth(what: str, stacklevel: int = 2) -> None:
+    """Warn that ``what`` refines depth where no continuous-depth limit exists."""
+    warnings.warn(f"{what}: no consistent continuous-depth limit exists (the normalization is "
+                  "applied once per sub-step and is not idempotent); results depend on the step "
+                  "count and no convergence order is meaningful", InconsistentDepthLimitWarning,
+                  stacklevel=stacklevel + 1)
+
+
+def check_dt(dt) -> float:
+    """Validate a time step: a finite positive real number."""
+    if isinstance(dt, bool) or not isinstance(dt, Real):
+        raise TypeError(f"dt must be a real number, got {type(dt).__name__}")
+    value = float(dt)
+    if not value > 0.0 or value == float("inf"):
+        raise ValueError(f"dt must be a finite positive number, got {dt!r}")
+    return value
 
 Flow = Callable[[object], object]
 
@@ -81,9 +114,13 @@ def register(cls):
     return cls
 
 
+_LISTED_FIRST = ("lie", "strang", "parallel", "euler", "heun", "rk4")
+
+
 def available() -> list[str]:
-    """Names accepted by :func:`get`."""
-    return list(_REGISTRY)
+    """Names accepted by :func:`get`: the splitting schemes, then the Runge-Kutta methods."""
+    first = [name for name in _LISTED_FIRST if name in _REGISTRY]
+    return first + [name for name in _REGISTRY if name not in first]
 
 
 def get(name, **kwargs) -> "Scheme":
@@ -107,3 +144,44 @@ class Scheme(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def integrate(scheme: Scheme, problems, u, steps: int, *, trajectory: bool = False,
+              what: str = "the state"):
+    r"""Advance ``u`` through one split problem per unit time interval (layer).
+
+    Parameters
+    ----------
+    scheme : Scheme
+    problems : sequence of SplitProblem
+        Problem :math:`l` governs :math:`t \in [l, l + 1)`.
+    u : array
+        The validated initial state.
+    steps : int
+        Steps per unit interval, :math:`\Delta t = 1 / \text{steps}`.
+    trajectory : bool
+        Return the states at :math:`t = 0, 1, \dots, L` instead of the final one.
+    what : str
+        What ``u`` is, for the error message.
+
+    Raises
+    ------
+    FloatingPointError
+        When the state stops being finite; the message names the interval (layer) where it
+        happened. This is the only full-array check of the loop: one per layer.
+    """
+    dt = 1.0 / steps
+    xp = array_api_compat.array_namespace(u)
+    states = [u] if trajectory else None
+    for layer, problem in enumerate(problems):
+        for _ in range(steps):
+            u = scheme.step(problem, u, dt)
+        if not bool(xp.all(xp.isfinite(u))):
+            raise FloatingPointError(
+                f"{what} became NaN or inf in layer {layer} (t in [{layer}, {layer + 1}]) with "
+                f"scheme {scheme.name!r} and {steps} steps per layer; the step may be unstable "
+                "(more steps per layer) or the parameters too large"
+            )
+        if trajectory:
+            states.append(u)
+    return states if trajectory else u

@@ -1,51 +1,137 @@
-r"""Runge-Kutta schemes on the unsplit right-hand side :math:`F(u) = \sum_k f_k(u)`."""
+r"""Explicit Runge-Kutta methods as data: a Butcher tableau and its order.
+
+An explicit :math:`s`-stage method for :math:`u' = F(u)` with tableau
+:math:`(a_{ij})_{j < i}`, weights :math:`b_i` advances a step :math:`h` by
+
+.. math::
+
+    k_i = F\Big(u + h \sum_{j < i} a_{ij} k_j\Big), \qquad
+    u \leftarrow u + h \sum_i b_i k_i .
+
+The library has one of each method: :data:`EULER` (order 1), :data:`HEUN` (order 2) and
+:data:`RK4` (the classical method, order 4). They serve as the sub-step method of the
+splitting schemes (``substep=``) and, on the unsplit right-hand side
+:math:`F = \sum_k f_k`, as the schemes ``euler``, ``heun`` and ``rk4``.
+"""
 from __future__ import annotations
 
-from .base import Scheme, SplitProblem, register
-from .splitting import check_dt
-from .substeps import advance
+from dataclasses import dataclass
+from typing import Callable
 
-__all__ = ["Euler", "RK4"]
+from .base import Scheme, SplitProblem, check_dt, register
+
+__all__ = ["ButcherTableau", "EULER", "HEUN", "RK4", "TABLEAUS", "RungeKutta", "Euler", "Heun",
+           "ClassicalRK4"]
+
+
+@dataclass(frozen=True)
+class ButcherTableau:
+    r"""An explicit Runge-Kutta method: strictly lower-triangular ``a``, weights ``b``, ``order``.
+
+    Parameters
+    ----------
+    name : str
+    a : tuple of tuples
+        ``a[i]`` holds :math:`a_{i0}, \dots, a_{i,i-1}` (``a[0] = ()``).
+    b : tuple of float
+        One weight per stage; they sum to 1.
+    order : float
+        The classical order of the method.
+    """
+
+    name: str
+    a: tuple
+    b: tuple
+    order: float
+
+    def __post_init__(self):
+        if len(self.a) != len(self.b) or any(len(row) != i for i, row in enumerate(self.a)):
+            raise ValueError(f"tableau {self.name!r}: a must be strictly lower triangular with one "
+                             "row per weight")
+        if abs(sum(self.b) - 1.0) > 1e-14:
+            raise ValueError(f"tableau {self.name!r}: the weights b must sum to 1")
+
+    @property
+    def stages(self) -> int:
+        return len(self.b)
+
+    def step(self, f: Callable, u, h: float):
+        """One step of size ``h`` for :math:`u' = f(u)`."""
+        ks = []
+        for row in self.a:
+            stage = u
+            for a_ij, k in zip(row, ks):
+                if a_ij:
+                    stage = stage + (h * a_ij) * k
+            ks.append(f(stage))
+        out = u
+        for b_i, k in zip(self.b, ks):
+            if b_i:
+                out = out + (h * b_i) * k
+        return out
+
+
+EULER = ButcherTableau("euler", a=((),), b=(1.0,), order=1.0)
+HEUN = ButcherTableau("heun", a=((), (1.0,)), b=(0.5, 0.5), order=2.0)
+RK4 = ButcherTableau("rk4", a=((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)),
+                     b=(1.0 / 6.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 6.0), order=4.0)
+
+#: The tableaus by name: the sub-step methods of the splitting schemes.
+TABLEAUS = {t.name: t for t in (EULER, HEUN, RK4)}
+
+
+class RungeKutta(Scheme):
+    r"""A Runge-Kutta method on the full right-hand side :math:`F(u) = \sum_k f_k(u)`, then the
+    projections in order:
+
+    .. math::  u \leftarrow P\big(\Phi^{\Delta t}_F(u)\big).
+
+    Order: the tableau's on pre-norm problems whose parameters are constant over each step (a
+    converted network: steps never straddle a layer boundary when ``steps_per_layer`` is an
+    integer); 1 with projections that are not the identity.
+    """
+
+    tableau: ButcherTableau
+
+    def step(self, problem: SplitProblem, u, dt: float):
+        dt = check_dt(dt)
+        return problem.project_all(self.tableau.step(problem.rhs, u, dt))
 
 
 @register
-class Euler(Scheme):
-    r"""Explicit Euler on the full right-hand side, then the projections in order.
-
-    .. math::  u \leftarrow P\big(u + \Delta t \textstyle\sum_k f_k(u)\big).
+class Euler(RungeKutta):
+    r"""Explicit Euler on the full right-hand side, :math:`u \leftarrow P(u + \Delta t \sum_k f_k(u))`.
 
     With ``dt = 1`` on a pre-norm model this is the *parallel* block of GPT-J and PaLM
     (attention and FFN read the same input). Order 1.
     """
 
     name = "euler"
-    order = 1.0
-
-    def step(self, problem: SplitProblem, u, dt: float):
-        dt = check_dt(dt)
-        return problem.project_all(u + dt * problem.rhs(u))
+    tableau = EULER
+    order = EULER.order
 
 
 @register
-class RK4(Scheme):
-    r"""The classical four-stage Runge-Kutta method on the full right-hand side.
+class Heun(RungeKutta):
+    r"""Heun's method (explicit trapezoid) on the full right-hand side. Order 2."""
+
+    name = "heun"
+    tableau = HEUN
+    order = HEUN.order
+
+
+@register
+class ClassicalRK4(RungeKutta):
+    r"""The classical four-stage Runge-Kutta method on the full right-hand side. Order 4.
 
     .. math::
 
         k_1 = F(u),\; k_2 = F(u + \tfrac{\Delta t}{2} k_1),\;
         k_3 = F(u + \tfrac{\Delta t}{2} k_2),\; k_4 = F(u + \Delta t\, k_3),
 
-        u \leftarrow P\Big(u + \tfrac{\Delta t}{6}(k_1 + 2 k_2 + 2 k_3 + k_4)\Big),
-
-    with :math:`P` the projections in order (identity for pre-norm). Order 4 on pre-norm
-    models whose parameters are constant over each step (a converted network: steps never
-    straddle a layer boundary when ``steps_per_layer`` is an integer); order 1 with
-    projections.
+        u \leftarrow P\Big(u + \tfrac{\Delta t}{6}(k_1 + 2 k_2 + 2 k_3 + k_4)\Big).
     """
 
     name = "rk4"
-    order = 4.0
-
-    def step(self, problem: SplitProblem, u, dt: float):
-        dt = check_dt(dt)
-        return problem.project_all(advance("rk4", problem.rhs, u, dt))
+    tableau = RK4
+    order = RK4.order

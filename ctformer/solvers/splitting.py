@@ -1,4 +1,4 @@
-r"""Operator-splitting schemes (Tai, Liu, Li, Chan 2025; DESIGN.md section 4).
+r"""Operator-splitting schemes (Tai, Liu, Li, Chan 2025; design notes, section 4).
 
 Inside a layer the state obeys :math:`u' = \sum_{k=1}^{K} f_k(u)` with :math:`f_1` =
 attention and :math:`f_2` = feed-forward. A splitting scheme advances the sub-flows one at a
@@ -20,26 +20,14 @@ flow :math:`u' = P_{T_u S}\sum_k f_k(u)` on the constraint set :math:`S`; projec
 sub-steps is a first-order approximation of it, and in general no better whatever the
 sub-step method (the LayerNorm projection makes every scheme first order), so schemes are
 first order on post-norm models, and convergent at all only when the projection is
-idempotent (DESIGN.md section 1).
+idempotent (design notes, section 1).
 """
 from __future__ import annotations
 
-from numbers import Real
-
-from .base import Scheme, SplitProblem, register
+from .base import Scheme, SplitProblem, check_dt, register
 from .substeps import advance, check_substep, substep_order
 
-__all__ = ["Lie", "Strang", "Parallel", "check_dt"]
-
-
-def check_dt(dt) -> float:
-    """Validate a time step: a finite positive real number."""
-    if isinstance(dt, bool) or not isinstance(dt, Real):
-        raise TypeError(f"dt must be a real number, got {type(dt).__name__}")
-    value = float(dt)
-    if not value > 0.0 or value == float("inf"):
-        raise ValueError(f"dt must be a finite positive number, got {dt!r}")
-    return value
+__all__ = ["Lie", "Strang", "Parallel"]
 
 
 class _SubstepScheme(Scheme):
@@ -68,7 +56,7 @@ class Lie(_SubstepScheme):
 
     where :math:`P_k` is the projection after sub-step :math:`k` (identity for pre-norm) and
     :math:`\varphi_k^{\Delta t}(u) = u + \Delta t\, f_k(u)` for ``substep="euler"``.
-    With ``dt = 1`` this is exactly one Transformer block (DESIGN.md section 2). Order 1 with
+    With ``dt = 1`` this is exactly one Transformer block (design notes, section 2). Order 1 with
     any sub-step method (the splitting error is first order).
 
     Parameters

@@ -1,7 +1,6 @@
-r"""One-step methods for a single sub-flow :math:`u' = f(u)`, used inside splitting schemes.
+r"""Sub-step methods: how a splitting scheme advances one sub-flow :math:`u' = f(u)`.
 
-A splitting scheme advances each sub-flow :math:`f_k` over a (fractional) step with a
-one-step method. Three are offered:
+A sub-step method is a Butcher tableau of :mod:`ctformer.solvers.runge_kutta`:
 
 ==========  ==============================================================  =====
 name        step :math:`u \mapsto u_{\text{new}}`                           order
@@ -15,32 +14,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .runge_kutta import TABLEAUS
+
 __all__ = ["SUBSTEPS", "substep_order", "check_substep", "advance"]
 
-
-def _euler(f: Callable, u, h: float):
-    return u + h * f(u)
-
-
-def _heun(f: Callable, u, h: float):
-    k1 = f(u)
-    k2 = f(u + h * k1)
-    return u + (0.5 * h) * (k1 + k2)
-
-
-def _rk4(f: Callable, u, h: float):
-    k1 = f(u)
-    k2 = f(u + (0.5 * h) * k1)
-    k3 = f(u + (0.5 * h) * k2)
-    k4 = f(u + h * k3)
-    return u + (h / 6.0) * (k1 + 2.0 * k2 + 2.0 * k3 + k4)
-
-
-SUBSTEPS: dict[str, tuple[Callable, float]] = {
-    "euler": (_euler, 1.0),
-    "heun": (_heun, 2.0),
-    "rk4": (_rk4, 4.0),
-}
+#: Sub-step methods by name (the Butcher tableaus).
+SUBSTEPS = TABLEAUS
 
 
 def check_substep(name) -> str:
@@ -51,10 +30,10 @@ def check_substep(name) -> str:
 
 
 def substep_order(name: str) -> float:
-    """Order of the one-step method ``name``."""
-    return SUBSTEPS[check_substep(name)][1]
+    """Order of the sub-step method ``name``."""
+    return SUBSTEPS[check_substep(name)].order
 
 
 def advance(name: str, f: Callable, u, h: float):
-    """Advance :math:`u' = f(u)` by ``h`` with the one-step method ``name``."""
-    return SUBSTEPS[name][0](f, u, h)
+    """Advance :math:`u' = f(u)` by ``h`` with the sub-step method ``name``."""
+    return SUBSTEPS[name].step(f, u, h)

@@ -1,0 +1,257 @@
+r"""The state space: a tensor product of discretizations that owns every representation.
+
+A state :math:`u(x, y)` of the continuous Transformer lives on tokens :math:`x \in X` times
+features :math:`y \in Y`; its operators also integrate over a per-head feature variable
+:math:`\sigma \in Y_h` and the feed-forward variable :math:`r \in R`. One discretization per
+variable makes a :class:`Grids`, and :class:`Grids` is the only place that knows how a state
+is *stored*:
+
+* nodal discretizations (quadrature and spectral rules) store point values
+  :math:`u(x_i, y_j)`;
+* Galerkin discretizations store coefficients :math:`c` of :math:`u_h = \sum c_{ij}
+  \phi_i(x) \psi_j(y)`.
+
+Operators act on *point values*, arrays shaped ``(..., Nq_tokens, Nq_features)`` at the
+quadrature points of both axes. :class:`Grids` moves between the two on every axis,
+
+.. math::  g = (E_x \otimes E_y)\, c, \qquad c = (\Pi_x \otimes \Pi_y)\, g,
+
+with :math:`E` the evaluation at quadrature points and :math:`\Pi = M^{-1} B^T W` the
+:math:`L^2` projection (both the identity for nodal rules), and lifts a flow :math:`f` on
+point values to the flow :math:`c \mapsto \Pi f(E c)` on stored values (:meth:`Grids.lift`).
+It also samples initial data, evaluates a state at arbitrary points, validates a state where
+it enters a computation, and measures the smallest feature standard deviation (LayerNorm is
+singular where it vanishes). A new kind of axis is a change to this module plus its
+discretization.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import array_api_compat
+import numpy as np
+
+from .backend import to_host
+
+__all__ = ["Grids", "AXES"]
+
+#: Axis of each spatial variable in a state array ``(..., tokens, features)``.
+AXES = {"tokens": -2, "features": -1}
+
+
+def _is_discretization(disc) -> bool:
+    return hasattr(disc, "quadrature_nodes") and hasattr(disc, "quadrature_weights")
+
+
+def _namespace(u, argname):
+    try:
+        return array_api_compat.array_namespace(u)
+    except TypeError:
+        raise TypeError(f"{argname} must be an array (NumPy, CuPy, ...), got {type(u).__name__}") from None
+
+
+@dataclass(frozen=True)
+class Grids:
+    r"""One discretization per continuous variable: the discrete state space.
+
+    Parameters
+    ----------
+    tokens : Discretization
+        The token variable :math:`x \in X`.
+    features : Discretization
+        The feature variable :math:`y \in Y`.
+    head_features : Discretization, optional
+        The per-head feature variable :math:`\sigma \in Y_h` (all heads share it). Default:
+        ``features``.
+    hidden : Discretization, optional
+        The feed-forward variable :math:`r \in R`. Default: ``features``.
+
+    Raises
+    ------
+    TypeError
+        If a field is not a discretization.
+
+    Notes
+    -----
+    Frozen and hashable: discretized operators are cached per ``Grids``. Two ``Grids`` with
+    equal discretizations are equal.
+    """
+
+    tokens: object
+    features: object
+    head_features: object = None
+    hidden: object = None
+
+    def __post_init__(self):
+        if self.head_features is None:
+            object.__setattr__(self, "head_features", self.features)
+        if self.hidden is None:
+            object.__setattr__(self, "hidden", self.features)
+        for name in ("tokens", "features", "head_features", "hidden"):
+            if not _is_discretization(getattr(self, name)):
+                raise TypeError(f"Grids.{name} must be a Discretization, got "
+                                f"{type(getattr(self, name)).__name__}")
+
+    # -- shapes ------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(Nq_tokens, Nq_features)``: the last two axes of point values (what operators see)."""
+        return (len(self.tokens.quadrature_nodes), len(self.features.quadrature_nodes))
+
+    @property
+    def stored_shape(self) -> tuple[int, int]:
+        """``(tokens.n, features.n)``: the last two axes of stored values (what solvers see)."""
+        return (self.tokens.n, self.features.n)
+
+    @property
+    def is_nodal(self) -> bool:
+        """True when stored values are point values on both axes (no change of representation)."""
+        return self._nodal(self.tokens) and self._nodal(self.features)
+
+    @staticmethod
+    def _nodal(disc) -> bool:
+        return getattr(disc, "kind", "quadrature") != "galerkin"
+
+    def replace(self, **changes) -> "Grids":
+        """A copy with some discretizations replaced (``head_features``/``hidden`` kept)."""
+        fields = {name: getattr(self, name) for name in ("tokens", "features", "head_features", "hidden")}
+        fields.update(changes)
+        return Grids(**fields)
+
+    # -- representations -----------------------------------------------------------------------
+    def to_points(self, u):
+        """Stored values ``(..., n_x, n_y)`` -> values at the quadrature points of both axes."""
+        if self.is_nodal:
+            return u
+        return self.tokens.to_quadrature(self.features.to_quadrature(u, axis=-1), axis=-2)
+
+    def from_points(self, g):
+        """Values at the quadrature points -> stored values (the :math:`L^2` projection for FE)."""
+        if self.is_nodal:
+            return g
+        return self.tokens.from_quadrature(self.features.from_quadrature(g, axis=-1), axis=-2)
+
+    def lift(self, f: Callable | None) -> Callable | None:
+        r"""The flow :math:`c \mapsto \Pi f(E c)` on stored values, for ``f`` on point values.
+
+        For nodal grids this is ``f`` itself (no wrapper, no cost); ``None`` stays ``None``.
+        """
+        if f is None or self.is_nodal:
+            return f
+        to_points, from_points = self.to_points, self.from_points
+
+        def lifted(c):
+            return from_points(f(to_points(c)))
+
+        return lifted
+
+    def sample(self, u0: Callable) -> np.ndarray:
+        r"""Stored values of :math:`u_0(x, y)` (host float64 array of shape :attr:`stored_shape`).
+
+        Parameters
+        ----------
+        u0 : callable
+            ``u0(x, y)`` for ``x`` of shape ``(Nq, 1)`` and ``y`` of shape ``(1, dq)``
+            (broadcasting); evaluated at the quadrature points and projected (the identity
+            for nodal rules).
+
+        Raises
+        ------
+        ValueError
+            If the values do not broadcast to the grid or are not finite.
+        """
+        x = np.asarray(self.tokens.quadrature_nodes)[:, None]
+        y = np.asarray(self.features.quadrature_nodes)[None, :]
+        g = to_host(u0(x, y))
+        if np.iscomplexobj(g):
+            raise TypeError("u0(x, y) returned complex values; the state is real")
+        g = np.asarray(g, dtype=np.float64)
+        try:
+            g = np.broadcast_to(g, (x.shape[0], y.shape[1])).copy()
+        except ValueError:
+            raise ValueError(
+                f"u0(x, y) must broadcast to shape ({x.shape[0]}, {y.shape[1]}) for x of shape "
+                f"{x.shape} and y of shape {y.shape}; got shape {g.shape}"
+            ) from None
+        if not np.all(np.isfinite(g)):
+            raise ValueError("u0(x, y) returned NaN or inf")
+        return self.from_points(g)
+
+    def evaluate(self, u, tokens=None, features=None):
+        """Values of the stored state ``u`` at points along each axis.
+
+        Parameters
+        ----------
+        u : array, shape (..., n_x, n_y)
+            Stored values.
+        tokens, features : array_like of points, optional
+            Points where each axis is evaluated through its discretization's ``interpolate``;
+            ``None`` takes the axis' quadrature points.
+
+        Returns
+        -------
+        array, shape (..., len(tokens) or Nq_tokens, len(features) or Nq_features)
+        """
+        for disc, points, axis in ((self.tokens, tokens, -2), (self.features, features, -1)):
+            if points is None:
+                u = disc.to_quadrature(u, axis=axis)
+            else:
+                u = disc.interpolate(u, points, axis=axis)
+        return u
+
+    # -- validation and diagnostics ------------------------------------------------------------
+    def validate(self, u, argname: str = "u", points: bool = False):
+        """Check a state where it enters a computation; return its array namespace.
+
+        Parameters
+        ----------
+        u : array
+            Stored values ``(..., n_x, n_y)`` (or point values with ``points=True``).
+        argname : str
+            Name used in messages.
+        points : bool
+            Validate point values ``(..., Nq_tokens, Nq_features)`` instead.
+
+        Raises
+        ------
+        TypeError
+            If ``u`` is not a real floating array.
+        ValueError
+            If the last two axes do not match the grids, or ``u`` contains NaN or inf.
+        """
+        xp = _namespace(u, argname)
+        if not xp.isdtype(u.dtype, "real floating"):
+            raise TypeError(f"{argname} must be a real floating array, got dtype {u.dtype}")
+        shape = self.shape if points else self.stored_shape
+        if u.ndim < 2 or tuple(u.shape[-2:]) != shape:
+            if points:
+                raise ValueError(
+                    f"{argname} must have shape (..., {shape[0]}, {shape[1]}) (values at the "
+                    f"quadrature points of tokens {self.tokens!r} x features {self.features!r}), "
+                    f"got shape {tuple(u.shape)}")
+            raise ValueError(
+                f"{argname} has shape {tuple(u.shape)}; its last two axes must be (tokens.n, "
+                f"features.n) = ({shape[0]}, {shape[1]}) for tokens {self.tokens!r} and features "
+                f"{self.features!r}")
+        if not bool(xp.all(xp.isfinite(u))):
+            raise ValueError(f"{argname} contains NaN or inf")
+        return xp
+
+    def min_feature_std(self, states) -> float:
+        r"""The smallest feature standard deviation :math:`\min_x \sqrt{\mathrm{var}_y u(x, \cdot)}`.
+
+        Over all tokens (and batch entries) of one stored state or a sequence of them, with
+        the feature quadrature; LayerNorm is smooth only where this stays away from zero.
+        """
+        if hasattr(states, "shape"):
+            states = [states]
+        w = np.asarray(self.features.quadrature_weights, dtype=np.float64)
+        w = w / w.sum()
+        smallest = math.inf
+        for u in states:
+            g = to_host(self.to_points(u), np.float64)
+            centred = g - (g @ w)[..., None]
+            smallest = min(smallest, float(np.sqrt(np.min((centred * centred) @ w))))
+        return smallest
