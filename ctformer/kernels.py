@@ -1,6 +1,6 @@
 r"""Feature kernels :math:`W(y, \eta)` and their discretization on pairs of discretizations.
 
-A kernel defines the integral operator of DESIGN.md section 1,
+A kernel defines the integral operator of the design notes, section 1,
 
 .. math::  (W u)(y) = \int_{Y_{\mathrm{in}}} W(y, \eta)\, u(\eta)\, d\eta ,
 

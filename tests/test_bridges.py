@@ -1,4 +1,4 @@
-"""The discrete limit (DESIGN.md section 2): converted torch / HuggingFace modules, run in
+"""The discrete limit (design notes, section 2): converted torch / HuggingFace modules, run in
 float64, agree with the modules themselves to 1e-12 relative error."""
 import json
 

@@ -14,7 +14,7 @@ FEATURES = GaussLegendre(16)
 
 
 def u0(x, y):
-    """Initial data whose feature standard deviation is >= 0.4 at every token (DESIGN.md 1)."""
+    """Initial data whose feature standard deviation is >= 0.4 at every token (design notes, section 1)."""
     return np.cos(4 * y + 1.5 * np.sin(np.pi * x + 0.5)) + 0.3 * np.sin(np.pi * x * y)
 
 

@@ -24,7 +24,7 @@ def _midpoint_grids(n, d, d_h, d_ff):
 
 
 def _attention_from_torch(mha, heads, mask=None):
-    """The continuous attention whose midpoint discretization is ``mha`` (DESIGN.md section 2)."""
+    """The continuous attention whose midpoint discretization is ``mha`` (design notes, section 2)."""
     e = mha.embed_dim
     d_h = e // heads
     w = mha.in_proj_weight.detach().numpy()
@@ -130,7 +130,7 @@ def _output(att, attended, grids):
 
 
 def _reference_attention(att, u, grids):
-    """Independent evaluation of DESIGN.md section 1 with explicit sums and scipy's softmax."""
+    """Independent evaluation of the design notes, section 1 with explicit sums and scipy's softmax."""
     attended = []
     for h, (q, k, v) in enumerate(_projections(att, u, grids)):
         scores = att.beta[h] * np.einsum("...is,...js,s->...ij", q, k, grids.head_features.quadrature_weights)

@@ -1,4 +1,4 @@
-"""Bridges from discrete networks to continuous Transformers (DESIGN.md section 2).
+"""Bridges from discrete networks to continuous Transformers (design notes, section 2).
 
 - :func:`from_torch`: ``torch.nn.TransformerEncoderLayer`` / ``torch.nn.TransformerEncoder``;
 - :func:`from_hf_bert`: HuggingFace ``BertModel`` / ``BertEncoder`` or a ``.safetensors`` file;

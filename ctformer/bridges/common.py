@@ -1,4 +1,4 @@
-r"""Building continuous operators from the weights of a discrete network (DESIGN.md section 2).
+r"""Building continuous operators from the weights of a discrete network (design notes, section 2).
 
 The discrete-limit dictionary: a weight :math:`A` of an ``nn.Linear`` (``out x in``) becomes the
 kernel :class:`ctformer.kernels.PiecewiseConstant` with value :math:`d_{in} A_{ij}` on cell

@@ -2,7 +2,7 @@ r"""Convert ``torch.nn.TransformerEncoderLayer`` / ``torch.nn.TransformerEncoder
 :class:`ctformer.model.ContinuousTransformer` whose discrete limit is the module.
 
 With midpoint grids of ``N`` tokens, ``d`` features, ``d_h = d / H`` head features and
-``d_ff`` hidden nodes, Lie splitting and one Euler step per layer (DESIGN.md section 2):
+``d_ff`` hidden nodes, Lie splitting and one Euler step per layer (design notes, section 2):
 
 - ``norm_first=False`` (post-norm): :math:`u \leftarrow N_1(u + \mathrm{Attn}(u))`,
   :math:`u \leftarrow N_2(u + F(u))`;

@@ -54,7 +54,7 @@ def register(cls: type["Discretization"]) -> type["Discretization"]:
 
 
 def available() -> list[str]:
-    """Names accepted by :func:`get`, in the order of DESIGN.md section 3."""
+    """Names accepted by :func:`get`, in the order of the design notes, section 3."""
     return list(_REGISTRY)
 
 

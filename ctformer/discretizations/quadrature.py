@@ -35,7 +35,7 @@ class Midpoint(Discretization):
 
     Interpolation is piecewise linear through the cell centres, extended linearly over the two
     half cells at the ends, so that it is second order like the quadrature. With ``n`` tokens
-    on :math:`[0, 1]` it is the grid on which a real Transformer lives (DESIGN.md section 2).
+    on :math:`[0, 1]` it is the grid on which a real Transformer lives (design notes, section 2).
     """
 
     name = "midpoint"

@@ -1,6 +1,6 @@
 r"""Multi-head self-attention as a nonlocal integral operator in the token variable.
 
-For heads :math:`h = 1, \dots, H` (DESIGN.md section 1; Tai, Liu, Li, Chan 2025),
+For heads :math:`h = 1, \dots, H` (design notes, section 1; Tai, Liu, Li, Chan 2025),
 
 .. math::
 
@@ -17,7 +17,7 @@ Discretized, the :math:`\sigma` integral is the head-feature quadrature and the 
 integral is :func:`~ctformer.operators.quadrature_attention.quadrature_attention` with the token
 weights. With midpoint grids, :math:`\beta_h = \sqrt{d_h}` and :class:`~ctformer.kernels.PiecewiseConstant`
 kernels from the blocks of torch's in- and out-projections, this is exactly
-``torch.nn.MultiheadAttention`` (DESIGN.md section 2).
+``torch.nn.MultiheadAttention`` (design notes, section 2).
 """
 from __future__ import annotations
 

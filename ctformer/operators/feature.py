@@ -1,6 +1,6 @@
 r"""Feature maps and the feed-forward operator, acting token by token.
 
-Feature map (DESIGN.md section 1) with kernel :math:`W` and bias :math:`b`:
+Feature map (design notes, section 1) with kernel :math:`W` and bias :math:`b`:
 
 .. math::  (W u)(x, y) = \int_Y W(y, \eta)\, u(x, \eta)\, d\eta + b(y).
 
@@ -9,7 +9,7 @@ Feed-forward operator with activation :math:`\phi`:
 .. math::  F(u)(x, y) = \int_R W_2(y, r)\, \phi\big((W_1 u)(x, r) + b_1(r)\big)\, dr + b_2(y).
 
 With midpoint grids and :class:`~ctformer.kernels.PiecewiseConstant` kernels these are exactly
-``nn.Linear`` and ``Linear -> activation -> Linear`` (DESIGN.md section 2).
+``nn.Linear`` and ``Linear -> activation -> Linear`` (design notes, section 2).
 
 Activations (:data:`ACTIVATIONS`):
 

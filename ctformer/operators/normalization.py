@@ -75,7 +75,7 @@ class LayerNormProjection(Operator):
     With ``eps == 0`` a token is degenerate when its variance is at most
     :math:`(64\, \epsilon_{\mathrm{mach}} \max_y |u|)^2`: at that level the variance is
     rounding noise and the normalized result would be meaningless. LayerNorm is singular at
-    feature-constant states (DESIGN.md section 1).
+    feature-constant states (design notes, section 1).
     """
 
     def __init__(self, gain=1.0, shift=0.0, eps=0.0):

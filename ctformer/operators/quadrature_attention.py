@@ -9,7 +9,7 @@ quadrature weights :math:`w_j` and a mask :math:`m_{ij} \in \{0, 1\}`,
                           {\sum_j w_j m_{ij} e^{\beta q_i \cdot k_j}},
 
 the quadrature of :math:`\int_X \gamma(x_i, x') v(x') dx'` with the state-dependent kernel
-:math:`\gamma` of DESIGN.md section 1 (Tai, Liu, Li, Chan 2025, arXiv 2510.03989). Uniform
+:math:`\gamma` of the design notes, section 1 (Tai, Liu, Li, Chan 2025, arXiv 2510.03989). Uniform
 weights cancel (ordinary softmax attention); other weights enter as a log-weight bias,
 :math:`\mathrm{softmax}_j(\beta q_i\cdot k_j + \log w_j)`.
 
@@ -77,7 +77,7 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     diagonal : {"full", "half"}
         With ``mask="causal"``: weight of the diagonal cell. ``"full"`` is the standard causal
         mask (first-order quadrature of :math:`\int_0^{x_i}`); ``"half"`` gives it weight
-        :math:`w_i / 2` (second order on midpoint nodes, DESIGN.md section 2).
+        :math:`w_i / 2` (second order on midpoint nodes, design notes, section 2).
     chunk : int, optional
         Number of query rows processed at once. Default: chosen so that one block of scores
         stays small (a few MiB on the CPU), never an N x M matrix for large N.

@@ -277,7 +277,7 @@ def minilm_clustering(text=None, *, center=False, bins=40, tol=0.5, model=None, 
 
 
 def _smooth_initial(x, y):
-    # Varying feature variance across tokens (DESIGN.md section 1), bounded away from zero.
+    # Varying feature variance across tokens (design notes, section 1), bounded away from zero.
     return np.cos(4 * y + 1.5 * np.sin(np.pi * x + 0.5)) + 0.3 * np.sin(np.pi * x * y)
 
 
