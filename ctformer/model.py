@@ -194,6 +194,11 @@ class ContinuousTransformer:
     features : Discretization or None
         The native feature discretization of a converted network (``Midpoint(d)``);
         :meth:`run` checks the width of its input against it. ``None``: any width.
+    context_length : float or None
+        The reference length :math:`L` of positions :math:`p(x) = L x - 1/2` for models
+        whose operators depend on positions (RoPE, ALiBi, sliding windows). :meth:`run` on
+        ``N`` tokens uses :math:`L = N` (positions :math:`0, \dots, N - 1`); :meth:`solve`
+        uses this value unless its ``context_length`` keyword overrides it.
 
     Notes
     -----
@@ -202,7 +207,7 @@ class ContinuousTransformer:
     """
 
     def __init__(self, blocks: Sequence[Block], final_normalization=None, head_features=None,
-                 hidden=None, features=None, *, final_norm=None):
+                 hidden=None, features=None, *, context_length=None, final_norm=None):
         final_normalization = renamed_keyword("final_norm", final_norm, "final_normalization",
                                               final_normalization)
         blocks = list(blocks)
@@ -219,6 +224,7 @@ class ContinuousTransformer:
         self.head_features = head_features
         self.hidden = hidden
         self.features = features
+        self.context_length = context_length
 
     @property
     def final_norm(self):
@@ -259,13 +265,15 @@ class ContinuousTransformer:
         return named_parameters(blocks=self.blocks, final_normalization=self.final_normalization)
 
     # -- grids ---------------------------------------------------------------------------
-    def grids(self, tokens, features, head_features=None, hidden=None) -> Grids:
+    def grids(self, tokens, features, head_features=None, hidden=None, context_length=None) -> Grids:
         """The :class:`ctformer.Grids` used by :meth:`solve` for these choices."""
         tokens = as_discretization(tokens)
         features = as_discretization(features)
         head_features = self._default(head_features, self.head_features, features, "head_features")
         hidden = self._default(hidden, self.hidden, features, "hidden")
-        return Grids(tokens=tokens, features=features, head_features=head_features, hidden=hidden)
+        length = self.context_length if context_length is None else context_length
+        return Grids(tokens=tokens, features=features, head_features=head_features, hidden=hidden,
+                     context_length=length)
 
     @staticmethod
     def _default(spec, own, features, name):
@@ -279,7 +287,8 @@ class ContinuousTransformer:
 
     # -- evolution -----------------------------------------------------------------------
     def solve(self, u0, *, tokens, features, head_features=None, hidden=None, scheme="lie",
-              steps_per_layer=1, trajectory=False, padding_mask=None, key_mask=None):
+              steps_per_layer=1, trajectory=False, padding_mask=None, context_length=None,
+              key_mask=None):
         r"""Evolve :math:`u_0` from :math:`t = 0` to :math:`t = T`.
 
         Parameters
@@ -305,6 +314,8 @@ class ContinuousTransformer:
         padding_mask : bool array of shape (..., N), optional
             Attention keeps only keys where True (padding masks of real batches).
             (``key_mask`` is a deprecated name.)
+        context_length : float, optional
+            Overrides the model's reference length :math:`L` of positions.
 
         Returns
         -------
@@ -335,7 +346,7 @@ class ContinuousTransformer:
         if steps > 1 and self.warns_inconsistent_depth:
             solvers.warn_inconsistent_depth("steps_per_layer > 1 on a post-norm model whose "
                                             "normalization is not a projection", stacklevel=2)
-        u, grids = self._initial_state(u0, tokens, features, head_features, hidden)
+        u, grids = self._initial_state(u0, tokens, features, head_features, hidden, context_length)
         if padding_mask is not None:
             if not grids.is_nodal:
                 raise ValueError("padding_mask needs nodal token and feature discretizations, "
@@ -352,7 +363,7 @@ class ContinuousTransformer:
             return states
         return states if final is None else final(states)
 
-    def _initial_state(self, u0, tokens, features, head_features, hidden):
+    def _initial_state(self, u0, tokens, features, head_features, hidden, context_length):
         if callable(u0) and not hasattr(u0, "shape"):
             for name, spec in (("tokens", tokens), ("features", features)):
                 if not isinstance(spec, Discretization):
@@ -360,14 +371,14 @@ class ContinuousTransformer:
                         f"{name} given as {spec!r} needs n, which a callable u0 cannot provide; "
                         "pass a Discretization object"
                     )
-            grids = self.grids(tokens, features, head_features, hidden)
+            grids = self.grids(tokens, features, head_features, hidden, context_length)
             return grids.sample(u0), grids
         u = as_state_array(u0, "u0")
         if u.ndim < 2:
             raise ValueError(f"u0 must have shape (..., tokens, features), got shape {tuple(u.shape)}")
         tokens = as_discretization(tokens, u.shape[-2])
         features = as_discretization(features, u.shape[-1])
-        grids = self.grids(tokens, features, head_features, hidden)
+        grids = self.grids(tokens, features, head_features, hidden, context_length)
         grids.validate(u, "u0")
         return u, grids
 
@@ -409,20 +420,24 @@ class ContinuousTransformer:
         if self.features is not None and x.shape[-1] != self.features.n:
             raise ValueError(f"x has {x.shape[-1]} features, the model expects {self.features.n}")
         return self.solve(x, tokens=Midpoint(x.shape[-2]), features=Midpoint(x.shape[-1]),
-                          scheme="lie", steps_per_layer=1, padding_mask=padding_mask)
+                          scheme="lie", steps_per_layer=1, padding_mask=padding_mask,
+                          context_length=x.shape[-2])
 
     @classmethod
     def random_smooth(cls, seed=0, layers=2, heads=2, placement="pre", activation="gelu", mask=None,
-                      diagonal="full", beta=4.0, *, norm=None):
+                      diagonal="full", beta=4.0, *, norm=None, **options):
         """A model with smooth random parameters for convergence studies.
 
-        See :func:`ctformer.random_models.random_layers` for the parameters and the
-        construction (``norm`` is a deprecated name of ``placement``).
+        See :func:`ctformer.random_models.random_layers` for the parameters (further keyword
+        ``options`` are passed on) and the construction (``norm`` is a deprecated name of
+        ``placement``).
         """
         if norm is not None:
             warn_renamed("random_smooth(norm=...)", "random_smooth(placement=...)")
             placement = norm
         layout = random_layers(seed=seed, layers=layers, heads=heads, placement=placement,
-                               activation=activation, mask=mask, diagonal=diagonal, beta=beta)
+                               activation=activation, mask=mask, diagonal=diagonal, beta=beta,
+                               **options)
         blocks = [Block(**block) for block in layout["blocks"]]
-        return cls(blocks, final_normalization=layout["final_normalization"])
+        return cls(blocks, final_normalization=layout["final_normalization"],
+                   context_length=layout.get("context_length"))

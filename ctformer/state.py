@@ -83,6 +83,7 @@ class Grids:
     features: object
     head_features: object = None
     hidden: object = None
+    context_length: float | None = None
 
     def __post_init__(self):
         if self.head_features is None:
@@ -93,6 +94,12 @@ class Grids:
             if not _is_discretization(getattr(self, name)):
                 raise TypeError(f"Grids.{name} must be a Discretization, got "
                                 f"{type(getattr(self, name)).__name__}")
+        length = self.context_length
+        if length is not None:
+            if isinstance(length, bool) or not isinstance(length, (int, float, np.integer, np.floating)) \
+                    or not math.isfinite(length) or length <= 0:
+                raise ValueError(f"context_length must be a positive number, got {length!r}")
+            object.__setattr__(self, "context_length", float(length))
 
     # -- shapes ------------------------------------------------------------------------------
     @property
@@ -105,6 +112,25 @@ class Grids:
         """``(tokens.n, features.n)``: the last two axes of stored values (what solvers see)."""
         return (self.tokens.n, self.features.n)
 
+    def positions(self) -> np.ndarray:
+        r"""Token positions :math:`p(x) = L s(x) - 1/2` at the token quadrature points.
+
+        :math:`s(x) = (x - a)/(b - a)` is the reference coordinate of the token domain
+        :math:`[a, b]`; on ``Midpoint(N)`` with :math:`L = N` these are exactly
+        :math:`0, 1, \dots, N - 1`.
+
+        Raises
+        ------
+        ValueError
+            If the grids have no ``context_length``.
+        """
+        if self.context_length is None:
+            raise ValueError("these grids have no context_length; positions p(x) = L x - 1/2 need "
+                             "the model's reference length L (pass context_length=...)")
+        a, b = self.tokens.domain
+        s = (np.asarray(self.tokens.quadrature_nodes, dtype=np.float64) - a) / (b - a)
+        return self.context_length * s - 0.5
+
     @property
     def is_nodal(self) -> bool:
         """True when stored values are point values on both axes (no change of representation)."""
@@ -116,7 +142,8 @@ class Grids:
 
     def replace(self, **changes) -> "Grids":
         """A copy with some discretizations replaced (``head_features``/``hidden`` kept)."""
-        fields = {name: getattr(self, name) for name in ("tokens", "features", "head_features", "hidden")}
+        fields = {name: getattr(self, name)
+                  for name in ("tokens", "features", "head_features", "hidden", "context_length")}
         fields.update(changes)
         return Grids(**fields)
 
