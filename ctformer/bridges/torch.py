@@ -114,7 +114,7 @@ def from_torch(module, causal: bool = False) -> ContinuousTransformer:
         _check_layer_norm(final, "norm", d_model)
         final_norm = layer_norm_from_weights(to_numpy(final.weight, "norm.weight"),
                                              to_numpy(final.bias, "norm.bias"), final.eps)
-    return ContinuousTransformer(blocks, final_norm=final_norm, head_features=Midpoint(d_model // heads),
+    return ContinuousTransformer(blocks, final_normalization=final_norm, head_features=Midpoint(d_model // heads),
                                  hidden=Midpoint(d_ff), features=Midpoint(d_model))
 
 

@@ -3,15 +3,52 @@ r"""Log-log convergence plots with reference slopes.
 Each study is drawn as error against :math:`h` (or :math:`\Delta t`) on log-log axes. A dashed
 line of slope :math:`p`, a factor 3 below the finest point of each study, shows the expected
 order :math:`p`: a study converging at that order runs parallel to it. Spectral studies (expected
-order ``inf``) get no reference line; their curves bend downwards instead.
+order ``inf``) get no reference line; their curves bend downwards instead. Galerkin elements
+refined in the hidden variable get the slope of the composite Gauss rule they act as
+(:func:`ctformer.studies.results.effective_order`), and a study without a consistent limit gets
+none.
+
+Figures are written atomically (:func:`save_figure`): a reader never sees half a file.
 """
 from __future__ import annotations
 
+import io
 import math
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["plot_convergence"]
+from .results import effective_order
+
+__all__ = ["plot_convergence", "save_figure"]
+
+
+def save_figure(fig, path, *, dpi: int = 120) -> Path:
+    """Save ``fig`` to ``path`` atomically (format from the suffix, e.g. ``.png``).
+
+    The figure is rendered into memory first and then written with
+    :func:`ctformer.atomic.write_atomic` (a temporary file in the same directory, then a
+    rename), so an interrupted run never leaves a truncated image.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+    path : str or os.PathLike
+    dpi : int, optional
+
+    Returns
+    -------
+    pathlib.Path
+        The path written.
+    """
+    from ..atomic import write_atomic
+
+    path = Path(path)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.suffix.lstrip(".").lower() or "png", dpi=dpi,
+                bbox_inches="tight")
+    write_atomic(path, buffer.getvalue())
+    return path
 
 
 def plot_convergence(results, path=None, *, ax=None, title=None, slopes=True):
@@ -54,9 +91,13 @@ def plot_convergence(results, path=None, *, ax=None, title=None, slopes=True):
         keep = err > 0
         if not keep.any():
             raise ValueError(f"study {res.label!r} has no positive errors to plot")
-        order = "-" if not math.isfinite(res.observed_order) else f"{res.observed_order:.2f}"
-        (line,) = ax.loglog(h[keep], err[keep], "o-", label=f"{res.label} (order {order})")
-        p = res.expected_order
+        if math.isinf(res.expected_order):
+            note = "spectral"
+        else:
+            note = "order " + ("-" if not math.isfinite(res.observed_order)
+                               else f"{res.observed_order:.2f}")
+        (line,) = ax.loglog(h[keep], err[keep], "o-", label=f"{res.label} ({note})")
+        p = effective_order(res)
         if slopes and math.isfinite(p):
             # drawn a factor 3 below the finest point so that it does not hide the data
             h0, e0 = h[keep][-1], err[keep][-1] / 3.0
@@ -72,5 +113,5 @@ def plot_convergence(results, path=None, *, ax=None, title=None, slopes=True):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
     if path is not None:
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        save_figure(fig, path)
     return fig

@@ -14,10 +14,19 @@ the ``fit_levels`` finest of them.
 With ``reference="finest"`` the measured error is :math:`e_h - e_{\text{ref}}`; a reference only
 one refinement (ratio :math:`r`) finer than the last measured level biases the last
 neighbour order up to :math:`\log_r(r^p + 1)`, so make the reference several refinements finer.
+
+Headlines. A spectral rule (expected order ``inf``) has no algebraic order: its error falls by a
+growing factor per refinement, so the summary reports those factors
+(:meth:`ConvergenceResult.reductions`) and says that the fitted slope means nothing. Galerkin
+elements refined in the FFN hidden variable act as composite Gauss rules (design notes,
+section 3), so the summary names the order :math:`2q` of that rule, with :math:`q` Gauss points
+per element, next to the element order. A study without a consistent limit
+(``consistent_limit=False``) prints no expected order.
 """
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -25,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Row", "ConvergenceResult", "fit_order", "neighbour_orders", "comparison_table"]
+__all__ = ["Row", "ConvergenceResult", "fit_order", "neighbour_orders", "comparison_table",
+           "effective_order"]
 
 COLUMNS = ("level", "n", "h", "error", "order", "seconds")
 
@@ -101,6 +111,56 @@ def _fmt(value, spec):
         else format(value, spec)
 
 
+def _write_atomic(path, data):
+    """Write ``data`` (str or bytes) to ``path`` through :func:`ctformer.atomic.write_atomic`."""
+    from ..atomic import write_atomic
+
+    write_atomic(path, data)
+
+
+def _composite_gauss_points(refine: str, method: str):
+    """Gauss points per element when Galerkin elements are refined in the hidden variable."""
+    if refine != "hidden":
+        return None
+    from ..discretizations import available, get
+
+    name = method.split()[0]
+    if name not in available():
+        return None
+    disc = get(name, 5)
+    if disc.kind != "galerkin":
+        return None
+    return getattr(disc, "gauss_points", None)
+
+
+def effective_order(result) -> float:
+    r"""The order a study should show: the refined method's, or :math:`2q` for a composite rule.
+
+    Galerkin elements refined in the FFN hidden variable :math:`r` only ever evaluate the
+    integral :math:`\int W_2(y, r) \phi(\dots) dr` at their :math:`q` Gauss points per element,
+    which is a composite Gauss rule of order :math:`2q` (6 for P1, 8 for P2), not the element's
+    :math:`L^2` order (design notes, section 3).
+
+    Parameters
+    ----------
+    result : ConvergenceResult
+
+    Returns
+    -------
+    float
+        ``2 q`` in that case, else ``result.expected_order`` (``inf`` for spectral rules);
+        NaN when the study has no consistent limit.
+    """
+    if not getattr(result, "consistent_limit", True):
+        return float("nan")
+    q = _composite_gauss_points(result.refine, result.method)
+    return float(2 * q) if q else float(result.expected_order)
+
+
+def _reductions_text(factors) -> str:
+    return ", ".join(f"x{f:.3g}" for f in factors) if factors else "-"
+
+
 @dataclass
 class ConvergenceResult:
     """Error table and observed order of a convergence study (see :func:`convergence`).
@@ -128,6 +188,10 @@ class ConvergenceResult:
         Wall time of the whole study.
     parameters : dict
         Everything else that defines the study (discretizations, scheme, model fingerprint).
+    consistent_limit : bool
+        False when the refined model has no consistent limit (refining depth in a post-norm
+        model whose LayerNorm has per-feature affine parameters): no expected order is
+        reported then.
     """
 
     table: list
@@ -140,6 +204,7 @@ class ConvergenceResult:
     min_feature_std: float
     wall_seconds: float
     parameters: dict = field(default_factory=dict)
+    consistent_limit: bool = True
 
     # -- views ------------------------------------------------------------------------
     @property
@@ -157,6 +222,22 @@ class ConvergenceResult:
         """Sizes (or steps per layer) of the levels that have an error."""
         return np.array([r.n for r in self.table if r.error is not None])
 
+    def reductions(self) -> list:
+        """Error reduction factors :math:`e_{i-1} / e_i` between neighbouring levels.
+
+        Returns
+        -------
+        list of float
+            One factor per pair of neighbouring levels that both have a positive error.
+        """
+        e = [r.error for r in self.table]
+        return [a / b for a, b in zip(e, e[1:]) if a is not None and b is not None and b > 0]
+
+    @property
+    def error_norm(self) -> str:
+        """The norm of the error, ``"l2"`` or ``"max"`` (the same as :attr:`norm`)."""
+        return self.norm
+
     @property
     def label(self) -> str:
         """A short legend entry, e.g. ``"tokens: gauss-legendre"``."""
@@ -172,6 +253,7 @@ class ConvergenceResult:
             "refine": self.refine, "method": self.method, "reference": self.reference,
             "norm": self.norm, "observed_order": clean(self.observed_order),
             "expected_order": clean(self.expected_order),
+            "consistent_limit": self.consistent_limit,
             "min_feature_std": clean(self.min_feature_std), "wall_seconds": self.wall_seconds,
             "parameters": self.parameters, "table": [asdict(r) for r in self.table],
         }
@@ -179,19 +261,20 @@ class ConvergenceResult:
     def to_json(self, path) -> Path:
         """Write :meth:`to_dict` as JSON to ``path``; returns the path."""
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        _write_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
         return path
 
     def to_csv(self, path) -> Path:
         """Write the table (columns ``level, n, h, error, order, seconds``) to ``path``."""
         path = Path(path)
-        with path.open("w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(COLUMNS)
-            for r in self.table:
-                writer.writerow(["" if getattr(r, c) is None else repr(getattr(r, c)) if
-                                 isinstance(getattr(r, c), float) else getattr(r, c)
-                                 for c in COLUMNS])
+        handle = io.StringIO(newline="")
+        writer = csv.writer(handle)
+        writer.writerow(COLUMNS)
+        for r in self.table:
+            writer.writerow(["" if getattr(r, c) is None else repr(getattr(r, c)) if
+                             isinstance(getattr(r, c), float) else getattr(r, c)
+                             for c in COLUMNS])
+        _write_atomic(path, handle.getvalue())
         return path
 
     def plot(self, path=None, *, ax=None):
@@ -211,11 +294,44 @@ class ConvergenceResult:
             err = "reference" if r.error is None else _fmt(r.error, ".3e")
             lines.append(f"{r.level:>5} {r.n:>6} {r.h:>10.3e} {err:>10} {_fmt(r.order, '6.2f'):>6} "
                          f"{r.seconds:>8.3f}")
-        expected = "spectral" if math.isinf(self.expected_order) else f"{self.expected_order:g}"
-        lines.append(f"observed order {_fmt(self.observed_order, '.2f')} (expected {expected}); "
-                     f"min feature std {_fmt(self.min_feature_std, '.3g')}; "
+        lines.append(self.headline())
+        lines.append(f"min feature std {_fmt(self.min_feature_std, '.3g')}; "
                      f"wall time {self.wall_seconds:.2f} s")
         return "\n".join(lines)
+
+    def headline(self) -> str:
+        """The summary line: observed against expected order, in words where needed.
+
+        Returns
+        -------
+        str
+            ``"observed order 2.01 (expected 2)"``; for a spectral rule the error reduction
+            per refinement instead; for Galerkin elements in the hidden variable the order of
+            the composite Gauss rule they act as; without a consistent limit no expected order.
+        """
+        observed = _fmt(self.observed_order, ".2f")
+        if not self.consistent_limit:
+            return (f"observed order {observed}; no expected order: this model has no "
+                    "consistent limit under this refinement (post-norm LayerNorm with "
+                    "per-feature gain or shift), so the order means nothing")
+        if math.isinf(self.expected_order):
+            return (f"error reduction per refinement {_reductions_text(self.reductions())} "
+                    f"(spectral: the error falls faster than any power of {self._step()}, so an "
+                    f"algebraic order - fitted slope {observed} - means nothing)")
+        if not math.isfinite(self.observed_order):
+            why = ("no order: an order needs errors at two levels at least"
+                   + (" (the finest level is the reference)" if self.reference == "finest" else ""))
+            return f"{why}; expected {self.expected_order:g}"
+        q = _composite_gauss_points(self.refine, self.method)
+        if q:
+            return (f"observed order {observed} (expected {2 * q}: the hidden variable carries no "
+                    f"state and enters only the FFN integral, which {self.method} evaluates at {q} "
+                    f"Gauss points per element - a composite Gauss rule of order {2 * q}; the "
+                    f"element order {self.expected_order:g} holds for stored states)")
+        return f"observed order {observed} (expected {self.expected_order:g})"
+
+    def _step(self) -> str:
+        return "dt" if self.refine == "time" else "h"
 
     def __repr__(self) -> str:
         return (f"ConvergenceResult(refine={self.refine!r}, method={self.method!r}, "
@@ -263,9 +379,31 @@ def comparison_table(results, title: str | None = None) -> str:
             order = "" if row.order is None else f" ({row.order:.2f})"
             cells.append(f"{err + order:>{width}}")
         lines.append(f"{n:>6} {results[0].table[i].h:>10.3e}" + "".join(cells))
-    lines.append(f"{'observed order':>17}" + "".join(
-        f"{_fmt(res.observed_order, '.2f'):>{width}}" for res in results))
-    lines.append(f"{'expected order':>17}" + "".join(
-        f"{'spectral' if math.isinf(res.expected_order) else format(res.expected_order, 'g'):>{width}}"
-        for res in results))
+    def observed(res):
+        if math.isinf(res.expected_order) or not res.consistent_limit:
+            return "-"
+        return _fmt(res.observed_order, ".2f")
+
+    def expected(res):
+        p = effective_order(res)
+        return "spectral" if math.isinf(p) else "none" if math.isnan(p) else format(p, "g")
+
+    def reduction(res):
+        factors = res.reductions()
+        return f"x{factors[-1]:.3g}" if factors else "-"
+
+    lines.append(f"{'observed order':>17}" + "".join(f"{observed(res):>{width}}" for res in results))
+    lines.append(f"{'expected order':>17}" + "".join(f"{expected(res):>{width}}" for res in results))
+    lines.append(f"{'last reduction':>17}" + "".join(f"{reduction(res):>{width}}" for res in results))
+    notes = []
+    if any(math.isinf(res.expected_order) for res in results):
+        notes.append("spectral rules have no algebraic order: read the error reduction per "
+                     "refinement (last reduction: error of the second-finest measured level over "
+                     "the finest)")
+    if any(_composite_gauss_points(res.refine, res.method) for res in results):
+        notes.append("Galerkin elements in the hidden variable act as composite Gauss rules "
+                     "(order 2q with q Gauss points per element)")
+    if not all(res.consistent_limit for res in results):
+        notes.append("none: no consistent limit, so no order is expected")
+    lines += [f"  note: {n}" for n in notes]
     return "\n".join(lines)

@@ -1,0 +1,118 @@
+r"""Arguments of a convergence study: checked once, where they enter.
+
+Each helper turns one user argument into what the study needs or raises a clear
+:class:`ValueError` / :class:`TypeError` naming the argument and what was expected.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..discretizations import Discretization, GaussLegendre, available, get
+from ..state import AXES
+
+__all__ = ["fixed_discretization", "refined_family", "check_levels", "check_window",
+           "evaluation_points", "check_positive_int", "DEFAULT_FIXED", "DEFAULT_REFINED"]
+
+DEFAULT_FIXED = {"tokens": ("gauss-legendre", 16), "features": ("gauss-legendre", 12)}
+DEFAULT_REFINED = "gauss-legendre"
+
+
+def check_positive_int(value, argname: str, minimum: int = 1) -> int:
+    """An integer >= ``minimum`` (booleans refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        qualifier = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{argname} must be {qualifier}, got {value!r}")
+    return int(value)
+
+
+def fixed_discretization(spec, argname: str, default):
+    """A fixed discretization from an object, ``"name:n"``, ``(name, n)`` or ``None``."""
+    if spec is None:
+        return None if default is None else get(*default)
+    if isinstance(spec, Discretization):
+        return spec
+    if isinstance(spec, str):
+        name, sep, n = spec.partition(":")
+        if not sep:
+            raise ValueError(f"{argname}={spec!r} is not refined, so it needs a size: "
+                             f"write '{spec}:N' or pass a Discretization")
+        try:
+            size = int(n)
+        except ValueError:
+            raise ValueError(f"{argname}={spec!r}: the size after ':' must be an integer") from None
+        return get(name.strip(), size)
+    if isinstance(spec, tuple) and len(spec) == 2:
+        return get(spec[0], spec[1])
+    raise TypeError(f"{argname} must be a Discretization, 'name:n', (name, n) or None, "
+                    f"got {type(spec).__name__}")
+
+
+def refined_family(spec, argname: str):
+    """The (name, domain) of a refined variable's discretization family."""
+    if spec is None:
+        spec = DEFAULT_REFINED
+    if isinstance(spec, Discretization):
+        return spec.name, spec.domain
+    if isinstance(spec, str):
+        name = spec.partition(":")[0].strip()
+        if name not in available():
+            raise ValueError(f"unknown discretization {name!r} for {argname}; "
+                             f"known: {', '.join(available())}")
+        return name, (0.0, 1.0)
+    raise TypeError(f"{argname} is refined, so it must be a discretization name or object, "
+                    f"got {type(spec).__name__}")
+
+
+def check_levels(levels) -> list[int]:
+    try:
+        values = list(levels)
+    except TypeError:
+        raise TypeError(f"levels must be a sequence of positive integers, got {levels!r}") from None
+    if len(values) < 2:
+        raise ValueError(f"levels needs at least two values, got {values!r}")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"levels must be positive integers, got {values!r}")
+    values = [int(v) for v in values]
+    if any(b <= a for a, b in zip(values, values[1:])):
+        raise ValueError(f"levels must be strictly increasing, got {values!r}")
+    return values
+
+
+def check_window(window, refine):
+    if window is None:
+        return None
+    if refine not in AXES:
+        raise ValueError(f"window applies when refining tokens or features, not {refine!r}")
+    try:
+        a, b = (float(v) for v in window)
+    except (TypeError, ValueError):
+        raise ValueError(f"window must be a pair (a, b) of numbers, got {window!r}") from None
+    if not (math.isfinite(a) and math.isfinite(b) and a < b):
+        raise ValueError(f"window must be a finite interval (a, b) with a < b, got {window!r}")
+    return (a, b)
+
+
+def evaluation_points(refine, family, coarsest, fine, window, evaluate):
+    """Points and weights along the refined token or feature axis (None otherwise)."""
+    if refine not in AXES:
+        return None, None
+    name, domain = family
+    if window is not None and not (domain[0] <= window[0] and window[1] <= domain[1]):
+        raise ValueError(f"window {window} must lie in the domain {domain} of {refine}")
+    if evaluate == "interpolate":
+        rule = GaussLegendre(fine, domain=domain if window is None else window)
+        return rule.nodes, rule.weights
+    rule = get(name, coarsest, domain=domain)
+    nodes = np.asarray(rule.quadrature_nodes)
+    weights = np.asarray(rule.quadrature_weights)
+    if window is not None:
+        keep = (nodes >= window[0]) & (nodes <= window[1])
+        if not keep.any():
+            raise ValueError(f"no node of the coarsest level lies in window {window}")
+        nodes, weights = nodes[keep], weights[keep]
+    return nodes, weights
+
+
