@@ -127,6 +127,9 @@ class Grids:
         if self.context_length is None:
             raise ValueError("these grids have no context_length; positions p(x) = L x - 1/2 need "
                              "the model's reference length L (pass context_length=...)")
+        if getattr(self.tokens, "dimension", 1) != 1 or getattr(self.tokens, "atoms", 0):
+            raise ValueError(f"positions p(x) = L x - 1/2 are defined on an interval of tokens "
+                             f"without atoms, not on {self.tokens!r}")
         a, b = self.tokens.domain
         s = (np.asarray(self.tokens.quadrature_nodes, dtype=np.float64) - a) / (b - a)
         return self.context_length * s - 0.5
@@ -181,17 +184,23 @@ class Grids:
         ----------
         u0 : callable
             ``u0(x, y)`` for ``x`` of shape ``(Nq, 1)`` and ``y`` of shape ``(1, dq)``
-            (broadcasting); evaluated at the quadrature points and projected (the identity
-            for nodal rules).
+            (broadcasting); on a two-dimensional token domain (a product) ``u0(x1, x2, y)``
+            with ``x1``, ``x2`` of shape ``(Nq, 1)``. Evaluated at the quadrature points and
+            projected (the identity for nodal rules).
 
         Raises
         ------
         ValueError
             If the values do not broadcast to the grid or are not finite.
         """
-        x = np.asarray(self.tokens.quadrature_nodes)[:, None]
+        nodes = np.asarray(self.tokens.quadrature_nodes)
         y = np.asarray(self.features.quadrature_nodes)[None, :]
-        g = to_host(u0(x, y))
+        if nodes.ndim == 2:  # a token domain in two dimensions
+            x = nodes[:, :1]
+            g = to_host(u0(nodes[:, :1], nodes[:, 1:], y))
+        else:
+            x = nodes[:, None]
+            g = to_host(u0(x, y))
         if np.iscomplexobj(g):
             raise TypeError("u0(x, y) returned complex values; the state is real")
         g = np.asarray(g, dtype=np.float64)

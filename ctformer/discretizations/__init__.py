@@ -8,6 +8,8 @@ from .base import Discretization, available, get, as_discretization
 from .quadrature import Midpoint, Trapezoid, GaussLegendre, ClenshawCurtis
 from .spectral import Fourier, Chebyshev, Legendre
 from .galerkin import P1, P2
+from .product import Product
+from .atoms import WithAtoms
 from .report import error_table, format_error_table
 
 __all__ = [
@@ -24,6 +26,8 @@ __all__ = [
     "Legendre",
     "P1",
     "P2",
+    "Product",
+    "WithAtoms",
     "error_table",
     "format_error_table",
 ]

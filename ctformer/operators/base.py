@@ -19,6 +19,8 @@ import abc
 import weakref
 from typing import Callable
 
+import numpy as np
+
 from ..backend import constant
 from ..state import Grids
 
@@ -39,12 +41,19 @@ class Constants:
     cache entry with it) while nothing else refers to it.
     """
 
-    __slots__ = ("host", "__weakref__")
+    __slots__ = ("host", "_numpy", "__weakref__")
 
     def __init__(self, **host):
         self.host = host
+        self._numpy = {}  # (name, dtype) -> array, for NumPy states: one dict lookup per use
 
     def __call__(self, name, like):
+        if type(like) is np.ndarray:
+            key = (name, like.dtype)
+            found = self._numpy.get(key, self)
+            if found is self:
+                found = self._numpy[key] = constant(self, name, self.host[name], like)
+            return found
         return constant(self, name, self.host[name], like)
 
 

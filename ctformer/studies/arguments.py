@@ -10,10 +10,12 @@ import math
 import numpy as np
 
 from ..discretizations import Discretization, GaussLegendre, available, get
+from ..discretizations.product import at_size
 from ..state import AXES
 
 __all__ = ["fixed_discretization", "refined_family", "check_levels", "check_window",
-           "evaluation_points", "check_positive_int", "DEFAULT_FIXED", "DEFAULT_REFINED"]
+           "evaluation_points", "check_positive_int", "level_discretization",
+           "DEFAULT_FIXED", "DEFAULT_REFINED"]
 
 DEFAULT_FIXED = {"tokens": ("gauss-legendre", 16), "features": ("gauss-legendre", 12)}
 DEFAULT_REFINED = "gauss-legendre"
@@ -49,10 +51,29 @@ def fixed_discretization(spec, argname: str, default):
                     f"got {type(spec).__name__}")
 
 
+def _is_composite(family) -> bool:
+    """A family given by an object that refines itself (a product, atoms): not (name, domain)."""
+    return isinstance(family, Discretization)
+
+
+def level_discretization(family, n: int):
+    """The discretization of ``family`` at size ``n`` (per axis for a product)."""
+    if _is_composite(family):
+        return at_size(family, n)
+    name, domain = family
+    return get(name, n, domain=domain)
+
+
 def refined_family(spec, argname: str):
-    """The (name, domain) of a refined variable's discretization family."""
+    """The (name, domain) of a refined variable's discretization family.
+
+    A product or a discretization with atoms is kept as the object itself: its levels are
+    ``spec.at(n)`` (``n`` values per axis of a product; the atoms are kept).
+    """
     if spec is None:
         spec = DEFAULT_REFINED
+    if isinstance(spec, Discretization) and hasattr(spec, "at"):
+        return spec
     if isinstance(spec, Discretization):
         return spec.name, spec.domain
     if isinstance(spec, str):
@@ -99,6 +120,8 @@ def evaluation_points(refine, family, coarsest, fine, window, evaluate):
     """Points and weights along the refined token or feature axis (None otherwise)."""
     if refine not in AXES:
         return None, None
+    if _is_composite(family):
+        return _composite_points(family, coarsest, fine, window, evaluate)
     name, domain = family
     if window is not None and not (domain[0] <= window[0] and window[1] <= domain[1]):
         raise ValueError(f"window {window} must lie in the domain {domain} of {refine}")
@@ -116,3 +139,24 @@ def evaluation_points(refine, family, coarsest, fine, window, evaluate):
     return nodes, weights
 
 
+
+
+def _composite_points(family, coarsest, fine, window, evaluate):
+    """Evaluation points of a product (a Gauss-Legendre grid) and of atoms (themselves first)."""
+    if window is not None or evaluate != "interpolate":
+        raise ValueError(f"window and evaluate='coarsest-nodes' apply to interval discretizations, "
+                         f"not to {family!r}")
+    atoms = getattr(family, "atoms", 0)
+    base = family.base if atoms else family
+    if getattr(base, "dimension", 1) == 2:
+        per_axis = max(2, int(round(math.sqrt(fine))))
+        (d1, d2) = base.domain
+        g1, g2 = GaussLegendre(per_axis, domain=d1), GaussLegendre(per_axis, domain=d2)
+        x1, x2 = np.meshgrid(g1.nodes, g2.nodes, indexing="ij")
+        points = np.stack([x1.ravel(), x2.ravel()], axis=-1)
+        weights = np.outer(g1.weights, g2.weights).ravel()
+    else:
+        rule = GaussLegendre(fine, domain=base.domain)
+        points, weights = rule.nodes, rule.weights
+    # atoms are compared as themselves, each with weight 1 in the error norm
+    return points, np.concatenate([np.ones(atoms), weights])

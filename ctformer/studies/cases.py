@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend import to_host
-from ..discretizations import get
 from ..solvers import InconsistentDepthLimitWarning
 from ..state import AXES, Grids
+from .arguments import level_discretization
 from .identity import array_identity
 
 __all__ = ["StudyCase", "compute_case", "VARIABLES"]
@@ -53,8 +53,7 @@ class StudyCase:
         """The four discretizations of ``level`` (``None``: the model's default)."""
         chosen = dict(self.fixed)
         if self.refine != "time":
-            name, domain = self.family
-            chosen[self.refine] = get(name, level, domain=domain)
+            chosen[self.refine] = level_discretization(self.family, level)
         return chosen
 
     def steps(self, level: int) -> int:

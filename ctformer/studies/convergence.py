@@ -40,13 +40,13 @@ import numpy as np
 
 from .. import solvers
 from ..backend import to_host
-from ..discretizations import get
 from ..model_inputs import renamed_keyword
 from .arguments import (DEFAULT_FIXED, check_levels, check_positive_int, check_window,
-                        evaluation_points, fixed_discretization, refined_family)
+                        evaluation_points, fixed_discretization, level_discretization,
+                        refined_family)
 from .cases import VARIABLES, StudyCase, compute_case
 from .execution import case_key, finite_or_none, run_cases
-from .identity import array_identity, model_identity
+from .identity import array_identity, describe, model_identity
 from .results import ConvergenceResult, Row, fit_order, neighbour_orders
 
 __all__ = ["convergence", "smooth_initial_state", "VARIABLES"]
@@ -65,7 +65,7 @@ def smooth_initial_state(x, y):
 
 
 def _disc_spec(d):
-    return None if d is None else [d.name, d.n, list(d.domain)]
+    return None if d is None else describe(d)
 
 
 def _scheme_label(scheme) -> str:
@@ -210,7 +210,7 @@ def _build(model, *, refine, levels, tokens, features, head_features, hidden, sc
         expected = float(expected_order)
     else:
         expected = float(scheme.order) if refine == "time" else \
-            float(get(family[0], levels[0], domain=family[1]).order)
+            float(level_discretization(family, levels[0]).order)
     if reference == "richardson" and math.isinf(expected):
         raise ValueError("reference='richardson' needs a finite expected order; the refined "
                          "method is spectral, use reference='finest' or pass expected_order")
@@ -223,7 +223,7 @@ def _build(model, *, refine, levels, tokens, features, head_features, hidden, sc
     study = StudyCase(model, u0, scheme, refine, family, fixed, steps_per_layer, points, weights)
     shared = {
         "model": model_identity(model) if store is not None else None, "refine": refine,
-        "family": None if family is None else [family[0], list(family[1])],
+        "family": None if family is None else describe(family),
         "fixed": {k: _disc_spec(v) for k, v in fixed.items()}, "scheme": repr(scheme),
         "steps_per_layer": steps_per_layer, "fine": fine,
         "window": None if window is None else list(window), "evaluate": evaluate,
@@ -269,7 +269,10 @@ def _measure(study, keys, records, expected, options, wall) -> ConvergenceResult
     table = [Row(level=i, n=n, h=float(h[i]), error=finite_or_none(errors[i]),
                  order=finite_or_none(orders[i]), seconds=float(records[key]["seconds"]))
              for i, (key, n) in enumerate(keys)]
-    method = _scheme_label(study.scheme) if study.refine == "time" else study.family[0]
+    if study.refine == "time":
+        method = _scheme_label(study.scheme)
+    else:
+        method = study.family[0] if isinstance(study.family, tuple) else repr(study.family)
     parameters = dict(options["parameters"], scheme_order=float(study.scheme.order))
     floor = 1e-12 * max(1.0, measure(ref))
     return ConvergenceResult(

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..backend import to_host
 
-__all__ = ["model_identity", "array_identity"]
+__all__ = ["model_identity", "array_identity", "describe"]
 
 
 def _update_array(digest, name: str, values) -> None:
@@ -79,6 +79,20 @@ def _describe(obj, path: str, stack: set):
     else:
         raise _Unhashable(f"{path} ({cls.__qualname__}) has no inspectable state")
     return {"type": f"{cls.__module__}.{cls.__qualname__}", "state": _describe(state, path, stack)}
+
+
+def describe(obj):
+    """A canonical JSON-able description of ``obj`` (arrays by hash, functions by name).
+
+    Raises
+    ------
+    TypeError
+        If ``obj`` holds a lambda, a local function or a cycle.
+    """
+    try:
+        return _describe(obj, type(obj).__name__, set())
+    except _Unhashable as exc:
+        raise TypeError(f"no stable description: {exc}") from None
 
 
 def model_identity(model) -> str:
