@@ -121,6 +121,13 @@ class WithAtoms(Discretization):
     def __repr__(self) -> str:
         return f"WithAtoms({self.base!r}, count={self.atoms}, weight={self.weight!r})"
 
+    @property
+    def label(self) -> str:
+        """A short name for tables and plots, e.g. ``"midpoint x midpoint + 1 atom"``."""
+        base = getattr(self.base, "label", self.base.name)
+        mass = "" if self.weight is None else f" of mass {self.weight:g}"
+        return f"{base} + {self.atoms} atom{'s' if self.atoms > 1 else ''}{mass}"
+
     # -- geometry -------------------------------------------------------------------------
     @property
     def order(self) -> float:  # type: ignore[override]

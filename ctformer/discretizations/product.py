@@ -96,6 +96,11 @@ class Product(Discretization):
     def __repr__(self) -> str:
         return f"Product({self.first!r}, {self.second!r})"
 
+    @property
+    def label(self) -> str:
+        """A short name for tables and plots, e.g. ``"midpoint x midpoint"``."""
+        return f"{self.first.name} x {self.second.name}"
+
     # -- geometry -------------------------------------------------------------------------
     @property
     def order(self) -> float:  # type: ignore[override]

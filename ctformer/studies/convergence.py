@@ -272,7 +272,7 @@ def _measure(study, keys, records, expected, options, wall) -> ConvergenceResult
     if study.refine == "time":
         method = _scheme_label(study.scheme)
     else:
-        method = study.family[0] if isinstance(study.family, tuple) else repr(study.family)
+        method = study.family[0] if isinstance(study.family, tuple) else study.family.label
     parameters = dict(options["parameters"], scheme_order=float(study.scheme.order))
     floor = 1e-12 * max(1.0, measure(ref))
     return ConvergenceResult(
