@@ -440,4 +440,5 @@ class ContinuousTransformer:
                                **options)
         blocks = [Block(**block) for block in layout["blocks"]]
         return cls(blocks, final_normalization=layout["final_normalization"],
+                   head_features=layout.get("head_features"),
                    context_length=layout.get("context_length"))

@@ -6,6 +6,12 @@ variables; every bias and every LayerNorm gain or shift is a low-frequency trigo
 function of its variable. The flow is then smooth in :math:`x` and :math:`y` and of size
 :math:`O(1)` over a few layers, and discretization errors come only from the rules, not from
 the parameters. A different ``seed`` gives independent parameters.
+
+The components of current Transformers (design notes, section 10) are options: RMSNorm
+instead of LayerNorm, a gated (SwiGLU, GeGLU) feed-forward layer, grouped-query attention,
+rotary or ALiBi positions at a reference length ``context_length``, and a sliding window. The
+default options draw exactly the random numbers they always drew, so existing seeds keep
+their models.
 """
 from __future__ import annotations
 
@@ -13,13 +19,20 @@ import math
 
 import numpy as np
 
+from .discretizations import Midpoint
 from .kernels import SmoothRandom
-from .operators import Attention, FeedForward, LayerNormProjection
+from .operators import ALiBi, Attention, FeedForward, GatedFeedForward, LayerNormProjection, RMSNorm, RoPE
 
-__all__ = ["random_layers", "PLACEMENTS", "KERNEL_SCALE"]
+__all__ = ["random_layers", "PLACEMENTS", "KERNEL_SCALE", "NORMALIZATIONS", "FEEDFORWARDS", "POSITIONS"]
+
+NORMALIZATIONS = ("layernorm", "rmsnorm")
+FEEDFORWARDS = ("mlp", "swiglu", "geglu")
+POSITIONS = (None, "rope", "alibi")
 
 PLACEMENTS = ("pre", "post", "post-projection", "none")
 KERNEL_SCALE = 0.5
+#: Default head-feature rule size of a RoPE model (``Midpoint(8)``: four rotation pairs).
+ROPE_HEAD_FEATURES = 8
 BIAS_SCALE = 0.1
 
 
@@ -43,7 +56,9 @@ class _Trig:
 
 
 def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu", mask=None,
-                  diagonal="full", beta=4.0) -> dict:
+                  diagonal="full", beta=4.0, *, normalization="layernorm", feedforward="mlp",
+                  kv_heads=None, positions=None, context_length=None, window=None,
+                  rope_theta=10000.0) -> dict:
     r"""The layers of a continuous Transformer with smooth random parameters.
 
     :meth:`ctformer.ContinuousTransformer.random_smooth` builds the model from them.
@@ -76,20 +91,46 @@ def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu",
         Weight of the diagonal cell with ``mask="causal"``.
     beta : float
         Inverse temperature of every head.
+    normalization : {"layernorm", "rmsnorm"}
+        :class:`~ctformer.operators.LayerNormProjection` or :class:`~ctformer.operators.RMSNorm`
+        (gain :math:`1 + 0.2 \sin(\pi k y + \phi)`, ``eps = 0``; with
+        ``"post-projection"`` the plain sphere projection).
+    feedforward : {"mlp", "swiglu", "geglu"}
+        :class:`~ctformer.operators.FeedForward` with ``activation``, or a
+        :class:`~ctformer.operators.GatedFeedForward` with SiLU (SwiGLU) or GELU (GeGLU) gates
+        (``activation`` is then not used).
+    kv_heads : int, optional
+        Key/value heads of grouped-query attention (dividing ``heads``).
+    positions : {None, "rope", "alibi"}
+        Rotary positions (:math:`\omega(\tau) = \Theta^{-\tau}`, :math:`\Theta` =
+        ``rope_theta``) or ALiBi with the default slopes. RoPE needs a head-feature rule with
+        the pairing :math:`(\sigma, \sigma + 1/2)`: the model's default head features are
+        then ``Midpoint(8)`` (``"head_features"`` in the result; override with
+        ``head_features=`` in :meth:`~ctformer.ContinuousTransformer.solve`).
+    context_length : float, optional
+        The reference length :math:`L` of positions :math:`p(x) = L x - 1/2`; required with
+        ``positions`` or ``window``.
+    window : float, optional
+        Sliding window :math:`W` (needs ``mask="causal"`` and ``context_length``).
+    rope_theta : float
+        :math:`\Theta` of the RoPE frequencies, default 10000.
 
     Returns
     -------
     dict
         ``"blocks"``: one dict of :class:`ctformer.model.Block` arguments per layer;
-        ``"final_normalization"``: the final LayerNorm or ``None``. The model has no default
-        ``head_features``/``hidden``: :meth:`ContinuousTransformer.solve` uses the feature
-        discretization for them unless told otherwise.
+        ``"final_normalization"``: the final normalization or ``None``; ``"context_length"``:
+        :math:`L` when given. The model has no default ``head_features``/``hidden``:
+        :meth:`ContinuousTransformer.solve` uses the feature discretization for them unless
+        told otherwise.
 
     Raises
     ------
     ValueError
-        For an unknown ``placement``, non-positive ``layers`` or ``heads``, or invalid attention
-        or activation options (raised by the operators).
+        For an unknown ``placement``, ``normalization``, ``feedforward`` or ``positions``,
+        non-positive ``layers`` or ``heads``, ``positions`` or ``window`` without
+        ``context_length``, or invalid attention or activation options (raised by the
+        operators).
 
     Notes
     -----
@@ -105,6 +146,29 @@ def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu",
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an integer, got {seed!r}")
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    if feedforward not in FEEDFORWARDS:
+        raise ValueError(f"feedforward must be one of {FEEDFORWARDS}, got {feedforward!r}")
+    if positions not in POSITIONS:
+        raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+    if (positions is not None or window is not None) and context_length is None:
+        raise ValueError("positions and window need context_length=L, the reference length of "
+                         "positions p(x) = L x - 1/2 (e.g. context_length=32)")
+    if context_length is not None:
+        if isinstance(context_length, bool) or not isinstance(context_length, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(context_length) or context_length <= 0:
+            raise ValueError(f"context_length must be a positive number, got {context_length!r}")
+    n_kv = heads if kv_heads is None else kv_heads
+    if isinstance(n_kv, bool) or not isinstance(n_kv, (int, np.integer)) or n_kv < 1:
+        raise ValueError(f"kv_heads must be a positive integer, got {kv_heads!r}")
+    if heads % n_kv:
+        raise ValueError(f"kv_heads={kv_heads} must divide heads={heads}")
+    position_op = None
+    if positions == "rope":
+        position_op = RoPE(theta=rope_theta)
+    elif positions == "alibi":
+        position_op = ALiBi()
     rng = np.random.default_rng(int(seed))
 
     def kernel():
@@ -114,9 +178,14 @@ def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu",
         return _Trig(offset, amplitude, int(rng.integers(1, 3)), float(rng.uniform(0, 2 * math.pi)))
 
     def layer_norm():
+        if normalization == "rmsnorm":
+            return RMSNorm(gain=trig(1.0, 0.2), eps=0.0)
         return LayerNormProjection(gain=trig(1.0, 0.2), shift=trig(0.0, BIAS_SCALE), eps=0.0)
 
     def block_norms():
+        if placement == "post-projection" and normalization == "rmsnorm":
+            projection = RMSNorm()  # the plain projection onto the sphere
+            return projection, projection
         if placement == "post-projection":
             # One constraint set S1(sigma1, sigma2) per block: both sub-steps project onto the
             # same set, so every scheme has the same continuous-depth limit.
@@ -128,20 +197,33 @@ def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu",
     blocks = []
     for _ in range(int(layers)):
         attention = Attention(
-            [kernel() for _ in range(heads)], [kernel() for _ in range(heads)],
-            [kernel() for _ in range(heads)], [kernel() for _ in range(heads)],
+            [kernel() for _ in range(heads)], [kernel() for _ in range(n_kv)],
+            [kernel() for _ in range(n_kv)], [kernel() for _ in range(heads)],
             b_Q=[trig(0.0, BIAS_SCALE) for _ in range(heads)],
-            b_K=[trig(0.0, BIAS_SCALE) for _ in range(heads)],
-            b_V=[trig(0.0, BIAS_SCALE) for _ in range(heads)],
+            b_K=[trig(0.0, BIAS_SCALE) for _ in range(n_kv)],
+            b_V=[trig(0.0, BIAS_SCALE) for _ in range(n_kv)],
             b_O=trig(0.0, BIAS_SCALE),
-            beta=beta, mask=mask, diagonal=diagonal,
+            beta=beta, mask=mask, diagonal=diagonal, kv_heads=kv_heads, positions=position_op,
+            window=window,
         )
-        feedforward = FeedForward(kernel(), kernel(), b_1=trig(0.0, BIAS_SCALE),
-                                  b_2=trig(0.0, BIAS_SCALE), activation=activation)
-        block = {"attention": attention, "feedforward": feedforward, "placement": "none"}
+        if feedforward == "mlp":
+            feedforward_op = FeedForward(kernel(), kernel(), b_1=trig(0.0, BIAS_SCALE),
+                                         b_2=trig(0.0, BIAS_SCALE), activation=activation)
+        else:
+            feedforward_op = GatedFeedForward(kernel(), kernel(), kernel(), b_gate=trig(0.0, BIAS_SCALE),
+                                              b_up=trig(0.0, BIAS_SCALE), b_2=trig(0.0, BIAS_SCALE),
+                                              activation="silu" if feedforward == "swiglu" else "gelu")
+        block = {"attention": attention, "feedforward": feedforward_op, "placement": "none"}
         if placement != "none":
             block["normalization1"], block["normalization2"] = block_norms()
             block["placement"] = "pre" if placement == "pre" else "post"
         blocks.append(block)
     final = layer_norm() if placement == "pre" else None
-    return {"blocks": blocks, "final_normalization": final}
+    layout = {"blocks": blocks, "final_normalization": final}
+    if context_length is not None:
+        layout["context_length"] = context_length
+    if positions == "rope":
+        # rotation pairs (sigma, sigma + 1/2) need a rule whose second half of points is the
+        # first half shifted by 1/2: the model's default head-feature rule is Midpoint(8)
+        layout["head_features"] = Midpoint(ROPE_HEAD_FEATURES)
+    return layout

@@ -37,7 +37,9 @@ def test_vit_discrete_limit_is_exact(patch):
         out = model(pixel_values=pixels, output_hidden_states=True)
     x = out.hidden_states[0].numpy()
     reference = out.last_hidden_state.numpy()
-    ours = from_hf_vit(model).run(x)
+    from ctformer.bridges import from_hf
+
+    ours = from_hf(model).run(x)
     assert np.abs(ours - reference).max() / np.abs(reference).max() < 1e-12
     # the same numbers as tokens on the square with the class token as an atom of weight 1/(P+1)
     g = 32 // patch

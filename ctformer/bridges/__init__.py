@@ -1,12 +1,26 @@
-"""Bridges from discrete networks to continuous Transformers (design notes, section 2).
+"""Bridges from discrete networks to continuous Transformers (design notes, sections 2 and 10).
 
 - :func:`from_torch`: ``torch.nn.TransformerEncoderLayer`` / ``torch.nn.TransformerEncoder``;
+- :func:`from_hf`: a HuggingFace model in memory, dispatched on its class (``BertModel``,
+  ``GPT2Model``, ``LlamaModel``, ``MistralModel``, ``Qwen2Model``, ``AlbertModel``,
+  ``ViTModel``);
 - :func:`from_hf_bert`: HuggingFace ``BertModel`` / ``BertEncoder`` or a ``.safetensors`` file;
-- :mod:`ctformer.bridges.minilm`: the packaged all-MiniLM-L6-v2 and ``discrete_limit_report``.
+- :func:`from_gpt2`, :func:`from_llama`, :func:`from_albert`, :func:`from_hf_vit`: the
+  class-specific converters (:func:`patch_position_table` evaluates a ViT's learned position
+  table on another patch grid);
+- :mod:`ctformer.bridges.minilm`: the packaged all-MiniLM-L6-v2 and ``discrete_limit_report``;
+- :func:`limit_report`: the discrete limit and continuous-depth refinement of a small random
+  network of each class (``ctformer limit --model``).
 
 torch and transformers are imported only when a bridge is called.
 """
+from .albert import from_albert
+from .gpt2 import from_gpt2
+from .hf import from_hf, limit_report
 from .huggingface import from_hf_bert
+from .llama import float64_reference, from_llama
 from .torch import from_torch
+from .vit import from_hf_vit, patch_position_table
 
-__all__ = ["from_torch", "from_hf_bert"]
+__all__ = ["from_torch", "from_hf", "from_hf_bert", "from_gpt2", "from_llama", "from_albert",
+           "from_hf_vit", "patch_position_table", "float64_reference", "limit_report"]

@@ -6,6 +6,11 @@ kernel :class:`ctformer.kernels.PiecewiseConstant` with value :math:`d_{in} A_{i
 length :math:`d` is the piecewise-constant function with these cell values; the score scale
 :math:`1/\sqrt{d_h}` of head :math:`h` is :math:`\beta_h \int_{Y_h} q k\, d\sigma` with the
 midpoint weights :math:`1/d_h`, so :math:`\beta_h = \sqrt{d_h}`.
+
+Decoders of the Llama family add grouped-query attention (:math:`H_{kv}` key/value heads, rows
+:math:`g d_h, \dots, (g + 1) d_h - 1` of the key and value projections for key/value head
+:math:`g`), RMSNorm (a piecewise-constant gain) and the gated feed-forward layer
+``down(act(gate(u)) * up(u))`` (:func:`gated_feedforward_from_weights`).
 """
 from __future__ import annotations
 
@@ -14,9 +19,11 @@ import math
 import numpy as np
 
 from ..kernels import PiecewiseConstant
-from ..operators import Attention, FeedForward, LayerNormProjection
+from ..operators import Attention, FeedForward, GatedFeedForward, LayerNormProjection, RMSNorm
 
-__all__ = ["to_numpy", "attention_from_weights", "feedforward_from_weights", "layer_norm_from_weights"]
+__all__ = ["to_numpy", "attention_from_weights", "grouped_attention_from_weights",
+           "feedforward_from_weights", "gated_feedforward_from_weights", "layer_norm_from_weights",
+           "rms_norm_from_weights", "state_tensors"]
 
 
 def to_numpy(tensor, name: str) -> np.ndarray | None:
@@ -65,3 +72,69 @@ def feedforward_from_weights(w_1, b_1, w_2, b_2, activation: str):
 def layer_norm_from_weights(weight, bias, eps: float):
     """LayerNorm with piecewise-constant gain and shift (none when the module has none)."""
     return LayerNormProjection(gain=weight, shift=bias, eps=float(eps))
+
+
+def grouped_attention_from_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, *, heads: int, kv_heads: int,
+                                   head_dim: int, beta: float | None = None, mask=None, positions=None,
+                                   window=None):
+    r"""Grouped-query attention from the weights of separate ``nn.Linear`` projections.
+
+    Parameters
+    ----------
+    w_q : ndarray (heads * head_dim, d)
+    w_k, w_v : ndarray (kv_heads * head_dim, d)
+    w_o : ndarray (d, heads * head_dim)
+    b_q, b_k, b_v, b_o : ndarray or None
+        Biases of the four projections.
+    heads, kv_heads, head_dim : int
+        :math:`H`, :math:`H_{kv}` (dividing :math:`H`) and :math:`d_h`.
+    beta : float, optional
+        Inverse temperature; default :math:`\sqrt{d_h}` (score scale :math:`1/\sqrt{d_h}`).
+    mask, positions, window
+        Passed to :class:`ctformer.operators.Attention`.
+
+    Raises
+    ------
+    ValueError
+        If the weight shapes do not match the head counts.
+    """
+    for name, w, rows in (("q", w_q, heads * head_dim), ("k", w_k, kv_heads * head_dim),
+                          ("v", w_v, kv_heads * head_dim)):
+        if w.shape[0] != rows:
+            raise ValueError(f"the {name} projection has {w.shape[0]} rows, expected {rows} "
+                             f"({'heads' if name == 'q' else 'kv_heads'} x head_dim)")
+    if w_o.shape[1] != heads * head_dim:
+        raise ValueError(f"the output projection has {w_o.shape[1]} columns, expected {heads * head_dim}")
+
+    def blocks(count):
+        return [slice(h * head_dim, (h + 1) * head_dim) for h in range(count)]
+
+    def split_bias(b, count):
+        return None if b is None else [b[r] for r in blocks(count)]
+
+    return Attention(
+        [PiecewiseConstant(w_q[r]) for r in blocks(heads)],
+        [PiecewiseConstant(w_k[r]) for r in blocks(kv_heads)],
+        [PiecewiseConstant(w_v[r]) for r in blocks(kv_heads)],
+        [PiecewiseConstant(w_o[:, r]) for r in blocks(heads)],
+        b_Q=split_bias(b_q, heads), b_K=split_bias(b_k, kv_heads), b_V=split_bias(b_v, kv_heads), b_O=b_o,
+        beta=math.sqrt(head_dim) if beta is None else beta, mask=mask,
+        kv_heads=kv_heads if kv_heads != heads else None, positions=positions, window=window,
+    )
+
+
+def gated_feedforward_from_weights(w_gate, b_gate, w_up, b_up, w_down, b_down, activation: str):
+    """The gated feed-forward operator ``down(act(gate(u)) * up(u))`` of three linear layers."""
+    return GatedFeedForward(PiecewiseConstant(w_gate), PiecewiseConstant(w_up), PiecewiseConstant(w_down),
+                            b_gate=b_gate, b_up=b_up, b_2=b_down, activation=activation)
+
+
+def rms_norm_from_weights(weight, eps: float):
+    """RMSNorm with a piecewise-constant gain (1 when the module has no weight)."""
+    return RMSNorm(gain=1.0 if weight is None else weight, eps=float(eps))
+
+
+def state_tensors(module, prefix: str = "") -> dict:
+    """``name -> tensor`` of a module's parameters and persistent buffers, without ``prefix``."""
+    return {name[len(prefix):]: tensor for name, tensor in module.state_dict().items()
+            if name.startswith(prefix)}

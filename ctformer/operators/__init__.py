@@ -7,8 +7,11 @@ from .quadrature_attention import quadrature_attention
 from .base import Grids, Operator, check_state
 from .functions import FeatureFunction, as_feature_function, evaluate_stack
 from .attention import Attention
-from .feature import ACTIVATIONS, FeatureMap, FeedForward, gelu, gelu_tanh, get_activation, relu, silu
-from .normalization import LayerNormProjection, SphereProjection
+from .feature import (ACTIVATIONS, FeatureMap, FeedForward, GatedFeedForward, gelu, gelu_tanh,
+                      get_activation, relu, silu)
+from .normalization import LayerNormProjection, RMSNorm, SphereProjection
+from .positions import ALiBi, RoPE, alibi_slopes, interpolate_table, sinusoidal_encoding
+from .local_attention import local_attention, window_pattern
 
 __all__ = [
     "quadrature_attention",
@@ -21,6 +24,7 @@ __all__ = [
     "Attention",
     "FeatureMap",
     "FeedForward",
+    "GatedFeedForward",
     "ACTIVATIONS",
     "get_activation",
     "relu",
@@ -29,4 +33,12 @@ __all__ = [
     "silu",
     "LayerNormProjection",
     "SphereProjection",
+    "RMSNorm",
+    "RoPE",
+    "ALiBi",
+    "alibi_slopes",
+    "sinusoidal_encoding",
+    "interpolate_table",
+    "local_attention",
+    "window_pattern",
 ]

@@ -18,6 +18,17 @@ integral is :func:`~ctformer.operators.quadrature_attention.quadrature_attention
 weights. With midpoint grids, :math:`\beta_h = \sqrt{d_h}` and :class:`~ctformer.kernels.PiecewiseConstant`
 kernels from the blocks of torch's in- and out-projections, this is exactly
 ``torch.nn.MultiheadAttention`` (design notes, section 2).
+
+Components of current Transformers (design notes, section 10):
+
+* grouped-query attention: :math:`H` query heads share :math:`H_{kv}` key/value heads, head
+  :math:`h` reading key/value head :math:`\lfloor h H_{kv} / H \rfloor` (``kv_heads``);
+* positions :math:`p(x) = L s(x) - 1/2` (:meth:`ctformer.Grids.positions`) enter through
+  :class:`~ctformer.operators.positions.RoPE` (queries and keys rotated in :math:`\sigma`) or
+  :class:`~ctformer.operators.positions.ALiBi` (:math:`-m_h |p(x) - p(x')|` added to the
+  exponent);
+* a sliding window :math:`m(x, x') = 1\{0 \le p(x) - p(x') < W\}` (``window``), computed by
+  :func:`~ctformer.operators.local_attention.local_attention` in :math:`O(N W)`.
 """
 from __future__ import annotations
 
@@ -30,6 +41,8 @@ from ..kernels import Kernel
 from ..model_inputs import renamed_keyword
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, evaluate_stack, named_parameters
+from .local_attention import local_attention, window_pattern
+from .positions import ALiBi, RoPE, rotate
 from .quadrature_attention import quadrature_attention
 
 __all__ = ["Attention"]
@@ -72,6 +85,16 @@ class Attention(Operator):
     diagonal : {"full", "half"}
         With a causal mask, the weight of the diagonal cell: ``"full"`` (the standard causal
         mask, first order) or ``"half"`` (second order on midpoint grids).
+    kv_heads : int, optional
+        Number :math:`H_{kv}` of key/value heads (grouped-query attention); it must divide
+        ``heads``, and ``W_K``, ``W_V``, ``b_K``, ``b_V`` then have :math:`H_{kv}` entries.
+        Default: ``heads`` (one key/value head per query head).
+    positions : RoPE, ALiBi or None
+        How token positions enter the scores (:mod:`ctformer.operators.positions`). The grids
+        must then have a ``context_length``.
+    window : float, optional
+        Sliding window :math:`W` (in positions): keys with :math:`0 \le p(x) - p(x') < W`.
+        Needs ``mask="causal"`` and ``diagonal="full"``.
 
     Raises
     ------
@@ -79,8 +102,9 @@ class Attention(Operator):
         If a kernel list holds something that is not a kernel.
     ValueError
         If the lists have different lengths, ``beta`` is not finite or has the wrong length,
-        ``mask`` or ``diagonal`` is not one of the allowed values, or a bias list has the
-        wrong length.
+        ``mask`` or ``diagonal`` is not one of the allowed values, a bias list has the wrong
+        length, ``kv_heads`` does not divide ``heads``, ``positions`` is of an unknown kind, or
+        ``window`` is not a positive number or lacks the causal mask.
 
     Notes
     -----
@@ -99,23 +123,36 @@ class Attention(Operator):
     """
 
     def __init__(self, W_Q, W_K, W_V, W_O, *, b_Q=None, b_K=None, b_V=None, b_O=None,
-                 beta=1.0, mask=None, diagonal="full"):
+                 beta=1.0, mask=None, diagonal="full", kv_heads=None, positions=None, window=None):
         self.W_Q = _kernel_list(W_Q, "W_Q")
         self.heads = len(self.W_Q)
+        if kv_heads is None:
+            self.kv_heads = self.heads
+        else:
+            if isinstance(kv_heads, bool) or not isinstance(kv_heads, (int, np.integer)) or kv_heads < 1:
+                raise ValueError(f"kv_heads must be a positive integer, got {kv_heads!r}")
+            if self.heads % kv_heads:
+                raise ValueError(f"kv_heads={kv_heads} must divide the number of heads {self.heads}")
+            self.kv_heads = int(kv_heads)
         for name, ks in (("W_K", W_K), ("W_V", W_V), ("W_O", W_O)):
             ks = _kernel_list(ks, name)
-            if len(ks) != self.heads:
-                raise ValueError(
-                    f"W_Q, W_K, W_V and W_O must have one kernel per head; W_Q has {self.heads}, "
-                    f"{name} has {len(ks)}"
-                )
+            expected = self.heads if name == "W_O" else self.kv_heads
+            if len(ks) != expected:
+                if name == "W_O" or kv_heads is None:
+                    raise ValueError(
+                        f"W_Q, W_K, W_V and W_O must have one kernel per head; W_Q has {self.heads}, "
+                        f"{name} has {len(ks)} (for grouped-query attention pass kv_heads=...)"
+                    )
+                raise ValueError(f"{name} must have one kernel per key/value head (kv_heads={self.kv_heads}), "
+                                 f"got {len(ks)}")
             setattr(self, name, ks)
         for name, bs in (("b_Q", b_Q), ("b_K", b_K), ("b_V", b_V)):
+            count = self.heads if name == "b_Q" else self.kv_heads
             if bs is not None:
                 if isinstance(bs, (str, bytes)) or not hasattr(bs, "__len__"):
-                    raise TypeError(f"{name} must be None or a list of {self.heads} feature functions (one per head)")
-                if len(bs) != self.heads:
-                    raise ValueError(f"{name} must have one entry per head ({self.heads}), got {len(bs)}")
+                    raise TypeError(f"{name} must be None or a list of {count} feature functions (one per head)")
+                if len(bs) != count:
+                    raise ValueError(f"{name} must have one entry per head ({count}), got {len(bs)}")
                 bs = [as_feature_function(b, f"{name}[{h}]") for h, b in enumerate(bs)]
                 if all(b.is_none for b in bs):
                     bs = None
@@ -129,6 +166,19 @@ class Attention(Operator):
         if diagonal == "half" and mask is None:
             raise ValueError("diagonal='half' only applies with mask='causal'")
         self.mask, self.diagonal = mask, diagonal
+        if positions is not None and not isinstance(positions, (RoPE, ALiBi)):
+            raise ValueError(f"positions must be None, a RoPE or an ALiBi object, got {positions!r}")
+        if isinstance(positions, ALiBi):
+            positions.slopes_for(self.heads)  # one slope per head
+        self.positions = positions
+        if window is not None:
+            if isinstance(window, bool) or not isinstance(window, Real) or not np.isfinite(window) or window <= 0:
+                raise ValueError(f"window must be a finite number > 0 (in positions), got {window!r}")
+            if mask != "causal" or diagonal != "full":
+                raise ValueError("window (sliding-window attention, 0 <= p(x) - p(x') < W) needs "
+                                 "mask='causal' and diagonal='full'")
+            window = float(window)
+        self.window = window
 
     def _check_beta(self, beta) -> np.ndarray:
         if isinstance(beta, Real) and not isinstance(beta, bool):
@@ -147,8 +197,15 @@ class Attention(Operator):
         return arr
 
     def __repr__(self) -> str:
+        extra = ""
+        if self.kv_heads != self.heads:
+            extra += f", kv_heads={self.kv_heads}"
+        if self.positions is not None:
+            extra += f", positions={self.positions!r}"
+        if self.window is not None:
+            extra += f", window={self.window!r}"
         return (f"Attention(heads={self.heads}, beta={self.beta.tolist()}, mask={self.mask!r}, "
-                f"diagonal={self.diagonal!r})")
+                f"diagonal={self.diagonal!r}{extra})")
 
     def __call__(self, u, grids: Grids, padding_mask=None, *, key_mask=None):
         """Apply to validated point values ``u`` on ``grids`` (see :meth:`Operator.__call__`).
@@ -170,9 +227,9 @@ class Attention(Operator):
         Returns
         -------
         dict
-            ``"Q"``, ``"K"``, ``"V"``: ``(H, nq_h, nq_y)`` kernel matrices; ``"O"``: the
+            ``"Q"``: ``(H, nq_h, nq_y)``, ``"K"``, ``"V"``: ``(H_kv, nq_h, nq_y)`` kernel matrices; ``"O"``: the
             output kernels concatenated over heads, ``(H * nq_h, nq_y)`` (transposed, ready to
-            right-multiply); ``"b_Q"``, ``"b_K"``, ``"b_V"``: ``(H, 1, nq_h)`` or None;
+            right-multiply); ``"b_Q"``, ``"b_K"``, ``"b_V"``: ``(H or H_kv, 1, nq_h)`` or None;
             ``"b_O"``: ``(nq_y,)`` or None; ``"w_sigma"``: ``(nq_h,)``; ``"beta"``: ``(H,)``;
             ``"w_tokens"``: ``(nq_x,)`` or None when uniform.
         """
@@ -194,39 +251,80 @@ class Attention(Operator):
 
     def _discretize(self, grids: Grids):
         host = self.host_arrays(grids)
-        heads, n_tokens = self.heads, grids.shape[0]
+        heads, kv_heads, n_tokens = self.heads, self.kv_heads, grids.shape[0]
         n_sigma = host["Q"].shape[1]
         # One GEMM for all projections (queries pre-scaled by the head-feature weights):
-        # rows (3, H, nq_h) of a (3 H nq_h, nq_y) matrix, as torch's packed in-projection.
+        # rows (H + 2 H_kv, nq_h) of one matrix, as torch's packed in-projection.
         w_sigma = host["w_sigma"]
         stacked = np.concatenate([host["Q"] * w_sigma[None, :, None], host["K"], host["V"]])
         biases = [host[name] for name in ("b_Q", "b_K", "b_V")]
         bias = None
         if any(b is not None for b in biases):
-            zeros = np.zeros((heads, 1, n_sigma))
-            biases = [zeros if b is None else b for b in biases]
+            biases = [np.zeros((count, 1, n_sigma)) if b is None else b
+                      for b, count in zip(biases, (heads, kv_heads, kv_heads))]
             biases[0] = biases[0] * w_sigma
             bias = np.concatenate(biases).reshape(-1)
+        groups = heads // kv_heads
+        beta = host["beta"] if groups == 1 else host["beta"].reshape(kv_heads, groups)
+        rope = alibi = None
+        positions = None
+        if self.positions is not None or self.window is not None:
+            positions = grids.positions()
+        if isinstance(self.positions, RoPE):
+            rope = self.positions.tables(grids)
+        elif isinstance(self.positions, ALiBi):
+            alibi = self.positions.slopes_for(heads)
+            alibi = alibi if groups == 1 else alibi.reshape(kv_heads, groups)
         constants = Constants(
             QKV_t=np.ascontiguousarray(stacked.reshape(-1, stacked.shape[-1]).T),
-            b_QKV=bias, O=host["O"], b_O=host["b_O"], beta=host["beta"], w_tokens=host["w_tokens"],
+            b_QKV=bias, O=host["O"], b_O=host["b_O"], beta=beta, w_tokens=host["w_tokens"],
+            cos=None if rope is None else rope[0], sin=None if rope is None else rope[1],
+            slopes=alibi,
         )
-        mask, diagonal = self.mask, self.diagonal
+        mask, diagonal, window = self.mask, self.diagonal, self.window
+        pattern = None if window is None else window_pattern(positions, window)
+        local = window is not None or alibi is not None
+        w_tokens_host = host["w_tokens"]
+        split = (heads * n_sigma, (heads + kv_heads) * n_sigma)
 
         def attention(u, padding_mask=None):
             xp = array_api_compat.array_namespace(u)
-            keep = _key_mask(xp, padding_mask, u, n_tokens, mask, diagonal)
             qkv = u @ constants("QKV_t", u)
             b_qkv = constants("b_QKV", u)
             if b_qkv is not None:
                 qkv = qkv + b_qkv
-            qkv = xp.reshape(qkv, (*u.shape[:-1], 3, heads, n_sigma))
-            q, k, v = (xp.moveaxis(qkv[..., i, :, :], -2, -3) for i in range(3))  # (..., H, N, d_h)
-            attended = quadrature_attention(
-                q, k, v, beta=constants("beta", u), weights=constants("w_tokens", u),
-                mask=mask if keep is None else keep,
-                diagonal=diagonal if keep is None else "full",
-            )
+            lead = tuple(u.shape[:-2])
+            q, k, v = (xp.moveaxis(xp.reshape(part, (*lead, n_tokens, count, n_sigma)), -2, -3)
+                       for part, count in ((qkv[..., :split[0]], heads),
+                                           (qkv[..., split[0]:split[1]], kv_heads),
+                                           (qkv[..., split[1]:], kv_heads)))  # (..., H or H_kv, N, d_h)
+            if rope is not None:
+                cos, sin = constants("cos", u), constants("sin", u)
+                q, k = rotate(xp, q, cos, sin), rotate(xp, k, cos, sin)
+            if groups > 1:  # head h = g * groups + r reads key/value head g (no copies)
+                q = xp.reshape(q, (*lead, kv_heads, groups, n_tokens, n_sigma))
+                k, v = k[..., None, :, :], v[..., None, :, :]
+            extra_axes = 1 if groups > 1 else 0
+            if local:
+                km = _padding(xp, padding_mask, u, n_tokens, diagonal)
+                if km is not None:
+                    km = xp.reshape(km, (*km.shape[:-1], *([1] * (1 + extra_axes)), n_tokens))
+                attended = local_attention(
+                    q, k, v, beta=constants("beta", u), pattern=pattern, weights=w_tokens_host,
+                    key_mask=km, slopes=constants("slopes", u), positions=positions,
+                    causal=mask == "causal" and pattern is None, diagonal=diagonal,
+                    fallback_to_self=km is not None and pattern is not None)
+            else:
+                keep = _key_mask(xp, padding_mask, u, n_tokens, mask, diagonal)
+                if keep is not None and extra_axes:
+                    keep = keep[..., None, :, :, :]
+                attended = quadrature_attention(
+                    q, k, v, beta=constants("beta", u), weights=constants("w_tokens", u),
+                    mask=mask if keep is None else keep,
+                    diagonal=diagonal if keep is None else "full",
+                )
+            if groups > 1:
+                attended = xp.reshape(attended, (*attended.shape[:-4], heads, n_tokens, n_sigma))
             # concatenate heads along the features and contract with the stacked W_O
             concat = xp.reshape(xp.moveaxis(attended, -3, -2), (*attended.shape[:-3], n_tokens, -1))
             out = concat @ constants("O", u)
@@ -236,8 +334,8 @@ class Attention(Operator):
         return attention
 
 
-def _key_mask(xp, key_mask, u, n_tokens, mask, diagonal):
-    """Combine a padding mask (..., N) with the causal mask into a bool (..., 1, N, N) array."""
+def _padding(xp, key_mask, u, n_tokens, diagonal):
+    """Validate a padding mask (..., N) of booleans; None stays None."""
     if key_mask is None:
         return None
     km = xp.asarray(key_mask)
@@ -246,7 +344,7 @@ def _key_mask(xp, key_mask, u, n_tokens, mask, diagonal):
     if km.ndim < 1 or km.shape[-1] != n_tokens:
         raise ValueError(f"padding_mask must have shape (..., {n_tokens}) (one flag per token), got {tuple(km.shape)}")
     try:
-        lead = xp.broadcast_shapes(tuple(km.shape[:-1]), tuple(u.shape[:-2]))
+        xp.broadcast_shapes(tuple(km.shape[:-1]), tuple(u.shape[:-2]))
     except ValueError:
         raise ValueError(
             f"padding_mask leading axes {tuple(km.shape[:-1])} do not broadcast with the batch axes "
@@ -254,6 +352,15 @@ def _key_mask(xp, key_mask, u, n_tokens, mask, diagonal):
         ) from None
     if diagonal == "half":
         raise ValueError("padding_mask cannot be combined with diagonal='half'; use diagonal='full'")
+    return km
+
+
+def _key_mask(xp, key_mask, u, n_tokens, mask, diagonal):
+    """Combine a padding mask (..., N) with the causal mask into a bool (..., 1, N, N) array."""
+    km = _padding(xp, key_mask, u, n_tokens, diagonal)
+    if km is None:
+        return None
+    lead = xp.broadcast_shapes(tuple(km.shape[:-1]), tuple(u.shape[:-2]))
     keep = xp.broadcast_to(km[..., None, None, :], (*lead, 1, n_tokens, n_tokens))
     if mask == "causal":
         rows = xp.arange(n_tokens)

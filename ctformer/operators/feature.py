@@ -8,8 +8,17 @@ Feed-forward operator with activation :math:`\phi`:
 
 .. math::  F(u)(x, y) = \int_R W_2(y, r)\, \phi\big((W_1 u)(x, r) + b_1(r)\big)\, dr + b_2(y).
 
+Gated feed-forward operator (SwiGLU with :math:`\phi = \mathrm{silu}`, GeGLU with a GELU;
+design notes, section 10): a product of two feature integral operators in the hidden variable,
+
+.. math::
+
+    F(u)(x, y) = \int_R W_2(y, r)\, \phi\big((W_g u)(x, r) + b_g(r)\big)
+        \big((W_u u)(x, r) + b_u(r)\big)\, dr + b_2(y).
+
 With midpoint grids and :class:`~ctformer.kernels.PiecewiseConstant` kernels these are exactly
-``nn.Linear`` and ``Linear -> activation -> Linear`` (design notes, section 2).
+``nn.Linear``, ``Linear -> activation -> Linear`` (design notes, section 2) and the
+``down(act(gate(u)) * up(u))`` MLP of Llama-family networks.
 
 Activations (:data:`ACTIVATIONS`):
 
@@ -34,7 +43,7 @@ from ..kernels import Kernel
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
 
-__all__ = ["FeatureMap", "FeedForward", "ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
+__all__ = ["FeatureMap", "FeedForward", "GatedFeedForward", "ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
 
 
 def relu(z):
@@ -190,3 +199,75 @@ class FeedForward(Operator):
             return out if b_2 is None else out + b_2
 
         return feedforward
+
+
+class GatedFeedForward(Operator):
+    r"""The gated feed-forward operator :math:`F(u) = W_2\,\big(\phi(W_g u + b_g) \odot (W_u u + b_u)\big) + b_2`.
+
+    Parameters
+    ----------
+    W_gate : Kernel
+        Features :math:`Y` to the hidden variable :math:`R`: the gate :math:`W_g`.
+    W_up : Kernel
+        Features :math:`Y` to :math:`R`: the linear branch :math:`W_u`.
+    W_2 : Kernel
+        :math:`R` back to :math:`Y` (the "down" projection).
+    b_gate, b_up : feature function, optional
+        Biases on :math:`R`.
+    b_2 : feature function, optional
+        Bias on :math:`Y`.
+    activation : {"silu", "gelu", "gelu_tanh", "relu"} or callable
+        :math:`\phi` of the gate: ``"silu"`` is SwiGLU (Llama, Mistral, Qwen2), ``"gelu"`` or
+        ``"gelu_tanh"`` GeGLU. Default ``"silu"``.
+
+    Raises
+    ------
+    TypeError
+        If a kernel is not a :class:`~ctformer.kernels.Kernel`.
+    ValueError
+        If the activation name is unknown (the message lists the valid ones).
+
+    Notes
+    -----
+    The product :math:`\phi(W_g u)(r)\,(W_u u)(r)` is pointwise in :math:`r`, so on any
+    discretization of :math:`R` it is the product of the node values; the :math:`r` integral
+    is the hidden quadrature inside :math:`W_2`.
+    """
+
+    def __init__(self, W_gate, W_up, W_2, b_gate=None, b_up=None, b_2=None, activation="silu"):
+        self.W_gate = _check_kernel(W_gate, "W_gate")
+        self.W_up = _check_kernel(W_up, "W_up")
+        self.W_2 = _check_kernel(W_2, "W_2")
+        self.b_gate = as_feature_function(b_gate, "b_gate")
+        self.b_up = as_feature_function(b_up, "b_up")
+        self.b_2 = as_feature_function(b_2, "b_2")
+        self.activation_name = activation if isinstance(activation, str) else getattr(activation, "__name__", "custom")
+        self.phi = get_activation(activation)
+
+    def __repr__(self) -> str:
+        return f"GatedFeedForward(activation={self.activation_name!r})"
+
+    def parameters(self) -> dict:
+        """Named arrays of the three kernels and the three biases."""
+        return named_parameters(W_gate=self.W_gate, W_up=self.W_up, W_2=self.W_2,
+                                b_gate=self.b_gate, b_up=self.b_up, b_2=self.b_2)
+
+    def _discretize(self, grids: Grids):
+        y, r = grids.features, grids.hidden
+        constants = Constants(b_gate=self.b_gate.evaluate(r), b_up=self.b_up.evaluate(r),
+                              b_2=self.b_2.evaluate(y))
+        w_gate, w_up, w_2, phi = self.W_gate, self.W_up, self.W_2, self.phi
+
+        def gated_feedforward(u):
+            gate = w_gate.apply(u, r, y, axis=-1)
+            up = w_up.apply(u, r, y, axis=-1)
+            b_gate, b_up = constants("b_gate", u), constants("b_up", u)
+            if b_gate is not None:
+                gate = gate + b_gate
+            if b_up is not None:
+                up = up + b_up
+            out = w_2.apply(phi(gate) * up, y, r, axis=-1)
+            b_2 = constants("b_2", u)
+            return out if b_2 is None else out + b_2
+
+        return gated_feedforward

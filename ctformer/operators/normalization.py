@@ -1,4 +1,4 @@
-r"""Normalizations per token: LayerNorm as a projection, and the sphere projection.
+r"""Normalizations per token: LayerNorm as a projection, RMSNorm and the sphere projection.
 
 Means and variances are integrals over the feature variable with its quadrature, with respect
 to the probability measure :math:`dy / |Y|` (on :math:`Y = [0, 1]` just :math:`dy`):
@@ -17,7 +17,28 @@ With scalar :math:`g = \sigma_2 > 0`, :math:`c = \sigma_1` and :math:`\varepsilo
 (Tai, Liu, Li, Chan 2025, Thm 3.1): idempotent, and the closest point of :math:`S_1`.
 
 :class:`SphereProjection`: :math:`N(u) = u / \|u\|_{L^2(Y)}`, the unit sphere of the particle
-model (Geshkovski, Letrouit, Polyanskiy, Rigollet 2025).
+model (Geshkovski, Letrouit, Polyanskiy, Rigollet 2025). With a per-feature gain and
+:math:`\varepsilon` it is RMSNorm (design notes, section 10),
+:math:`N(u) = g(y)\, u / \sqrt{\mu(u^2) + \varepsilon}`; :class:`RMSNorm` is the same operator
+under its usual name.
+
+Scale safety. Every normalization is evaluated on the rescaled token
+:math:`v = u / s(x)` with :math:`s(x) = 2^{\lfloor \log_2 \max_y |u(x, y)| \rfloor}` (a power
+of two, so the division is exact), using
+
+.. math::
+
+    \frac{u - \mu(u)}{\sqrt{\mathrm{var}(u) + \varepsilon}}
+        = \frac{v - \mu(v)}{\sqrt{\mathrm{var}(v) + \varepsilon / s^2}}, \qquad
+    \frac{u}{\sqrt{\mu(u^2) + \varepsilon}} = \frac{v}{\sqrt{\mu(v^2) + \varepsilon / s^2}} .
+
+Squares of :math:`v` lie in :math:`[0, 4)`, so nothing overflows or underflows however large
+or small :math:`u` is, and with :math:`\varepsilon = 0` the result satisfies
+:math:`N(c u) = N(u)` to rounding for every :math:`c > 0` representable in the dtype (exactly
+for powers of two). With :math:`\varepsilon > 0`, :math:`s` is raised to at least
+:math:`\sqrt{\varepsilon / R}` (:math:`R` a quarter of the dtype's largest number) before
+:math:`\varepsilon / s^2` is formed; that changes only tokens whose normalized values are
+below :math:`R^{-1/2}` (about :math:`10^{-154}` in float64) anyway.
 """
 from __future__ import annotations
 
@@ -31,7 +52,29 @@ from ..backend import to_host
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
 
-__all__ = ["LayerNormProjection", "SphereProjection"]
+__all__ = ["LayerNormProjection", "SphereProjection", "RMSNorm"]
+
+
+def _rescaled(xp, u):
+    """``(v, s)`` with ``v = u / s`` and ``s`` the power of two at or below ``max |u|`` per token.
+
+    Tokens that are exactly zero get ``s = 1`` (so ``v = 0``). Division by a power of two is
+    exact, and ``max |v|`` lies in ``[1, 2)`` for every other token.
+    """
+    peak = xp.max(xp.abs(u), axis=-1, keepdims=True)
+    positive = peak > 0
+    exponent = xp.floor(xp.log2(xp.where(positive, peak, xp.ones_like(peak))))
+    s = xp.pow(xp.asarray(2.0, dtype=u.dtype), exponent)
+    return u / s, s, positive
+
+
+def _eps_over_square(xp, eps: float, s, dtype):
+    r""":math:`\varepsilon / s^2` without overflow: ``s`` is raised to :math:`\sqrt{\varepsilon / R}`
+    (:math:`R` a quarter of the dtype's largest number) first, which changes only results
+    below :math:`\sqrt{1/R}` in absolute value."""
+    floor = math.sqrt(eps / (float(np.finfo(np.dtype(str(dtype))).max) / 4.0))
+    s = xp.maximum(s, xp.asarray(floor, dtype=s.dtype)) if floor > 0 else s
+    return eps / s / s
 
 
 def _check_eps(eps) -> float:
@@ -109,13 +152,15 @@ class LayerNormProjection(Operator):
         def layer_norm(u):
             xp = array_api_compat.array_namespace(u)
             w = constants("w", u)
-            mean = xp.sum(u * w, axis=-1, keepdims=True)
-            centred = u - mean
+            v, s, _ = _rescaled(xp, u)
+            mean = xp.sum(v * w, axis=-1, keepdims=True)
+            centred = v - mean
             var = xp.sum(centred * centred * w, axis=-1, keepdims=True)
             if eps == 0.0:
+                # rounding noise of the variance of v (max |v| in [1, 2), or v = 0)
                 tiny = 64.0 * float(np.finfo(np.dtype(str(u.dtype))).eps)
-                scale = xp.max(xp.abs(u), axis=-1, keepdims=True)
-                bad = var <= (tiny * scale) ** 2
+                peak = xp.max(xp.abs(v), axis=-1, keepdims=True)
+                bad = var <= (tiny * peak) ** 2
                 if bool(xp.any(bad)):
                     where = _first_token(bad[..., 0])
                     raise ValueError(
@@ -123,7 +168,9 @@ class LayerNormProjection(Operator):
                         "has zero feature variance; the projection onto S1 is not defined there. "
                         "Use eps > 0 or avoid feature-constant states."
                     )
-            normalized = centred / xp.sqrt(var + eps)
+                normalized = centred / xp.sqrt(var)
+            else:
+                normalized = centred / xp.sqrt(var + _eps_over_square(xp, eps, s, u.dtype))
             gain, shift = constants("gain", u), constants("shift", u)
             out = normalized if gain is None else normalized * gain
             return out if shift is None else out + shift
@@ -170,21 +217,47 @@ class SphereProjection(Operator):
         y = grids.features
         plain = self.is_projection
         constants = Constants(w=_feature_weights(grids), gain=None if plain else self.gain.evaluate(y))
-        eps = self.eps
+        eps, name = self.eps, type(self).__name__
 
         def sphere(u):
             xp = array_api_compat.array_namespace(u)
             w = constants("w", u)
-            square = xp.sum(u * u * w, axis=-1, keepdims=True)
+            v, s, positive = _rescaled(xp, u)
+            square = xp.sum(v * v * w, axis=-1, keepdims=True)
             if eps == 0.0:
-                bad = square == 0
-                if bool(xp.any(bad)):
-                    where = _first_token(bad[..., 0])
+                if not bool(xp.all(positive)):
+                    where = _first_token(~positive[..., 0])
                     raise ValueError(
-                        f"SphereProjection: the token at index {where} (batch..., token) is zero; "
+                        f"{name}: the token at index {where} (batch..., token) is zero; "
                         "it has no projection onto the sphere. Use eps > 0."
                     )
-            out = u / xp.sqrt(square + eps)
+                out = v / xp.sqrt(square)
+            else:
+                out = v / xp.sqrt(square + _eps_over_square(xp, eps, s, u.dtype))
             return out if plain else out * constants("gain", u)
 
         return sphere
+
+
+class RMSNorm(SphereProjection):
+    r"""RMSNorm, :math:`N(u) = g(y)\, u / \sqrt{\mu(u^2) + \varepsilon}` (design notes, section 10).
+
+    The same operator as :class:`SphereProjection` (with ``gain = 1`` and ``eps = 0`` the
+    :math:`L^2(Y)` projection onto the sphere :math:`\{v : \mu(v^2) = 1\}`), under the name
+    used by Llama-family networks; scale-safe like every normalization of this module.
+
+    Parameters
+    ----------
+    gain : feature function, optional
+        :math:`g(y)`, default 1 (a HuggingFace ``RMSNorm.weight`` as a 1-D array).
+    eps : float, optional
+        :math:`\varepsilon \ge 0`, default 0 (``rms_norm_eps``).
+
+    Raises
+    ------
+    ValueError
+        If ``eps`` is invalid; when applied with ``eps == 0`` to a token that is zero.
+    """
+
+    def __repr__(self) -> str:
+        return f"RMSNorm(gain={self.gain!r}, eps={self.eps!r})"

@@ -1,0 +1,257 @@
+r"""HuggingFace networks as continuous Transformers: one entry point, and the discrete-limit report.
+
+:func:`from_hf` dispatches on the class of a model in memory:
+
+================================================  =============================================
+HuggingFace class                                 continuous model
+================================================  =============================================
+``BertModel`` (``BertEncoder``)                   post-norm, :func:`~ctformer.bridges.from_hf_bert`
+``GPT2Model``                                     pre-norm, causal, :func:`~ctformer.bridges.gpt2.from_gpt2`
+``LlamaModel``, ``MistralModel``, ``Qwen2Model``  pre-norm, RMSNorm, RoPE, GQA, SwiGLU, sliding
+                                                  windows, :func:`~ctformer.bridges.llama.from_llama`
+``AlbertModel``                                   post-norm, shared layers, :func:`~ctformer.bridges.albert.from_albert`
+``ViTModel``                                      pre-norm, patches on the square and a class
+                                                  token, :func:`~ctformer.bridges.vit.from_hf_vit`
+================================================  =============================================
+
+Each result's :meth:`~ctformer.model.ContinuousTransformer.run` takes the embedding output
+(``hidden_states[0]``) and an optional padding mask and returns ``last_hidden_state``: with
+midpoint grids, Lie splitting and one step per layer it is the network (design notes,
+sections 2 and 10).
+
+:func:`limit_report` is the demonstration behind ``ctformer limit --model``: it builds a
+small random network of a class, measures the per-layer discrete-limit error against the
+float64 HuggingFace model, and, where the network has a consistent continuous-depth limit
+(pre-norm), refines depth with the ``lie`` and ``strang`` schemes.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["from_hf", "limit_report", "SUPPORTED", "small_model"]
+
+#: Supported HuggingFace classes, in the order of the messages.
+SUPPORTED = ("BertModel", "BertEncoder", "GPT2Model", "LlamaModel", "MistralModel", "Qwen2Model",
+             "AlbertModel", "ViTModel")
+
+
+def _supported_classes():
+    import transformers
+
+    return [name for name in SUPPORTED if hasattr(transformers, name)
+            or name == "BertEncoder"]
+
+
+def from_hf(model):
+    """The continuous Transformer whose discrete limit is a HuggingFace model in memory.
+
+    Parameters
+    ----------
+    model : transformers model
+        One of :data:`SUPPORTED` (``MistralModel``/``Qwen2Model`` when the installed
+        transformers has them).
+
+    Returns
+    -------
+    ContinuousTransformer
+
+    Raises
+    ------
+    TypeError
+        For any other class; the message lists the supported ones.
+    ValueError
+        For a configuration option that the continuous model does not implement (named in
+        the message by the converter).
+    """
+    try:
+        import transformers
+    except ImportError as exc:  # pragma: no cover - transformers is a test dependency
+        raise ImportError("from_hf needs the transformers package") from exc
+    from transformers.models.bert.modeling_bert import BertEncoder
+
+    if isinstance(model, (transformers.BertModel, BertEncoder)):
+        from .huggingface import from_hf_bert
+
+        return from_hf_bert(model)
+    if isinstance(model, transformers.GPT2Model):
+        from .gpt2 import from_gpt2
+
+        return from_gpt2(model)
+    from .llama import _classes, from_llama
+
+    if isinstance(model, _classes()):
+        return from_llama(model)
+    if isinstance(model, transformers.AlbertModel):
+        from .albert import from_albert
+
+        return from_albert(model)
+    if isinstance(model, transformers.ViTModel):
+        from .vit import from_hf_vit
+
+        return from_hf_vit(model)
+    raise TypeError(f"from_hf does not support {type(model).__module__}.{type(model).__qualname__}; "
+                    f"supported HuggingFace classes: {', '.join(_supported_classes())} (base models, "
+                    "not task heads: pass e.g. model.model or model.transformer)")
+
+
+# -- small random networks and the report --------------------------------------------------
+_MODELS = ("bert", "gpt2", "llama", "albert")
+
+
+def small_model(kind: str, seed: int = 0):
+    """A small float64 HuggingFace network of class ``kind`` with O(1) random weights.
+
+    Parameters
+    ----------
+    kind : {"bert", "gpt2", "llama", "albert"}
+    seed : int
+
+    Returns
+    -------
+    transformers model
+        In evaluation mode, float64 (a Llama through :func:`ctformer.bridges.llama.float64_reference`);
+        weights :math:`\\sim N(0, 1/\\text{fan-in})`, LayerNorm/RMSNorm gains :math:`1 + N(0, 0.1^2)`.
+    """
+    import torch
+    import transformers as t
+
+    if kind not in _MODELS:
+        raise ValueError(f"model must be one of {_MODELS}, got {kind!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    torch.manual_seed(int(seed))
+    common = dict(vocab_size=64)
+    if kind == "bert":
+        model = t.BertModel(t.BertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=32, max_position_embeddings=64, **common),
+                            add_pooling_layer=False)
+    elif kind == "gpt2":
+        model = t.GPT2Model(t.GPT2Config(n_embd=16, n_layer=3, n_head=4, n_inner=32, n_positions=64,
+                                         bos_token_id=0, eos_token_id=0, **common))
+    elif kind == "llama":
+        model = t.LlamaModel(t.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2,
+                                           max_position_embeddings=64, rms_norm_eps=1e-6,
+                                           rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+                                           bos_token_id=0, eos_token_id=0, pad_token_id=0, **common))
+    else:
+        model = t.AlbertModel(t.AlbertConfig(embedding_size=8, hidden_size=16, num_hidden_layers=3,
+                                             num_attention_heads=4, intermediate_size=32,
+                                             max_position_embeddings=64, **common),
+                              add_pooling_layer=False)
+    model = model.double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "embeddings" in name or "wte" in name or "wpe" in name or "embed_tokens" in name:
+                p.normal_(0.0, 1.0)
+            elif p.ndim == 2:
+                fan_in = p.shape[0] if kind == "gpt2" else p.shape[1]  # GPT-2's Conv1D is (in, out)
+                p.normal_(0.0, 1.0 / math.sqrt(fan_in))
+            elif "norm" in name.lower() and name.endswith("weight") or name.startswith("ln_") \
+                    or ".ln_" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p)) if name.endswith("weight") else p.normal_(0.0, 0.1)
+            else:
+                p.normal_(0.0, 0.1)
+    if kind == "llama":
+        from .llama import float64_reference
+
+        float64_reference(model)
+    return model
+
+
+def _hf_states(model, kind, seed, batch=2, tokens=9):
+    """Embedding output, padding mask and hidden states of ``model`` on random right-padded ids."""
+    import torch
+
+    g = torch.Generator().manual_seed(int(seed) + 1)
+    ids = torch.randint(1, model.config.vocab_size, (batch, tokens), generator=g)
+    mask = torch.ones(batch, tokens, dtype=torch.long)
+    mask[1:, tokens - 3:] = 0  # right padding in the second sequence
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    hidden = [h.numpy() for h in out.hidden_states]
+    return hidden[0], mask.numpy().astype(bool), hidden
+
+
+def _relative(ours, ref, keep):
+    diff = np.abs(ours - ref)[keep]
+    return float(diff.max() / np.abs(ref[keep]).max())
+
+
+def limit_report(model: str = "bert", pretrained: bool = False, seed: int = 0) -> str:
+    """The discrete limit of a HuggingFace network class, and its continuous-depth refinement.
+
+    Parameters
+    ----------
+    model : {"bert", "gpt2", "llama", "albert"}
+        The network class. A small random float64 network is built (:func:`small_model`);
+        ``"bert"`` with ``pretrained=True`` is the packaged all-MiniLM-L6-v2 on real sentences
+        (:func:`ctformer.bridges.minilm.discrete_limit_report`).
+    pretrained : bool
+        Only for ``"bert"``.
+    seed : int
+        Seed of the random weights and token ids.
+
+    Returns
+    -------
+    str
+        The sizes, the max relative error after each layer (real tokens of a right-padded
+        batch of two sequences), and for pre-norm networks the error of ``lie`` and
+        ``strang`` with 1, 2, 4, 8 steps per layer against ``strang`` with 64 steps, with the
+        observed orders. Post-norm networks (BERT, ALBERT) have per-feature affine
+        LayerNorms and no consistent depth limit; the report says so.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``model``, ``pretrained=True`` with a model other than ``"bert"``, or a
+        bad ``seed``.
+    """
+    if model not in _MODELS:
+        raise ValueError(f"model must be one of {_MODELS}, got {model!r}")
+    if not isinstance(pretrained, bool):
+        raise TypeError(f"pretrained must be a bool, got {type(pretrained).__name__}")
+    if pretrained:
+        if model != "bert":
+            raise ValueError(f"pretrained=True is available for model='bert' (MiniLM) only, got {model!r}")
+        from .minilm import discrete_limit_report
+
+        return discrete_limit_report()
+    from ..discretizations import Midpoint
+
+    hf = small_model(model, seed)
+    ct = from_hf(hf)
+    x, keep, hidden = _hf_states(hf, model, seed)
+    grids = dict(tokens=Midpoint(x.shape[1]), features=Midpoint(x.shape[2]), context_length=x.shape[1])
+    states = ct.solve(x, scheme="lie", steps_per_layer=1, trajectory=True, padding_mask=keep, **grids)
+    layer_states = states[1:]
+    references = hidden[1:]
+    if len(references) != len(layer_states):  # several blocks per recorded layer: compare the end
+        layer_states, references = layer_states[-1:], references[-1:]
+    errors = [_relative(s, h, keep) for s, h in zip(layer_states, references)]
+    cls = type(hf).__name__
+    placement = ct.blocks[0].placement
+    lines = [
+        f"{cls} (HuggingFace, float64, random weights, seed {seed}) vs ctformer discrete limit",
+        f"  {x.shape[0]} sequences, {int(keep.sum())} real tokens (padded to N = {x.shape[1]}), "
+        f"d = {x.shape[2]}, {ct.layers} {placement}-norm layers",
+        "  grids: midpoint tokens/features, Lie splitting, 1 Euler step per layer",
+    ]
+    lines += [f"  layer {i + 1}: max relative error {e:.2e}" for i, e in enumerate(errors)]
+    lines.append(f"max relative error: {max(errors):.2e}")
+    if ct.warns_inconsistent_depth:
+        lines.append("continuous depth: post-norm with per-feature affine LayerNorm has no consistent "
+                     "depth limit (refinement skipped)")
+        return "\n".join(lines)
+    reference = ct.solve(x, scheme="strang", steps_per_layer=64, padding_mask=keep, **grids)
+    steps = (1, 2, 4, 8)
+    lines.append("continuous depth: error vs strang with 64 steps per layer (real tokens)")
+    for scheme in ("lie", "strang"):
+        errs = [_relative(ct.solve(x, scheme=scheme, steps_per_layer=k, padding_mask=keep, **grids),
+                          reference, keep) for k in steps]
+        order = float(np.polyfit(np.log(1.0 / np.array(steps)), np.log(errs), 1)[0])
+        lines.append(f"  {scheme:>6}: " + "  ".join(f"k={k}: {e:.2e}" for k, e in zip(steps, errs))
+                     + f"  observed order {order:.2f}")
+    return "\n".join(lines)

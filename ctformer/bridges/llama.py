@@ -1,0 +1,237 @@
+r"""Convert HuggingFace Llama-family decoders (``LlamaModel``, ``MistralModel``, ``Qwen2Model``).
+
+A Llama decoder layer is pre-norm with RMSNorm, rotary positions, grouped-query causal
+attention and a SwiGLU feed-forward layer (design notes, section 10):
+
+.. math::
+
+    u \leftarrow u + \mathrm{Attn}(N_1 u), \qquad u \leftarrow u + F(N_2 u), \qquad
+    F(u) = W_{\mathrm{down}}\big(\phi(W_{\mathrm{gate}} u) \odot W_{\mathrm{up}} u\big),
+
+with ``input_layernorm`` as :math:`N_1`, ``post_attention_layernorm`` as :math:`N_2` (RMSNorm
+with gain ``weight`` and :math:`\varepsilon` = ``rms_norm_eps``), ``q_proj``, ``k_proj``,
+``v_proj`` (``num_key_value_heads`` key/value heads), ``o_proj`` and the final ``norm``.
+Queries and keys are rotated by :class:`~ctformer.operators.positions.RoPE` with the network's
+own inverse frequencies (the ``inv_freq`` buffer of ``rotary_emb``), the score scale is
+:math:`1/\sqrt{d_h}` (:math:`\beta_h = \sqrt{d_h}`, ``head_dim`` need not be
+``hidden_size / heads``) and the mask is causal; Mistral's ``sliding_window`` and Qwen2's
+sliding layers (``layer_types``) add the window :math:`0 \le p(x) - p(x') < W`.
+``run`` on ``N`` tokens uses positions :math:`0, \dots, N - 1` (HuggingFace's default
+``position_ids``); ``solve`` needs a ``context_length``.
+
+:func:`float64_reference` turns a HuggingFace model of this family into a true float64
+reference: in float64 HuggingFace still forms the RoPE angles and the RMSNorm variance in
+float32 (and the eager softmax), about 1e-7 off.
+"""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+from ..discretizations import Midpoint
+from ..model import Block, ContinuousTransformer
+from ..operators import RoPE
+from .common import gated_feedforward_from_weights, grouped_attention_from_weights, rms_norm_from_weights, to_numpy
+from .huggingface import HF_ACTIVATIONS
+
+__all__ = ["from_llama", "float64_reference", "SUPPORTED_LLAMA"]
+
+#: HuggingFace classes converted by :func:`from_llama` (those the installed transformers has).
+SUPPORTED_LLAMA = ("LlamaModel", "MistralModel", "Qwen2Model")
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _classes():
+    import transformers
+
+    return tuple(getattr(transformers, name) for name in SUPPORTED_LLAMA if hasattr(transformers, name))
+
+
+def _check_rope(cfg) -> float:
+    params = getattr(cfg, "rope_parameters", None)
+    if params is None:  # transformers 4: rope_theta and rope_scaling
+        scaling = getattr(cfg, "rope_scaling", None)
+        if scaling:
+            kind = scaling.get("rope_type", scaling.get("type"))
+            raise ValueError(f"rope scaling {kind!r} (rope_scaling) is not modelled; only the default RoPE is")
+        return float(getattr(cfg, "rope_theta", 10000.0))
+    params = dict(params)
+    kind = params.get("rope_type", "default")
+    if kind != "default":
+        raise ValueError(f"rope_type={kind!r} is not modelled; only rope_type='default' (plain RoPE with "
+                         "rope_theta) is supported")
+    factor = params.get("partial_rotary_factor", 1.0)
+    if factor not in (None, 1, 1.0):
+        raise ValueError(f"partial_rotary_factor={factor!r} is not modelled; only 1.0 (every head feature rotated)")
+    unknown = sorted(set(params) - {"rope_type", "rope_theta", "partial_rotary_factor"})
+    if unknown:
+        raise ValueError(f"rope_parameters keys {unknown} are not modelled (only rope_type='default', rope_theta)")
+    return float(params["rope_theta"])
+
+
+def _layer_windows(cfg, n_layers):
+    """Sliding window of each layer (None = full causal attention)."""
+    window = getattr(cfg, "sliding_window", None)
+    types_ = getattr(cfg, "layer_types", None)
+    if types_ is None:
+        return [window] * n_layers
+    out = []
+    for i, kind in enumerate(list(types_)[:n_layers]):
+        if kind not in _LAYER_TYPES:
+            raise ValueError(f"layer_types[{i}]={kind!r} is not modelled; supported: {list(_LAYER_TYPES)}")
+        if kind == "sliding_attention" and window is None:
+            raise ValueError(f"layer_types[{i}]='sliding_attention' without a sliding_window")
+        out.append(window if kind == "sliding_attention" else None)
+    return out
+
+
+def from_llama(model) -> ContinuousTransformer:
+    r"""The continuous Transformer whose discrete limit is a Llama-family decoder.
+
+    Parameters
+    ----------
+    model : transformers LlamaModel, MistralModel or Qwen2Model
+        In memory (any dtype; weights and RoPE frequencies are copied to float64).
+
+    Returns
+    -------
+    ContinuousTransformer
+        Pre-norm blocks (RMSNorm, grouped-query causal attention with RoPE, SwiGLU) and the
+        final RMSNorm; ``features = Midpoint(hidden_size)``, ``head_features =
+        Midpoint(head_dim)``, ``hidden = Midpoint(intermediate_size)``. ``run(x,
+        padding_mask)`` takes ``hidden_states[0]`` (the token embeddings) and returns
+        ``last_hidden_state``.
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not one of the supported classes.
+    ValueError
+        For configuration options that are not modelled, named in the message: a RoPE type
+        other than ``"default"`` (rope scaling), ``partial_rotary_factor != 1``, a rotary
+        ``attention_scaling != 1``, an unknown activation or layer type, or an odd
+        ``head_dim``.
+    """
+    classes = _classes()
+    if not isinstance(model, classes):
+        raise TypeError(f"from_llama supports {', '.join(c.__name__ for c in classes)}; "
+                        f"got {type(model).__qualname__}")
+    cfg = model.config
+    theta = _check_rope(cfg)
+    rotary = model.rotary_emb
+    scaling = float(getattr(rotary, "attention_scaling", 1.0))
+    if scaling != 1.0:
+        raise ValueError(f"rotary attention_scaling={scaling} is not modelled (only 1.0)")
+    act = cfg.hidden_act
+    if not isinstance(act, str) or act not in HF_ACTIVATIONS:
+        raise ValueError(f"hidden_act={act!r} is not modelled; supported: {sorted(HF_ACTIVATIONS)}")
+    d, heads = int(cfg.hidden_size), int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or d // heads)
+    if head_dim % 2:
+        raise ValueError(f"head_dim={head_dim} is odd; RoPE rotates pairs of head features")
+    frequencies = to_numpy(rotary.inv_freq, "rotary_emb.inv_freq")
+    if frequencies.shape != (head_dim // 2,):
+        raise ValueError(f"rotary_emb.inv_freq has shape {frequencies.shape}, expected ({head_dim // 2},)")
+    positions = RoPE(theta=theta, frequencies=frequencies)
+    eps = float(cfg.rms_norm_eps)
+    state = model.state_dict()
+    n_layers = len(model.layers)
+    windows = _layer_windows(cfg, n_layers)
+
+    def weight(name, optional=False):
+        if name not in state:
+            if optional:
+                return None
+            raise ValueError(f"missing weight {name}")
+        return to_numpy(state[name], name)
+
+    blocks = []
+    for i in range(n_layers):
+        p = f"layers.{i}."
+        a = p + "self_attn."
+        attention = grouped_attention_from_weights(
+            weight(a + "q_proj.weight"), weight(a + "k_proj.weight"), weight(a + "v_proj.weight"),
+            weight(a + "o_proj.weight"), weight(a + "q_proj.bias", True), weight(a + "k_proj.bias", True),
+            weight(a + "v_proj.bias", True), weight(a + "o_proj.bias", True),
+            heads=heads, kv_heads=kv_heads, head_dim=head_dim, mask="causal", positions=positions,
+            window=windows[i])
+        m = p + "mlp."
+        feedforward = gated_feedforward_from_weights(
+            weight(m + "gate_proj.weight"), weight(m + "gate_proj.bias", True),
+            weight(m + "up_proj.weight"), weight(m + "up_proj.bias", True),
+            weight(m + "down_proj.weight"), weight(m + "down_proj.bias", True), HF_ACTIVATIONS[act])
+        norms = [rms_norm_from_weights(weight(p + f"{n}.weight"), eps)
+                 for n in ("input_layernorm", "post_attention_layernorm")]
+        blocks.append(Block(attention, feedforward, norms[0], norms[1], placement="pre"))
+    final = rms_norm_from_weights(weight("norm.weight"), eps)
+    d_ff = int(cfg.intermediate_size)
+    return ContinuousTransformer(blocks, final_normalization=final, head_features=Midpoint(head_dim),
+                                 hidden=Midpoint(d_ff), features=Midpoint(d))
+
+
+# -- a float64 reference --------------------------------------------------------------------
+def _rms_norm_float64(self, hidden_states):
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * (variance + self.variance_epsilon).rsqrt())
+
+
+def _rotary_float64(self, x, position_ids):
+    import torch
+
+    angles = position_ids[..., None].to(self.inv_freq.dtype) * self.inv_freq
+    both = torch.cat((angles, angles), dim=-1)
+    return both.cos().to(x.dtype), both.sin().to(x.dtype)
+
+
+def float64_reference(model):
+    r"""Make a Llama-family HuggingFace model a float64 reference, in place.
+
+    The model is cast to float64 and put in evaluation mode; the attention runs through
+    PyTorch's SDPA (float64 softmax instead of the eager path's float32 one); the rotary
+    embedding's ``inv_freq`` is recomputed in float64, :math:`\Theta^{-2i/d_h}`, and its
+    angles are formed in float64; every RMSNorm computes its variance in float64.
+
+    Parameters
+    ----------
+    model : transformers LlamaModel, MistralModel or Qwen2Model
+
+    Returns
+    -------
+    the same model
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not one of the supported classes.
+    ValueError
+        If its RoPE type is not ``"default"``.
+    """
+    import torch
+
+    classes = _classes()
+    if not isinstance(model, classes):
+        raise TypeError(f"float64_reference supports {', '.join(c.__name__ for c in classes)}; "
+                        f"got {type(model).__qualname__}")
+    theta = _check_rope(model.config)
+    model.double().eval()
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation("sdpa")
+    else:  # pragma: no cover - older transformers
+        model.config._attn_implementation = "sdpa"
+    rotary = model.rotary_emb
+    head_dim = 2 * rotary.inv_freq.shape[0]
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+    rotary.inv_freq = (1.0 / theta ** exponents).to(torch.float64)
+    rotary.forward = types.MethodType(_rotary_float64, rotary)
+    norm_class = type(model.norm)
+    for module in model.modules():
+        if isinstance(module, norm_class):
+            module.forward = types.MethodType(_rms_norm_float64, module)
+    return model
+
+
+def native_frequencies(theta: float, head_dim: int) -> np.ndarray:
+    r"""The HuggingFace RoPE frequencies :math:`\Theta^{-2i/d_h}`, :math:`i < d_h/2`, in float64."""
+    return 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)

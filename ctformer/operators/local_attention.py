@@ -1,0 +1,332 @@
+r"""Attention with position-dependent kernels: sliding windows and ALiBi, computed by blocks.
+
+Sliding-window attention (design notes, section 10) keeps the keys of a band,
+
+.. math::  m(x, x') = 1\{0 \le p(x) - p(x') < W\},
+
+a mask with compact support: a banded integral operator in the token variable. Its pattern
+is stored sparsely (:func:`window_pattern`, a pydata ``sparse.COO`` array with
+:math:`O(N W)` entries), and :func:`local_attention` visits only the key columns each block of
+query rows needs: for rows :math:`[a, b)` the slab of keys :math:`[lo, hi)` spanned by the
+pattern's entries in those rows, densified and passed as a boolean mask to
+:func:`~ctformer.operators.quadrature_attention.quadrature_attention`. With blocks of about
+:math:`W` rows the work and the extra memory are :math:`O(N W)`, not :math:`O(N^2)`.
+
+ALiBi (Press, Smith, Lewis 2022) adds :math:`-m_h |p(x) - p(x')|` to the exponent of head
+:math:`h`. That is not a product of a query and a key term, so :func:`local_attention` with
+``slopes`` evaluates the exponent itself, block by block, with the row maximum subtracted:
+
+.. math::
+
+    \mathrm{out}_i = \frac{\sum_j m_{ij}\, e^{s_{ij} - \mu_i} v_j}{\sum_j m_{ij}\, e^{s_{ij} - \mu_i}},
+    \qquad s_{ij} = \beta_h\, q_i \cdot k_j + \log w_j - m_h |p_i - p_j| \ (+ \log\tfrac12
+    \text{ on the diagonal with the half-weight causal rule}),
+
+where :math:`\mu_i` is the row maximum over kept entries (every exponent :math:`\le 0`).
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+import array_api_compat
+import numpy as np
+
+from .quadrature_attention import quadrature_attention
+
+__all__ = ["window_pattern", "local_attention", "window_block_rows"]
+
+# Score entries of one block (rows x slab columns x leading axes) for the ALiBi kernel and the
+# default block size: about 32 MiB of float64 scores on the host.
+_BLOCK_ELEMENTS = 1 << 22
+
+try:
+    _QA_SKIP_CHECKS = {"check": False} if "check" in inspect.signature(quadrature_attention).parameters else {}
+except (TypeError, ValueError):  # pragma: no cover - a wrapped callable without a signature
+    _QA_SKIP_CHECKS = {}
+
+
+def _check_positions(positions, name: str) -> np.ndarray:
+    p = np.asarray(positions, dtype=np.float64)
+    if p.ndim != 1 or p.size == 0 or not np.all(np.isfinite(p)):
+        raise ValueError(f"{name} must be a non-empty 1-D array of finite positions, got shape {p.shape}")
+    if np.any(np.diff(p) < 0):
+        raise ValueError(f"{name} must be sorted in increasing order (token nodes are)")
+    return p
+
+
+def _check_window(window) -> float:
+    if isinstance(window, bool) or not isinstance(window, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(window) or window <= 0:
+        raise ValueError(f"window must be a finite number > 0 (a length in positions), got {window!r}")
+    return float(window)
+
+
+def window_pattern(positions, window, key_positions=None):
+    r"""The sliding-window pattern :math:`1\{0 \le p_i - p'_j < W\}` as a sparse boolean array.
+
+    Parameters
+    ----------
+    positions : array_like of shape (N,)
+        Query positions :math:`p_i`, increasing (e.g. :meth:`ctformer.Grids.positions`).
+    window : float
+        :math:`W > 0`, in units of positions (HuggingFace ``sliding_window``).
+    key_positions : array_like of shape (M,), optional
+        Key positions :math:`p'_j`, increasing; default ``positions``.
+
+    Returns
+    -------
+    sparse.COO of shape (N, M), dtype bool
+        Row-major sorted coordinates; :math:`O(N W)` entries for unit-spaced positions.
+
+    Notes
+    -----
+    Both ends of the band are decided with a tolerance of 1000 units in the last place of the
+    largest position (about :math:`2 \cdot 10^{-13}` times it), so positions that are integers up
+    to rounding, as :meth:`ctformer.Grids.positions` gives for ``run``, select exactly the
+    discrete window.
+
+    Raises
+    ------
+    ValueError
+        For positions that are not finite, not 1-D or not increasing, or a bad ``window``.
+    """
+    import sparse
+
+    p = _check_positions(positions, "positions")
+    pk = p if key_positions is None else _check_positions(key_positions, "key_positions")
+    w = _check_window(window)
+    # keys j with p_i - W < p'_j <= p_i, the ends decided with a tolerance of 1000 ulps of the
+    # largest position: positions that are integers up to rounding give the discrete window
+    tol = 1000 * np.finfo(np.float64).eps * max(1.0, w, float(np.abs(p).max()), float(np.abs(pk).max()))
+    lo = np.searchsorted(pk, p - w + tol, side="right")
+    hi = np.searchsorted(pk, p + tol, side="right")
+    counts = np.maximum(hi - lo, 0)
+    rows = np.repeat(np.arange(p.size), counts)
+    starts = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+    cols = np.arange(rows.size) + starts
+    coords = np.stack([rows, cols])
+    return sparse.COO(coords, np.ones(rows.size, dtype=bool), shape=(p.size, pk.size),
+                      has_duplicates=False, sorted=True, fill_value=False)
+
+
+def window_block_rows(pattern_width: int, lead: int = 1) -> int:
+    """Query rows per block for a band of ``pattern_width`` keys per row: about the band's
+    width (so a slab is at most about twice the band), within the score budget."""
+    width = max(1, int(pattern_width))
+    rows = max(16, width)
+    budget = max(16, _BLOCK_ELEMENTS // max(1, lead * 2 * width))
+    return int(min(rows, budget))
+
+
+class _RowIndex:
+    """Row-sorted coordinates of a sparse pattern, for slicing blocks of rows in O(entries)."""
+
+    def __init__(self, pattern):
+        import sparse
+
+        if not isinstance(pattern, sparse.SparseArray):
+            raise TypeError(f"pattern must be a pydata sparse array (e.g. window_pattern(...)), "
+                            f"got {type(pattern).__name__}")
+        pattern = sparse.COO(pattern)
+        if pattern.ndim < 2:
+            raise ValueError(f"pattern must have shape (..., N, M), got {pattern.shape}")
+        if pattern.dtype != np.bool_:
+            raise TypeError(f"pattern must be boolean, got dtype {pattern.dtype}")
+        coords = pattern.coords
+        data = np.asarray(pattern.data, dtype=bool)
+        if not data.all():  # explicit False entries are not kept
+            coords = coords[:, data]
+        rows = coords[-2]
+        if rows.size and np.any(rows[1:] < rows[:-1]):  # row-major already for 2-D patterns
+            coords = coords[:, np.argsort(rows, kind="stable")]
+        self.coords = coords
+        self.shape = pattern.shape
+        self.row_starts = np.searchsorted(self.coords[-2], np.arange(self.shape[-2] + 1))
+        width = np.diff(self.row_starts)
+        self.max_row = int(width.max()) if width.size else 0
+
+    def slab(self, a, b):
+        """``(lo, hi, dense)``: the key columns spanned by rows [a, b) and the dense slab."""
+        s, e = self.row_starts[a], self.row_starts[b]
+        c = self.coords[:, s:e]
+        if c.shape[1] == 0:
+            return 0, 1, np.zeros((*self.shape[:-2], b - a, 1), dtype=bool)
+        lo, hi = int(c[-1].min()), int(c[-1].max()) + 1
+        dense = np.zeros((*self.shape[:-2], b - a, hi - lo), dtype=bool)
+        dense[(*c[:-2], c[-2] - a, c[-1] - lo)] = True
+        return lo, hi, dense
+
+
+def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None, slopes=None,
+                    positions=None, key_positions=None, causal=False, diagonal="full",
+                    block=None, fallback_to_self=False):
+    r"""Softmax attention restricted to a sparse pattern and/or with an ALiBi bias, by blocks.
+
+    .. math::
+
+        \mathrm{out}_i = \frac{\sum_j w_j m_{ij} e^{\beta q_i \cdot k_j - m_h |p_i - p'_j|} v_j}
+                              {\sum_j w_j m_{ij} e^{\beta q_i \cdot k_j - m_h |p_i - p'_j|}}
+
+    Parameters
+    ----------
+    q, k, v : arrays of shape (..., N, d), (..., M, d), (..., M, e)
+        Queries, keys and values (leading axes broadcast, as in ``quadrature_attention``).
+    beta : float or array
+        Inverse temperature, broadcasting against the leading axes.
+    pattern : sparse.COO of shape (..., N, M), optional
+        Kept entries :math:`m_{ij}` (e.g. :func:`window_pattern`); only the key columns its
+        rows reach are visited. Default: every key (with ``causal``, keys :math:`j \le i`).
+    weights : array of shape (M,), optional
+        Positive key quadrature weights (uniform by default).
+    key_mask : bool array of shape (..., M), optional
+        Keys to keep (padding masks), combined with the pattern.
+    slopes : array, optional
+        ALiBi slopes :math:`m_h \ge 0`, broadcasting against the leading axes like ``beta``;
+        needs ``positions``.
+    positions, key_positions : array of shape (N,) and (M,), optional
+        :math:`p_i` and :math:`p'_j` for the ALiBi term (``key_positions`` defaults to
+        ``positions``).
+    causal : bool
+        Keep only :math:`j \le i` (needs N == M).
+    diagonal : {"full", "half"}
+        With ``causal`` and no ``pattern``: weight of the diagonal cell (``"half"``: second
+        order on midpoint nodes).
+    block : int, optional
+        Query rows per block; default: about the widest row of the pattern, within a score
+        budget of a few MiB per block.
+    fallback_to_self : bool
+        When a query keeps no key (a padding token whose window holds only padding), attend
+        to itself instead of raising (needs N == M; that row's output is not meaningful).
+
+    Returns
+    -------
+    array of shape (..., N, e)
+
+    Raises
+    ------
+    ValueError
+        For mismatched shapes, a pattern of the wrong shape, ``slopes`` without
+        ``positions``, a query that keeps no key (unless ``fallback_to_self``), or bad options.
+    TypeError
+        For a pattern that is not a boolean pydata ``sparse`` array.
+    """
+    xp = array_api_compat.array_namespace(q, k, v)
+    n, m = q.shape[-2], k.shape[-2]
+    if diagonal not in ("full", "half"):
+        raise ValueError(f"diagonal must be 'full' or 'half', got {diagonal!r}")
+    if diagonal == "half" and (not causal or pattern is not None):
+        raise ValueError("diagonal='half' only applies with causal=True and no pattern")
+    if (causal or fallback_to_self) and n != m:
+        raise ValueError(f"causal=True and fallback_to_self need as many queries as keys, got {n} and {m}")
+    index = None
+    if pattern is not None:
+        index = _RowIndex(pattern)
+        if index.shape[-2:] != (n, m):
+            raise ValueError(f"pattern must have shape (..., {n}, {m}), got {index.shape}")
+    p = pk = None
+    if slopes is not None:
+        if positions is None:
+            raise ValueError("slopes (ALiBi) need positions=...")
+        p = _check_positions(positions, "positions")
+        pk = p if key_positions is None else _check_positions(key_positions, "key_positions")
+        if p.size != n or pk.size != m:
+            raise ValueError(f"positions must have {n} entries and key_positions {m}, got {p.size} and {pk.size}")
+    km = None
+    if key_mask is not None:
+        km = xp.asarray(key_mask)
+        if km.dtype != xp.bool or km.ndim < 1 or km.shape[-1] != m:
+            raise ValueError(f"key_mask must be a boolean array of shape (..., {m}), got {tuple(km.shape)}")
+    lead = math.prod(np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]))) or 1
+    if block is None:
+        width = index.max_row if index is not None else m
+        block = window_block_rows(width, lead)
+    elif isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
+        raise ValueError(f"block must be a positive integer, got {block!r}")
+    block = int(min(block, n)) if n else 1
+
+    w_host = None if weights is None else np.asarray(weights, dtype=np.float64)
+    if w_host is not None and (w_host.shape != (m,) or not np.all(w_host > 0) or not np.all(np.isfinite(w_host))):
+        raise ValueError(f"weights must be {m} positive finite numbers")
+    dtype = q.dtype
+    out = []
+    for a in range(0, n, block):
+        b = min(n, a + block)
+        if index is not None:
+            lo, hi, keep = index.slab(a, b)
+        else:
+            lo, hi, keep = 0, (b if causal else m), None
+        rows = np.arange(a, b)[:, None]
+        cols = np.arange(lo, hi)[None, :]
+        if causal and index is not None:
+            keep = keep & (cols <= rows)
+        keep_x = None if keep is None else xp.asarray(keep)
+        if km is not None:
+            pad = km[..., None, lo:hi]
+            keep_x = pad if keep_x is None else (keep_x & pad)
+        if keep_x is not None:
+            empty = ~xp.any(keep_x, axis=-1)
+            if bool(xp.any(empty)):
+                if not fallback_to_self:
+                    raise ValueError("the pattern and key_mask leave no key for some query; each row "
+                                     "needs one kept entry")
+                inside = (rows >= lo) & (rows < hi)
+                if not bool(np.all(inside)):
+                    raise ValueError("fallback_to_self needs each query's own key inside its slab")
+                keep_x = keep_x | (xp.asarray(cols == rows) & empty[..., None])
+        w = None if w_host is None else xp.asarray(w_host[lo:hi], dtype=dtype)
+        qb, kb, vb = q[..., a:b, :], k[..., lo:hi, :], v[..., lo:hi, :]
+        if slopes is None:
+            if keep_x is None and causal:
+                out.append(quadrature_attention(qb, kb, vb, beta=beta, weights=w, mask=_causal_block(xp, a, b),
+                                                diagonal="full", **_QA_SKIP_CHECKS)
+                           if diagonal == "full" else
+                           _scored(xp, qb, kb, vb, beta, w, None, None, causal_rows=(a, lo), half=True))
+            else:
+                out.append(quadrature_attention(qb, kb, vb, beta=beta, weights=w, mask=keep_x,
+                                                **_QA_SKIP_CHECKS))
+        else:
+            distance = xp.asarray(np.abs(p[a:b, None] - pk[None, lo:hi]), dtype=dtype)
+            out.append(_scored(xp, qb, kb, vb, beta, w, keep_x, (slopes, distance),
+                               causal_rows=(a, lo) if causal else None, half=diagonal == "half"))
+    if not out:
+        return xp.zeros((*np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2])), 0, v.shape[-1]),
+                        dtype=dtype)
+    return xp.concat(out, axis=-2) if len(out) > 1 else out[0]
+
+
+def _causal_block(xp, a, b):
+    """Boolean mask of keys [0, b) for query rows [a, b): j <= i."""
+    return xp.asarray(np.arange(b)[None, :] <= np.arange(a, b)[:, None])
+
+
+def _scored(xp, q, k, v, beta, w, keep, alibi, causal_rows=None, half=False):
+    """One block of softmax attention with an additive exponent term, rows normalized by their max."""
+    dtype = q.dtype
+    beta = _leading(xp, beta, dtype)
+    s = (q * beta) @ xp.matrix_transpose(k)
+    if w is not None:
+        s = s + xp.log(w)
+    if alibi is not None:
+        slopes, distance = alibi
+        s = s - _leading(xp, slopes, dtype) * distance
+    if causal_rows is not None:
+        a, lo = causal_rows
+        r, c = s.shape[-2], s.shape[-1]
+        i = np.arange(a, a + r)[:, None]
+        j = np.arange(lo, lo + c)[None, :]
+        s = xp.where(xp.asarray(j <= i), s, -xp.inf)
+        if half:
+            s = s + xp.asarray(np.where(j == i, math.log(0.5), 0.0), dtype=dtype)
+    if keep is not None:
+        s = xp.where(keep, s, -xp.inf)
+    p = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+    return (p @ v) / xp.sum(p, axis=-1, keepdims=True)
+
+
+def _leading(xp, value, dtype):
+    """A scalar, or an array over the leading axes reshaped to (..., 1, 1)."""
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    arr = xp.asarray(value, dtype=dtype)
+    return arr if arr.ndim == 0 else arr[..., None, None]
