@@ -143,6 +143,10 @@ class Kernel(abc.ABC):
         """
         _check_discretization(out, "out")
         _check_discretization(inp, "inp")
+        from .discretizations.base import check_dense
+
+        check_dense(len(out.quadrature_nodes), len(inp.quadrature_nodes),
+                    f"the matrix of {self!r} on {out!r} x {inp!r}", "use smaller discretizations")
         return _cached(self, ("matrix", out, inp), lambda: self._checked_matrix(out, inp))
 
     def _checked_matrix(self, out, inp) -> np.ndarray:
@@ -189,10 +193,22 @@ class Kernel(abc.ABC):
         TypeError
             If ``u`` is not a real floating array.
         """
+        u = _as_input(u)
         xp, axis = _check_input(u, inp, axis)
         mat = self.device_matrix(u, out, inp)
         moved = xp.moveaxis(u, axis, -1)
         return xp.moveaxis(moved @ xp.matrix_transpose(mat), -1, axis)
+
+
+def _as_input(u):
+    """Lists and NumPy integer arrays become float64 host arrays; complex is refused."""
+    if isinstance(u, np.ndarray) and u.dtype.kind in "biu":
+        return u.astype(np.float64)
+    if array_api_compat.is_array_api_obj(u) and not isinstance(u, np.generic):
+        return u
+    from .discretizations.base import real_host_array
+
+    return real_host_array(u, "u")
 
 
 def _check_input(u, inp, axis):
@@ -234,10 +250,12 @@ class PiecewiseConstant(Kernel):
     """
 
     def __init__(self, matrix):
+        from .discretizations.base import real_host_array
+
         try:
-            a = np.array(_to_host(matrix), dtype=np.float64)
-        except (TypeError, ValueError):
-            raise TypeError(f"matrix must be a 2-D array of numbers, got {type(matrix).__name__}") from None
+            a = np.array(real_host_array(_to_host(matrix), "matrix"))
+        except TypeError as exc:
+            raise TypeError(f"PiecewiseConstant: {exc} (got {type(matrix).__name__})") from None
         if a.ndim != 2 or a.size == 0:
             raise ValueError(f"PiecewiseConstant matrix must be a non-empty 2-D array (d_out, d_in), got shape {a.shape}")
         if not np.all(np.isfinite(a)):
@@ -300,7 +318,9 @@ class Smooth(Kernel):
         return dict(own()) if callable(own) else {}
 
     def evaluate(self, s, t):
-        return np.asarray(self.function(s, t), dtype=np.float64)
+        from .discretizations.base import real_host_array
+
+        return real_host_array(self.function(s, t), f"{self!r}: the function")
 
 
 class SmoothRandom(Kernel):
@@ -333,13 +353,14 @@ class SmoothRandom(Kernel):
     Raises
     ------
     ValueError
-        For a non-integer seed or modes, modes < 1, negative or non-finite decay, or a
+        For a negative or non-integer seed, a non-integer modes, modes < 1, negative or non-finite decay, or a
         non-finite scale.
     """
 
     def __init__(self, seed: int, modes: int = 4, decay: float = 2.0, scale: float = 1.0):
-        if isinstance(seed, bool) or not isinstance(seed, Integral):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
+        if isinstance(seed, bool) or not isinstance(seed, Integral) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer (a seed of "
+                             f"numpy.random.default_rng), got {seed!r}")
         if isinstance(modes, bool) or not isinstance(modes, Integral) or modes < 1:
             raise ValueError(f"modes must be a positive integer, got {modes!r}")
         if not isinstance(decay, Real) or not math.isfinite(decay) or decay < 0:
@@ -419,7 +440,9 @@ class Convolution(Kernel):
         nearest = np.round(z)
         # differences that are integers up to rounding are exactly 0 mod 1 (no p(1 - eps) vs p(0))
         z = np.where(np.abs(z - nearest) < 1e-13, 0.0, z - np.floor(z))
-        return np.asarray(self.profile(z), dtype=np.float64)
+        from .discretizations.base import real_host_array
+
+        return real_host_array(self.profile(z), f"{self!r}: the profile")
 
     @staticmethod
     def is_uniform_periodic(disc) -> bool:
@@ -438,7 +461,9 @@ class Convolution(Kernel):
     def symbol(self, disc) -> np.ndarray:
         r"""``rfft`` of the circulant's first column :math:`c_k = p(k / n) / n` (host, complex)."""
         n = len(disc.quadrature_nodes)
-        c = np.asarray(self.profile(np.arange(n) / n), dtype=np.float64) / n
+        from .discretizations.base import real_host_array
+
+        c = real_host_array(self.profile(np.arange(n) / n), f"{self!r}: the profile") / n
         c = np.broadcast_to(c, (n,))
         if not np.all(np.isfinite(c)):
             raise ValueError(f"Convolution profile takes NaN or inf values on {disc!r}")
@@ -449,6 +474,7 @@ class Convolution(Kernel):
 
         See :meth:`Kernel.apply` for the parameters.
         """
+        u = _as_input(u)
         xp, axis = _check_input(u, inp, axis)
         if out != inp or not self.is_uniform_periodic(inp):
             return super().apply(u, out, inp, axis)

@@ -168,5 +168,12 @@ def test_kernel_errors():
         SmoothRandom(0).matrix(3, Midpoint(3))
     with pytest.raises(ValueError, match="expected 4"):
         SmoothRandom(0).apply(np.ones((2, 3)), Midpoint(3), Midpoint(4))
-    with pytest.raises(TypeError, match="real floating"):
-        SmoothRandom(0).apply(np.ones(4, dtype=int), Midpoint(3), Midpoint(4))
+    # array-likes (integer arrays, lists) are accepted as float64; complex is refused
+    np.testing.assert_array_equal(SmoothRandom(0).apply(np.ones(4, dtype=int), Midpoint(3), Midpoint(4)),
+                                  SmoothRandom(0).apply(np.ones(4), Midpoint(3), Midpoint(4)))
+    np.testing.assert_array_equal(SmoothRandom(0).apply([1, 1, 1, 1], Midpoint(3), Midpoint(4)),
+                                  SmoothRandom(0).apply(np.ones(4), Midpoint(3), Midpoint(4)))
+    with pytest.raises(TypeError, match="u must be a real floating array, got dtype complex128"):
+        SmoothRandom(0).apply(np.ones(4) + 1j, Midpoint(3), Midpoint(4))
+    with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+        SmoothRandom(-1)

@@ -59,7 +59,9 @@ def from_hf_bert(model, config=None) -> ContinuousTransformer:
         If ``model`` is neither a BERT model/encoder nor a path.
     ValueError
         For unsupported configurations: relative position embeddings, decoder or
-        cross-attention layers, an unknown activation, missing weights or config keys.
+        cross-attention layers, an unknown activation, missing weights or config keys; for a
+        corrupt ``config.json`` or ``.safetensors`` file (the message names the file and
+        what is wrong with it).
     """
     if isinstance(model, (str, os.PathLike)):
         state, cfg = _load_safetensors(Path(model), config)
@@ -101,10 +103,14 @@ def _load_safetensors(path: Path, config):
         config_file = path.parent / "config.json"
         if not config_file.is_file():
             raise ValueError(f"pass config=...: no config.json next to {path}")
-        config = json.loads(config_file.read_text())
+        config = _read_config(config_file)
     elif hasattr(config, "to_dict"):
         config = config.to_dict()
-    tensors = load_file(str(path))
+    try:
+        tensors = load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError
+        raise ValueError(f"{path}: not a valid .safetensors file ({type(exc).__name__}: {exc}); "
+                         "re-download or re-export the weights") from None
     state = {}
     for prefix in ("encoder.layer.", "bert.encoder.layer."):
         found = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
@@ -114,6 +120,22 @@ def _load_safetensors(path: Path, config):
     if not state:
         raise ValueError(f"{path.name} holds no BERT encoder weights (encoder.layer.*)")
     return state, dict(config)
+
+
+def _read_config(config_file: Path) -> dict:
+    """The settings of ``config.json``; a corrupt file is named with what is wrong with it."""
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{config_file}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                         "expected a JSON object of BERT settings") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{config_file}: not valid JSON ({exc.msg} at line {exc.lineno}, "
+                         f"column {exc.colno}); expected a JSON object of BERT settings") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file}: expected a JSON object of BERT settings, got a "
+                         f"JSON {type(config).__name__}")
+    return config
 
 
 def _build(state, cfg):

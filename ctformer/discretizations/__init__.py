@@ -4,7 +4,7 @@
 >>> d.available()
 ['midpoint', 'trapezoid', 'gauss-legendre', 'clenshaw-curtis', 'fourier', 'chebyshev', 'legendre', 'p1', 'p2']
 """
-from .base import Discretization, available, get, as_discretization
+from .base import Discretization, SizeTooLargeError, available, get, as_discretization, memory_budget
 from .quadrature import Midpoint, Trapezoid, GaussLegendre, ClenshawCurtis
 from .spectral import Fourier, Chebyshev, Legendre
 from .galerkin import P1, P2
@@ -17,6 +17,8 @@ __all__ = [
     "available",
     "get",
     "as_discretization",
+    "SizeTooLargeError",
+    "memory_budget",
     "Midpoint",
     "Trapezoid",
     "GaussLegendre",

@@ -38,6 +38,12 @@ __all__ = [
     "get",
     "available",
     "check_values",
+    "SizeTooLargeError",
+    "memory_budget",
+    "check_allocation",
+    "check_dense",
+    "as_values",
+    "real_host_array",
     "as_discretization",
     "apply_matrix",
     "apply_along_first",
@@ -45,6 +51,76 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, type["Discretization"]] = {}
+
+
+class SizeTooLargeError(ValueError, MemoryError):
+    """A requested size would need more memory than :func:`memory_budget` allows.
+
+    Raised *before* anything is allocated. It is both a :class:`ValueError` (a bad argument)
+    and a :class:`MemoryError`.
+    """
+
+
+#: Environment variable overriding :func:`memory_budget` (bytes, e.g. ``"2e9"``).
+MEMORY_BUDGET_ENV = "CTFORMER_MEMORY_BUDGET"
+
+
+def memory_budget() -> int:
+    """Bytes one array (or one dense matrix) of ctformer may take.
+
+    ``CTFORMER_MEMORY_BUDGET`` (bytes) when set; else half the memory available now
+    (:mod:`psutil` when installed, else ``os.sysconf``), else 8 GiB if neither is known.
+
+    Raises
+    ------
+    ValueError
+        If ``CTFORMER_MEMORY_BUDGET`` is not a positive number of bytes.
+    """
+    import os
+
+    text = os.environ.get(MEMORY_BUDGET_ENV)
+    if text:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{MEMORY_BUDGET_ENV} must be a positive number of bytes, got {text!r}")
+        return int(value)
+    try:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    except Exception:  # noqa: BLE001 - psutil missing or unsupported platform
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            available = 16 * 2**30
+    return int(available // 2)
+
+
+def _format_bytes(nbytes: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.3g} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def check_allocation(nbytes: float, what: str, remedy: str) -> None:
+    """Raise :class:`SizeTooLargeError` if ``nbytes`` exceed :func:`memory_budget`.
+
+    The one-line message names ``what`` would be allocated, the sizes, and the ``remedy``.
+    """
+    budget = memory_budget()
+    if nbytes > budget:
+        raise SizeTooLargeError(
+            f"{what} would need {_format_bytes(nbytes)}, more than the memory budget of "
+            f"{_format_bytes(budget)} (half the available memory, or {MEMORY_BUDGET_ENV}); {remedy}")
+
+
+def check_dense(rows: int, cols: int, what: str, remedy: str = "use fewer points or a smaller n") -> None:
+    """:func:`check_allocation` for a dense float64 ``(rows, cols)`` matrix."""
+    check_allocation(8.0 * float(rows) * float(cols), f"{what} ({rows} x {cols}, dense)", remedy)
 
 
 def register(cls: type["Discretization"]) -> type["Discretization"]:
@@ -89,6 +165,59 @@ def as_discretization(spec, n: int | None = None) -> "Discretization":
             raise ValueError(f"discretization given by name {spec!r} needs n")
         return get(spec, n)
     raise TypeError(f"expected a Discretization or a name from {available()}, got {type(spec).__name__}")
+
+
+def real_host_array(values, argname: str = "values") -> np.ndarray:
+    """``values`` (any array-like of real numbers) as a host float64 array.
+
+    Raises
+    ------
+    TypeError
+        For complex numbers (never silently truncated to their real part) and for anything
+        that is not numbers (strings, objects, ragged nested lists).
+    """
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{argname} must be an array of real numbers ({exc})") from None
+    if np.iscomplexobj(arr):
+        raise TypeError(f"{argname} must be real, got complex values (dtype {arr.dtype}); "
+                        "pass the real and imaginary parts separately")
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{argname} must be an array of real numbers, got dtype {arr.dtype}")
+    return arr.astype(np.float64, copy=False)
+
+
+def as_values(values, n: int, axis: int, argname: str = "values", allow_complex: bool = False):
+    """Accept an array-like of discretized values and validate it (see :func:`check_values`).
+
+    Arrays of any array-API namespace are kept as they are; lists, tuples and other
+    array-likes become host float64 arrays; NumPy integer and boolean arrays become float64.
+
+    Returns
+    -------
+    values, xp, axis
+        The array, its namespace and the normalized (non-negative) axis.
+
+    Raises
+    ------
+    TypeError
+        For complex values (unless ``allow_complex``) or values that are not numbers.
+    ValueError
+        As :func:`check_values`.
+    """
+    if isinstance(values, np.ndarray) and values.dtype.kind in "biu":
+        values = values.astype(np.float64)
+    elif not array_api_compat.is_array_api_obj(values) or isinstance(values, np.generic):
+        values = real_host_array(values, argname)
+    xp = array_api_compat.array_namespace(values)
+    if not allow_complex and xp.isdtype(values.dtype, "complex floating"):
+        raise TypeError(f"{argname} must be real, got complex values (dtype {values.dtype}); "
+                        "pass the real and imaginary parts separately")
+    if not xp.isdtype(values.dtype, ("real floating", "complex floating")):
+        raise TypeError(f"{argname} must be an array of real numbers, got dtype {values.dtype}")
+    xp, axis = check_values(values, n, axis, argname)
+    return values, xp, axis
 
 
 def check_values(values, n: int, axis: int, argname: str = "values"):
@@ -147,6 +276,11 @@ class Discretization(abc.ABC):
             raise ValueError(f"domain must be a finite interval (a, b) with a < b, got {domain!r}")
         self.n = n
         self.domain = (a, b)
+        check_allocation(self._bytes_per_value * float(n), f"{type(self).__name__}(n={n})",
+                         "choose a smaller n (argument n)")
+
+    #: Bytes of host arrays per value (nodes and weights; more for Galerkin elements).
+    _bytes_per_value: ClassVar[float] = 16.0
 
     # -- geometry ------------------------------------------------------------------------
     @property
@@ -182,7 +316,7 @@ class Discretization(abc.ABC):
     # -- the contract --------------------------------------------------------------------
     def integrate(self, values, axis: int = -1):
         r"""Integral over the interval: :math:`\sum_j w_j v_j` along ``axis``."""
-        xp, axis = check_values(values, self.n, axis)
+        values, xp, axis = as_values(values, self.n, axis)
         w = constant(self, "weights", lambda: self.weights, values)
         v = xp.moveaxis(values, axis, -1)
         return xp.sum(v * w, axis=-1)
@@ -205,7 +339,7 @@ class Discretization(abc.ABC):
         ``(P, n)`` matrix :meth:`interpolation_matrix` (barycentric or piecewise-polynomial,
         never a monomial fit).
         """
-        xp, axis = check_values(values, self.n, axis)
+        values, xp, axis = as_values(values, self.n, axis)
         pts = self._check_points(points)
         mat = constant(None, None, lambda: self.interpolation_matrix(pts), values)
         return apply_matrix(mat, values, axis)
@@ -236,7 +370,7 @@ class Discretization(abc.ABC):
 
         A scalar result is broadcast to all nodes; NaN or inf raises :class:`ValueError`.
         """
-        v = np.asarray(f(self.nodes), dtype=np.float64)
+        v = real_host_array(f(self.nodes), "the values of f")
         if v.ndim == 0:
             v = np.full(self.n, float(v))
         if not np.all(np.isfinite(v)):
@@ -263,12 +397,12 @@ class Discretization(abc.ABC):
         return self.weights
 
     def to_quadrature(self, values, axis: int = -1):
-        """Values at :attr:`quadrature_nodes` (identity for nodal rules)."""
-        return values
+        """Values at :attr:`quadrature_nodes` (identity for nodal rules; lists become arrays)."""
+        return values if array_api_compat.is_array_api_obj(values) else real_host_array(values)
 
     def from_quadrature(self, values, axis: int = -1):
         """Inverse of :meth:`to_quadrature`: identity for nodal rules, L2 projection for FE."""
-        return values
+        return values if array_api_compat.is_array_api_obj(values) else real_host_array(values)
 
     # -- misc ----------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -325,6 +459,7 @@ def barycentric_matrix(nodes: np.ndarray, bary: np.ndarray, points: np.ndarray) 
 
     Rows for points that coincide with a node are the unit vectors of that node.
     """
+    check_dense(points.size, nodes.size, "the barycentric interpolation matrix")
     diff = points[:, None] - nodes[None, :]
     exact = diff == 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -338,6 +473,7 @@ def barycentric_matrix(nodes: np.ndarray, bary: np.ndarray, points: np.ndarray) 
 def linear_matrix(nodes: np.ndarray, points: np.ndarray) -> np.ndarray:
     """Matrix of piecewise-linear interpolation through ``nodes`` (linear extrapolation at ends)."""
     n = nodes.size
+    check_dense(points.size, n, "the linear interpolation matrix")
     mat = np.zeros((points.size, n))
     if n == 1:
         mat[:, 0] = 1.0

@@ -38,7 +38,9 @@ from .base import (
     Discretization,
     apply_along_first,
     apply_matrix,
-    check_values,
+    as_values,
+    check_dense,
+    real_host_array,
     is_native_array,
     register,
 )
@@ -55,6 +57,8 @@ class _LagrangeElements(Discretization):
     """Continuous piecewise polynomials of degree ``degree`` on a uniform mesh."""
 
     kind = "galerkin"
+    # nodes, weights, quadrature nodes and weights, sparse basis and mass matrix
+    _bytes_per_value: ClassVar[float] = 160.0
     degree: ClassVar[int]
     gauss_points: ClassVar[int]
 
@@ -114,11 +118,12 @@ class _LagrangeElements(Discretization):
 
     def interpolation_matrix(self, points) -> np.ndarray:
         """Dense ``(P, n)`` matrix evaluating the FE function at ``points``."""
+        check_dense(np.size(points), self.n, "the finite-element interpolation matrix")
         return self.basis_matrix(points).toarray()
 
     def interpolate(self, values, points, axis: int = -1):
         """Evaluate :math:`f_h = \\sum_j c_j \\phi_j` at ``points`` (sparse for NumPy/CuPy)."""
-        xp, axis = check_values(values, self.n, axis)
+        values, xp, axis = as_values(values, self.n, axis)
         if not is_native_array(values):
             return super().interpolate(values, points, axis)
         basis = constant(None, None, lambda: self.basis_matrix(points), values)
@@ -172,6 +177,8 @@ class _LagrangeElements(Discretization):
     @cached_property
     def projection_matrix(self) -> np.ndarray:
         """Dense :math:`M^{-1} B^T W` (``(n, E q)``), used for non-NumPy/CuPy namespaces."""
+        check_dense(self.n, self.quadrature_nodes.size, "the dense L2 projection matrix",
+                    "use NumPy or CuPy arrays (sparse solves) or a smaller n")
         return _readonly(self._mass_lu.solve(self._projection_rhs.toarray()))
 
     def _solver(self, values):
@@ -186,7 +193,7 @@ class _LagrangeElements(Discretization):
 
     def to_quadrature(self, values, axis: int = -1):
         r"""Values of :math:`f_h` at :attr:`quadrature_nodes`: :math:`B c` along ``axis``."""
-        xp, axis = check_values(values, self.n, axis)
+        values, xp, axis = as_values(values, self.n, axis)
         basis = constant(self, "quadrature_basis", lambda: self.quadrature_basis, values)
         if not is_native_array(values):
             return apply_matrix(basis, values, axis)
@@ -194,7 +201,7 @@ class _LagrangeElements(Discretization):
 
     def from_quadrature(self, values, axis: int = -1):
         r""":math:`L^2` projection :math:`M^{-1} B^T W g` of values ``g`` at the quadrature nodes."""
-        xp, axis = check_values(values, self.quadrature_nodes.size, axis)
+        values, xp, axis = as_values(values, self.quadrature_nodes.size, axis)
         if not is_native_array(values):
             mat = constant(self, "projection_matrix", lambda: self.projection_matrix, values)
             return apply_matrix(mat, values, axis)
@@ -212,7 +219,7 @@ class _LagrangeElements(Discretization):
             If ``f`` returns NaN/inf or an array of the wrong shape at the quadrature nodes.
         """
         x = self.quadrature_nodes
-        g = np.asarray(f(x), dtype=np.float64)
+        g = real_host_array(f(x), "the values of f")
         if g.ndim == 0:
             g = np.full(x.shape, float(g))
         if g.shape != x.shape:

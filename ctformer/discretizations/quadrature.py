@@ -12,11 +12,13 @@ rule                nodes                               order on smooth data
 from __future__ import annotations
 
 import math
+from functools import cached_property
 
 import numpy as np
 import scipy.fft
 
 from .base import Discretization, barycentric_matrix, linear_matrix, register
+from .gauss import gauss_legendre
 
 __all__ = [
     "Midpoint",
@@ -92,14 +94,22 @@ class GaussLegendre(Discretization):
 
     Interpolation is the barycentric formula with the weights
     :math:`\lambda_j = (-1)^j \sqrt{(1 - t_j^2) w_j}` of Legendre points.
+
+    Nodes and weights come from :func:`ctformer.discretizations.gauss.gauss_legendre`:
+    NumPy's ``leggauss`` up to ``n = 100``, above it Newton's method on asymptotic
+    expansions in :math:`O(n)` memory and time (``n = 2000`` in milliseconds,
+    ``n = 10**6`` in about a second), nodes and weights accurate to a few units of rounding.
     """
 
     name = "gauss-legendre"
     order = math.inf
 
+    @cached_property
+    def _reference_rule(self):
+        return gauss_legendre(self.n)
+
     def _reference(self):
-        t, w = np.polynomial.legendre.leggauss(self.n)
-        return t, w
+        return self._reference_rule
 
     def _nodes(self):
         a, b = self.domain

@@ -28,10 +28,13 @@ from .base import (
     Discretization,
     apply_matrix,
     barycentric_matrix,
-    check_values,
+    as_values,
+    check_allocation,
+    check_dense,
     is_native_array,
     register,
 )
+from .gauss import gauss_legendre
 from .quadrature import ChebyshevExtremaGrid, chebyshev_barycentric_weights
 
 __all__ = ["Fourier", "Chebyshev", "Legendre", "chebyshev_vandermonde", "legendre_vandermonde"]
@@ -68,6 +71,7 @@ def chebyshev_vandermonde(t: np.ndarray, n: int) -> np.ndarray:
     r"""Matrix :math:`T_m(t_p)`, :math:`m < n`, by the recurrence
     :math:`T_{m+1} = 2 t T_m - T_{m-1}` (stable on :math:`[-1, 1]`)."""
     t = np.asarray(t, dtype=np.float64)
+    check_dense(t.size, n, "the Chebyshev-Vandermonde matrix")
     V = np.empty((t.size, n))
     V[:, 0] = 1.0
     if n > 1:
@@ -81,6 +85,7 @@ def legendre_vandermonde(t: np.ndarray, n: int) -> np.ndarray:
     r"""Matrix :math:`P_m(t_p)`, :math:`m < n`, by Bonnet's recurrence
     :math:`(m + 1) P_{m+1} = (2m + 1) t P_m - m P_{m-1}` (stable on :math:`[-1, 1]`)."""
     t = np.asarray(t, dtype=np.float64)
+    check_dense(t.size, n, "the Legendre-Vandermonde matrix")
     V = np.empty((t.size, n))
     V[:, 0] = 1.0
     if n > 1:
@@ -134,7 +139,7 @@ class Fourier(_Spectral):
     def coefficients(self, values, axis: int = -1):
         r"""Complex Fourier coefficients :math:`c_k` along ``axis``, in FFT order
         (:math:`k = 0, 1, \dots, -2, -1`), normalized so that :math:`c_0` is the mean."""
-        xp, axis = check_values(values, self.n, axis)
+        values, xp, axis = as_values(values, self.n, axis)
         if not is_native_array(values) and xp.isdtype(values.dtype, "real floating"):
             # the array-API fft takes complex input only
             values = xp.astype(values, xp.complex64 if values.dtype == xp.float32 else xp.complex128)
@@ -143,6 +148,7 @@ class Fourier(_Spectral):
     def _series_matrices(self, pts: np.ndarray):
         """``alpha_k cos(k theta_p)`` and ``alpha_k sin(k theta_p)`` for the real series."""
         half = self.n // 2 + 1
+        check_dense(pts.size, 2 * half, "the Fourier series matrices")
         k = np.arange(half)
         alpha = np.full(half, 2.0)
         alpha[0] = 1.0
@@ -155,12 +161,14 @@ class Fourier(_Spectral):
     def interpolate(self, values, points, axis: int = -1):
         """Evaluate the trigonometric interpolant at ``points`` (real FFT, then the series).
 
-        Complex ``values`` use the Dirichlet-kernel matrix instead.
+        Complex ``values`` (the one method that accepts them: the interpolant is linear and
+        real-valued for real data) use the Dirichlet-kernel matrix instead.
         """
-        xp, axis = check_values(values, self.n, axis)
-        if not xp.isdtype(values.dtype, "real floating"):
-            return super().interpolate(values, points, axis)
+        values, xp, axis = as_values(values, self.n, axis, allow_complex=True)
         pts = self._check_points(points)
+        if not xp.isdtype(values.dtype, "real floating"):
+            mat = constant(None, None, lambda: self.interpolation_matrix(pts), values)
+            return apply_matrix(xp.astype(mat, values.dtype), values, axis)
         c = _fft_module(values).rfft(xp.moveaxis(values, axis, -1), axis=-1) / self.n
         cos_m, sin_m = self._series_matrices(pts)
         cos_m = constant(None, None, lambda: cos_m, values)
@@ -173,6 +181,7 @@ class Fourier(_Spectral):
         ``n`` and :math:`\frac{\sin(n\pi s)\cos(\pi s)}{n \sin(\pi s)}` for even ``n``, with
         :math:`s = (x_p - x_j)/(b - a)` reduced to :math:`[-1/2, 1/2]`."""
         pts = self._check_points(points)
+        check_dense(pts.size, self.n, "the Fourier interpolation matrix")
         s = (pts[:, None] - self.nodes[None, :]) / self.length
         s -= np.round(s)  # periodicity; x = b coincides with x_0 = a
         hit = s == 0.0
@@ -214,7 +223,7 @@ class Chebyshev(ChebyshevExtremaGrid, _Spectral):
 
     def coefficients(self, values, axis: int = -1):
         """Chebyshev coefficients :math:`a_m` of the interpolant along ``axis`` (via DCT-I)."""
-        xp, axis = check_values(values, self.n, axis)
+        values, xp, axis = as_values(values, self.n, axis)
         return self._coefficients(values, axis)
 
     def _coefficients(self, values, axis: int):
@@ -223,7 +232,7 @@ class Chebyshev(ChebyshevExtremaGrid, _Spectral):
 
     def interpolate(self, values, points, axis: int = -1):
         """Evaluate the Chebyshev series of ``values`` at ``points`` (DCT, then recurrence)."""
-        xp, axis = check_values(values, self.n, axis)
+        values, xp, axis = as_values(values, self.n, axis)
         pts = self._check_points(points)
         coef = self._coefficients(values, axis)
         vander = constant(None, None, lambda: chebyshev_vandermonde(self._reference(pts), self.n), values)
@@ -255,8 +264,7 @@ class Legendre(_Spectral):
 
     @cached_property
     def _gauss(self):
-        t, w = np.polynomial.legendre.leggauss(self.n)
-        return t, w
+        return gauss_legendre(self.n)
 
     def _nodes(self):
         a, b = self.domain
@@ -274,6 +282,9 @@ class Legendre(_Spectral):
         :math:`V_{jm} = P_m(t_j)` at the rounded nodes, makes :math:`C` the inverse of the
         interpolation problem actually posed; without it the rounding of the nodes is
         amplified like :math:`n^3` in the reconstruction (1e-12 at ``n = 40``)."""
+        check_allocation(4 * 8.0 * self.n**2, f"the Legendre coefficient matrix of {self!r} "
+                         f"({self.n} x {self.n}, dense, with its refinement step)",
+                         "use a smaller n (argument n) or a quadrature rule")
         t, w = self._gauss
         vander = legendre_vandermonde(t, self.n)
         mat = (np.arange(self.n)[:, None] + 0.5) * vander.T * w[None, :]
@@ -283,7 +294,7 @@ class Legendre(_Spectral):
 
     def coefficients(self, values, axis: int = -1):
         """Legendre coefficients :math:`a_m` of the interpolant along ``axis``."""
-        xp, axis = check_values(values, self.n, axis)
+        values, xp, axis = as_values(values, self.n, axis)
         mat = constant(self, "legendre_coefficients", lambda: self.coefficient_matrix, values)
         return apply_matrix(mat, values, axis)
 

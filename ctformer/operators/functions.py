@@ -6,7 +6,9 @@ be given as
 
 * ``None``: absent (zero for a bias),
 * a number: the constant function,
-* a callable ``b(y)``: evaluated, vectorized, at the quadrature nodes,
+* a callable ``b(s)``: evaluated, vectorized, at the *reference coordinates*
+  :math:`s = (y - a)/(b - a) \in [0, 1]` of the quadrature nodes (see
+  :class:`FeatureFunction`),
 * a 1-D array of ``d`` values: the piecewise-constant function equal to ``values[i]`` on the
   cell :math:`[a + i L / d, a + (i + 1) L / d)` of the uniform partition of :math:`[a, b]`,
   :math:`L = b - a`. This is the embedding of a torch bias or LayerNorm weight of length ``d``:
@@ -23,6 +25,7 @@ from numbers import Real
 
 import numpy as np
 
+from ..discretizations.base import real_host_array
 from ..kernels import _to_host, cell_index
 
 __all__ = ["FeatureFunction", "as_feature_function", "evaluate_stack", "cell_index", "named_parameters"]
@@ -30,6 +33,17 @@ __all__ = ["FeatureFunction", "as_feature_function", "evaluate_stack", "cell_ind
 
 class FeatureFunction:
     r"""A function of one continuous variable, evaluated at quadrature nodes.
+
+    Every function of a model acts on the reference variable. Kernels are defined on the
+    reference square :math:`[0, 1]^2` (:mod:`ctformer.kernels`), arrays of cell values on the
+    uniform cells of the domain, and a callable ``b`` is evaluated at
+
+    .. math::  s_j = \frac{y_j - a}{b - a} \in [0, 1],
+
+    not at the nodes :math:`y_j` of the domain :math:`[a, b]` themselves. A model therefore
+    gives the same result whatever the domain of its discretizations: features on
+    ``GaussLegendre(5, (0, 5))`` and on ``GaussLegendre(5, (0, 1))`` are the same model (same
+    node values, same numbers). On the default domain :math:`[0, 1]`, :math:`s_j = y_j`.
 
     Parameters
     ----------
@@ -41,7 +55,7 @@ class FeatureFunction:
     Raises
     ------
     TypeError
-        If ``spec`` is none of the accepted kinds.
+        If ``spec`` is none of the accepted kinds, or holds complex numbers.
     ValueError
         If an array is not 1-D, empty, or contains NaN or inf; if a number is not finite.
     """
@@ -63,8 +77,10 @@ class FeatureFunction:
             self.spec = spec
         else:
             try:
-                values = np.array(_to_host(spec), dtype=np.float64)
-            except (TypeError, ValueError):
+                values = np.array(real_host_array(_to_host(spec), name))
+            except TypeError as exc:
+                if "complex" in str(exc):
+                    raise
                 raise TypeError(
                     f"{name} must be None, a number, a callable b(y) or a 1-D array of values, "
                     f"got {type(spec).__name__}"
@@ -106,6 +122,9 @@ class FeatureFunction:
     def evaluate(self, disc) -> np.ndarray | None:
         """Values at ``disc.quadrature_nodes`` (host float64 array), or ``None`` when absent.
 
+        A callable is evaluated at the reference coordinates
+        :math:`(y_j - a)/(b - a)` of the nodes (see the class docstring).
+
         Parameters
         ----------
         disc : Discretization
@@ -127,7 +146,9 @@ class FeatureFunction:
             return np.full(nodes.shape, self.spec)
         if self.kind == "piecewise-constant":
             return self.spec[cell_index(nodes, disc.domain, self.spec.size)]
-        values = np.asarray(_to_host(self.spec(nodes)), dtype=np.float64)
+        a, b = disc.domain
+        reference = (np.asarray(nodes, dtype=np.float64) - a) / (b - a)
+        values = real_host_array(_to_host(self.spec(reference)), f"{self.name}: the callable")
         values = np.broadcast_to(values, nodes.shape).copy() if values.ndim == 0 else values
         if values.shape != nodes.shape:
             raise ValueError(
