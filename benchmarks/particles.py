@@ -7,7 +7,10 @@ Run ``python benchmarks/particles.py`` (add ``--quick`` to skip the 1,000-partic
 2. the relative errors of the measured mean-field growth rates against
    k^2 I_k(beta) / (beta I_0(beta));
 3. the particle-vs-mean-field error at the quantiles of rho0 = (1 + 0.3 cos theta) / (2 pi)
-   and its fitted geometric rate.
+   and its fitted geometric rate;
+4. (``--orders``) the observed order of every scheme of ``ctformer.solvers.available()`` for
+   particles and for the mean field (slope of log error vs log dt against a fine reference),
+   the time per step of a 16-particle, d = 16 solve, and the stable steps of the mean field.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import time
 import numpy as np
 from scipy import optimize, special
 
+from ctformer import solvers
 from ctformer.particles import CircleMeanField, SelfAttentionDynamics, cluster_count, energy
 
 
@@ -76,10 +80,49 @@ def particles_vs_mean_field(ns=(4, 6, 8, 10, 12, 14, 16, 20), beta=1.0, t1=1.0, 
     return rate
 
 
+def _slope(dts, errors):
+    return float(np.polyfit(np.log(dts), np.log(errors), 1)[0])
+
+
+def scheme_orders(seed=20251003):
+    """Observed orders of every scheme: particles (vs RK4 at dt/64) and the mean field."""
+    rng = np.random.default_rng(seed)
+    x0 = rng.standard_normal((6, 3))
+    x0 /= np.linalg.norm(x0, axis=1, keepdims=True)
+    dyn = SelfAttentionDynamics(1.5, Q=np.eye(3) + 0.3 * rng.standard_normal((3, 3)))
+    dts = [1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64]
+    exact = dyn.solve(x0, 1.0, 1 / 4096, scheme="rk4").final
+    mf = CircleMeanField(2.0, 24)
+    rho0 = lambda th: (1 + 0.5 * np.cos(th - 0.3) + 0.2 * np.sin(2 * th)) / (2 * np.pi)  # noqa: E731
+    mf_dts = [1 / 5, 1 / 10, 1 / 20, 1 / 40]
+    mf_exact = mf.solve(rho0, 1.0, 1 / 2560, scheme="rk4").density[-1]
+    print("observed orders (slope of log error vs log dt), declared order in brackets:")
+    x16 = rng.standard_normal((16, 16))
+    x16 /= np.linalg.norm(x16, axis=1, keepdims=True)
+    small = SelfAttentionDynamics(1.0)
+    for name in solvers.available():
+        order = solvers.get(name).order
+        p_err = [np.abs(dyn.solve(x0, 1.0, dt, scheme=name).final - exact).max() for dt in dts]
+        m_err = [np.abs(mf.solve(rho0, 1.0, dt, scheme=name).density[-1] - mf_exact).max() for dt in mf_dts]
+        start = time.perf_counter()
+        small.solve(x16, 1.0, 1 / 1024, scheme=name, save_every=1024)
+        per_step = (time.perf_counter() - start) / 1024
+        print(f"  {name:8s} [{order:.0f}]  particles {_slope(dts, p_err):5.2f}   mean field "
+              f"{_slope(mf_dts, m_err):5.2f}   16 x 16 particles: {per_step * 1e6:6.1f} us/step")
+    big = CircleMeanField(5.0, 256)
+    print("mean-field stable step, beta = 5, 256 modes (K = 85), t1 = 50: "
+          + ", ".join(f"{name} {big.stable_step(50.0, name):.3g}" for name in solvers.available())
+          + f"; 2 sqrt(2) / K = {2 * math.sqrt(2) / 85:.4g}")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the 1,000-particle simulation")
+    parser.add_argument("--orders", action="store_true", help="only the per-scheme orders and step times")
     args = parser.parse_args()
+    if args.orders:
+        scheme_orders()
+        raise SystemExit(0)
     if not args.quick:
         large_simulation()
     growth_rates()

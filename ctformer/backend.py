@@ -22,7 +22,6 @@ Nothing here copies data between host and device unless asked to.
 """
 from __future__ import annotations
 
-import os
 import weakref
 from functools import cached_property
 
@@ -102,15 +101,17 @@ class Backend:
     def fft(self):
         """FFT/DCT module with the ``scipy.fft`` interface.
 
-        pyFFTW on the CPU with cached plans, ``CTFORMER_FFT_THREADS`` (default 1) threads and
-        the planner effort ``CTFORMER_FFTW_PLANNER`` (default ``FFTW_ESTIMATE``; ``FFTW_MEASURE``
-        is faster for long transforms once planned); ``cupyx.scipy.fft`` on the GPU.
+        :class:`ctformer.fft.PlannedFFT` on the CPU (pyFFTW plans executed directly, cached;
+        ``CTFORMER_FFT_THREADS`` threads for large transforms, default 1; planner effort
+        ``CTFORMER_FFTW_PLANNER``, default ``FFTW_ESTIMATE``); ``cupyx.scipy.fft`` on the GPU.
         """
         if self.name == "cupy":
             import cupyx.scipy.fft as cufft
 
             return cufft
-        return _PyFFTW(int(os.environ.get("CTFORMER_FFT_THREADS", "1")))
+        from .fft import PlannedFFT
+
+        return PlannedFFT()
 
     # -- sparse --------------------------------------------------------------------------
     @cached_property
@@ -164,6 +165,8 @@ def _cached(owner, key, make):
 
 def _placement(like):
     """(namespace name, device, dtype string) of the array ``like``."""
+    if type(like) is np.ndarray:  # the hot path: a plain NumPy state
+        return "numpy", None, like.dtype.str
     if array_api_compat.is_numpy_array(like):
         return "numpy", None, like.dtype.str
     if array_api_compat.is_cupy_array(like):
@@ -211,7 +214,9 @@ def constant(owner, key, host, like):
 
 def _convert(value, like, namespace):
     xp = array_api_compat.array_namespace(like)
-    floating = xp.isdtype(like.dtype, "real floating")
+    # a real floating (or, for complex host values, a complex) ``like`` fixes the dtype
+    floating = xp.isdtype(like.dtype, "real floating") or (
+        xp.isdtype(like.dtype, "complex floating") and np.iscomplexobj(value))
     if hasattr(value, "tocsr"):
         if namespace in ("numpy", "cupy"):
             matrix = value.tocsr()
@@ -228,9 +233,12 @@ def _convert(value, like, namespace):
 
         with like.device:
             return cupy.asarray(value, dtype=like.dtype if floating else None)
-    target = like.dtype if floating else None
-    return xp.asarray(value, dtype=target, device=array_api_compat.device(like)) if target is not None \
-        else xp.asarray(value, device=array_api_compat.device(like))
+    # other namespaces (torch, array_api_strict) get their own writable copy
+    value = np.array(value)
+    device = array_api_compat.device(like)
+    if floating:
+        return xp.asarray(value, dtype=like.dtype, device=device)
+    return xp.asarray(value, device=device)
 
 
 def to_host(x, dtype=None) -> np.ndarray:
@@ -254,70 +262,6 @@ def to_host(x, dtype=None) -> np.ndarray:
     elif not isinstance(x, np.ndarray) and hasattr(x, "__array_namespace__"):
         x = np.asarray(x.__array__() if hasattr(x, "__array__") else list(x))
     return np.asarray(x, dtype=dtype)
-
-
-class _PyFFTW:
-    """``scipy.fft``-style functions backed by pyFFTW, with plan caching.
-
-    ``rfft`` and ``irfft`` (the transforms in time steps: convolutions, the mean-field flux)
-    run planned :class:`pyfftw.FFTW` objects kept per (shape, dtype, n, axis): the
-    ``pyfftw.interfaces`` layer re-validates and copies on every call, which made it slower
-    than ``numpy.fft`` for the sizes we use. Every other function goes through
-    ``pyfftw.interfaces.scipy_fft`` with its own plan cache.
-    """
-
-    def __init__(self, threads: int):
-        import pyfftw
-        import pyfftw.builders
-        import pyfftw.interfaces.cache
-        import pyfftw.interfaces.scipy_fft as pfft
-
-        pyfftw.interfaces.cache.enable()
-        pyfftw.interfaces.cache.set_keepalive_time(60.0)
-        self._f = pfft
-        self._builders = pyfftw.builders
-        self._empty_aligned = pyfftw.empty_aligned
-        self._plans: dict = {}
-        self.threads = max(1, threads)
-        # FFTW_MEASURE plans run ~20% faster for large n but take 0.1-2 s to make per shape
-        self.planner_effort = os.environ.get("CTFORMER_FFTW_PLANNER", "FFTW_ESTIMATE")
-        if self.planner_effort not in ("FFTW_ESTIMATE", "FFTW_MEASURE", "FFTW_PATIENT", "FFTW_EXHAUSTIVE"):
-            raise ValueError(
-                "CTFORMER_FFTW_PLANNER must be FFTW_ESTIMATE, FFTW_MEASURE, FFTW_PATIENT or "
-                f"FFTW_EXHAUSTIVE, got {self.planner_effort!r}"
-            )
-
-    def _planned(self, kind, x, n, axis):
-        x = np.asarray(x)
-        key = (kind, x.shape, x.dtype.str, n, axis)
-        plan = self._plans.get(key)
-        if plan is None:
-            build = getattr(self._builders, kind)
-            # planning happens once per key; the plan copies inputs into its own aligned buffer
-            plan = build(x, n=n, axis=axis, threads=self.threads, planner_effort=self.planner_effort,
-                         overwrite_input=False, avoid_copy=False)
-            self._plans[key] = plan
-        # a fresh aligned output per call: the plan's own output buffer is reused by its next call
-        out = self._empty_aligned(plan.output_shape, dtype=plan.output_dtype)
-        return plan(x, output_array=out)
-
-    def rfft(self, x, n=None, axis=-1):
-        """Real-to-complex FFT along ``axis`` (``scipy.fft.rfft`` semantics)."""
-        return self._planned("rfft", x, n, axis)
-
-    def irfft(self, x, n=None, axis=-1):
-        """Complex-to-real inverse FFT along ``axis`` (``scipy.fft.irfft`` semantics)."""
-        return self._planned("irfft", x, n, axis)
-
-    def __getattr__(self, name):
-        func = getattr(self._f, name)
-
-        def call(*args, **kwargs):
-            kwargs.setdefault("workers", self.threads)
-            return func(*args, **kwargs)
-
-        call.__name__ = name
-        return call
 
 
 _BACKENDS: dict[str, Backend] = {}

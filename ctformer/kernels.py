@@ -193,7 +193,13 @@ class Kernel(abc.ABC):
         TypeError
             If ``u`` is not a real floating array.
         """
-        u = _as_input(u)
+        if type(u) is not np.ndarray or u.dtype.kind != "f":
+            u = _as_input(u)
+        if (type(u) is np.ndarray and u.dtype.kind == "f" and axis in (-1, u.ndim - 1)
+                and u.shape[-1] == len(inp.quadrature_nodes)):
+            # the hot path of a solve: one product with the cached transposed matrix
+            return u @ constant(self, ("matrix_t", out, inp),
+                                lambda: np.ascontiguousarray(self.matrix(out, inp).T), u)
         xp, axis = _check_input(u, inp, axis)
         mat = self.device_matrix(u, out, inp)
         moved = xp.moveaxis(u, axis, -1)
@@ -478,11 +484,16 @@ class Convolution(Kernel):
         xp, axis = _check_input(u, inp, axis)
         if out != inp or not self.is_uniform_periodic(inp):
             return super().apply(u, out, inp, axis)
-        backend = backend_of(u)
         n = len(inp.quadrature_nodes)
-        complex_dtype = np.result_type(np.dtype(str(u.dtype)), np.complex64)
-        symbol = backend.cached(self, ("symbol", inp, complex_dtype.str),
-                                lambda: self.symbol(inp).astype(complex_dtype))
         moved = xp.moveaxis(u, axis, -1)
-        result = backend.fft.irfft(backend.fft.rfft(moved, axis=-1) * symbol, n=n, axis=-1)
+        # pyFFTW / cupyx for NumPy and CuPy, the namespace's own fft (torch.fft, ...) otherwise
+        if array_api_compat.is_numpy_array(u) or array_api_compat.is_cupy_array(u):
+            fft = backend_of(u).fft
+            spectrum = fft.rfft(moved, axis=-1)
+            symbol = constant(self, ("symbol", inp), lambda: self.symbol(inp), spectrum)
+            result = fft.irfft(spectrum * symbol, n=n, axis=-1)
+        else:
+            spectrum = xp.fft.rfft(moved)
+            symbol = constant(self, ("symbol", inp), lambda: self.symbol(inp), spectrum)
+            result = xp.fft.irfft(spectrum * symbol, n=n)
         return xp.moveaxis(xp.astype(xp.asarray(result), u.dtype, copy=False), -1, axis)

@@ -1,7 +1,8 @@
 r"""Where data enters a model: states, padding masks, step counts, renamed keywords.
 
-- :func:`as_state_array` accepts arrays of any supported namespace (kept where they live) and
-  anything NumPy can read (lists, torch CPU tensors through the host);
+- :func:`as_state_array` accepts arrays of the supported namespaces (NumPy, CuPy, torch: kept
+  where they live, so a torch state computes in torch and autograd sees every operation) and
+  anything NumPy can read (lists);
 - :func:`check_padding_mask` validates a padding mask (1 = real token);
 - :func:`check_steps` validates a number of steps per layer;
 - :func:`renamed_keyword` / :func:`warn_renamed` keep an old keyword working with a
@@ -50,7 +51,9 @@ def check_steps(steps_per_layer) -> int:
 
 
 def _is_native(x) -> bool:
-    return array_api_compat.is_numpy_array(x) or array_api_compat.is_cupy_array(x)
+    """NumPy, CuPy and torch arrays stay in their namespace (and on their device)."""
+    return (array_api_compat.is_numpy_array(x) or array_api_compat.is_cupy_array(x)
+            or array_api_compat.is_torch_array(x))
 
 
 def as_state_array(x, name):
@@ -80,12 +83,13 @@ def as_state_array(x, name):
             arr = to_host(x)
         except Exception:
             raise TypeError(f"{name} must be an array, got {type(x).__name__}") from None
-    if arr.dtype.kind == "c":
+    xp = array_api_compat.array_namespace(arr)
+    if xp.isdtype(arr.dtype, "complex floating"):
         raise TypeError(f"{name} must be a real array, got complex dtype {arr.dtype}")
-    if arr.dtype.kind != "f":
-        if arr.dtype == bool or arr.dtype.kind not in "iu":
+    if not xp.isdtype(arr.dtype, "real floating"):
+        if not xp.isdtype(arr.dtype, "integral"):
             raise TypeError(f"{name} must be a real floating array, got dtype {arr.dtype}")
-        arr = arr.astype(np.float64)
+        arr = xp.astype(arr, xp.float64)
     return arr
 
 
@@ -112,6 +116,11 @@ def check_padding_mask(mask, u):
     xp = array_api_compat.array_namespace(u)
     if not _is_native(mask):
         mask = to_host(mask)
+        if mask.dtype == object:
+            raise TypeError(f"padding_mask must be an array of booleans or 0/1, got "
+                            f"{type(mask.flat[0]).__name__ if mask.size else 'an empty object array'}")
+    elif type(mask) is not type(u):  # a mask from another namespace (e.g. NumPy for torch)
+        mask = to_host(mask)
     if tuple(mask.shape) != tuple(u.shape[:-1]):
         raise ValueError(
             f"padding_mask must have shape {tuple(u.shape[:-1])} (batch, tokens), got {tuple(mask.shape)}"
@@ -122,4 +131,6 @@ def check_padding_mask(mask, u):
         mask = mask == 1
     if not bool(mask.any(axis=-1).all()):
         raise ValueError("padding_mask has a sequence without any real token (a row of zeros)")
+    if array_api_compat.is_torch_array(u) or array_api_compat.is_cupy_array(u):
+        return xp.asarray(mask, device=array_api_compat.device(u)) if not type(mask) is type(u) else mask
     return xp.asarray(mask)

@@ -20,6 +20,7 @@ from .conftest import require
 
 # the package re-exports the function under the module's name, so fetch the module itself
 qa_module = importlib.import_module("ctformer.operators.quadrature_attention")
+threads_module = importlib.import_module("ctformer.operators.threads")
 
 
 @pytest.fixture(params=["generic", "stream"])
@@ -170,7 +171,7 @@ def test_threads_do_not_change_the_result(rng, monkeypatch, blas_limit):
     monkeypatch.setattr(qa_module, "_STREAM_MIN_ENTRIES", 0)
     monkeypatch.setattr(qa_module, "_PARALLEL_MIN_ENTRIES", 0)
     if blas_limit != "threadpoolctl":  # without threadpoolctl: one worker, threaded BLAS
-        monkeypatch.setattr(qa_module, "_single_thread_blas", lambda: None)
+        monkeypatch.setattr(threads_module, "single_thread_blas", lambda: None)
     q, k, v = _qkv(rng, (2, 70), (2, 70))
     keep = rng.random((70, 70)) < 0.5
     keep[:, 0] = True
@@ -183,6 +184,31 @@ def test_threads_do_not_change_the_result(rng, monkeypatch, blas_limit):
             assert np.array_equal(a, b)
     ref = _torch_sdpa(q, k, v, scale=1.1, bias=np.where(keep, 0.0, -np.inf))
     assert _rel(results[-1][2], ref) < 1e-13
+
+
+def test_default_chunks_are_bit_identical_for_1_and_2_threads(rng, monkeypatch):
+    # the reproducer: 2 x 1100 tokens took different chunks (and roundings) for 1 and 2 threads
+    n = 1100
+    q, k, v = _qkv(rng, (2, n), (2, n), d=16, e=8)
+    w = rng.uniform(0.5, 1.5, n)
+    results = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", threads)
+        results[threads] = [quadrature_attention(q, k, v, beta=0.7, weights=w, mask=m) for m in (None, "causal")]
+    for a, b in zip(results["1"], results["2"]):
+        assert np.array_equal(a, b)
+    rows = [0, 555, n - 1]
+    ref = _torch_sdpa(q[:, rows], k, v, scale=0.7, bias=np.broadcast_to(np.log(w), (3, n)))
+    assert _rel(results["2"][0][:, rows], ref) < 1e-13
+
+
+def test_thread_count_must_be_a_positive_integer(monkeypatch):
+    for bad in ("0", "-2", "two"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", bad)
+        with pytest.raises(ValueError, match="CTFORMER_NUM_THREADS must be a positive integer"):
+            threads_module.num_threads()
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "3")
+    assert threads_module.num_threads() == 3
 
 
 def test_memory_is_chunk_times_n_not_n_squared(rng, monkeypatch):
@@ -274,3 +300,138 @@ def test_cupy_matches_numpy(rng):
                                    chunk=64, **dev_kwargs)
         assert isinstance(dev, cupy.ndarray)
         assert _rel(cupy.asnumpy(dev), host) < 1e-12
+
+
+# -- validation at the public entry (issue: nothing silently wrong) --------------------------------
+@pytest.mark.parametrize("name", ["q", "k", "v", "weights"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_input_is_refused_naming_the_argument(rng, name, bad):
+    q, k, v = _qkv(rng, (6,), (6,))
+    args = dict(q=q, k=k, v=v, weights=np.full(6, 1 / 6))
+    args[name] = args[name].copy()
+    args[name][..., 2] = bad
+    with pytest.raises(ValueError, match=rf"^{name} must be finite"):
+        quadrature_attention(args.pop("q"), args.pop("k"), args.pop("v"), beta=1.0, **args)
+
+
+def test_nan_value_with_causal_mask_is_refused_not_spread(rng, path):
+    # the reproducer: v[5] = NaN with a causal mask made all six rows NaN without a word
+    q, k, v = _qkv(rng, (6,), (6,))
+    v[5] = np.nan
+    with pytest.raises(ValueError, match="^v must be finite"):
+        quadrature_attention(q, k, v, beta=1.0, mask="causal")
+    # the five rows that do not see key 5 are what torch gives on the clean prefix
+    out = quadrature_attention(q[:5], k[:5], v[:5], beta=1.0, mask="causal")
+    assert _rel(out, _torch_sdpa(q[:5], k[:5], v[:5], scale=1.0, is_causal=True)) < 1e-13
+
+
+def test_lists_are_accepted_as_array_likes(rng):
+    q, k, v = _qkv(rng, (2, 7), (2, 7))
+    w = rng.uniform(0.5, 1.5, 7)
+    out = quadrature_attention(q.tolist(), k.tolist(), v.tolist(), beta=[0.5, 2.0], weights=w.tolist(),
+                               mask="causal")
+    assert isinstance(out, np.ndarray) and out.dtype == np.float64
+    bias = np.log(w) + np.where(np.tril(np.ones((7, 7))) > 0, 0.0, -np.inf)
+    for b, beta in enumerate((0.5, 2.0)):
+        assert _rel(out[b], _torch_sdpa(q[b], k[b], v[b], scale=beta, bias=bias)) < 1e-13
+    # integer lists are real numbers too
+    ints = [[1, 0], [0, 1], [1, 1]]
+    out = quadrature_attention(ints, ints, ints, beta=1.0)
+    ref = _torch_sdpa(np.array(ints), np.array(ints), np.array(ints), scale=1.0)
+    assert _rel(out, ref) < 1e-15
+
+
+@pytest.mark.parametrize("beta", [True, "1", 1 + 0j, np.array([1j, 1.0])])
+def test_beta_must_be_a_real_number(rng, beta):
+    q, k, v = _qkv(rng, (2, 5), (2, 5))
+    with pytest.raises(TypeError, match="beta must be a real number"):
+        quadrature_attention(q, k, v, beta=beta)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_complex_input_is_refused(rng, name):
+    q, k, v = _qkv(rng, (5,), (5,))
+    args = dict(q=q, k=k, v=v)
+    args[name] = args[name] + 1j
+    with pytest.raises(TypeError, match=f"{name} must be real; complex"):
+        quadrature_attention(args["q"], args["k"], args["v"], beta=1.0)
+    args[name] = args[name].tolist()  # a list of complex numbers too
+    with pytest.raises(TypeError, match=f"{name} must be real; complex"):
+        quadrature_attention(args["q"], args["k"], args["v"], beta=1.0)
+
+
+def test_unchecked_call_equals_checked_call(rng, path):
+    # the solve's internal calls skip validation with check=False: same numbers, bit for bit
+    q, k, v = _qkv(rng, (2, 3, 40), (2, 3, 40))
+    w = rng.uniform(0.5, 1.5, 40)
+    beta = np.array([0.5, 1.0, 2.0])
+    keep = np.broadcast_to(rng.random((2, 1, 1, 40)) < 0.7, (2, 1, 40, 40)).copy()
+    keep[..., 0] = True
+    for kwargs in (dict(), dict(weights=w), dict(mask="causal", diagonal="half", weights=w), dict(mask=keep)):
+        checked = quadrature_attention(q, k, v, beta=beta, **kwargs)
+        unchecked = quadrature_attention(q, k, v, beta=beta, check=False, **kwargs)
+        assert np.array_equal(checked, unchecked)
+    bias = np.where(keep, 0.0, -np.inf)
+    ref = _torch_sdpa(q, k, v, scale=1.0, bias=bias[:, 0:1])
+    assert _rel(quadrature_attention(q, k, v, beta=1.0, mask=keep, check=False), ref) < 1e-13
+
+
+# -- scale safety -------------------------------------------------------------------------------------
+def _hard_max(q, k, v, mask=None):
+    """The beta -> infinity limit: the value of the best allowed key (float64)."""
+    s = q.astype(np.float64) @ k.astype(np.float64).T
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    return v[np.argmax(s, axis=1)], np.sort(s, axis=1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_huge_inputs_give_the_hard_max_not_nan(rng, path, causal):
+    # 1e160: the scores (1e320) overflow float64; the exact answer is the hard-max limit
+    n = 40
+    q0, k0, v0 = _qkv(rng, (n,), (n,))
+    mask = np.tril(np.ones((n, n), bool)) if causal else None
+    out = quadrature_attention(1e160 * q0, 1e160 * k0, 1e160 * v0, beta=0.5, mask="causal" if causal else None)
+    assert np.all(np.isfinite(out))
+    hard, sorted_scores = _hard_max(q0, k0, v0, mask)
+    clear = (sorted_scores[:, -1] - sorted_scores[:, -2] > 1e-12) | ~np.isfinite(sorted_scores[:, -2])
+    assert clear.sum() > n // 2
+    np.testing.assert_allclose(out[clear], 1e160 * hard[clear], rtol=1e-15, atol=0)
+
+
+def test_tiny_inputs_keep_full_relative_accuracy(rng, path):
+    # 1e-160: the scores (1e-320) vanish; the answer is the weighted mean of v, of size 1e-160
+    n = 30
+    q0, k0, v0 = _qkv(rng, (n,), (n,))
+    w = rng.uniform(0.5, 1.5, n)
+    out = quadrature_attention(1e-160 * q0, 1e-160 * k0, 1e-160 * v0, beta=2.0, weights=w)
+    ref = (w @ v0) / w.sum()
+    np.testing.assert_allclose(out / 1e-160, np.broadcast_to(ref, out.shape), rtol=1e-14)
+
+
+def test_power_of_two_scaled_inputs_give_the_rescaled_answer(rng, path):
+    # q 2^1000 and k 2^-1000 give exactly the scores of q, k (but q * beta alone would overflow);
+    # v of size 2^1020 (~1e307) would overflow the sum over 50 keys without rescaling
+    n = 50
+    q, k, v = _qkv(rng, (2, n), (2, n))
+    ref = _torch_sdpa(q, k, v, scale=1.7, is_causal=True)
+    big_q, small_k, big_v = np.ldexp(q, 1000), np.ldexp(k, -1000), np.ldexp(v, 1020)
+    out = quadrature_attention(big_q, small_k, big_v, beta=1.7, mask="causal")
+    assert np.all(np.isfinite(out))
+    assert _rel(np.ldexp(out, -1020), ref) < 1e-13
+    # per-head scales far apart: each (batch, head) problem is scaled on its own
+    q2 = np.stack([np.ldexp(q[0], 900), np.ldexp(q[1], -900)])
+    k2 = np.stack([np.ldexp(k[0], -900), np.ldexp(k[1], 900)])
+    out = quadrature_attention(q2, k2, v, beta=1.7, mask="causal")
+    assert _rel(out, ref) < 1e-13
+
+
+def test_float32_huge_inputs_are_finite(rng, path):
+    n = 32
+    q0, k0, v0 = _qkv(rng, (n,), (n,))
+    q, k, v = (np.float32(1e30) * a.astype(np.float32) for a in (q0, k0, v0))
+    out = quadrature_attention(q, k, v, beta=1.0)
+    assert out.dtype == np.float32 and np.all(np.isfinite(out))
+    hard, sorted_scores = _hard_max(q.astype(np.float64) / 1e30, k.astype(np.float64) / 1e30, v0)
+    clear = sorted_scores[:, -1] - sorted_scores[:, -2] > 1e-4
+    np.testing.assert_allclose(out[clear] / np.float32(1e30), hard[clear], rtol=1e-6)

@@ -285,7 +285,6 @@ class Attention(Operator):
         pattern = None if window is None else window_pattern(positions, window)
         local = window is not None or alibi is not None
         w_tokens_host = host["w_tokens"]
-        split = (heads * n_sigma, (heads + kv_heads) * n_sigma)
 
         def attention(u, padding_mask=None):
             xp = array_api_compat.array_namespace(u)
@@ -294,10 +293,10 @@ class Attention(Operator):
             if b_qkv is not None:
                 qkv = qkv + b_qkv
             lead = tuple(u.shape[:-2])
-            q, k, v = (xp.moveaxis(xp.reshape(part, (*lead, n_tokens, count, n_sigma)), -2, -3)
-                       for part, count in ((qkv[..., :split[0]], heads),
-                                           (qkv[..., split[0]:split[1]], kv_heads),
-                                           (qkv[..., split[1]:], kv_heads)))  # (..., H or H_kv, N, d_h)
+            # one reshape and one axis move for all projections: (..., H + 2 H_kv, N, d_h)
+            qkv = xp.moveaxis(xp.reshape(qkv, (*lead, n_tokens, heads + 2 * kv_heads, n_sigma)), -2, -3)
+            q, k, v = qkv[..., :heads, :, :], qkv[..., heads:heads + kv_heads, :, :], \
+                qkv[..., heads + kv_heads:, :, :]
             if rope is not None:
                 cos, sin = constants("cos", u), constants("sin", u)
                 q, k = rotate(xp, q, cos, sin), rotate(xp, k, cos, sin)
@@ -318,10 +317,10 @@ class Attention(Operator):
                 keep = _key_mask(xp, padding_mask, u, n_tokens, mask, diagonal)
                 if keep is not None and extra_axes:
                     keep = keep[..., None, :, :, :]
-                attended = quadrature_attention(
+                attended = quadrature_attention(   # the state was validated where it entered
                     q, k, v, beta=constants("beta", u), weights=constants("w_tokens", u),
                     mask=mask if keep is None else keep,
-                    diagonal=diagonal if keep is None else "full",
+                    diagonal=diagonal if keep is None else "full", check=False,
                 )
             if groups > 1:
                 attended = xp.reshape(attended, (*attended.shape[:-4], heads, n_tokens, n_sigma))

@@ -53,8 +53,11 @@ def relu(z):
 
 
 def _erf(z):
+    """The error function in the namespace of ``z`` (scipy, cupyx or torch.special)."""
     if array_api_compat.is_cupy_array(z):
         import cupyx.scipy.special as special
+    elif array_api_compat.is_torch_array(z):
+        import torch.special as special
     else:
         import scipy.special as special
     return special.erf(z)

@@ -55,24 +55,36 @@ from .functions import as_feature_function, named_parameters
 __all__ = ["LayerNormProjection", "SphereProjection", "RMSNorm"]
 
 
+# NumPy states whose token peaks lie in [2^-400, 2^400] square without overflow or underflow
+# in float64; they skip the rescaling (float32 states always rescale: its range is smaller).
+_SAFE_RANGE = (2.0 ** -400, 2.0 ** 400)
+
+
 def _rescaled(xp, u):
-    """``(v, s)`` with ``v = u / s`` and ``s`` the power of two at or below ``max |u|`` per token.
+    """``(v, s, peak)`` with ``v = u / s``, ``s`` the power of two at or below ``max |u|`` per token.
 
     Tokens that are exactly zero get ``s = 1`` (so ``v = 0``). Division by a power of two is
-    exact, and ``max |v|`` lies in ``[1, 2)`` for every other token.
+    exact, and ``max |v|`` lies in ``[1, 2)`` for every other token; ``peak`` is ``max |v|``.
+    A float64 NumPy state whose peaks are in :data:`_SAFE_RANGE` is returned as it is
+    (``s = 1``): squaring it is already safe, and the solve's hot path saves three passes.
     """
     peak = xp.max(xp.abs(u), axis=-1, keepdims=True)
+    if type(u) is np.ndarray and u.dtype == np.float64:
+        top, bottom = float(peak.max(initial=0.0)), float(peak.min(initial=0.0))
+        if bottom >= _SAFE_RANGE[0] and top <= _SAFE_RANGE[1]:
+            return u, 1.0, peak
     positive = peak > 0
     exponent = xp.floor(xp.log2(xp.where(positive, peak, xp.ones_like(peak))))
     s = xp.pow(xp.asarray(2.0, dtype=u.dtype), exponent)
-    return u / s, s, positive
+    v = u / s
+    return v, s, xp.max(xp.abs(v), axis=-1, keepdims=True)
 
 
 def _eps_over_square(xp, eps: float, s, dtype):
     r""":math:`\varepsilon / s^2` without overflow: ``s`` is raised to :math:`\sqrt{\varepsilon / R}`
     (:math:`R` a quarter of the dtype's largest number) first, which changes only results
     below :math:`\sqrt{1/R}` in absolute value."""
-    floor = math.sqrt(eps / (float(np.finfo(np.dtype(str(dtype))).max) / 4.0))
+    floor = math.sqrt(eps / (float(xp.finfo(dtype).max) / 4.0))
     s = xp.maximum(s, xp.asarray(floor, dtype=s.dtype)) if floor > 0 else s
     return eps / s / s
 
@@ -152,14 +164,13 @@ class LayerNormProjection(Operator):
         def layer_norm(u):
             xp = array_api_compat.array_namespace(u)
             w = constants("w", u)
-            v, s, _ = _rescaled(xp, u)
+            v, s, peak = _rescaled(xp, u)
             mean = xp.sum(v * w, axis=-1, keepdims=True)
             centred = v - mean
             var = xp.sum(centred * centred * w, axis=-1, keepdims=True)
             if eps == 0.0:
-                # rounding noise of the variance of v (max |v| in [1, 2), or v = 0)
-                tiny = 64.0 * float(np.finfo(np.dtype(str(u.dtype))).eps)
-                peak = xp.max(xp.abs(v), axis=-1, keepdims=True)
+                # rounding noise of the variance of v
+                tiny = 64.0 * float(xp.finfo(u.dtype).eps)
                 bad = var <= (tiny * peak) ** 2
                 if bool(xp.any(bad)):
                     where = _first_token(bad[..., 0])
@@ -222,7 +233,8 @@ class SphereProjection(Operator):
         def sphere(u):
             xp = array_api_compat.array_namespace(u)
             w = constants("w", u)
-            v, s, positive = _rescaled(xp, u)
+            v, s, peak = _rescaled(xp, u)
+            positive = peak > 0
             square = xp.sum(v * v * w, axis=-1, keepdims=True)
             if eps == 0.0:
                 if not bool(xp.all(positive)):

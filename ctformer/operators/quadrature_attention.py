@@ -13,22 +13,25 @@ the quadrature of :math:`\int_X \gamma(x_i, x') v(x') dx'` with the state-depend
 weights cancel (ordinary softmax attention); other weights enter as a log-weight bias,
 :math:`\mathrm{softmax}_j(\beta q_i\cdot k_j + \log w_j)`.
 
-The sum is computed in query chunks with the row maximum subtracted (log-sum-exp), so memory
-is :math:`O(\text{chunk} \times N)` and the result is finite in float32 and for very large
-:math:`\beta`. The code is written once against the array namespace (NumPy, CuPy,
-``array_api_strict``); large NumPy problems take a streaming path that reuses one score buffer,
-works in place, and spreads the chunks over a few threads.
+The sum is computed with the row maximum subtracted (log-sum-exp), so the result is finite in
+float32 and for very large :math:`\beta`; the inputs are rescaled by powers of two when the
+scores or the weighted sums could overflow, so any finite input gives a finite answer. The code
+is written once against the array namespace (NumPy, CuPy, ``array_api_strict``); small NumPy
+problems take a lean batched path (a solve calls it thousands of times), large ones a streaming
+path that reuses one score buffer per worker thread (:mod:`ctformer.operators.threads`) and
+never forms an N x M matrix.
 """
 from __future__ import annotations
 
-import itertools
 import math
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 
 import array_api_compat
 import numpy as np
+
+from . import threads as _threads
+
+_NUMPY = array_api_compat.array_namespace(np.zeros(0))
 
 __all__ = ["quadrature_attention"]
 
@@ -40,15 +43,23 @@ _CHUNK_ELEMENTS_DEVICE = 1 << 27
 # rows at M = 8192 in float64) while the extra memory stays far below an N x N matrix.
 _CHUNK_BYTES_NUMPY = 8 << 20
 _MIN_CHUNK_ROWS = 64
+# The streaming path splits a call into at least this many tasks (for balance over a few
+# threads). A constant, not the thread count: the chunks, hence the rounding, never depend on
+# how many threads run them.
+_MIN_TASKS = 8
 # Problems with fewer score entries per (batch, head) than this are done batched in one go.
 _STREAM_MIN_ENTRIES = 1 << 16
 # Below this many score entries in all, a call is not worth spreading over threads.
 _PARALLEL_MIN_ENTRIES = 1 << 20
 # Rows of a score chunk are exponentiated in blocks of this size (L2 cache).
 _ELEMENTWISE_BLOCK_BYTES = 1 << 20
+# Scores and weighted sums are kept below finfo.max / _HEADROOM (room for the log-weights,
+# the row-maximum subtraction and the sum over keys).
+_HEADROOM = 8.0
 
 
-def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="full", chunk=None):
+def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="full", chunk=None,
+                         check=True):
     r"""Softmax attention as a quadrature of a nonlocal integral operator.
 
     .. math::
@@ -58,17 +69,17 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
 
     Parameters
     ----------
-    q : array, shape (..., N, d)
+    q : array_like, shape (..., N, d)
         Queries at the N query nodes.
-    k : array, shape (..., M, d)
+    k : array_like, shape (..., M, d)
         Keys at the M key nodes.
-    v : array, shape (..., M, e)
+    v : array_like, shape (..., M, e)
         Values at the M key nodes.
     beta : float or array
         Inverse temperature; a scalar or an array broadcasting against the leading (batch,
         head) axes, e.g. shape ``(H,)`` for one value per head when ``q`` is ``(B, H, N, d)``.
-        Must be finite.
-    weights : array, shape (M,), optional
+        Must be finite and real.
+    weights : array_like, shape (M,), optional
         Positive quadrature weights of the key nodes. Default: uniform (plain softmax).
     mask : None, "causal" or bool array broadcasting to (..., N, M), optional
         ``"causal"`` keeps :math:`x_j \le x_i` (requires N == M). A boolean array keeps the
@@ -81,19 +92,28 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     chunk : int, optional
         Number of query rows processed at once. Default: chosen so that one block of scores
         stays small (a few MiB on the CPU), never an N x M matrix for large N.
+    check : bool, default True
+        Validate the inputs (shapes, dtypes, finiteness) and guard against overflow. Callers
+        that already validated their data (a solve validates its state once, at entry) pass
+        ``check=False``: ``q``, ``k``, ``v`` must then be arrays of one namespace and one real
+        floating dtype, finite and of moderate size (no rescaling is done), ``beta`` finite,
+        ``weights`` positive and a mask valid; nothing of this is verified.
 
     Returns
     -------
     array, shape (..., N, e)
-        Same array library and dtype as the inputs (float32 stays float32).
+        Same array library and dtype as the inputs (float32 stays float32; lists give NumPy
+        float64).
 
     Raises
     ------
     ValueError
-        For mismatched shapes, non-positive weights, non-finite ``beta``, a mask of the wrong
-        shape or one that removes every key of some query, or a bad ``chunk``.
+        For mismatched shapes, non-finite entries of ``q``, ``k``, ``v`` or ``weights`` (the
+        message names the argument), non-positive weights, non-finite ``beta``, a mask of the
+        wrong shape or one that removes every key of some query, or a bad ``chunk``.
     TypeError
-        For non-floating inputs or a non-boolean mask.
+        For non-floating or complex inputs, a non-boolean mask, or a ``beta`` that is not a
+        real number (strings and booleans are refused).
 
     Notes
     -----
@@ -105,42 +125,94 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
         \mathrm{out}_i = \frac{\sum_j m_{ij} e^{s_{ij} - \mu_i} v_j}{\sum_j m_{ij} e^{s_{ij} - \mu_i}},
 
     where every exponent is :math:`\le 0` and the largest is exactly 0, so nothing overflows and
-    the denominator is at least 1, for any finite :math:`\beta`. The denominator is obtained in
-    the same matrix product as the numerator (a column of ones appended to :math:`v`). With a
-    causal mask only the keys :math:`j \le i` are computed (half the work) and only the
-    diagonal block of each chunk is masked.
+    the denominator is at least 1, for any finite :math:`\beta`.
 
+    *Scale safety* (``check=True``). With :math:`a_q, a_k, a_v` the largest magnitudes of
+    ``q``, ``k``, ``v`` in each (batch, head) problem, the scores are bounded by
+    :math:`|\beta| a_q a_k d` and the weighted sums by :math:`M a_v`. When a bound comes within
+    a factor 8 of the largest number of the dtype, the inputs are first scaled by powers of two
+    (exact): :math:`\hat q = 2^{-e_q} q`, :math:`\hat k = 2^{-e_k} k` with entries at most 1 and
+    :math:`c = \beta\, 2^{e_q + e_k}` folded into the queries; if :math:`|c|` itself exceeds
+    ``finfo.max / (8 d)`` it is clamped there, which changes nothing but rounding: the
+    exponents :math:`c(\hat s_{ij} - \hat\mu_i)` of any gap above the rounding of
+    :math:`\hat s` are then below :math:`-10^{290}` (float64), i.e. the softmax is its hard-max
+    limit either way. ``v`` is scaled by :math:`2^{-e_v}` and the result by :math:`2^{e_v}`.
+    So inputs of size 1e160 (float64) or 1e30 (float32) give the exact limit, never NaN or
+    inf; tiny inputs (1e-160) keep full relative accuracy. Inputs of ordinary size take the
+    unscaled path.
+
+    *Paths.* Small NumPy problems are done batched in one go (a handful of NumPy calls).
     Large NumPy problems are split into (batch, head, query chunk) tasks shared by
     ``CTFORMER_NUM_THREADS`` worker threads (default: the thread count of the BLAS library),
     each with its own score buffer of about 8 MiB, while the BLAS library is limited to one
-    thread through ``threadpoolctl`` (OpenBLAS threads busy-wait between calls and would take
-    the cores the element-wise work needs). Without ``threadpoolctl`` one worker runs and BLAS
-    keeps its threads. Extra memory is about ``threads x 8 MiB`` plus copies of ``q`` and
-    ``v`` and the output. Set ``CTFORMER_NUM_THREADS=1`` when calling from several threads at
-    once (e.g. a threaded Dask worker).
+    thread through ``threadpoolctl``. The chunks depend on the problem's shape and dtype only,
+    never on the number of threads, so results are bit-identical for any
+    ``CTFORMER_NUM_THREADS``. With a causal mask only the keys :math:`j \le i` are computed
+    (half the work) and only the diagonal block of each chunk is masked. Extra memory is
+    about ``threads x 8 MiB`` plus copies of ``q`` and ``v`` and the output. Set
+    ``CTFORMER_NUM_THREADS=1`` when calling from several threads at once (e.g. a threaded Dask
+    worker).
     """
-    xp = array_api_compat.array_namespace(q, k, v)
-    q, k, v, beta, log_w, keep, diag_shift, lead = _validate(xp, q, k, v, beta, weights, mask, diagonal)
-    n, m = q.shape[-2], k.shape[-2]
-    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1):
-        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    if check:
+        xp, q, k, v, beta, log_w, keep, diag_shift, lead, amax = _validate(q, k, v, beta, weights, mask, diagonal)
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1):
+            raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    else:
+        xp, beta, log_w, keep, diag_shift, lead = _trusted(q, k, v, beta, weights, mask, diagonal)
     causal = isinstance(mask, str)
+    n, m = q.shape[-2], k.shape[-2]
     if n == 0:
         return xp.zeros((*lead, 0, v.shape[-1]), dtype=q.dtype)
-    if (array_api_compat.is_numpy_array(q) and q.dtype in (np.float32, np.float64)
-            and n * m >= _STREAM_MIN_ENTRIES):
-        return _stream_numpy(q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk)
-    if chunk is None:
-        target = _CHUNK_ELEMENTS_DEVICE if array_api_compat.is_cupy_array(q) else _CHUNK_ELEMENTS
-        chunk = max(1, min(n, target // max(1, m * (math.prod(lead) or 1))))
-    return _stream_generic(xp, q, k, v, beta, log_w, keep, causal, diag_shift, int(chunk))
+    v_scale = None
+    if check:
+        qs, k, v, v_scale = _scaled_inputs(xp, q, k, v, beta, amax)
+    else:
+        qs = q * beta  # beta folded into the queries: O(N d), cheaper than scaling every score
+    numpy = isinstance(q, np.ndarray)
+    if numpy and chunk is None and n * m * math.prod(lead) <= _CHUNK_ELEMENTS and n * m < _STREAM_MIN_ENTRIES:
+        out = _small_numpy(qs, k, v, log_w, keep, causal, diag_shift)
+    elif numpy and q.dtype in (np.float32, np.float64) and n * m >= _STREAM_MIN_ENTRIES:
+        out = _stream_numpy(qs, k, v, log_w, keep, causal, diag_shift, lead, chunk)
+    else:
+        if chunk is None:
+            target = _CHUNK_ELEMENTS_DEVICE if array_api_compat.is_cupy_array(q) else _CHUNK_ELEMENTS
+            chunk = max(1, min(n, target // max(1, m * (math.prod(lead) or 1))))
+        out = _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, int(chunk))
+    return out if v_scale is None else _pow2(xp, out, v_scale)
 
 
-# -- generic path (any array namespace) ------------------------------------------------------
-def _stream_generic(xp, q, k, v, beta, log_w, keep, causal, diag_shift, chunk):
+# -- small NumPy problems: one batched pass ------------------------------------------------------
+def _small_numpy(qs, k, v, log_w, keep, causal, diag_shift):
+    """All (batch, head) problems at once, a few NumPy calls; returns (..., N, e)."""
+    s = qs @ k.swapaxes(-1, -2)
+    if log_w is not None:
+        s += log_w
+    if causal:
+        s += _causal_bias(s.shape[-1], s.dtype.str, diag_shift)
+    elif keep is not None:
+        s = np.where(keep, s, -np.inf)
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    out = s @ v
+    out /= s.sum(axis=-1, keepdims=True)
+    return out
+
+
+@lru_cache(maxsize=64)
+def _causal_bias(n, dtype, diag_shift):
+    """(n, n) additive mask: -inf above the diagonal, ``diag_shift`` (or 0) on it (read-only)."""
+    bias = np.zeros((n, n), dtype=np.dtype(dtype))
+    bias[np.triu_indices(n, 1)] = -np.inf
+    if diag_shift is not None:
+        bias[np.diag_indices(n)] = diag_shift
+    bias.setflags(write=False)
+    return bias
+
+
+# -- generic path (any array namespace) ----------------------------------------------------------
+def _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, chunk):
     """Query chunks with functional array-API operations; returns (..., N, e)."""
-    n, e = q.shape[-2], v.shape[-1]
-    q = q * beta  # O(N d): cheaper than scaling every score
+    n, e = qs.shape[-2], v.shape[-1]
     # the column of ones gives the denominator from the same product as the numerator
     ones = xp.ones((*v.shape[:-1], 1), dtype=v.dtype)
     v1 = xp.concat([v, ones], axis=-1)
@@ -148,7 +220,7 @@ def _stream_generic(xp, q, k, v, beta, log_w, keep, causal, diag_shift, chunk):
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
         cols = stop if causal else k.shape[-2]  # causal: keys after the chunk never count
-        s = q[..., start:stop, :] @ xp.matrix_transpose(k[..., :cols, :])
+        s = qs[..., start:stop, :] @ xp.matrix_transpose(k[..., :cols, :])
         if log_w is not None:
             s = s + log_w[:cols]
         if causal:
@@ -173,19 +245,21 @@ def _mask_diagonal_block(xp, s, start, stop, diag_shift):
     return xp.concat([s[..., :start], block], axis=-1) if start else block
 
 
-# -- NumPy streaming path ------------------------------------------------------------------
-def _stream_numpy(q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
+# -- NumPy streaming path ------------------------------------------------------------------------
+def _stream_chunk(n, m, itemsize, problems):
+    """Query rows per task: ~8 MiB of scores, at least _MIN_TASKS tasks; thread-independent."""
+    chunk = max(_MIN_CHUNK_ROWS, _CHUNK_BYTES_NUMPY // (m * itemsize))
+    per_problem = -(-_MIN_TASKS // max(1, problems))
+    return max(1, min(n, chunk, max(_MIN_CHUNK_ROWS, -(-n // per_problem))))
+
+
+def _stream_numpy(qs, k, v, log_w, keep, causal, diag_shift, lead, chunk):
     """Query chunks of every (batch, head), each done by one worker with its own buffers."""
-    dtype = q.dtype
-    n, m, e = q.shape[-2], k.shape[-2], v.shape[-1]
-    threads = _num_threads()
+    dtype = qs.dtype
+    n, m, e = qs.shape[-2], k.shape[-2], v.shape[-1]
     if chunk is None:
-        chunk = max(_MIN_CHUNK_ROWS, _CHUNK_BYTES_NUMPY // (m * dtype.itemsize))
-        # at least two tasks per worker thread, for balance
-        per_problem = -(-2 * threads // (math.prod(lead) or 1))
-        chunk = min(chunk, max(_MIN_CHUNK_ROWS, -(-n // per_problem)))
+        chunk = _stream_chunk(n, m, dtype.itemsize, math.prod(lead))
     chunk = int(min(chunk, n))
-    qs = np.multiply(q, beta, dtype=dtype)  # beta folded into the queries: O(N d)
     v1 = np.empty((*v.shape[:-1], e + 1), dtype=dtype)
     v1[..., :e] = v
     v1[..., e] = 1  # the last output column is the denominator
@@ -237,94 +311,128 @@ def _stream_numpy(q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
             np.matmul(s, v1[idx][:cols], out=nb)
             np.divide(nb[:, :e], nb[:, e:], out=out[idx][start:stop])
 
-    threads = min(threads, len(tasks))
-    big = n * m * (math.prod(lead) or 1) >= _PARALLEL_MIN_ENTRIES
-    limiter = _single_thread_blas() if threads > 1 and big else None
-    if limiter is None:  # one worker; the BLAS library uses its own threads
-        remaining = iter(tasks)
-        worker(lambda: next(remaining, None))
+    if n * m * (math.prod(lead) or 1) < _PARALLEL_MIN_ENTRIES:
+        _threads.run_workers(worker, tasks, 1)  # one worker; BLAS as configured
         return out
-    # Several workers, each with a single-threaded BLAS: OpenBLAS threads busy-wait after a
-    # call, so interleaving threaded BLAS with threaded element-wise work wastes a core.
-    counter = itertools.count()
-
-    def next_task():
-        i = next(counter)  # atomic in CPython
-        return tasks[i] if i < len(tasks) else None
-
+    # Large: every task runs with a single-threaded BLAS whatever the worker count, so the
+    # arithmetic of a task never depends on the threads. OpenBLAS threads also busy-wait after
+    # a call, so interleaving threaded BLAS with threaded element-wise work would waste a core.
+    limiter = _threads.single_thread_blas()
+    if limiter is None:  # no threadpoolctl: one worker, the BLAS library uses its own threads
+        _threads.run_workers(worker, tasks, 1)
+        return out
     with limiter:
-        futures = [_pool(threads).submit(worker, next_task) for _ in range(threads - 1)]
-        try:
-            worker(next_task)
-        finally:
-            for f in futures:
-                f.result()
+        _threads.run_workers(worker, tasks, _threads.num_threads())
     return out
 
 
-_POOL_LOCK = threading.Lock()
-_POOL: dict = {}
-_CONTROLLER: list = []
+# -- scale safety ---------------------------------------------------------------------------------
+def _scaled_inputs(xp, q, k, v, beta, amax):
+    """(beta q, k, v, None), or power-of-two rescaled inputs and the output's exponent.
+
+    ``amax`` holds max |q|, max |k|, max |v| over all entries (Python floats): when they bound
+    everything well below overflow (the usual case) nothing else is computed. Otherwise the
+    maxima of each (batch, head) problem are taken and the inputs of each problem rescaled
+    on their own. See the Notes of :func:`quadrature_attention`.
+    """
+    big = float(xp.finfo(q.dtype).max) / _HEADROOM
+    d, m = max(1, q.shape[-1]), k.shape[-2]
+    aq, ak, av = amax
+    b = abs(beta) if isinstance(beta, float) else _global_abs_max(xp, beta)
+    # |beta q| and every partial sum of (beta q) . k stay below finfo.max / 8 (Python floats
+    # overflow to inf, which fails the test)
+    score_ok = b * aq * max(ak, 1.0) * d <= big
+    sum_ok = av * m <= big
+    if score_ok and sum_ok:
+        return q * beta, k, v, None
+    if score_ok:
+        qs = q * beta
+    else:
+        eq, ek = _exponent(_abs_max(xp, q)), _exponent(_abs_max(xp, k))
+        beta_np = np.asarray(_to_numpy(beta), dtype=np.float64)
+        beta_np = beta_np[..., 0, 0] if beta_np.ndim else beta_np
+        # c = beta 2^(eq + ek), clamped where it would exceed finfo.max / (8 d)
+        with np.errstate(over="ignore"):
+            c = np.ldexp(np.abs(beta_np), eq + ek)
+        c = np.copysign(np.minimum(c, big / d), beta_np)
+        qs = _pow2(xp, q, -eq) * _lead_array(xp, c, q)
+        k = _pow2(xp, k, -ek)
+    v_scale = None
+    if not sum_ok:
+        ev = _exponent(_abs_max(xp, v))
+        v = _pow2(xp, v, -ev)
+        v_scale = ev  # the output is scaled back by 2^ev
+    return qs, k, v, v_scale
 
 
-def _pool(threads):
-    """A shared worker pool, rebuilt after a fork (threads do not survive one)."""
-    key = (os.getpid(), threads)
-    with _POOL_LOCK:
-        if key not in _POOL:
-            _POOL.clear()
-            _POOL[key] = ThreadPoolExecutor(max_workers=max(1, threads - 1),
-                                            thread_name_prefix="ctformer-attention")
-        return _POOL[key]
-
-
-def _blas_controller():
-    """threadpoolctl's controller of the loaded BLAS libraries, or None without threadpoolctl."""
-    with _POOL_LOCK:
-        if not _CONTROLLER:
-            try:
-                from threadpoolctl import ThreadpoolController
-
-                _CONTROLLER.append(ThreadpoolController())
-            except Exception:  # not installed, or an unknown library layout
-                _CONTROLLER.append(None)
-        return _CONTROLLER[0]
-
-
-def _single_thread_blas():
-    """A context limiting BLAS to one thread for the duration of a call (None if impossible)."""
-    controller = _blas_controller()
-    if controller is None:
-        return None
-    return controller.limit(limits=1, user_api="blas")
-
-
-def _num_threads():
-    """Worker threads: CTFORMER_NUM_THREADS, else the BLAS library's current thread count."""
-    value = os.environ.get("CTFORMER_NUM_THREADS", "").strip()
-    if value:
-        try:
-            return max(1, int(value))
-        except ValueError:
-            raise ValueError(f"CTFORMER_NUM_THREADS must be a positive integer, got {value!r}") from None
-    controller = _blas_controller()
-    if controller is not None:
-        counts = [info.get("num_threads") or 1 for info in controller.info() if info.get("user_api") == "blas"]
-        if counts:
-            return max(counts)
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        try:
-            return max(1, int(os.environ.get(name, "").split(",")[0]))
-        except ValueError:
-            pass
+def _to_numpy(a):
+    """Host NumPy view of a (small) array of any namespace; Python floats pass through."""
+    if isinstance(a, (float, np.ndarray)):
+        return a
+    if array_api_compat.is_cupy_array(a):
+        return a.get()
     try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+        return np.from_dlpack(a)
+    except Exception:  # pragma: no cover - namespaces without DLPack
+        return np.asarray(a)
 
 
-# -- validation ------------------------------------------------------------------------------
-def _validate(xp, q, k, v, beta, weights, mask, diagonal):
+def _abs_max(xp, a):
+    """max |a| over the last two axes, as float64 NumPy (shape a.shape[:-2]); NaN propagates."""
+    if math.prod(a.shape[-2:]) == 0:
+        return np.zeros(a.shape[:-2])
+    if isinstance(a, np.ndarray):  # two passes, no temporary of a's size
+        return np.maximum(np.max(a, axis=(-2, -1)), -np.min(a, axis=(-2, -1))).astype(np.float64)
+    return np.asarray(_to_numpy(xp.max(xp.abs(a), axis=(-2, -1))), dtype=np.float64)
+
+
+def _exponent(a):
+    """Integer e with a <= 2^e (0 where a == 0), elementwise on float64 NumPy values."""
+    mant, e = np.frexp(a)
+    return np.where(a > 0, e, 0).astype(np.int64)
+
+
+def _pow2(xp, a, e):
+    """a * 2^e per leading index (exact: two power-of-two factors, each representable)."""
+    e = np.asarray(e)
+    half = e // 2
+    f1 = _lead_array(xp, np.ldexp(np.ones(e.shape), half), a)
+    f2 = _lead_array(xp, np.ldexp(np.ones(e.shape), e - half), a)
+    return (a * f1) * f2
+
+
+def _lead_array(xp, values, like):
+    """Per-leading-index float64 NumPy values as an array (..., 1, 1) of like's namespace/dtype."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim:
+        values = values[..., None, None]
+    if isinstance(like, np.ndarray):
+        return values.astype(like.dtype)
+    return xp.asarray(values.tolist(), dtype=like.dtype, device=array_api_compat.device(like))
+
+
+# -- validation -----------------------------------------------------------------------------------
+def _as_array(a, name):
+    """An array of a known namespace; lists and tuples of numbers become NumPy float64."""
+    if isinstance(a, np.ndarray) or hasattr(a, "__array_namespace__") or array_api_compat.is_array_api_obj(a):
+        return a
+    try:
+        arr = np.asarray(a)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be an array of real numbers, got {type(a).__name__}: {exc}") from None
+    if arr.dtype.kind in "iu":
+        arr = arr.astype(np.float64)
+    return arr
+
+
+def _validate(q, k, v, beta, weights, mask, diagonal):
+    """Checked and converted arguments; ``amax`` is (max|q|, max|k|, max|v|) as Python floats."""
+    q, k, v = (_as_array(a, name) for a, name in ((q, "q"), (k, "k"), (v, "v")))
+    if (type(q) is np.ndarray and type(k) is np.ndarray and type(v) is np.ndarray
+            and q.dtype == k.dtype == v.dtype and q.dtype.kind == "f"):
+        xp = _NUMPY  # the common case, without the generic dtype machinery (a solve calls this often)
+    else:
+        xp = _namespace_and_dtype_checks(q, k, v)
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.ndim < 2:
             raise ValueError(f"{name} must have shape (..., tokens, features), got shape {tuple(a.shape)}")
@@ -336,68 +444,151 @@ def _validate(xp, q, k, v, beta, weights, mask, diagonal):
     if m == 0:
         raise ValueError("k and v must hold at least one key token, got 0")
     shapes = [("q", q.shape[:-2]), ("k", k.shape[:-2]), ("v", v.shape[:-2])]
-    dtype = xp.result_type(q, k, v)
-    if not xp.isdtype(dtype, "real floating"):
-        raise TypeError(f"q, k, v must be real floating arrays, got dtype {dtype}")
-    q, k, v = (xp.astype(a, dtype, copy=False) for a in (q, k, v))
+    if xp is not _NUMPY:
+        dtype = xp.result_type(q, k, v)
+        q, k, v = (xp.astype(a, dtype, copy=False) for a in (q, k, v))
+    dtype = q.dtype
+    # one reduction per array: finiteness (NaN and inf propagate through max) and the scale
+    amax = tuple(_global_abs_max(xp, a) for a in (q, k, v))
+    for name, a in zip("qkv", amax):
+        if not math.isfinite(a):
+            raise ValueError(f"{name} must be finite; it contains NaN or inf")
 
-    # beta: scalar or array over the leading axes -> shape (..., 1, 1)
-    if isinstance(beta, (int, float, np.floating, np.integer)) and not isinstance(beta, bool):
-        if not math.isfinite(float(beta)):
-            raise ValueError(f"beta must be finite, got {beta!r}")
-        beta = float(beta)
-    else:
-        try:
-            beta = xp.asarray(beta, dtype=dtype)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"beta must be a real number or an array of them, got {beta!r}") from exc
-        if not bool(xp.all(xp.isfinite(beta))):
-            raise ValueError("beta must be finite")
-        if beta.ndim == 0:
-            beta = float(beta)
-        else:
-            shapes.append(("beta", beta.shape))
-            beta = beta[..., None, None]
+    beta = _check_beta(xp, beta, dtype, shapes)
 
-    log_w = None
-    if weights is not None:
-        w = xp.asarray(weights, dtype=dtype)
-        if w.ndim != 1 or w.shape[0] != m:
-            raise ValueError(f"weights must have shape ({m},) (one per key token), got {tuple(w.shape)}")
-        if not bool(xp.all(w > 0)) or not bool(xp.all(xp.isfinite(w))):
-            raise ValueError("weights must be positive and finite")
-        log_w = xp.log(w)
-
-    if diagonal not in ("full", "half"):
-        raise ValueError(f"diagonal must be 'full' or 'half', got {diagonal!r}")
-    keep = None
-    diag_shift = None
-    if mask is None:
-        if diagonal == "half":
-            raise ValueError("diagonal='half' only applies with mask='causal'")
-    elif isinstance(mask, str):
-        if mask != "causal":
-            raise ValueError(f"mask must be None, 'causal' or a boolean array, got {mask!r}")
-        if n != m:
-            raise ValueError(f"mask='causal' needs as many queries as keys, got {n} and {m}")
-        if diagonal == "half":
-            diag_shift = math.log(0.5)
-    else:
-        keep = xp.asarray(mask)
-        if keep.dtype != xp.bool:
-            raise TypeError(f"mask array must be boolean (True = keep), got dtype {keep.dtype}")
-        if keep.ndim < 2 or keep.shape[-1] != m or keep.shape[-2] not in (1, n):
-            raise ValueError(
-                f"mask array must have shape (..., {n}, {m}) or (..., 1, {m}), got {tuple(keep.shape)}"
-            )
-        if not bool(xp.all(xp.any(keep, axis=-1))):
-            raise ValueError("mask removes every key for some query; each row needs one kept entry")
-        if diagonal == "half":
-            raise ValueError("diagonal='half' only applies with mask='causal'")
-        shapes.append(("mask", keep.shape[:-2]))
+    log_w = None if weights is None else _log_weights(xp, weights, dtype, m)
+    keep, diag_shift = _check_mask(xp, mask, diagonal, n, m, shapes)
     try:
         lead = tuple(np.broadcast_shapes(*(tuple(s) for _, s in shapes)))
     except ValueError:
         listed = ", ".join(f"{name} {tuple(s)}" for name, s in shapes)
         raise ValueError(f"leading (batch, head) axes do not broadcast: {listed}") from None
-    return q, k, v, beta, log_w, keep, diag_shift, lead
+    return xp, q, k, v, beta, log_w, keep, diag_shift, lead, amax
+
+
+def _namespace_and_dtype_checks(q, k, v):
+    """The array namespace of q, k, v after refusing complex and non-floating inputs."""
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        kind = getattr(getattr(a, "dtype", None), "kind", None)
+        if kind == "c" or (kind is None and "complex" in str(getattr(a, "dtype", ""))):
+            raise TypeError(f"{name} must be real; complex inputs are not supported (got dtype {a.dtype})")
+        if kind is not None and kind != "f":
+            raise TypeError(f"q, k, v must be real floating arrays, got dtype {a.dtype} for {name}")
+    try:
+        xp = array_api_compat.array_namespace(q, k, v)
+    except TypeError as exc:
+        raise TypeError(f"q, k, v must be arrays of one array library: {exc}") from None
+    if not xp.isdtype(xp.result_type(q, k, v), "real floating"):
+        raise TypeError(f"q, k, v must be real floating arrays, got dtype {xp.result_type(q, k, v)}")
+    return xp
+
+
+def _global_abs_max(xp, a) -> float:
+    """max |a| as a Python float (0 for an empty array; NaN if a holds a NaN)."""
+    if math.prod(a.shape) == 0:
+        return 0.0
+    if isinstance(a, np.ndarray):
+        return max(float(a.max()), -float(a.min()))
+    return float(xp.max(xp.abs(a)))
+
+
+def _check_beta(xp, beta, dtype, shapes):
+    """A finite Python float, or an array (..., 1, 1) of dtype; appends its shape to ``shapes``."""
+    if isinstance(beta, (bool, np.bool_, str, bytes, complex, np.complexfloating)):
+        raise TypeError(f"beta must be a real number or an array of them, got {beta!r}")
+    if isinstance(beta, (int, float, np.floating, np.integer)):
+        if not math.isfinite(float(beta)):
+            raise ValueError(f"beta must be finite, got {beta!r}")
+        return float(beta)
+    if xp is _NUMPY and type(beta) is np.ndarray and beta.dtype.kind == "f":
+        arr = beta.astype(dtype, copy=False)
+    else:
+        try:
+            arr = xp.asarray(beta)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"beta must be a real number or an array of them, got {beta!r}") from exc
+        if not (xp.isdtype(arr.dtype, "real floating") or xp.isdtype(arr.dtype, "integral")):
+            raise TypeError(f"beta must be a real number or an array of them, got dtype {arr.dtype}")
+        arr = xp.astype(arr, dtype)
+    if not math.isfinite(_global_abs_max(xp, arr)):
+        raise ValueError("beta must be finite")
+    if arr.ndim == 0:
+        return float(arr)
+    shapes.append(("beta", arr.shape))
+    return arr[..., None, None]
+
+
+def _log_weights(xp, weights, dtype, m):
+    """log of positive, finite quadrature weights of shape (m,), in dtype."""
+    if isinstance(weights, (str, bytes)):
+        raise TypeError(f"weights must be an array of positive numbers, got {weights!r}")
+    if xp is _NUMPY and type(weights) is np.ndarray and weights.dtype.kind == "f":
+        w = weights.astype(dtype, copy=False)
+    else:
+        try:
+            w = xp.asarray(weights)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"weights must be an array of positive numbers: {exc}") from None
+        if not (xp.isdtype(w.dtype, "real floating") or xp.isdtype(w.dtype, "integral")):
+            raise TypeError(f"weights must be real numbers, got dtype {w.dtype}")
+        w = xp.astype(w, dtype)
+    if w.ndim != 1 or w.shape[0] != m:
+        raise ValueError(f"weights must have shape ({m},) (one per key token), got {tuple(w.shape)}")
+    lo, hi = float(xp.min(w)), float(xp.max(w))
+    if not (math.isfinite(hi) and math.isfinite(lo)):
+        raise ValueError("weights must be finite; they contain NaN or inf")
+    if not lo > 0:
+        raise ValueError("weights must be positive and finite")
+    return xp.log(w)
+
+
+def _check_mask(xp, mask, diagonal, n, m, shapes):
+    if diagonal not in ("full", "half"):
+        raise ValueError(f"diagonal must be 'full' or 'half', got {diagonal!r}")
+    if mask is None:
+        if diagonal == "half":
+            raise ValueError("diagonal='half' only applies with mask='causal'")
+        return None, None
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"mask must be None, 'causal' or a boolean array, got {mask!r}")
+        if n != m:
+            raise ValueError(f"mask='causal' needs as many queries as keys, got {n} and {m}")
+        return None, (math.log(0.5) if diagonal == "half" else None)
+    keep = xp.asarray(mask)
+    if keep.dtype != xp.bool:
+        raise TypeError(f"mask array must be boolean (True = keep), got dtype {keep.dtype}")
+    if keep.ndim < 2 or keep.shape[-1] != m or keep.shape[-2] not in (1, n):
+        raise ValueError(
+            f"mask array must have shape (..., {n}, {m}) or (..., 1, {m}), got {tuple(keep.shape)}"
+        )
+    if not bool(xp.all(xp.any(keep, axis=-1))):
+        raise ValueError("mask removes every key for some query; each row needs one kept entry")
+    if diagonal == "half":
+        raise ValueError("diagonal='half' only applies with mask='causal'")
+    shapes.append(("mask", keep.shape[:-2]))
+    return keep, None
+
+
+def _trusted(q, k, v, beta, weights, mask, diagonal):
+    """The few derived values a validated call needs (``check=False``): nothing is verified."""
+    xp = _NUMPY if type(q) is np.ndarray else array_api_compat.array_namespace(q, k, v)
+    lead = q.shape[:-2]
+    if k.shape[:-2] != lead or v.shape[:-2] != lead:
+        lead = np.broadcast_shapes(lead, k.shape[:-2], v.shape[:-2])
+    if not isinstance(beta, (int, float)):
+        if beta.ndim == 0:
+            beta = float(beta)
+        else:
+            if len(beta.shape) > len(lead) or lead[len(lead) - len(beta.shape):] != beta.shape:
+                lead = np.broadcast_shapes(lead, beta.shape)
+            beta = beta[..., None, None]
+    log_w = None if weights is None else xp.log(weights)
+    keep = diag_shift = None
+    if isinstance(mask, str):
+        if diagonal == "half":
+            diag_shift = math.log(0.5)
+    elif mask is not None:
+        keep = mask
+        lead = np.broadcast_shapes(lead, mask.shape[:-2])
+    return xp, beta, log_w, keep, diag_shift, tuple(lead)

@@ -1,9 +1,11 @@
 r"""Tokens as particles on the sphere and their mean-field limit (Geshkovski et al. 2025).
 
-* :class:`SelfAttentionDynamics`: the (SA) and (USA) particle systems, solved with Euler,
-  Heun or RK4 and the retraction onto the sphere; :class:`Trajectory`.
+* :class:`SelfAttentionDynamics`: the (SA) and (USA) particle systems, split problems run by
+  any scheme of :mod:`ctformer.solvers` with the retraction onto the sphere as projection;
+  :class:`Trajectory`, :class:`SolveInterrupted` (Ctrl-C keeps the trajectory so far).
 * :class:`CircleMeanField`: the continuity equation for the token density on the circle,
-  Fourier spectral with exact Bessel kernel coefficients.
+  Fourier spectral with exact Bessel kernel coefficients, any scheme of :mod:`ctformer.solvers`,
+  a stable-step bound checked before each solve (:func:`stability_function`).
 * Diagnostics: :func:`gram`, :func:`inner_product_histogram`, :func:`cluster_count`,
   :func:`energy`, :func:`single_cluster_distance`, :func:`in_open_hemisphere`,
   :func:`attention_matrix`, :func:`attention_rank`, :func:`row_entropy`.
@@ -21,15 +23,20 @@ from .diagnostics import (
     row_entropy,
     single_cluster_distance,
 )
-from .dynamics import SelfAttentionDynamics, Trajectory, log_partition, retract, tangent_projection
-from .meanfield import CircleMeanField, MeanFieldSolution, linear_growth_rate
+from .dynamics import (SelfAttentionDynamics, SolveInterrupted, Trajectory, log_partition, retract, sphere_tolerance,
+                       tangent_projection)
+from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning, linear_growth_rate, stability_function
 
 __all__ = [
     "SelfAttentionDynamics",
     "Trajectory",
     "CircleMeanField",
     "MeanFieldSolution",
+    "SolveInterrupted",
+    "ResolutionWarning",
     "linear_growth_rate",
+    "stability_function",
+    "sphere_tolerance",
     "log_partition",
     "retract",
     "tangent_projection",

@@ -23,7 +23,7 @@ from scipy.optimize import linprog
 from scipy.sparse.csgraph import connected_components
 from scipy.spatial.distance import pdist, squareform
 
-from ..backend import backend_of
+from ..backend import to_host
 from ..operators.quadrature_attention import quadrature_attention
 from .dynamics import _check_beta, log_partition
 
@@ -48,10 +48,6 @@ def _points(x, batch=True):
         shapes = "(n, d) or (batch, n, d)" if batch else "(n, d)"
         raise ValueError(f"x must have shape {shapes}, got shape {tuple(x.shape)}")
     return x
-
-
-def _host(x) -> np.ndarray:
-    return np.asarray(backend_of(x).asnumpy(x), dtype=np.float64)
 
 
 def _weights(weights, n, xp, dtype):
@@ -103,7 +99,7 @@ def inner_product_histogram(x, bins=50, *, density=False):
     ValueError
         For fewer than two points.
     """
-    g = _host(gram(x))
+    g = to_host(gram(x), np.float64)
     n = g.shape[-1]
     if n < 2:
         raise ValueError("inner_product_histogram needs at least two points")
@@ -135,7 +131,7 @@ def cluster_count(x, tol):
     tol = float(tol)
     if not (math.isfinite(tol) and tol >= 0):
         raise ValueError(f"tol must be finite and >= 0, got {tol}")
-    host = _host(x)
+    host = to_host(x, np.float64)
 
     def count(points):
         if points.shape[0] == 1:
@@ -251,7 +247,7 @@ def in_open_hemisphere(x, *, tol=1e-9):
     For SA and USA with :math:`Q = K = V = I`, points that start in an open hemisphere converge
     to a single cluster (Geshkovski et al.).
     """
-    pts = _host(_points(x, batch=False))
+    pts = to_host(_points(x, batch=False), np.float64)
     n, d = pts.shape
     # variables (u_1..u_d, s); maximize s  <=>  minimize -s;  s - <u, x_i> <= 0
     cost = np.zeros(d + 1)
@@ -316,7 +312,7 @@ def attention_rank(a, rtol=None):
     -------
     int or numpy.ndarray of int
     """
-    host = _host(a)
+    host = to_host(a, np.float64)
     if host.ndim not in (2, 3):
         raise ValueError(f"a must have shape (n, n) or (batch, n, n), got {host.shape}")
     s = np.linalg.svd(host, compute_uv=False)

@@ -30,29 +30,53 @@ any finite :math:`\beta`). The USA factor :math:`Z_i` is computed as
 :math:`\log Z_i \le |\beta| \, \|Q_h\|_2 \|K_h\|_2 + \log\sum_j w_j`, so USA is accepted when this
 bound is at most 700 (float64; 80 in float32) and refused with :class:`OverflowError` otherwise.
 
-Time stepping: explicit Euler, Heun or classical RK4 on the ambient ODE (whose exact flow keeps
-the sphere invariant), each step followed by the retraction :math:`x \mapsto x / \|x\|`.
-A projection method keeps the order of the underlying scheme (1, 2, 4).
+Time stepping: the particle system is a :class:`ctformer.solvers.SplitProblem` with one flow
+(the tangent velocity) and one projection (the retraction :math:`x \mapsto x / \|x\|` after
+each sub-step), run by any scheme of :func:`ctformer.solvers.available` (design notes,
+section 5). The exact flow of the ambient ODE keeps the sphere invariant, so the projection
+method keeps the order of the scheme: ``euler``, ``lie`` and ``parallel`` 1 (with one flow
+``lie`` and ``parallel`` are explicit Euler), ``heun`` and ``strang`` 2 (one flow: Strang is
+its Heun sub-step), ``rk4`` 4.
+
+The retraction and every normalization here are scale-safe: each row is divided by its
+largest absolute entry before it is squared, so :math:`N(c x) = N(x)` to rounding for every
+representable :math:`c > 0` (no overflow at :math:`10^{155}`, no underflow at :math:`10^{-160}`).
 """
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import array_api_compat
 import numpy as np
 
-from ..backend import backend_of
+from .. import solvers
+from ..backend import constant, to_host
 from ..operators.quadrature_attention import quadrature_attention
 
-__all__ = ["SelfAttentionDynamics", "Trajectory", "log_partition", "tangent_projection", "retract"]
+__all__ = ["SelfAttentionDynamics", "Trajectory", "SolveInterrupted", "log_partition",
+           "tangent_projection", "retract", "sphere_tolerance"]
 
 _CHUNK_ELEMENTS = 1 << 20
-_SCHEMES = ("euler", "heun", "rk4")
-# |norm - 1| accepted for an initial condition "on the sphere" without normalize=True.
-_SPHERE_TOL = 1e-8
 # Largest log Z accepted for USA, by dtype: exp(log Z) and the sums of RK stages stay finite.
 _USA_LOG_MAX = {8: 700.0, 4: 80.0}
+
+
+class SolveInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a long solve: a :class:`KeyboardInterrupt` that keeps what was computed.
+
+    ``str(exc)`` is one line saying when the solve stopped and what was kept; ``exc.result``
+    holds it (a :class:`Trajectory` for particles, a
+    :class:`~ctformer.particles.MeanFieldSolution` for the mean field): the saved states so
+    far and, last, the state after the last completed step. Being a ``KeyboardInterrupt``, it
+    still stops a script (and the ``ctformer`` command with status 130) unless caught.
+    """
+
+    def __init__(self, message: str, result):
+        super().__init__(message)
+        self.result = result
 
 
 @dataclass
@@ -73,10 +97,28 @@ class Trajectory:
     @property
     def final(self):
         """Positions at the last saved time."""
-        return self.positions[-1]
+        return self.positions[-1, ...]
 
     def __len__(self) -> int:
         return len(self.times)
+
+
+def sphere_tolerance(dtype) -> float:
+    r"""Largest :math:`\max_i |\|x_i\| - 1|` accepted as "on the unit sphere" in ``dtype``.
+
+    :math:`\sqrt{\varepsilon}` of the dtype: 1.5e-8 in float64, 3.5e-4 in float32, so that
+    data normalized in its own precision (a few :math:`\varepsilon` off) is accepted while
+    data that was never normalized is not.
+    """
+    return math.sqrt(float(np.finfo(_numpy_dtype(dtype)).eps))
+
+
+def _numpy_dtype(dtype) -> np.dtype:
+    """The NumPy dtype of a NumPy, CuPy, torch or array-API dtype."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return np.dtype(str(dtype).split(".")[-1])
 
 
 def tangent_projection(x, y):
@@ -96,19 +138,43 @@ def tangent_projection(x, y):
     return y - xp.sum(x * y, axis=-1, keepdims=True) * x
 
 
+def _row_scale(xp, x):
+    """The largest absolute entry of each row (keepdims): the scale divided out before squaring."""
+    return xp.max(xp.abs(x), axis=-1, keepdims=True)
+
+
+def _unit_rows(xp, x):
+    """x / |x| row-wise, scale-safe, unchecked (a zero row gives NaN): the projection of a solve."""
+    y = x / _row_scale(xp, x)
+    return y / xp.sqrt(xp.sum(y * y, axis=-1, keepdims=True))
+
+
+def _row_norms(xp, x):
+    """|x| row-wise (keepdims), without overflow or underflow in the squares."""
+    scale = _row_scale(xp, x)
+    safe = xp.where(scale > 0, scale, xp.ones_like(scale))
+    y = x / safe
+    return scale * xp.sqrt(xp.sum(y * y, axis=-1, keepdims=True))
+
+
 def retract(x):
     r"""The retraction onto the unit sphere, :math:`x \mapsto x / \|x\|` along the last axis.
+
+    Scale-safe: each row is divided by its largest absolute entry before squaring, so
+    ``retract(c * x)`` equals ``retract(x)`` to rounding for every representable ``c > 0``.
 
     Raises
     ------
     ValueError
-        If some vector has zero norm.
+        If some vector is zero or not finite.
     """
     xp = array_api_compat.array_namespace(x)
-    norm = xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True))
-    if not bool(xp.all(norm > 0)):
+    scale = _row_scale(xp, x)
+    if not bool(xp.all(scale > 0)):
         raise ValueError("cannot project a zero vector onto the sphere")
-    return x / norm
+    if not bool(xp.all(xp.isfinite(scale))):
+        raise ValueError("cannot project a vector with NaN or infinite entries onto the sphere")
+    return _unit_rows(xp, x)
 
 
 def log_partition(q, k, *, beta, weights=None, mask=None, chunk=None):
@@ -156,16 +222,21 @@ def log_partition(q, k, *, beta, weights=None, mask=None, chunk=None):
         if not bool(xp.all(w > 0)) or not bool(xp.all(xp.isfinite(w))):
             raise ValueError("weights must be positive and finite")
         log_w = xp.log(w)
-    keep = None
-    causal = isinstance(mask, str)
-    if causal:
+    if isinstance(mask, str):
         if mask != "causal" or n != m:
             raise ValueError(f"mask must be None, 'causal' (square) or a boolean array, got {mask!r}")
     elif mask is not None:
-        keep = xp.asarray(mask)
+        mask = xp.asarray(mask)
     if chunk is None:
         batch = math.prod(q.shape[:-2]) or 1
         chunk = max(1, min(n, _CHUNK_ELEMENTS // max(1, m * batch)))
+    return _log_partition(xp, q, k, beta, log_w, mask, chunk)
+
+
+def _log_partition(xp, q, k, beta, log_w, mask, chunk):
+    """log Z without checks (inputs validated where they entered)."""
+    n, m = q.shape[-2], k.shape[-2]
+    causal = isinstance(mask, str)
     kt = xp.matrix_transpose(k)
     cols = xp.arange(m)
     blocks = []
@@ -174,19 +245,30 @@ def log_partition(q, k, *, beta, weights=None, mask=None, chunk=None):
         s = (q[..., start:stop, :] @ kt) * beta + log_w
         if causal:
             s = xp.where(cols[None, :] <= xp.arange(start, stop)[:, None], s, -xp.inf)
-        elif keep is not None:
-            s = xp.where(keep[..., start:stop, :], s, -xp.inf)
+        elif mask is not None:
+            s = xp.where(mask[..., start:stop, :], s, -xp.inf)
         s_max = xp.max(s, axis=-1, keepdims=True)
         blocks.append(s_max[..., 0] + xp.log(xp.sum(xp.exp(s - s_max), axis=-1)))
     return xp.concat(blocks, axis=-1) if len(blocks) > 1 else blocks[0]
 
 
 def _check_beta(beta) -> float:
-    if isinstance(beta, bool) or not isinstance(beta, (int, float, np.integer, np.floating)):
-        raise TypeError(f"beta must be a real number, got {type(beta).__name__}")
+    """A finite real beta; refuses bool, strings, complex and other non-reals with a TypeError."""
+    if isinstance(beta, (bool, np.bool_)) or not isinstance(beta, Real):
+        raise TypeError(f"beta must be a real number, got {type(beta).__name__} {beta!r}")
     if not math.isfinite(float(beta)):
         raise ValueError(f"beta must be finite, got {beta!r}")
     return float(beta)
+
+
+def _host_real(a, what: str) -> np.ndarray:
+    """A host float64 copy of a matrix or vector argument; complex or non-numeric is refused."""
+    host = to_host(a) if array_api_compat.is_array_api_obj(a) else np.asarray(a)
+    if np.iscomplexobj(host):
+        raise TypeError(f"{what} must be real, got a complex array")
+    if host.dtype == bool or not (np.issubdtype(host.dtype, np.floating) or np.issubdtype(host.dtype, np.integer)):
+        raise TypeError(f"{what} must be a real numeric array, got dtype {host.dtype}")
+    return np.asarray(host, dtype=np.float64)
 
 
 def _as_heads(Q, K, V):
@@ -206,8 +288,7 @@ def _as_heads(Q, K, V):
             if a is None:
                 checked.append(None)
                 continue
-            a = np.asarray(backend_of(a).asnumpy(a) if array_api_compat.is_array_api_obj(a) else a,
-                           dtype=np.float64)
+            a = _host_real(a, f"{name}[{h}]")
             if a.ndim != 2 or not np.all(np.isfinite(a)):
                 raise ValueError(f"{name}[{h}] must be a finite 2-D matrix, got shape {a.shape}")
             checked.append(a)
@@ -220,6 +301,21 @@ def _as_heads(Q, K, V):
         if v is not None and v.shape[0] != v.shape[1]:
             raise ValueError(f"V[{h}] must be square (d, d), got shape {v.shape}")
     return out
+
+
+def _as_real_floating(x, what: str):
+    """``x`` as a real floating array of its own namespace (lists and integers become float64)."""
+    if not array_api_compat.is_array_api_obj(x):
+        x = np.asarray(x)
+    xp = array_api_compat.array_namespace(x)
+    if xp.isdtype(x.dtype, "complex floating"):
+        raise TypeError(f"{what} must be real; got a complex array (dtype {x.dtype}): the particles "
+                        "live on the real sphere, pass the real part explicitly if that is meant")
+    if xp.isdtype(x.dtype, "real floating"):
+        return x
+    if xp.isdtype(x.dtype, "integral"):
+        return xp.astype(x, xp.float64)
+    raise TypeError(f"{what} must be a real floating or integer array, got dtype {x.dtype}")
 
 
 class SelfAttentionDynamics:
@@ -235,7 +331,7 @@ class SelfAttentionDynamics:
     Parameters
     ----------
     beta : float
-        Inverse temperature, finite.
+        Inverse temperature, finite (``True``, ``"1"`` or complex numbers are refused).
     Q, K : None, array (m, d) or list of them, optional
         Query and key matrices, one per head; ``None`` is the identity (then m = d).
     V : None, array (d, d) or list of them, optional
@@ -249,6 +345,8 @@ class SelfAttentionDynamics:
 
     Raises
     ------
+    TypeError
+        For a ``beta`` that is not a real number, complex or non-numeric matrices or weights.
     ValueError
         For a non-finite ``beta``, inconsistent Q, K, V shapes, a bad mask or bad weights;
         for a dimension mismatch with the particles at :meth:`velocity` / :meth:`solve`.
@@ -258,8 +356,9 @@ class SelfAttentionDynamics:
 
     Notes
     -----
-    Several heads add up their (projected) velocities. Arrays (NumPy or CuPy) keep the library
-    of the initial condition; matrices are moved to the device once and cached.
+    Several heads add up their (projected) velocities. Arrays (NumPy, CuPy, ...) keep the
+    library, device and dtype of the initial condition; matrices, weights and the mask reach
+    it through :func:`ctformer.backend.constant` (converted once, cached).
     """
 
     def __init__(self, beta, Q=None, K=None, V=None, normalized=True, mask=None, weights=None):
@@ -267,18 +366,18 @@ class SelfAttentionDynamics:
         self.Q, self.K, self.V = _as_heads(Q, K, V)
         self.heads = len(self.Q)
         self.normalized = bool(normalized)
+        self._mask_host = None
         if isinstance(mask, str):
             if mask != "causal":
                 raise ValueError(f"mask must be None, 'causal' or a boolean (n, n) array, got {mask!r}")
         elif mask is not None:
-            if not array_api_compat.is_array_api_obj(mask):
-                mask = np.asarray(mask)
-            if mask.dtype != array_api_compat.array_namespace(mask).bool or mask.ndim != 2:
+            host = to_host(mask) if array_api_compat.is_array_api_obj(mask) else np.asarray(mask)
+            if host.dtype != bool or host.ndim != 2:
                 raise ValueError("a mask array must be a boolean (n, n) array")
+            self._mask_host = host
         self.mask = mask
         if weights is not None:
-            w = backend_of(weights).asnumpy(weights) if array_api_compat.is_array_api_obj(weights) else weights
-            w = np.asarray(w, dtype=np.float64)
+            w = _host_real(weights, "weights")
             if w.ndim != 1 or not np.all(np.isfinite(w)) or not np.all(w > 0):
                 raise ValueError("weights must be a 1-D array of positive finite numbers")
             weights = w
@@ -288,7 +387,7 @@ class SelfAttentionDynamics:
         kind = "SA" if self.normalized else "USA"
         return f"SelfAttentionDynamics({kind}, beta={self.beta}, heads={self.heads}, mask={self.mask!r})"
 
-    # -- checks ------------------------------------------------------------------------------
+    # -- checks (where data enters: velocity, step, solve) ------------------------------------
     def _check_particles(self, x):
         xp = array_api_compat.array_namespace(x)
         if x.ndim not in (2, 3):
@@ -306,12 +405,14 @@ class SelfAttentionDynamics:
                     raise ValueError(f"Q[{h}] and K[{h}] must have the same number of rows; one is the identity (d={d}), the other has shape {a.shape}")
         if self.weights is not None and self.weights.shape[0] != n:
             raise ValueError(f"weights has length {self.weights.shape[0]}, but there are n={n} particles")
-        if self.mask is not None and not isinstance(self.mask, str) and tuple(self.mask.shape) != (n, n):
-            raise ValueError(f"mask must have shape ({n}, {n}), got {tuple(self.mask.shape)}")
+        if self._mask_host is not None and tuple(self._mask_host.shape) != (n, n):
+            raise ValueError(f"mask must have shape ({n}, {n}), got {tuple(self._mask_host.shape)}")
+        if self._mask_host is not None and not np.all(np.any(self._mask_host, axis=-1)):
+            raise ValueError("the mask removes every token for some particle; each row needs one True")
         if not self.normalized:
             total_w = 1.0 if self.weights is None else float(np.sum(self.weights))
             bound = max(
-                abs(self.beta) * _spectral_norm(self.Q[h], d) * _spectral_norm(self.K[h], d) for h in range(self.heads)
+                abs(self.beta) * _spectral_norm(self.Q[h]) * _spectral_norm(self.K[h]) for h in range(self.heads)
             ) + math.log(total_w)
             limit = _USA_LOG_MAX.get(xp.finfo(x.dtype).bits // 8, 700.0)
             if bound > limit:
@@ -322,15 +423,66 @@ class SelfAttentionDynamics:
                 )
         return xp
 
-    def _device(self, x, which, h):
-        """Transposed matrix ``which[h]`` on the device of x (cached), or None for the identity."""
-        a = getattr(self, which)[h]
-        if a is None:
-            return None
-        dtype = np.dtype(str(x.dtype).split(".")[-1])
-        return backend_of(x).cached(self, (which, h, dtype.str), lambda: np.ascontiguousarray(a.T, dtype=dtype))
+    def _checked(self, x, what="x"):
+        x = _as_real_floating(x, what)
+        xp = self._check_particles(x)
+        if not bool(xp.all(xp.isfinite(x))):
+            raise ValueError(f"{what} contains NaN or infinite entries")
+        return xp, x
 
     # -- the vector field --------------------------------------------------------------------
+    def _flow(self, like):
+        """The velocity ``x -> dx/dt`` for states like ``like``, without checks.
+
+        Matrices, weights and mask are converted to the namespace, device and dtype of ``like``
+        once here (cached per instance by :func:`ctformer.backend.constant`), not per call.
+        """
+        xp = array_api_compat.array_namespace(like)
+        weights = constant(self, "weights", self.weights, like)
+        n = like.shape[-2]
+        mask = self.mask if isinstance(self.mask, str) or self.mask is None else None
+        if self._mask_host is not None:
+            flag = xp.zeros((1,), dtype=xp.bool, device=array_api_compat.device(like))
+            mask = constant(self, "mask", self._mask_host, flag)
+        mats = []
+        for h in range(self.heads):
+            mats.append(tuple(
+                None if a is None else constant(self, (name, h), (lambda a=a: np.ascontiguousarray(a.T)), like)
+                for name, a in (("Q", self.Q[h]), ("K", self.K[h]), ("V", self.V[h]))
+            ))
+        beta = self.beta
+        usa = not self.normalized
+        # Validated at entry; the unchecked attention path needs scores and sums far from
+        # overflow: on the sphere |beta <Q x, K y>| <= |beta| |Q| |K| and |V x| <= |V|.
+        big = float(np.finfo(_numpy_dtype(like.dtype)).max) / (8.0 * n * like.shape[-1])
+        check = not all(abs(beta) * _spectral_norm(self.Q[h]) * _spectral_norm(self.K[h]) < big
+                        and _spectral_norm(self.V[h]) < big for h in range(self.heads))
+        log_w = -math.log(n) if weights is None else xp.log(weights)
+        chunk = max(1, min(n, _CHUNK_ELEMENTS // max(1, n * (math.prod(like.shape[:-2]) or 1))))
+
+        def velocity(x):
+            total = None
+            for qt, kt, vt in mats:
+                q = x if qt is None else x @ qt
+                k = x if kt is None else x @ kt
+                v = x if vt is None else x @ vt
+                a = quadrature_attention(q, k, v, beta=beta, weights=weights, mask=mask, check=check)
+                if usa:
+                    a = xp.exp(_log_partition(xp, q, k, beta, log_w, mask, chunk))[..., None] * a
+                total = a if total is None else total + a
+            return total - xp.sum(x * total, axis=-1, keepdims=True) * x
+
+        return velocity
+
+    def problem(self, like) -> solvers.SplitProblem:
+        """The particle system as a split problem for states like ``like``.
+
+        One flow, the tangent velocity, and one projection, the (scale-safe) retraction onto
+        the sphere after the sub-step. No checks: ``like`` must have passed :meth:`solve`'s.
+        """
+        xp = array_api_compat.array_namespace(like)
+        return solvers.SplitProblem(flows=(self._flow(like),), projections=(lambda x: _unit_rows(xp, x),))
+
     def velocity(self, x):
         r"""The tangent velocity :math:`\dot x_i` at positions ``x``.
 
@@ -342,34 +494,12 @@ class SelfAttentionDynamics:
         -------
         array, same shape as ``x``
         """
-        xp = self._check_particles(x)
-        return self._velocity(xp, x)
-
-    def _velocity(self, xp, x):
-        backend = backend_of(x)
-        weights = None
-        if self.weights is not None:  # moved to the device once, not at every step
-            dtype = np.dtype(str(x.dtype).split(".")[-1])
-            weights = backend.cached(self, ("weights", dtype.str), lambda: self.weights.astype(dtype))
-        mask = self.mask
-        if mask is not None and not isinstance(mask, str):
-            mask = backend.cached(self, "mask", lambda: np.asarray(backend_of(self.mask).asnumpy(self.mask)))
-        total = None
-        for h in range(self.heads):
-            qt, kt, vt = (self._device(x, name, h) for name in ("Q", "K", "V"))
-            q = x if qt is None else x @ qt
-            k = x if kt is None else x @ kt
-            v = x if vt is None else x @ vt
-            a = quadrature_attention(q, k, v, beta=self.beta, weights=weights, mask=mask)
-            if not self.normalized:
-                log_z = log_partition(q, k, beta=self.beta, weights=weights, mask=mask)
-                a = xp.exp(log_z)[..., None] * a
-            total = a if total is None else total + a
-        return tangent_projection(x, total)
+        _, x = self._checked(x)
+        return self._flow(x)(x)
 
     # -- time stepping -----------------------------------------------------------------------
     def step(self, x, dt, scheme="rk4"):
-        r"""One step of ``scheme`` followed by the retraction onto the sphere.
+        r"""One step of ``scheme``; the retraction onto the sphere follows each sub-step.
 
         Parameters
         ----------
@@ -377,33 +507,41 @@ class SelfAttentionDynamics:
             Positions on the sphere.
         dt : float
             Time step.
-        scheme : {"euler", "heun", "rk4"}
+        scheme : str or Scheme
+            Any name of :func:`ctformer.solvers.available` (``"euler"``, ``"heun"``, ``"rk4"``,
+            ``"lie"``, ``"strang"``, ``"parallel"``) or a :class:`ctformer.solvers.Scheme`.
 
         Returns
         -------
         array
-            :math:`x_{k+1} = \Phi_{\Delta t}(x_k) / \|\Phi_{\Delta t}(x_k)\|`.
+            E.g. for ``"rk4"``: :math:`x_{k+1} = \Phi_{\Delta t}(x_k) / \|\Phi_{\Delta t}(x_k)\|`.
         """
-        xp = self._check_particles(x)
-        if scheme not in _SCHEMES:
-            raise ValueError(f"scheme must be one of {_SCHEMES}, got {scheme!r}")
-        return self._step(xp, x, float(dt), scheme)
+        scheme = solvers.get(scheme)
+        dt = solvers.base.check_dt(dt)
+        _, x = self._checked(x)
+        return scheme.step(self.problem(x), x, dt)
 
-    def _step(self, xp, x, dt, scheme):
-        f = lambda y: self._velocity(xp, y)  # noqa: E731
-        k1 = f(x)
-        if scheme == "euler":
-            y = x + dt * k1
-        elif scheme == "heun":
-            k2 = f(x + dt * k1)
-            y = x + (dt / 2) * (k1 + k2)
-        else:
-            k2 = f(x + (dt / 2) * k1)
-            k3 = f(x + (dt / 2) * k2)
-            k4 = f(x + dt * k3)
-            y = x + (dt / 6) * (k1 + 2 * k2 + 2 * k3 + k4)
-        norm = xp.sqrt(xp.sum(y * y, axis=-1, keepdims=True))
-        return y / norm
+    def _initial(self, x0, normalize):
+        """Validate ``x0`` once (shape, dtype, finite, on the sphere) and normalize it if asked."""
+        x0 = _as_real_floating(x0, "x0")
+        xp = self._check_particles(x0)
+        if not bool(xp.all(xp.isfinite(x0))):
+            raise ValueError("x0 contains NaN or infinite entries")
+        norm = _row_norms(xp, x0)
+        if normalize:
+            if not bool(xp.all(norm > 0)):
+                flat = to_host(xp.reshape(norm, (-1,)))
+                raise ValueError(f"x0 has a zero row (row {int(np.argmin(flat))} of the flattened "
+                                 "(..., n) rows is exactly zero); it cannot be normalized onto the sphere")
+            return xp, _unit_rows(xp, x0)
+        gap = float(xp.max(xp.abs(norm - 1.0)))
+        tol = sphere_tolerance(x0.dtype)
+        if gap > tol:
+            raise ValueError(
+                f"x0 is not on the unit sphere (max | |x_i| - 1 | = {gap:.3g} > {tol:.2g}, the "
+                f"tolerance sqrt(eps) of {x0.dtype}); normalize it or pass normalize=True"
+            )
+        return xp, x0
 
     def solve(self, x0, t1, dt, scheme="rk4", save_every=1, normalize=False):
         r"""Integrate from :math:`t = 0` to ``t1``.
@@ -411,17 +549,19 @@ class SelfAttentionDynamics:
         Parameters
         ----------
         x0 : array, shape (n, d) or (batch, n, d)
-            Initial positions (NumPy or CuPy); integers and lists become float64, floating
-            arrays keep their dtype. Each row must have unit norm (to within 1e-8) unless
-            ``normalize=True``, which divides each row by its norm first.
+            Initial positions (NumPy, CuPy, ...); integers and lists become float64, floating
+            arrays keep their dtype, complex ones are refused. Each row must have unit norm
+            to within :func:`sphere_tolerance` of its dtype (:math:`\sqrt{\varepsilon}`)
+            unless ``normalize=True``, which divides each row by its norm first (scale-safe:
+            ``1e160 * x`` and ``1e-170 * x`` normalize like ``x``).
         t1 : float
             Final time, >= 0.
         dt : float
             Largest time step; the step used is ``t1 / ceil(t1 / dt)`` so that the last step
             ends exactly at ``t1``.
-        scheme : {"euler", "heun", "rk4"}
-            Explicit Euler (order 1), Heun (2) or classical Runge-Kutta (4), each step followed
-            by the retraction :math:`x \mapsto x/\|x\|`.
+        scheme : str or Scheme
+            Any name of :func:`ctformer.solvers.available`; default ``"rk4"``. Observed order
+            ``solvers.get(scheme).order``: euler, lie, parallel 1; heun, strang 2; rk4 4.
         save_every : int
             Save every ``save_every``-th step (the final state is always saved).
         normalize : bool
@@ -434,48 +574,119 @@ class SelfAttentionDynamics:
 
         Raises
         ------
+        TypeError
+            For a complex or non-numeric ``x0``, non-real ``t1`` or ``dt``.
         ValueError
             For ``x0`` off the sphere (without ``normalize``), with NaN or of the wrong shape,
-            a bad ``t1``, ``dt``, ``scheme`` or ``save_every``.
+            a bad ``t1``, ``dt``, ``scheme`` or ``save_every``; before any step, when the saved
+            states would not fit in the available memory (the message names ``save_every``,
+            the bytes needed and available).
         FloatingPointError
-            If the solution becomes non-finite.
+            If the solution becomes non-finite; the message names the time interval where it
+            happened (checked at each save).
+        SolveInterrupted
+            On Ctrl-C: a ``KeyboardInterrupt`` whose ``result`` is the :class:`Trajectory` so
+            far (saved states, then the last completed step) and whose message is one line.
         """
-        if not array_api_compat.is_array_api_obj(x0):
-            x0 = np.asarray(x0, dtype=np.float64)
-        xp = array_api_compat.array_namespace(x0)
-        if not xp.isdtype(x0.dtype, "real floating"):
-            x0 = xp.asarray(x0, dtype=xp.float64)
-        xp = self._check_particles(x0)
-        if not bool(xp.all(xp.isfinite(x0))):
-            raise ValueError("x0 contains NaN or infinite entries")
-        norm = xp.sqrt(xp.sum(x0 * x0, axis=-1, keepdims=True))
-        if normalize:
-            if not bool(xp.all(norm > 0)):
-                raise ValueError("x0 has a zero row; it cannot be normalized onto the sphere")
-            x0 = x0 / norm
-        elif float(xp.max(xp.abs(norm - 1.0))) > _SPHERE_TOL:
-            raise ValueError(
-                f"x0 is not on the unit sphere (max | |x_i| - 1 | = {float(xp.max(xp.abs(norm - 1.0))):.3g}); "
-                "normalize it or pass normalize=True"
-            )
-        if scheme not in _SCHEMES:
-            raise ValueError(f"scheme must be one of {_SCHEMES}, got {scheme!r}")
+        scheme = solvers.get(scheme)
         steps, h = time_steps(t1, dt, save_every)
-        times, saved = [0.0], [x0]
-        x = x0
-        for s in range(1, steps + 1):
-            x = self._step(xp, x, h, scheme)
-            if s % save_every == 0 or s == steps:
-                times.append(s * h)
-                saved.append(x)
-        positions = xp.stack(saved, axis=0)
-        if not bool(xp.all(xp.isfinite(positions[-1]))):
-            raise FloatingPointError("the particle solution became non-finite; reduce dt")
+        xp, x = self._initial(x0, normalize)
+        count = saved_count(steps, save_every)
+        check_memory(count, x, save_every, steps)
+        positions = xp.empty((count, *x.shape), dtype=x.dtype, device=array_api_compat.device(x))
+        positions[0, ...] = x
+        times = [0.0]
+        problem = self.problem(x)
+        done = 0
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below
+                for s in range(1, steps + 1):
+                    x = scheme.step(problem, x, h)
+                    done = s
+                    if s % save_every == 0 or s == steps:
+                        check_finite(xp, x, "the particle solution", times[-1], s * h, scheme, h)
+                        positions[len(times), ...] = x
+                        times.append(s * h)
+        except KeyboardInterrupt:
+            if done * h > times[-1] and bool(xp.all(xp.isfinite(x))):
+                positions[len(times), ...] = x
+                times.append(done * h)
+            kept = Trajectory(times=np.asarray(times), positions=positions[:len(times)])
+            raise SolveInterrupted(
+                f"particle solve interrupted at t={done * h:.6g} (step {done} of {steps}); kept "
+                f"{len(times)} states up to t={times[-1]:.6g} in exc.result", kept) from None
         return Trajectory(times=np.asarray(times), positions=positions)
 
 
-def _spectral_norm(a, d) -> float:
+def _spectral_norm(a) -> float:
     return 1.0 if a is None else float(np.linalg.norm(a, 2))
+
+
+def check_finite(xp, state, what, t_start, t_end, scheme, h, hint="or the velocities overflow"):
+    """Raise FloatingPointError naming the time interval if ``state`` is not finite (one reduction)."""
+    if not bool(xp.all(xp.isfinite(state))):
+        raise FloatingPointError(
+            f"{what} became NaN or inf between t={t_start:.6g} and t={t_end:.6g} (scheme "
+            f"{getattr(scheme, 'name', type(scheme).__name__)!r}, dt={h:.6g}); the step may be "
+            f"too large {hint}"
+        )
+
+
+def saved_count(steps: int, save_every: int) -> int:
+    """Number of states a solve keeps: t = 0, every ``save_every``-th step, and the last."""
+    return 1 + steps // save_every + (1 if steps % save_every else 0)
+
+
+def available_bytes(like):
+    """Free memory where ``like`` lives (host RAM, or the CUDA device of a CuPy/torch array).
+
+    Returns None when it cannot be told.
+    """
+    try:
+        if array_api_compat.is_cupy_array(like):
+            import cupy  # already imported: like is a CuPy array
+
+            with like.device:
+                free, _ = cupy.cuda.runtime.memGetInfo()
+            return int(free) + int(cupy.get_default_memory_pool().free_bytes())
+        if array_api_compat.is_torch_array(like) and like.device.type == "cuda":
+            import torch  # already imported: like is a torch tensor
+
+            return int(torch.cuda.mem_get_info(like.device)[0])
+    except Exception:  # pragma: no cover - depends on the device
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    try:  # pragma: no cover - not Linux
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return None
+
+
+def check_memory(count: int, like, save_every: int, steps: int) -> None:
+    """Refuse, before any step, to keep ``count`` states like ``like`` when they cannot fit."""
+    per_state = math.prod(like.shape) * _numpy_dtype(like.dtype).itemsize
+    needed = count * per_state
+    free = available_bytes(like)
+    if free is not None and needed > free:
+        fit = max(1, free // per_state - 2)
+        hint = max(1, math.ceil(steps / fit))
+        raise ValueError(
+            f"saving with save_every={save_every} over {steps} steps keeps {count} states of "
+            f"{per_state} bytes: {needed} bytes needed ({needed / 2**30:.3g} GiB), {free} bytes "
+            f"available ({free / 2**30:.3g} GiB); raise save_every (to at least {hint}) or shorten t1"
+        )
+
+
+def _real_number(value, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
 
 
 def time_steps(t1, dt, save_every) -> tuple[int, float]:
@@ -483,12 +694,12 @@ def time_steps(t1, dt, save_every) -> tuple[int, float]:
 
     The step is ``t1 / ceil(t1 / dt)`` (at most ``dt``) so that the last step lands on ``t1``.
     """
-    t1, dt = float(t1), float(dt)
+    t1, dt = _real_number(t1, "t1"), _real_number(dt, "dt")
     if not (math.isfinite(t1) and t1 >= 0):
         raise ValueError(f"t1 must be finite and >= 0, got {t1}")
     if not (math.isfinite(dt) and dt > 0):
         raise ValueError(f"dt must be finite and > 0, got {dt}")
-    if isinstance(save_every, bool) or not isinstance(save_every, (int, np.integer)) or save_every < 1:
+    if isinstance(save_every, (bool, np.bool_)) or not isinstance(save_every, Integral) or save_every < 1:
         raise ValueError(f"save_every must be a positive integer, got {save_every!r}")
     steps = math.ceil(t1 / dt * (1 - 1e-12)) if t1 > 0 else 0
     return steps, (t1 / steps if steps else 0.0)

@@ -30,24 +30,47 @@ Discretization: Fourier-Galerkin in :math:`\theta` with ``n_modes`` grid points 
 wavenumbers :math:`|k| \le K = \lfloor (n_{\text{modes}} - 1)/3 \rfloor` (the 2/3 rule: products
 of two functions with modes up to :math:`K` are alias-free on the grid). The flux
 :math:`\rho X` is formed on the grid, transformed and truncated to :math:`|k| \le K`;
-the coefficients evolve by the classical explicit RK4. The :math:`k = 0` coefficient has zero
-time derivative exactly, so the mass is conserved up to rounding.
+the coefficients (and the angles of optional tracers) are one state of a
+:class:`ctformer.solvers.SplitProblem` with one flow, advanced by any scheme of
+:func:`ctformer.solvers.available` (classical RK4 by default; design notes, section 5). The
+:math:`k = 0` coefficient has zero time derivative exactly, so the mass is conserved exactly in
+the coefficients.
+
+Stable steps: linearized about any nonnegative density, the transport part
+:math:`-\partial_\theta(X\,\delta\rho)` of the Galerkin operator has eigenvalues up to
+:math:`i K V` in modulus, with :math:`V = \sup|X|` (:math:`V = 1` for SA, whose velocity is a
+weighted mean of :math:`\sin`; :math:`V = m \max_\psi e^{\beta\cos\psi}|\sin\psi|` for USA of
+mass :math:`m`); the growth modes :math:`\lambda_k = k^2 I_k(\beta)/(\beta I_0(\beta))` are real and
+positive, where every explicit Runge-Kutta method under-amplifies (:math:`R(z) \le e^z`).
+:meth:`CircleMeanField.stable_step` is the largest step for which the scheme's stability
+function :math:`R` keeps :math:`\frac{t_1}{\Delta t} \max_{|y| \le \Delta t K V} \log|R(iy)|
+\le \log \varepsilon^{-1/2}` (rounding errors grow by at most :math:`10^{8}` over the run,
+a Lax-Richtmyer bound); for RK4 on long runs it is :math:`2\sqrt{2}/(K V)` to 0.2%.
+:meth:`CircleMeanField.solve` refuses a larger ``dt`` with a ``ValueError`` naming both.
 """
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import array_api_compat
 import numpy as np
-from scipy import special
+from scipy import optimize, special
 
-from ..backend import backend_of, get_backend
-from .dynamics import time_steps
+from .. import solvers
+from ..backend import backend_of, constant, get_backend, to_host
+from .dynamics import SolveInterrupted, _check_beta, check_finite, check_memory, saved_count, time_steps
 
-__all__ = ["CircleMeanField", "MeanFieldSolution", "linear_growth_rate"]
+__all__ = ["CircleMeanField", "MeanFieldSolution", "ResolutionWarning", "linear_growth_rate", "stability_function"]
 
 _USA_BETA_MAX = 700.0
+# A saved density below -this times the uniform density means the modes no longer resolve it.
+_NEGATIVE_TOLERANCE = 1e-6
+
+
+class ResolutionWarning(UserWarning):
+    """The mean-field density went negative: its clusters are narrower than the retained modes."""
 
 
 def linear_growth_rate(k, beta, normalized=True):
@@ -71,8 +94,8 @@ def linear_growth_rate(k, beta, normalized=True):
     -------
     float or numpy.ndarray
     """
-    beta = float(beta)
-    if not math.isfinite(beta) or beta == 0:
+    beta = _check_beta(beta)
+    if beta == 0:
         raise ValueError(f"beta must be finite and nonzero, got {beta}")
     k = np.asarray(k)
     # k I_k / beta = (I_{k-1} - I_{k+1}) / 2 avoids dividing by a small beta.
@@ -146,16 +169,13 @@ class CircleMeanField:
 
     Notes
     -----
-    The SA velocity is bounded by one, so an advective CFL condition
-    :math:`\Delta t \, K \lesssim 2.8` keeps RK4 stable while the density is resolved.
+    The SA velocity is bounded by one, so the advective condition
+    :math:`\Delta t \, K \le 2\sqrt{2}` keeps RK4 stable (:meth:`stable_step`); it is checked
+    before every solve.
     """
 
     def __init__(self, beta, n_modes, normalized=True, backend=None):
-        if isinstance(beta, bool) or not isinstance(beta, (int, float, np.integer, np.floating)):
-            raise TypeError(f"beta must be a real number, got {type(beta).__name__}")
-        if not math.isfinite(float(beta)):
-            raise ValueError(f"beta must be finite, got {beta!r}")
-        self.beta = float(beta)
+        self.beta = _check_beta(beta)
         self.normalized = bool(normalized)
         if not self.normalized and abs(self.beta) > _USA_BETA_MAX:
             raise ValueError(
@@ -186,38 +206,64 @@ class CircleMeanField:
         kind = "SA" if self.normalized else "USA"
         return f"CircleMeanField({kind}, beta={self.beta}, n_modes={self.n_modes})"
 
-    def _consts(self, backend):
-        get = lambda key, a: backend.cached(self, key, lambda: a)  # noqa: E731
-        return get("den", self._denominator), get("num", self._numerator), get("ik", self._derivative)
+    def __repr__(self) -> str:
+        kind = "SA" if self.normalized else "USA"
+        return f"CircleMeanField({kind}, beta={self.beta}, n_modes={self.n_modes})"
 
-    def _fields(self, backend, c):
-        """Density, numerator and denominator (or velocity) fields on the grid from coefficients."""
-        fft, n = backend.fft, self.n_modes
-        den, num, _ = self._consts(backend)
-        rho = fft.irfft(c, n=n)
-        numerator = fft.irfft(num * c, n=n)
-        if self.normalized:
-            return rho, numerator / fft.irfft(den * c, n=n)
-        return rho, numerator
+    # -- the vector field --------------------------------------------------------------------
+    def _constants(self, like):
+        """Denominator, numerator and derivative multipliers where ``like`` lives (cached)."""
+        return tuple(constant(self, key, host, like) for key, host in
+                     (("den", self._denominator), ("num", self._numerator), ("ik", self._derivative)))
 
-    def _rhs(self, backend, c):
-        rho, velocity = self._fields(backend, c)
-        _, _, ik = self._consts(backend)
-        flux = backend.fft.rfft(rho * velocity)[: self.max_wavenumber + 1]
-        return -ik * flux
+    def _coefficient_flow(self, backend, like):
+        """The Galerkin right-hand side ``c -> dc/dt`` on the retained coefficients, unchecked."""
+        fft, n, kept = backend.fft, self.n_modes, self.max_wavenumber + 1
+        den, num, ik = self._constants(like)
+        normalized = self.normalized
 
-    def _tracer_velocity(self, backend, c, theta):
-        r"""X[rho](theta) at arbitrary angles by summing the Fourier series of N and D."""
+        def velocity(c):
+            numerator = fft.irfft(num * c, n=n)
+            return numerator / fft.irfft(den * c, n=n) if normalized else numerator
+
+        def rate(c):
+            flux = fft.irfft(c, n=n) * velocity(c)
+            return -ik * fft.rfft(flux)[:kept]
+
+        return rate, velocity
+
+    def _flow(self, backend, like, tracers: int):
+        """The flow of the packed state: coefficients, then tracer angles (as complex numbers)."""
+        rate, _ = self._coefficient_flow(backend, like)
+        if not tracers:
+            return rate
         xp = backend.xp
-        den, num, _ = self._consts(backend)
-        k = xp.arange(self.max_wavenumber + 1, dtype=xp.float64)
-        phase = xp.exp(1j * theta[:, None] * k[None, :])
+        kept = self.max_wavenumber + 1
+        den, num, _ = self._constants(like)
+        k = xp.astype(xp.arange(kept), xp.float64)
         # real series from rfft coefficients: (1/N)(a_0 + 2 sum_{k>=1} Re(a_k e^{ik theta}))
         scale = xp.where(k == 0, 1.0, 2.0) / self.n_modes
-        numerator = xp.real(phase @ (scale * num * c))
-        if not self.normalized:
-            return numerator
-        return numerator / xp.real(phase @ (scale * den * c))
+        snum, sden = scale * num, scale * den
+        normalized = self.normalized
+
+        def flow(state):
+            c, theta = state[:kept], xp.real(state[kept:])
+            phase = xp.exp(1j * theta[:, None] * k[None, :])
+            speed = xp.real(phase @ (snum * c))
+            if normalized:
+                speed = speed / xp.real(phase @ (sden * c))
+            return xp.concat([rate(c), xp.astype(speed, c.dtype)])
+
+        return flow
+
+    def problem(self, like, tracers: int = 0) -> solvers.SplitProblem:
+        """The mean field as a split problem: one flow, no projection.
+
+        The state is the complex array of the ``max_wavenumber + 1`` retained ``rfft``
+        coefficients followed by ``tracers`` tracer angles (complex numbers with zero imaginary
+        part); ``like`` is such a state (it fixes the array library and device).
+        """
+        return solvers.SplitProblem(flows=(self._flow(backend_of(like), like, tracers),))
 
     def velocity(self, rho):
         r"""The velocity field :math:`X[\rho]` at the grid angles.
@@ -233,15 +279,21 @@ class CircleMeanField:
         """
         backend, rho = self._density_values(rho)
         c = backend.fft.rfft(rho)[: self.max_wavenumber + 1]
-        return self._fields(backend, c)[1]
+        return self._coefficient_flow(backend, c)[1](c)
 
     def _density_values(self, rho0):
         if callable(rho0):
             backend = get_backend(self._backend_name or "numpy")
-            rho = backend.asarray(np.asarray(rho0(self.grid), dtype=np.float64))
+            values = np.asarray(rho0(self.grid))
         else:
             backend = get_backend(self._backend_name) if self._backend_name else backend_of(rho0)
-            rho = backend.asarray(rho0, dtype=np.float64)
+            values = rho0 if array_api_compat.is_array_api_obj(rho0) else np.asarray(rho0)
+        xp0 = array_api_compat.array_namespace(values)
+        if xp0.isdtype(values.dtype, "complex floating"):
+            raise TypeError(f"rho0 must be real (a density), got a complex array of dtype {values.dtype}")
+        if not (xp0.isdtype(values.dtype, "real floating") or xp0.isdtype(values.dtype, "integral")):
+            raise TypeError(f"rho0 must be a real numeric array, got dtype {values.dtype}")
+        rho = backend.asarray(values, dtype=np.float64)
         if tuple(rho.shape) != (self.n_modes,):
             raise ValueError(f"rho0 must give {self.n_modes} values (one per grid angle), got shape {tuple(rho.shape)}")
         xp = backend.xp
@@ -251,8 +303,67 @@ class CircleMeanField:
             raise ValueError("rho0 must be a nonnegative density with positive mass")
         return backend, rho
 
-    def solve(self, rho0, t1, dt, save_every=1, tracers=None):
-        r"""Evolve the density from :math:`t = 0` to ``t1`` by RK4.
+    # -- stable steps --------------------------------------------------------------------------
+    def velocity_bound(self, mass: float = 1.0) -> float:
+        r"""A bound :math:`V \ge \sup_\theta |X[\rho](\theta)|` for every nonnegative density of ``mass``.
+
+        SA: :math:`V = 1` (the velocity is a weighted mean of :math:`\sin`). USA:
+        :math:`V = m \max_\psi e^{\beta\cos\psi}|\sin\psi| = m\, e^{|\beta| c}\sqrt{1 - c^2}` with
+        :math:`c = (\sqrt{1 + 4\beta^2} - 1)/(2|\beta|)` (:math:`V = m` at :math:`\beta = 0`).
+        """
+        if self.normalized:
+            return 1.0
+        b = abs(self.beta)
+        c = 0.0 if b == 0 else (math.sqrt(1.0 + 4.0 * b * b) - 1.0) / (2.0 * b)
+        return float(mass) * math.exp(b * c) * math.sqrt(1.0 - c * c)
+
+    def stable_step(self, t1, scheme="rk4", mass: float = 1.0) -> float:
+        r"""The largest stable step for a solve to ``t1`` with ``scheme`` (see the module notes).
+
+        The Galerkin transport operator has eigenvalues :math:`iy` with
+        :math:`|y| \le K V` (:meth:`velocity_bound`); with :math:`R` the stability function of
+        the scheme (:func:`stability_function`), the bound is the smallest step where
+        :math:`\frac{t_1}{\Delta t} \max_{0 \le y' \le \Delta t K V} \log|R(iy')|` exceeds
+        :math:`\log \varepsilon^{-1/2} \approx 18.0`, or ``t1`` when no step does.
+
+        Returns
+        -------
+        float
+            E.g. RK4 (:math:`|R(iy)| \le 1` for :math:`y \le 2\sqrt 2`): about
+            :math:`2\sqrt{2}/(K V)`; explicit Euler (:math:`|R(iy)|^2 = 1 + y^2`): about
+            :math:`2 \log\varepsilon^{-1/2} / (t_1 K^2 V^2)`.
+        """
+        t1 = float(t1)
+        scheme = solvers.get(scheme)
+        speed = self.max_wavenumber * self.velocity_bound(mass)
+        if t1 <= 0 or speed == 0:
+            return math.inf if t1 <= 0 else t1
+        budget = 0.5 * math.log(1.0 / np.finfo(np.float64).eps)
+        top = t1 * speed
+        y = np.unique(np.concatenate([np.linspace(0.0, min(top, 16.0), 4097),
+                                      np.geomspace(min(top, 16.0), top, 2049) if top > 16.0 else []]))
+        growth = np.maximum.accumulate(np.log(np.maximum(np.abs(stability_function(scheme, 1j * y)), 1e-300)))
+        growth = np.maximum(growth, 0.0)
+        excess = np.zeros_like(y)
+        excess[1:] = t1 * speed * growth[1:] / y[1:]
+        over = np.nonzero(excess > budget)[0]
+        if over.size == 0:
+            return t1
+        j = int(over[0])
+        if j == 0:  # pragma: no cover - excess(0) = 0
+            return 0.0
+        before = growth[j - 1]
+
+        def crossing(v):
+            return t1 * speed * max(before, math.log(abs(complex(stability_function(scheme, 1j * v))))) / v - budget
+
+        if crossing(y[j - 1]) >= 0 or crossing(y[j]) <= 0:
+            return float(y[j - 1] / speed)
+        return float(optimize.brentq(crossing, y[j - 1], y[j], xtol=1e-12, rtol=1e-10) / speed)
+
+    # -- time stepping ---------------------------------------------------------------------------
+    def solve(self, rho0, t1, dt, save_every=1, tracers=None, scheme="rk4"):
+        r"""Evolve the density from :math:`t = 0` to ``t1``.
 
         Parameters
         ----------
@@ -263,12 +374,16 @@ class CircleMeanField:
         t1 : float
             Final time, >= 0.
         dt : float
-            Largest time step; the step used is ``t1 / ceil(t1 / dt)``.
+            Largest time step; the step used is ``t1 / ceil(t1 / dt)``. It must not exceed
+            :meth:`stable_step` for ``t1`` and ``scheme``.
         save_every : int
             Save every ``save_every``-th step (the final state is always saved).
         tracers : array, shape (m,), optional
             Initial angles moved along the characteristics :math:`\dot\theta = X[\rho_t](\theta)`
-            in the same RK4 steps (the mean-field flow map).
+            in the same steps (the mean-field flow map).
+        scheme : str or Scheme
+            Any name of :func:`ctformer.solvers.available`; default ``"rk4"``. Observed order
+            ``solvers.get(scheme).order``: euler, lie, parallel 1; heun, strang 2; rk4 4.
 
         Returns
         -------
@@ -277,47 +392,119 @@ class CircleMeanField:
         Raises
         ------
         ValueError
-            For a negative, non-finite or wrongly sized ``rho0``, or bad ``t1``, ``dt``, ``save_every``.
+            For a negative, non-finite or wrongly sized ``rho0``, bad ``t1``, ``dt``,
+            ``save_every``, ``scheme``; for ``dt`` above the stable-step bound (the message
+            names both), before any step; when the saved states cannot fit in memory.
+        TypeError
+            For a complex ``rho0`` or non-real ``t1``, ``dt``.
         FloatingPointError
-            If the solution becomes non-finite (under-resolved or unstable: reduce ``dt`` or
-            raise ``n_modes``).
+            If the solution becomes non-finite (checked at each save; the message names the
+            time interval).
+        SolveInterrupted
+            On Ctrl-C, with the :class:`MeanFieldSolution` so far in ``result``.
         """
+        scheme = solvers.get(scheme)
         backend, rho = self._density_values(rho0)
         xp = backend.xp
         steps, h = time_steps(t1, dt, save_every)
-        c = backend.fft.rfft(rho)[: self.max_wavenumber + 1]
-        theta = None
-        if tracers is not None:
-            theta = backend.asarray(np.asarray(backend.asnumpy(tracers), dtype=np.float64).reshape(-1))
-
-        def rhs(state):
-            c, th = state
-            dc = self._rhs(backend, c)
-            return dc, (None if th is None else self._tracer_velocity(backend, c, th))
-
-        def axpy(state, a, ds):
-            return state[0] + a * ds[0], (None if state[1] is None else state[1] + a * ds[1])
-
-        state = (c, theta)
-        times, saved = [0.0], [state]
-        for s in range(1, steps + 1):
-            k1 = rhs(state)
-            k2 = rhs(axpy(state, h / 2, k1))
-            k3 = rhs(axpy(state, h / 2, k2))
-            k4 = rhs(axpy(state, h, k3))
-            incr = tuple(
-                None if a is None else (a + 2 * b + 2 * cc + d) for a, b, cc, d in zip(k1, k2, k3, k4)
+        kept = self.max_wavenumber + 1
+        c = backend.fft.rfft(rho)[:kept]
+        mass = 2 * math.pi * float(to_host(xp.real(c[0]))) / self.n_modes
+        bound = self.stable_step(t1, scheme, mass)
+        if steps and h > bound:
+            raise ValueError(
+                f"dt={h:.6g} is above the stable step {bound:.4g} of scheme {scheme.name!r} for "
+                f"t1={float(t1):.6g}: the {kept - 1} retained modes move at up to "
+                f"K*V = {self.max_wavenumber}*{self.velocity_bound(mass):.4g} "
+                f"(stability_function(scheme, i*dt*K*V) must stay in the unit disk, or grow by at "
+                f"most 1e8 over the run); use dt <= {bound:.4g} or fewer modes"
             )
-            state = axpy(state, h / 6, incr)
-            if s % save_every == 0 or s == steps:
-                times.append(s * h)
-                saved.append(state)
-        coefficients = xp.stack([st[0] for st in saved], axis=0)
-        if not bool(xp.all(xp.isfinite(xp.real(coefficients[-1])) & xp.isfinite(xp.imag(coefficients[-1])))):
-            raise FloatingPointError("the mean-field solution became non-finite; reduce dt or raise n_modes")
+        m = 0
+        state = c
+        if tracers is not None:
+            theta = _host_angles(tracers)
+            m = theta.shape[0]
+            state = xp.concat([c, backend.asarray(theta.astype(np.complex128))])
+        count = saved_count(steps, save_every)
+        check_memory(count, state, save_every, steps)
+        states = xp.empty((count, state.shape[0]), dtype=state.dtype)
+        states[0, ...] = state
+        problem = self.problem(c, m)
+        times, done, resolved = [0.0], 0, True
+        floor = -_NEGATIVE_TOLERANCE * mass / (2 * math.pi)
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below
+                for s in range(1, steps + 1):
+                    state = scheme.step(problem, state, h)
+                    done = s
+                    if s % save_every == 0 or s == steps:
+                        check_finite(xp, state, "the mean-field solution", times[-1], s * h, scheme, h,
+                                     hint="or the density under-resolved (raise n_modes)")
+                        if resolved:
+                            resolved = self._check_resolved(backend, state[:kept], floor, mass, times[-1], s * h)
+                        states[len(times), ...] = state
+                        times.append(s * h)
+        except KeyboardInterrupt:
+            if done * h > times[-1] and bool(xp.all(xp.isfinite(state))):
+                states[len(times), ...] = state
+                times.append(done * h)
+            kept_solution = self._solution(backend, times, states[:len(times)], m)
+            raise SolveInterrupted(
+                f"mean-field solve interrupted at t={done * h:.6g} (step {done} of {steps}); kept "
+                f"{len(times)} states up to t={times[-1]:.6g} in exc.result", kept_solution) from None
+        return self._solution(backend, times, states, m)
+
+    def _check_resolved(self, backend, c, floor, mass, t_start, t_end) -> bool:
+        """Warn once when the density goes negative: the modes no longer resolve it."""
+        lowest = float(to_host(backend.xp.min(backend.fft.irfft(c, n=self.n_modes))))
+        if lowest >= floor:
+            return True
+        warnings.warn(
+            f"the mean-field density went negative between t={t_start:.6g} and t={t_end:.6g} "
+            f"(min {lowest * 2 * math.pi / mass:.3g} times the uniform density): its clusters are "
+            f"narrower than the {self.max_wavenumber} retained modes resolve, and later times are "
+            "not accurate; raise n_modes or shorten t1", ResolutionWarning, stacklevel=3)
+        return False
+
+    def _solution(self, backend, times, states, m):
+        xp = backend.xp
+        kept = self.max_wavenumber + 1
+        coefficients = states[:, :kept]
         density = backend.fft.irfft(coefficients, n=self.n_modes, axis=-1)
-        tracer_path = None if theta is None else xp.stack([st[1] for st in saved], axis=0)
-        return MeanFieldSolution(
-            times=np.asarray(times), grid=self.grid.copy(), density=density,
-            coefficients=coefficients, tracers=tracer_path,
-        )
+        tracer_path = xp.real(states[:, kept:]) if m else None
+        return MeanFieldSolution(times=np.asarray(times), grid=self.grid.copy(), density=density,
+                                 coefficients=coefficients, tracers=tracer_path)
+
+
+def _host_angles(tracers) -> np.ndarray:
+    theta = to_host(tracers) if array_api_compat.is_array_api_obj(tracers) else np.asarray(tracers)
+    if np.iscomplexobj(theta):
+        raise TypeError("tracers must be real angles, got a complex array")
+    theta = np.asarray(theta, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(theta)):
+        raise ValueError("tracers must be finite angles")
+    return theta
+
+
+def stability_function(scheme, z):
+    r"""The stability function :math:`R(z)` of a scheme: one step of :math:`u' = \lambda u`
+    from :math:`u = 1` with :math:`\lambda\,\Delta t = z`.
+
+    Computed by running ``scheme.step`` on the scalar linear split problem (one flow, no
+    projection), so it holds for every scheme of :func:`ctformer.solvers.available` (with one
+    flow ``lie`` and ``parallel`` are explicit Euler, ``strang`` is Heun) and for user schemes.
+
+    Parameters
+    ----------
+    scheme : str or Scheme
+    z : complex or array of complex
+
+    Returns
+    -------
+    numpy.ndarray of complex
+        E.g. RK4: :math:`1 + z + z^2/2 + z^3/6 + z^4/24`.
+    """
+    scheme = solvers.get(scheme)
+    z = np.asarray(z, dtype=np.complex128)
+    problem = solvers.SplitProblem(flows=(lambda u: z * u,))
+    return scheme.step(problem, np.ones_like(z), 1.0)

@@ -33,7 +33,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# particles is a peer of model: these are the only imports across, at module level (no cycle:
+# ctformer.model imports nothing from ctformer.particles).
+from ..backend import to_host
+from ..discretizations import get as get_discretization
+from ..model import ContinuousTransformer
 from .diagnostics import cluster_count, gram, in_open_hemisphere, inner_product_histogram, single_cluster_distance
+from .dynamics import retract
 
 __all__ = [
     "DEFAULT_TEXT",
@@ -134,15 +140,15 @@ def project_to_sphere(states, *, center=False):
     ValueError
         If a token state has zero norm (after centering).
     """
-    h = np.asarray(states, dtype=np.float64)
+    h = to_host(states, np.float64)
     if h.ndim < 2:
         raise ValueError(f"states must have shape (..., n, d), got {h.shape}")
     if center:
         h = h - h.mean(axis=-2, keepdims=True)
-    norm = np.linalg.norm(h, axis=-1, keepdims=True)
-    if np.any(norm == 0):
+    scale = np.max(np.abs(h), axis=-1, keepdims=True)
+    if np.any(scale == 0):
         raise ValueError("a token state has zero norm and cannot be projected onto the sphere")
-    return h / norm
+    return retract(h)  # scale-safe: rescaled by the largest entry before squaring
 
 
 def layer_statistics(states, *, depths=None, bins=40, tol=0.5, threshold=0.9):
@@ -250,7 +256,7 @@ def minilm_hidden_states(text=None, *, center=False, model=None, tokenizer=None)
     encoded = tokenizer(text, return_tensors="pt", truncation=True)
     with torch.no_grad():
         out = model(**encoded, output_hidden_states=True)
-    hidden = np.stack([h[0].double().numpy() for h in out.hidden_states])
+    hidden = np.stack([to_host(h[0], np.float64) for h in out.hidden_states])
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
     return tokens, project_to_sphere(hidden, center=center)
 
@@ -296,9 +302,6 @@ def continuous_model_clustering(steps_per_layer=(1, 2, 4, 8), *, layers=6, n_tok
     dict
         ``steps_per_layer`` -> :class:`ClusteringStudy`.
     """
-    from ..discretizations import get as get_discretization
-    from ..model import ContinuousTransformer
-
     base = ContinuousTransformer.random_smooth(seed=seed, layers=layers, placement="pre", beta=beta)
     model = ContinuousTransformer(base.blocks, final_normalization=None, head_features=base.head_features,
                                   hidden=base.hidden)
@@ -308,7 +311,7 @@ def continuous_model_clustering(steps_per_layer=(1, 2, 4, 8), *, layers=6, n_tok
     for k in steps_per_layer:
         path = model.solve(_smooth_initial, tokens=tokens, features=features, scheme="lie",
                            steps_per_layer=int(k), trajectory=True)
-        states = project_to_sphere(np.stack([np.asarray(u) for u in path]))
+        states = project_to_sphere(np.stack([to_host(u, np.float64) for u in path]))
         stats, edges = layer_statistics(states, bins=bins, tol=tol)
         out[int(k)] = ClusteringStudy(name=f"pre-norm random_smooth, {k} steps/layer",
                                       tokens=list(range(n_tokens)), states=states, stats=stats, edges=edges)

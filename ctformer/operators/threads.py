@@ -1,0 +1,117 @@
+"""Threads for the NumPy streaming path of attention: worker pool, BLAS limits, configuration.
+
+This module holds everything about *how many* threads work on an attention call and how they
+share the cores; the mathematics stays in :mod:`ctformer.operators.quadrature_attention`.
+
+* :func:`num_threads`: the number of worker threads, ``CTFORMER_NUM_THREADS`` when set
+  (a positive integer), else the BLAS library's current thread count.
+* :func:`single_thread_blas`: a context manager limiting the loaded BLAS libraries to one
+  thread (through ``threadpoolctl``), or ``None`` when that is impossible.
+* :func:`run_workers`: run ``worker(next_task)`` on ``threads`` threads (the calling thread
+  and ``threads - 1`` pool threads) over a list of tasks handed out one at a time.
+
+Results never depend on the thread count: callers split their work into tasks that do not
+depend on it, each task is computed by one thread with a single-threaded BLAS, and a task
+writes only its own part of the output.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+__all__ = ["num_threads", "single_thread_blas", "run_workers"]
+
+_LOCK = threading.Lock()
+_POOL: dict = {}
+_CONTROLLER: list = []
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """A shared worker pool of ``threads - 1`` threads, rebuilt after a fork."""
+    key = (os.getpid(), threads)
+    with _LOCK:
+        if key not in _POOL:
+            _POOL.clear()
+            _POOL[key] = ThreadPoolExecutor(max_workers=max(1, threads - 1),
+                                            thread_name_prefix="ctformer-attention")
+        return _POOL[key]
+
+
+def blas_controller():
+    """threadpoolctl's controller of the loaded BLAS libraries, or None without threadpoolctl."""
+    with _LOCK:
+        if not _CONTROLLER:
+            try:
+                from threadpoolctl import ThreadpoolController
+
+                _CONTROLLER.append(ThreadpoolController())
+            except Exception:  # not installed, or an unknown library layout
+                _CONTROLLER.append(None)
+        return _CONTROLLER[0]
+
+
+def single_thread_blas():
+    """A context limiting BLAS to one thread for the duration of a call (None if impossible)."""
+    controller = blas_controller()
+    if controller is None:
+        return None
+    return controller.limit(limits=1, user_api="blas")
+
+
+def num_threads() -> int:
+    """Worker threads: ``CTFORMER_NUM_THREADS``, else the BLAS library's current thread count.
+
+    Raises
+    ------
+    ValueError
+        If ``CTFORMER_NUM_THREADS`` is set but is not a positive integer.
+    """
+    value = os.environ.get("CTFORMER_NUM_THREADS", "").strip()
+    if value:
+        try:
+            count = int(value)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise ValueError(f"CTFORMER_NUM_THREADS must be a positive integer, got {value!r}")
+        return count
+    controller = blas_controller()
+    if controller is not None:
+        counts = [info.get("num_threads") or 1 for info in controller.info() if info.get("user_api") == "blas"]
+        if counts:
+            return max(counts)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        try:
+            return max(1, int(os.environ.get(name, "").split(",")[0]))
+        except ValueError:
+            pass
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def run_workers(worker, tasks: list, threads: int) -> None:
+    """Run ``worker(next_task)`` on ``threads`` threads until ``tasks`` are all taken.
+
+    ``next_task()`` returns the next task or None. The calling thread is one of the workers;
+    exceptions of any worker are re-raised after all have stopped.
+    """
+    threads = max(1, min(threads, len(tasks)))
+    counter = itertools.count()
+
+    def next_task():
+        i = next(counter)  # atomic in CPython
+        return tasks[i] if i < len(tasks) else None
+
+    if threads == 1:
+        worker(next_task)
+        return
+    futures = [_pool(threads).submit(worker, next_task) for _ in range(threads - 1)]
+    try:
+        worker(next_task)
+    finally:
+        for f in futures:
+            f.result()

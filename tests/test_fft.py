@@ -1,0 +1,144 @@
+"""Planned pyFFTW transforms (ctformer.fft) against numpy.fft, the independent reference."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from ctformer.backend import get_backend
+from ctformer.fft import PlannedFFT
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
+def fft(request, monkeypatch):
+    # a tiny threading threshold so that the 2-thread plans really run threaded
+    monkeypatch.setattr("ctformer.fft._THREADED_MIN_POINTS", 16)
+    return PlannedFFT(threads=request.param)
+
+
+@pytest.mark.parametrize("shape, axis", [((64,), -1), ((7, 48), -1), ((33, 5), 0), ((3, 17, 9), 1), ((2, 3, 128), 2)])
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-13), (np.float32, 2e-6)])
+def test_rfft_irfft_equal_numpy(rng, fft, shape, axis, dtype, tol):
+    x = rng.standard_normal(shape).astype(dtype)
+    X = fft.rfft(x, axis=axis)
+    ref = np.fft.rfft(x, axis=axis)
+    assert X.dtype == ref.dtype and X.shape == ref.shape
+    assert _rel(X, ref) < tol
+    n = shape[axis]
+    back = fft.irfft(ref, n=n, axis=axis)
+    assert back.dtype == x.dtype
+    assert _rel(back, np.fft.irfft(ref, n=n, axis=axis)) < tol
+    assert _rel(back, x) < tol
+
+
+def test_padding_truncation_and_default_length(rng, fft):
+    x = rng.standard_normal((4, 20))
+    for n in (8, 20, 31):
+        assert _rel(fft.rfft(x, n=n), np.fft.rfft(x, n=n)) < 1e-13
+        X = np.fft.rfft(x)
+        assert _rel(fft.irfft(X, n=n), np.fft.irfft(X, n=n)) < 1e-13
+    X = np.fft.rfft(x)
+    assert _rel(fft.irfft(X), np.fft.irfft(X)) < 1e-13  # n = 2 (m - 1) = 20
+
+
+def test_non_contiguous_misaligned_read_only_and_list_inputs(rng, fft):
+    base = rng.standard_normal((9, 41))
+    strided = base[:, ::2]
+    misaligned = np.frombuffer(np.r_[0.0, base.ravel()].tobytes()[8:], dtype=np.float64).reshape(9, 41)
+    read_only = base.copy()
+    read_only.setflags(write=False)
+    broadcast = np.broadcast_to(base[0], (5, 41))
+    for x in (strided, misaligned, read_only, broadcast, base.T):
+        assert _rel(fft.rfft(x), np.fft.rfft(x)) < 1e-13
+    assert _rel(fft.rfft(base[0].tolist()), np.fft.rfft(base[0])) < 1e-13
+    X = np.fft.rfft(base)
+    assert _rel(fft.irfft(X[:, ::1].T, n=41, axis=0), np.fft.irfft(X.T, n=41, axis=0)) < 1e-13
+
+
+def test_inputs_are_preserved_and_outputs_never_aliased(rng, fft):
+    a, b = rng.standard_normal((2, 6, 32))
+    a0 = a.copy()
+    fa = fft.rfft(a)
+    fb = fft.rfft(b)  # the same plan: must not overwrite fa
+    assert np.array_equal(a, a0)
+    assert _rel(fa, np.fft.rfft(a)) < 1e-13 and _rel(fb, np.fft.rfft(b)) < 1e-13
+    spectrum = np.fft.rfft(a)
+    s0 = spectrum.copy()
+    ia = fft.irfft(spectrum, n=32)
+    ib = fft.irfft(np.fft.rfft(b), n=32)
+    assert np.array_equal(spectrum, s0)  # complex-to-real plans destroy their input: not ours
+    assert _rel(ia, a) < 1e-14 and _rel(ib, b) < 1e-14
+
+
+def test_convolution_through_the_backend_equals_numpy_fft(rng):
+    from ctformer.discretizations import Fourier
+    from ctformer.kernels import Convolution
+
+    assert isinstance(get_backend("numpy").fft, PlannedFFT)
+    kernel = Convolution(lambda z: np.exp(np.cos(2 * np.pi * z)))
+    for m in (16, 256, 1024):
+        grid = Fourier(m)
+        u = rng.standard_normal((8, m))
+        ref = np.fft.irfft(np.fft.rfft(u, axis=-1) * kernel.symbol(grid), n=m, axis=-1)
+        assert _rel(kernel.apply(u, grid, grid), ref) < 1e-13
+    dense = kernel.matrix(grid, grid)  # the independent O(m^2) product
+    assert _rel(kernel.apply(u, grid, grid), u @ dense.T) < 1e-12
+
+
+def test_threads_share_one_object(rng):
+    fft = PlannedFFT(threads=1)
+    xs = [rng.standard_normal((16, 256)) for _ in range(4)]
+    results = [None] * 4
+
+    def run(i):
+        for _ in range(20):
+            results[i] = fft.irfft(fft.rfft(xs[i]), n=256)
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for x, r in zip(xs, results):
+        assert _rel(r, x) < 1e-14
+
+
+def test_measured_plans_equal_numpy(rng):
+    fft = PlannedFFT(threads=1, effort="FFTW_MEASURE")
+    x = rng.standard_normal((4, 64))
+    assert _rel(fft.rfft(x), np.fft.rfft(x)) < 1e-13
+    assert _rel(fft.irfft(np.fft.rfft(x), n=64), x) < 1e-14
+
+
+def test_other_functions_go_through_scipy_interface(rng):
+    import scipy.fft
+
+    fft = PlannedFFT(threads=1)
+    z = rng.standard_normal((3, 10)) + 1j * rng.standard_normal((3, 10))
+    assert _rel(fft.fft(z, axis=1), np.fft.fft(z, axis=1)) < 1e-13
+    x = rng.standard_normal((3, 9))
+    assert _rel(fft.dct(x, type=1, axis=1), scipy.fft.dct(x, type=1, axis=1)) < 1e-13
+
+
+def test_bad_arguments_and_environment(rng, monkeypatch):
+    fft = PlannedFFT(threads=1)
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        fft.rfft(np.ones(8), n=0)
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        fft.rfft(np.ones((2, 8)), axis=2)
+    with pytest.raises(TypeError, match="rfft needs real input"):
+        fft.rfft(np.ones(8) + 1j)
+    monkeypatch.setenv("CTFORMER_FFT_THREADS", "zero")
+    with pytest.raises(ValueError, match="CTFORMER_FFT_THREADS must be a positive integer"):
+        PlannedFFT()
+    monkeypatch.setenv("CTFORMER_FFT_THREADS", "2")
+    monkeypatch.setenv("CTFORMER_FFTW_PLANNER", "FFTW_FAST")
+    with pytest.raises(ValueError, match="CTFORMER_FFTW_PLANNER must be one of"):
+        PlannedFFT()
+    monkeypatch.setenv("CTFORMER_FFTW_PLANNER", "FFTW_ESTIMATE")
+    assert PlannedFFT().threads == 2
