@@ -193,9 +193,10 @@ class Kernel(abc.ABC):
         TypeError
             If ``u`` is not a real floating array.
         """
-        if type(u) is not np.ndarray or u.dtype.kind != "f":
+        native = type(u) is np.ndarray  # lists take the general path (they may hold inf)
+        if not native or u.dtype.kind != "f":
             u = _as_input(u)
-        if (type(u) is np.ndarray and u.dtype.kind == "f" and axis in (-1, u.ndim - 1)
+        if (native and u.dtype.kind == "f" and axis in (-1, u.ndim - 1)
                 and u.shape[-1] == len(inp.quadrature_nodes)):
             # the hot path of a solve: one product with the cached transposed matrix
             return u @ constant(self, ("matrix_t", out, inp),

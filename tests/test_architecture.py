@@ -12,7 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "ctformer"
 
 LAYERS = {
-    "backend": 0, "atomic": 0, "fft": 0,
+    "fft": -1,
+    "backend": 0, "atomic": 0,
     "state": 1, "discretizations": 1, "solvers": 1, "model_inputs": 1,
     "kernels": 2,
     "operators": 3,
