@@ -193,18 +193,17 @@ class Kernel(abc.ABC):
         TypeError
             If ``u`` is not a real floating array.
         """
-        native = type(u) is np.ndarray  # lists take the general path (they may hold inf)
+        native = type(u) is np.ndarray  # lists take the checked path (they may hold inf)
         if not native or u.dtype.kind != "f":
             u = _as_input(u)
+        transposed = lambda: np.ascontiguousarray(self.matrix(out, inp).T)  # noqa: E731
         if (native and u.dtype.kind == "f" and axis in (-1, u.ndim - 1)
                 and u.shape[-1] == len(inp.quadrature_nodes)):
             # the hot path of a solve: one product with the cached transposed matrix
-            return u @ constant(self, ("matrix_t", out, inp),
-                                lambda: np.ascontiguousarray(self.matrix(out, inp).T), u)
+            return u @ constant(self, ("matrix_t", out, inp), transposed, u)
         xp, axis = _check_input(u, inp, axis)
-        mat = self.device_matrix(u, out, inp)
-        moved = xp.moveaxis(u, axis, -1)
-        return xp.moveaxis(moved @ xp.matrix_transpose(mat), -1, axis)
+        mat_t = constant(self, ("matrix_t", out, inp), transposed, u)
+        return xp.moveaxis(xp.moveaxis(u, axis, -1) @ mat_t, -1, axis)
 
 
 def _as_input(u):
