@@ -55,9 +55,29 @@ from .functions import as_feature_function, named_parameters
 __all__ = ["LayerNormProjection", "SphereProjection", "RMSNorm"]
 
 
-# NumPy states whose token peaks lie in [2^-400, 2^400] square without overflow or underflow
-# in float64; they skip the rescaling (float32 states always rescale: its range is smaller).
-_SAFE_RANGE = (2.0 ** -400, 2.0 ** 400)
+# A float64 NumPy state with 2^-400 <= max |u| <= 2^400 squares without overflow; if moreover
+# every token's variance is clearly above rounding noise relative to max |u| (so above 2^-890,
+# far from subnormal numbers), nothing underflowed either, and the unscaled result is the
+# scale-safe one (see _plain_centred). float32 always rescales.
+_LARGEST_PLAIN = 2.0 ** 400
+_NOISE64 = 64.0 * float(np.finfo(np.float64).eps)
+
+
+def _plain_centred(u, w, eps: float, centre: bool):
+    """The hot path for float64 NumPy states: ``(c, var)`` without rescaling, or ``None``.
+
+    ``None`` when the state is too large to square, or (``eps == 0``) when some token's
+    variance is not clearly above rounding noise relative to the largest entry: the careful
+    path then rescales token by token and names a degenerate token.
+    """
+    top = float(np.abs(u).max(initial=0.0))
+    if not 1.0 / _LARGEST_PLAIN <= top <= _LARGEST_PLAIN:
+        return None
+    c = u - (u @ w)[..., None] if centre else u
+    var = ((c * c) @ w)[..., None]
+    if eps == 0.0 and not float(var.min(initial=np.inf)) > (_NOISE64 * top) ** 2:
+        return None
+    return c, var
 
 
 def _rescaled(xp, u):
@@ -65,14 +85,8 @@ def _rescaled(xp, u):
 
     Tokens that are exactly zero get ``s = 1`` (so ``v = 0``). Division by a power of two is
     exact, and ``max |v|`` lies in ``[1, 2)`` for every other token; ``peak`` is ``max |v|``.
-    A float64 NumPy state whose peaks are in :data:`_SAFE_RANGE` is returned as it is
-    (``s = 1``): squaring it is already safe, and the solve's hot path saves three passes.
     """
     peak = xp.max(xp.abs(u), axis=-1, keepdims=True)
-    if type(u) is np.ndarray and u.dtype == np.float64:
-        top, bottom = float(peak.max(initial=0.0)), float(peak.min(initial=0.0))
-        if bottom >= _SAFE_RANGE[0] and top <= _SAFE_RANGE[1]:
-            return u, 1.0, peak
     positive = peak > 0
     exponent = xp.floor(xp.log2(xp.where(positive, peak, xp.ones_like(peak))))
     s = xp.pow(xp.asarray(2.0, dtype=u.dtype), exponent)
@@ -162,12 +176,18 @@ class LayerNormProjection(Operator):
         eps = self.eps
 
         def layer_norm(u):
-            xp = array_api_compat.array_namespace(u)
             w = constants("w", u)
+            plain = _plain_centred(u, w, eps, True) if type(u) is np.ndarray and u.dtype == np.float64 else None
+            if plain is not None:
+                centred, var = plain
+                normalized = centred / np.sqrt(var + eps) if eps else centred / np.sqrt(var)
+                gain, shift = constants("gain", u), constants("shift", u)
+                out = normalized if gain is None else normalized * gain
+                return out if shift is None else out + shift
+            xp = array_api_compat.array_namespace(u)
             v, s, peak = _rescaled(xp, u)
-            mean = xp.sum(v * w, axis=-1, keepdims=True)
-            centred = v - mean
-            var = xp.sum(centred * centred * w, axis=-1, keepdims=True)
+            centred = v - (v @ w)[..., None]             # quadrature of the mean: one product
+            var = ((centred * centred) @ w)[..., None]
             if eps == 0.0:
                 # rounding noise of the variance of v
                 tiny = 64.0 * float(xp.finfo(u.dtype).eps)
@@ -231,11 +251,16 @@ class SphereProjection(Operator):
         eps, name = self.eps, type(self).__name__
 
         def sphere(u):
-            xp = array_api_compat.array_namespace(u)
             w = constants("w", u)
+            fast = _plain_centred(u, w, eps, False) if type(u) is np.ndarray and u.dtype == np.float64 else None
+            if fast is not None:
+                _, square = fast
+                out = u / np.sqrt(square + eps) if eps else u / np.sqrt(square)
+                return out if plain else out * constants("gain", u)
+            xp = array_api_compat.array_namespace(u)
             v, s, peak = _rescaled(xp, u)
             positive = peak > 0
-            square = xp.sum(v * v * w, axis=-1, keepdims=True)
+            square = ((v * v) @ w)[..., None]
             if eps == 0.0:
                 if not bool(xp.all(positive)):
                     where = _first_token(~positive[..., 0])
