@@ -136,3 +136,17 @@ def test_class_token_limits_under_refinement():
     assert abs(results[0.2].observed_order - 2.0) < 0.3
     a = Grids(WithAtoms(Product(Midpoint(8), Midpoint(8))), Midpoint(4))
     assert a.tokens.n == 65 and a.shape == (65, 4)
+
+
+def test_causal_mask_on_a_two_dimensional_token_domain_is_refused():
+    model = ContinuousTransformer.random_smooth(seed=1, layers=1, mask="causal")
+    with pytest.raises(ValueError, match="two-dimensional"):
+        model.solve(_u0_2d, tokens=Product(Midpoint(3), Midpoint(3)), features=Midpoint(4))
+
+
+def test_random_smooth_refuses_bad_beta_and_seed():
+    for beta in ("4", True, 1j):
+        with pytest.raises(TypeError, match="beta"):
+            ContinuousTransformer.random_smooth(beta=beta)
+    with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+        ContinuousTransformer.random_smooth(seed=-1)

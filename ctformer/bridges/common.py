@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from ..backend import to_host
 from ..kernels import PiecewiseConstant
 from ..operators import Attention, FeedForward, GatedFeedForward, LayerNormProjection, RMSNorm
 
@@ -30,9 +31,7 @@ def to_numpy(tensor, name: str) -> np.ndarray | None:
     """A host float64 copy of a torch tensor or array (``None`` stays ``None``)."""
     if tensor is None:
         return None
-    if hasattr(tensor, "detach"):
-        tensor = tensor.detach().cpu().double().numpy()
-    arr = np.array(tensor, dtype=np.float64)
+    arr = np.array(to_host(tensor), dtype=np.float64)
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"weight {name} contains NaN or inf")
     return arr

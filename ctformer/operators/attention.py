@@ -181,8 +181,12 @@ class Attention(Operator):
         self.window = window
 
     def _check_beta(self, beta) -> np.ndarray:
-        if isinstance(beta, Real) and not isinstance(beta, bool):
+        if isinstance(beta, Real) and not isinstance(beta, (bool, np.bool_)):
             beta = [float(beta)] * self.heads
+        values = np.asarray(beta) if not isinstance(beta, (str, bytes)) else np.asarray([beta])
+        if values.dtype.kind not in "iuf":   # strings, booleans, complex numbers, objects
+            raise TypeError(f"beta must be a real number or a list of {self.heads} real numbers, "
+                            f"got {beta!r}")
         try:
             arr = np.array(beta, dtype=np.float64)
         except (TypeError, ValueError):
@@ -250,6 +254,10 @@ class Attention(Operator):
         return arrays
 
     def _discretize(self, grids: Grids):
+        if self.mask == "causal" and getattr(grids.tokens, "dimension", 1) != 1:
+            raise ValueError(f"mask='causal' orders tokens on an interval; the token domain "
+                             f"{grids.tokens!r} is two-dimensional and has no causal order (and no "
+                             "convergence order for it): use mask=None")
         host = self.host_arrays(grids)
         heads, kv_heads, n_tokens = self.heads, self.kv_heads, grids.shape[0]
         n_sigma = host["Q"].shape[1]

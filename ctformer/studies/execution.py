@@ -5,8 +5,8 @@ sends them to
 
 * nobody (``executor=None``): they run one after the other in this process;
 * any :class:`concurrent.futures.Executor` (threads or processes): the model travels to
-  process workers pickled once (with :mod:`cloudpickle` when it is installed, so closures
-  and lambdas inside the model are fine);
+  process workers pickled once (models pickle with the standard library; :mod:`cloudpickle`,
+  when installed, carries the user's initial-data function too, even a lambda);
 * a :class:`dask.distributed.Client`: the model is scattered to the workers once, cases are
   submitted with ``client.submit`` and collected as they finish.
 
