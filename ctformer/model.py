@@ -288,7 +288,7 @@ class ContinuousTransformer:
     # -- evolution -----------------------------------------------------------------------
     def solve(self, u0, *, tokens, features, head_features=None, hidden=None, scheme="lie",
               steps_per_layer=1, trajectory=False, padding_mask=None, context_length=None,
-              key_mask=None):
+              checkpoint=False, key_mask=None):
         r"""Evolve :math:`u_0` from :math:`t = 0` to :math:`t = T`.
 
         Parameters
@@ -316,6 +316,10 @@ class ContinuousTransformer:
             (``key_mask`` is a deprecated name.)
         context_length : float, optional
             Overrides the model's reference length :math:`L` of positions.
+        checkpoint : bool
+            For a torch ``u0``: keep one state per layer for backpropagation and recompute
+            the layer's steps in the backward pass (memory :math:`O(T)`, not
+            :math:`O(T k)`).
 
         Returns
         -------
@@ -354,7 +358,7 @@ class ContinuousTransformer:
             padding_mask = check_padding_mask(padding_mask, u)
         problems = [block.split_problem(grids, padding_mask) for block in self.blocks]
         states = solvers.integrate(integrator, problems, u, steps, trajectory=trajectory,
-                                   what="the state")
+                                   what="the state", checkpoint=checkpoint)
         final = grids.lift(self.final_normalization.discretize(grids)) \
             if self.final_normalization is not None else None
         if trajectory:

@@ -147,7 +147,7 @@ class Scheme(abc.ABC):
 
 
 def integrate(scheme: Scheme, problems, u, steps: int, *, trajectory: bool = False,
-              what: str = "the state"):
+              what: str = "the state", checkpoint: bool = False):
     r"""Advance ``u`` through one split problem per unit time interval (layer).
 
     Parameters
@@ -163,6 +163,10 @@ def integrate(scheme: Scheme, problems, u, steps: int, *, trajectory: bool = Fal
         Return the states at :math:`t = 0, 1, \dots, L` instead of the final one.
     what : str
         What ``u`` is, for the error message.
+    checkpoint : bool
+        For torch states: run each layer under ``torch.utils.checkpoint``, so that
+        backpropagation keeps one state per layer and recomputes the layer's steps, memory
+        :math:`O(\text{layers})` instead of :math:`O(\text{layers} \times \text{steps})`.
 
     Raises
     ------
@@ -173,9 +177,9 @@ def integrate(scheme: Scheme, problems, u, steps: int, *, trajectory: bool = Fal
     dt = 1.0 / steps
     xp = array_api_compat.array_namespace(u)
     states = [u] if trajectory else None
+    run = _checkpointed if checkpoint else _steps
     for layer, problem in enumerate(problems):
-        for _ in range(steps):
-            u = scheme.step(problem, u, dt)
+        u = run(scheme, problem, u, steps, dt)
         if not bool(xp.all(xp.isfinite(u))):
             raise FloatingPointError(
                 f"{what} became NaN or inf in layer {layer} (t in [{layer}, {layer + 1}]) with "
@@ -185,3 +189,18 @@ def integrate(scheme: Scheme, problems, u, steps: int, *, trajectory: bool = Fal
         if trajectory:
             states.append(u)
     return states if trajectory else u
+
+
+def _steps(scheme, problem, u, steps, dt):
+    for _ in range(steps):
+        u = scheme.step(problem, u, dt)
+    return u
+
+
+def _checkpointed(scheme, problem, u, steps, dt):
+    if not array_api_compat.is_torch_array(u):
+        raise TypeError(f"checkpoint=True recomputes steps in torch's backward pass; the state is "
+                        f"a {type(u).__module__}.{type(u).__name__}, not a torch tensor")
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(_steps, scheme, problem, u, steps, dt, use_reentrant=False)
