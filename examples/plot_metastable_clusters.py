@@ -28,13 +28,15 @@ x0 = np.stack([np.cos(theta0), np.sin(theta0)], axis=-1)  # (draws, n, 2): one b
 
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
 k = np.arange(1, 11)
-paths = {}
+paths, fastest_mode, cluster_counts = {}, {}, {}
 for beta, color in [(5.0, "C0"), (9.0, "C1")]:
     rates = linear_growth_rate(k, beta)
+    fastest_mode[beta] = int(k[np.argmax(rates)])
     axes[0].plot(k, rates, "o-", color=color, label=rf"$\beta={beta:g}$, $k^*={k[np.argmax(rates)]}$")
     path = SelfAttentionDynamics(beta).solve(x0, t1, dt, save_every=10)
     paths[beta] = path
     counts = np.array([cluster_count(p, 0.05) for p in path.positions])  # (T, draws)
+    cluster_counts[beta] = counts
     for d in range(draws):
         axes[1].step(path.times, counts[:, d] + 0.04 * d, where="post", color=color, alpha=0.8,
                      label=rf"$\beta={beta:g}$" if d == 0 else None)

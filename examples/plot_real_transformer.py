@@ -6,7 +6,7 @@ The sentence encoder all-MiniLM-L6-v2 (BERT: 6 post-LayerNorm layers, 12 heads, 
 read into a :class:`ctformer.model.ContinuousTransformer` by
 :func:`ctformer.bridges.from_hf_bert`. Discretizing that continuous model with the midpoint rule
 in tokens and features and one Lie-splitting Euler step per layer gives back the network
-itself (DESIGN.md section 2): the hidden states agree with HuggingFace's to rounding error,
+itself (:doc:`design notes </design>`, section 2): the hidden states agree with HuggingFace's to rounding error,
 layer by layer.
 
 The same continuous model can be discretized differently. On a smooth random model,
@@ -18,32 +18,34 @@ nodes (attention with a log-weight bias) converging spectrally.
 # MiniLM, layer by layer
 # ----------------------
 # The embedding output of a padded batch of real sentences is the initial state
-# :math:`u_0`; the attention mask becomes the key mask of the token integral.
-import matplotlib
-
-matplotlib.use("Agg")
+# :math:`u_0`; the attention mask becomes the padding mask of the token integral (True for a
+# real token).
 import matplotlib.pyplot as plt
 import numpy as np
+from transformers.utils import logging as hf_logging
 
 from ctformer.bridges import minilm
 from ctformer.discretizations import GaussLegendre, Midpoint
 from ctformer.model import ContinuousTransformer
 
+hf_logging.disable_progress_bar()  # no weight-loading bar in the page
 x, mask, hidden, tokens = minilm.encode()
 model = minilm.continuous_model()
 states = model.solve(x, tokens=Midpoint(x.shape[1]), features=Midpoint(x.shape[2]),
-                     scheme="lie", steps_per_layer=1, trajectory=True, key_mask=mask)
-errors = [minilm.relative_error(s, h, mask) for s, h in zip(states, hidden)]
-for layer, err in enumerate(errors):
+                     scheme="lie", steps_per_layer=1, trajectory=True, padding_mask=mask)
+layer_errors = np.array([minilm.relative_error(s, h, mask) for s, h in zip(states, hidden)])
+for layer, err in enumerate(layer_errors):
     print(f"after layer {layer}: max relative error {err:.2e}")
 
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-axes[0].semilogy(range(len(errors)), np.maximum(errors, 1e-17), "o-")
-axes[0].axhline(np.finfo(np.float64).eps, color="gray", ls=":", label="float64 eps")
-axes[0].set_xlabel("layer (time t)")
-axes[0].set_ylabel("max relative error vs HuggingFace")
-axes[0].set_title("MiniLM = midpoint / Lie / dt = 1")
-axes[0].legend()
+fig, ax = plt.subplots(figsize=(6, 3.8))
+ax.semilogy(range(len(layer_errors)), np.maximum(layer_errors, 1e-17), "o-", label="ctformer")
+ax.axhline(np.finfo(np.float64).eps, color="gray", ls=":", label="float64 eps")
+ax.set_ylim(1e-17, 1e-13)
+ax.set_xlabel("layer (time t)")
+ax.set_ylabel("max relative error vs HuggingFace")
+ax.set_title("MiniLM = midpoint tokens and features, Lie, dt = 1")
+ax.legend(loc="upper left")
+fig.tight_layout()
 
 # %%
 # Token refinement on a smooth model
@@ -61,27 +63,31 @@ smooth = ContinuousTransformer.random_smooth(seed=1)
 features = GaussLegendre(16)
 fine = GaussLegendre(96)
 reference = smooth.solve(u0, tokens=fine, features=features)
-levels = [4, 8, 16, 32, 64]
-table = {}
+levels = np.array([4, 8, 16, 32, 64])
+token_errors = {}
 for rule in (Midpoint, GaussLegendre):
-    table[rule.name] = []
-    for n in levels:
-        grid = rule(n)
-        u = smooth.solve(u0, tokens=grid, features=features)
-        table[rule.name].append(np.abs(u - fine.interpolate(reference, grid.nodes, axis=-2)).max())
+    token_errors[rule.name] = np.array([
+        np.abs(smooth.solve(u0, tokens=rule(int(n)), features=features)
+               - fine.interpolate(reference, rule(int(n)).nodes, axis=-2)).max()
+        for n in levels])
+midpoint_order = np.polyfit(np.log(1.0 / levels[1:]), np.log(token_errors["midpoint"][1:]), 1)[0]
 
 print(f"{'N':>4} {'midpoint':>10} {'order':>6} {'gauss-legendre':>15}")
 for i, n in enumerate(levels):
-    mid = table["midpoint"][i]
-    order = "" if i == 0 else f"{np.log2(table['midpoint'][i - 1] / mid):6.2f}"
-    print(f"{n:>4} {mid:10.2e} {order:>6} {table['gauss-legendre'][i]:15.2e}")
+    mid = token_errors["midpoint"][i]
+    order = "" if i == 0 else f"{np.log2(token_errors['midpoint'][i - 1] / mid):6.2f}"
+    print(f"{n:>4} {mid:10.2e} {order:>6} {token_errors['gauss-legendre'][i]:15.2e}")
+print(f"midpoint observed order {midpoint_order:.2f}")
 
-for name, errs in table.items():
-    axes[1].loglog(levels, np.maximum(errs, 1e-16), "o-", label=name)
-axes[1].loglog(levels, 0.05 * np.array(levels, float) ** -2, "k--", label="slope -2")
-axes[1].set_xlabel("tokens N")
-axes[1].set_ylabel("max error at the nodes")
-axes[1].set_title("token refinement")
-axes[1].legend()
+fig, ax = plt.subplots(figsize=(6, 3.8))
+for name, errs in token_errors.items():
+    ax.loglog(levels, np.maximum(errs, 1e-16), "o-", label=name)
+ax.loglog(levels, 0.05 * levels.astype(float) ** -2, "k--", label="slope -2")
+ax.set_xticks(levels, [str(n) for n in levels])
+ax.minorticks_off()
+ax.set_xlabel("tokens N")
+ax.set_ylabel("max error at the nodes")
+ax.set_title("token refinement: midpoint order 2, Gauss-Legendre spectral")
+ax.legend(loc="lower left")
 fig.tight_layout()
 plt.show()

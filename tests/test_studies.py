@@ -219,7 +219,7 @@ def test_bad_input(exact_model):
 
 # -- the real model: orders in every variable ------------------------------------------------
 def smooth_in_x(x, y):
-    """The DESIGN u0 with a milder x-dependence.
+    """The default study u0 with a milder x-dependence.
 
     The default u0 has a feature variance whose continuation to complex x vanishes close to
     the real axis, so LayerNorm makes the solution analytic only in a thin strip: spectral

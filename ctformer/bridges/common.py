@@ -14,6 +14,7 @@ Decoders of the Llama family add grouped-query attention (:math:`H_{kv}` key/val
 """
 from __future__ import annotations
 
+import importlib
 import math
 
 import numpy as np
@@ -21,6 +22,25 @@ import numpy as np
 from ..backend import to_host
 from ..kernels import PiecewiseConstant
 from ..operators import Attention, FeedForward, GatedFeedForward, LayerNormProjection, RMSNorm
+
+#: What to install for the bridges (the README explains the CPU-only torch wheel).
+INSTALL_HINT = "pip install -e '.[demo]' (install torch==2.13.0 first, see the README)"
+
+
+def optional_import(module: str, caller: str):
+    """Import an optional dependency of a bridge, or say which extra installs it.
+
+    Raises
+    ------
+    ImportError
+        Naming ``caller``, the missing package and the ``pip install`` command.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"{caller} needs {module.split('.')[0]}, which is not installed: "
+                          f"{INSTALL_HINT}") from exc
+
 
 __all__ = ["to_numpy", "attention_from_weights", "grouped_attention_from_weights",
            "feedforward_from_weights", "gated_feedforward_from_weights", "layer_norm_from_weights",

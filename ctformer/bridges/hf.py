@@ -30,6 +30,8 @@ import math
 
 import numpy as np
 
+from .common import optional_import
+
 __all__ = ["from_hf", "limit_report", "SUPPORTED", "small_model"]
 
 #: Supported HuggingFace classes, in the order of the messages.
@@ -65,10 +67,7 @@ def from_hf(model):
         For a configuration option that the continuous model does not implement (named in
         the message by the converter).
     """
-    try:
-        import transformers
-    except ImportError as exc:  # pragma: no cover - transformers is a test dependency
-        raise ImportError("from_hf needs the transformers package") from exc
+    transformers = optional_import("transformers", "from_hf")
     from transformers.models.bert.modeling_bert import BertEncoder
 
     if isinstance(model, (transformers.BertModel, BertEncoder)):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..discretizations import Midpoint
 from ..model import Block, ContinuousTransformer
-from .common import attention_from_weights, feedforward_from_weights, layer_norm_from_weights, to_numpy
+from .common import optional_import, attention_from_weights, feedforward_from_weights, layer_norm_from_weights, to_numpy
 
 __all__ = ["from_hf_bert", "HF_ACTIVATIONS"]
 
@@ -71,10 +71,8 @@ def from_hf_bert(model, config=None) -> ContinuousTransformer:
 
 
 def _from_module(model):
-    try:
-        from transformers.models.bert.modeling_bert import BertEncoder, BertModel
-    except ImportError as exc:  # pragma: no cover - transformers is a test dependency
-        raise ImportError("from_hf_bert needs the transformers package for a model in memory") from exc
+    bert = optional_import("transformers.models.bert.modeling_bert", "from_hf_bert")
+    BertEncoder, BertModel = bert.BertEncoder, bert.BertModel
     if isinstance(model, BertModel):
         encoder, prefix = model.encoder, "layer."
     elif isinstance(model, BertEncoder):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..discretizations import Midpoint
 from ..model import Block, ContinuousTransformer
-from .common import attention_from_weights, feedforward_from_weights, layer_norm_from_weights, to_numpy
+from .common import optional_import, attention_from_weights, feedforward_from_weights, layer_norm_from_weights, to_numpy
 
 __all__ = ["from_torch", "torch_activation_name"]
 
@@ -88,7 +88,7 @@ def from_torch(module, causal: bool = False) -> ContinuousTransformer:
     :math:`\beta_h = \sqrt{d_h}` (the scale :math:`1/\sqrt{d_h}` of torch is
     :math:`\beta_h` times the midpoint weight :math:`1/d_h`).
     """
-    import torch.nn as nn
+    nn = optional_import("torch.nn", "from_torch")
 
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")

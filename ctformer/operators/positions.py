@@ -293,7 +293,7 @@ def sinusoidal_encoding(positions, features: int, base: float = 10000.0) -> np.n
 
     Returns
     -------
-    ndarray of shape (*positions.shape, features)
+    ndarray of shape ``(*positions.shape, features)``
     """
     if isinstance(features, bool) or not isinstance(features, (int, np.integer)) or features < 1:
         raise ValueError(f"features must be a positive integer, got {features!r}")
@@ -327,7 +327,7 @@ def interpolate_table(table, positions) -> np.ndarray:
 
     Returns
     -------
-    ndarray of shape (*positions.shape, d)
+    ndarray of shape ``(*positions.shape, d)``
 
     Raises
     ------
