@@ -122,7 +122,7 @@ def test_token_order_midpoint_and_spectral_gauss(exact_model):
 
 def test_feature_order_in_max_norm(exact_model):
     res = convergence(exact_model, refine="features", levels=[4, 8, 16, 32], features="trapezoid",
-                      tokens="gauss-legendre:12", reference=exact_solution, norm="max",
+                      tokens="gauss-legendre:12", reference=exact_solution, error_norm="max",
                       progress=False)
     assert res.norm == "max"
     assert abs(res.observed_order - 2.0) < 0.3
@@ -197,8 +197,11 @@ def test_bad_input(exact_model):
         convergence(exact_model, refine="tokens", levels=[8])
     with pytest.raises(ValueError, match="positive integers"):
         convergence(exact_model, refine="tokens", levels=[0, 4])
-    with pytest.raises(ValueError, match="norm must be"):
-        convergence(exact_model, norm="l1", **kw)
+    with pytest.raises(ValueError, match="error_norm must be"):
+        convergence(exact_model, error_norm="l1", **kw)
+    with pytest.warns(DeprecationWarning, match="error_norm"):   # the old name still works
+        with pytest.raises(ValueError, match="error_norm must be"):
+            convergence(exact_model, norm="l1", **kw)
     with pytest.raises(ValueError, match="reference must be"):
         convergence(exact_model, reference="best", **kw)
     with pytest.raises(ValueError, match="richardson"):

@@ -130,7 +130,7 @@ def discrete_limit_report(sentences=SENTENCES) -> str:
     ct = continuous_model()
 
     states = ct.solve(x, tokens=Midpoint(x.shape[1]), features=Midpoint(x.shape[2]), scheme="lie",
-                      steps_per_layer=1, trajectory=True, key_mask=mask)
+                      steps_per_layer=1, trajectory=True, padding_mask=mask)
     errors = [relative_error(s, h, mask) for s, h in zip(states[1:], hidden[1:])]
     lines = [
         "all-MiniLM-L6-v2 (HuggingFace, float64) vs ctformer discrete limit",
