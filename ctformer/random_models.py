@@ -107,9 +107,10 @@ def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu",
         the pairing :math:`(\sigma, \sigma + 1/2)`: the model's default head features are
         then ``Midpoint(8)`` (``"head_features"`` in the result; override with
         ``head_features=`` in :meth:`~ctformer.ContinuousTransformer.solve`).
-    context_length : float, optional
+    context_length : float or pair of float, optional
         The reference length :math:`L` of positions :math:`p(x) = L x - 1/2`; required with
-        ``positions`` or ``window``.
+        ``positions`` or ``window``. A pair :math:`(L_1, L_2)` with ``positions="rope"`` is
+        axial RoPE for a two-dimensional token domain (image patches).
     window : float, optional
         Sliding window :math:`W` (needs ``mask="causal"`` and ``context_length``).
     rope_theta : float
@@ -156,9 +157,17 @@ def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu",
         raise ValueError("positions and window need context_length=L, the reference length of "
                          "positions p(x) = L x - 1/2 (e.g. context_length=32)")
     if context_length is not None:
-        if isinstance(context_length, bool) or not isinstance(context_length, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(context_length) or context_length <= 0:
-            raise ValueError(f"context_length must be a positive number, got {context_length!r}")
+        pair = isinstance(context_length, (tuple, list)) and len(context_length) == 2
+        for value in (context_length if pair else (context_length,)):
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                    or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"context_length must be a positive number, or a pair of them for "
+                                 f"axial positions on image patches, got {context_length!r}")
+        if pair:
+            if positions != "rope":
+                raise ValueError("a pair context_length=(L1, L2) is for axial RoPE on a two-"
+                                 "dimensional token domain (positions='rope')")
+            context_length = tuple(float(v) for v in context_length)
     n_kv = heads if kv_heads is None else kv_heads
     if isinstance(n_kv, bool) or not isinstance(n_kv, (int, np.integer)) or n_kv < 1:
         raise ValueError(f"kv_heads must be a positive integer, got {kv_heads!r}")

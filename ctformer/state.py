@@ -52,6 +52,24 @@ def _namespace(u, argname):
         raise TypeError(f"{argname} must be an array (NumPy, CuPy, ...), got {type(u).__name__}") from None
 
 
+def _positive(value) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+            and math.isfinite(value) and value > 0)
+
+
+def _check_length(length, tokens):
+    """``None``, a positive number, or (on a two-dimensional token domain) one per axis."""
+    if length is None:
+        return None
+    if getattr(tokens, "dimension", 1) == 2 and isinstance(length, (tuple, list)):
+        if len(length) == 2 and all(_positive(v) for v in length):
+            return tuple(float(v) for v in length)
+    elif _positive(length):
+        return float(length)
+    raise ValueError(f"context_length must be a positive number (or, on a two-dimensional token "
+                     f"domain, a pair of them, one per axis), got {length!r}")
+
+
 @dataclass(frozen=True)
 class Grids:
     r"""One discretization per continuous variable: the discrete state space.
@@ -94,12 +112,7 @@ class Grids:
             if not _is_discretization(getattr(self, name)):
                 raise TypeError(f"Grids.{name} must be a Discretization, got "
                                 f"{type(getattr(self, name)).__name__}")
-        length = self.context_length
-        if length is not None:
-            if isinstance(length, bool) or not isinstance(length, (int, float, np.integer, np.floating)) \
-                    or not math.isfinite(length) or length <= 0:
-                raise ValueError(f"context_length must be a positive number, got {length!r}")
-            object.__setattr__(self, "context_length", float(length))
+        object.__setattr__(self, "context_length", _check_length(self.context_length, self.tokens))
 
     # -- shapes ------------------------------------------------------------------------------
     @property
@@ -117,22 +130,31 @@ class Grids:
 
         :math:`s(x) = (x - a)/(b - a)` is the reference coordinate of the token domain
         :math:`[a, b]`; on ``Midpoint(N)`` with :math:`L = N` these are exactly
-        :math:`0, 1, \dots, N - 1`.
+        :math:`0, 1, \dots, N - 1`. On a two-dimensional token domain (a product) with one
+        length per axis, shape ``(N, 2)``: :math:`p_k = L_k s_k - 1/2`.
 
         Raises
         ------
         ValueError
-            If the grids have no ``context_length``.
+            If the grids have no ``context_length``, or the token axis has atoms (they have
+            no position).
         """
         if self.context_length is None:
             raise ValueError("these grids have no context_length; positions p(x) = L x - 1/2 need "
                              "the model's reference length L (pass context_length=...)")
-        if getattr(self.tokens, "dimension", 1) != 1 or getattr(self.tokens, "atoms", 0):
-            raise ValueError(f"positions p(x) = L x - 1/2 are defined on an interval of tokens "
-                             f"without atoms, not on {self.tokens!r}")
+        if getattr(self.tokens, "atoms", 0):
+            raise ValueError(f"positions p(x) = L x - 1/2 are defined for tokens without atoms, "
+                             f"not on {self.tokens!r}")
+        nodes = np.asarray(self.tokens.quadrature_nodes, dtype=np.float64)
+        if nodes.ndim == 2:
+            if not isinstance(self.context_length, tuple):
+                raise ValueError(f"a two-dimensional token domain needs one context length per "
+                                 f"axis, context_length=(L1, L2); got {self.context_length!r}")
+            (a1, b1), (a2, b2) = self.tokens.domain
+            s = np.stack([(nodes[:, 0] - a1) / (b1 - a1), (nodes[:, 1] - a2) / (b2 - a2)], axis=-1)
+            return np.asarray(self.context_length) * s - 0.5
         a, b = self.tokens.domain
-        s = (np.asarray(self.tokens.quadrature_nodes, dtype=np.float64) - a) / (b - a)
-        return self.context_length * s - 0.5
+        return self.context_length * (nodes - a) / (b - a) - 0.5
 
     @property
     def is_nodal(self) -> bool:

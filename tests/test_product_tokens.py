@@ -150,3 +150,41 @@ def test_random_smooth_refuses_bad_beta_and_seed():
             ContinuousTransformer.random_smooth(beta=beta)
     with pytest.raises(ValueError, match="seed must be a non-negative integer"):
         ContinuousTransformer.random_smooth(seed=-1)
+
+
+class _FirstAxisOnly:
+    """omega(tau) of the axial rotation restricted to x1: theta^(-2 tau) below 1/2, else 0."""
+
+    def __call__(self, tau):
+        tau = np.asarray(tau, dtype=np.float64)
+        return np.where(tau < 0.5, 100.0 ** (-2.0 * tau), 0.0)
+
+
+def test_axial_rope_reduces_to_one_axis_when_the_other_is_constant(rng):
+    """On n x 1 patches every token has the same x2 position, so the x2 rotations cancel in
+    the scores: axial RoPE equals one-dimensional RoPE whose x2 pairs do not turn."""
+    from ctformer.kernels import SmoothRandom
+    from ctformer.operators import Attention, RoPE
+
+    ks = [SmoothRandom(s) for s in range(4)]
+    axial = Attention([ks[0]], [ks[1]], [ks[2]], [ks[3]], beta=2.0, positions=RoPE(theta=100.0))
+    line = Attention([ks[0]], [ks[1]], [ks[2]], [ks[3]], beta=2.0,
+                     positions=RoPE(frequencies=_FirstAxisOnly()))
+    u = rng.standard_normal((6, 5))
+    square = Grids(Product(Midpoint(6), Midpoint(1)), Midpoint(5), Midpoint(8), context_length=(6, 3))
+    interval = Grids(Midpoint(6), Midpoint(5), Midpoint(8), context_length=6)
+    np.testing.assert_allclose(axial(u, square), line(u, interval), rtol=1e-13, atol=1e-14)
+    assert np.abs(axial(u, square) - axial(u, Grids(Product(Midpoint(6), Midpoint(1)), Midpoint(5),
+                                                    Midpoint(8), context_length=(3, 3)))).max() > 1e-3
+
+
+def test_axial_rope_token_refinement_orders():
+    model = ContinuousTransformer.random_smooth(seed=1, layers=1, positions="rope", context_length=(8, 8))
+    kw = dict(refine="tokens", features="gauss-legendre:8", u0=_u0_2d, progress=False, fine=100)
+    mid = convergence(model, levels=[4, 8, 16, 32, 64], tokens=Product(Midpoint(2), Midpoint(2)), **kw)
+    assert abs(mid.observed_order - 2.0) < 0.2
+    gl = convergence(model, levels=[8, 16, 32], tokens=Product(GaussLegendre(2), GaussLegendre(2)), **kw)
+    assert gl.table[0].error / gl.table[1].error > 100.0
+    with pytest.raises(ValueError, match="one context length per axis"):
+        ContinuousTransformer.random_smooth(positions="rope", context_length=8).solve(
+            _u0_2d, tokens=Product(Midpoint(4), Midpoint(4)), features=Midpoint(4))

@@ -9,6 +9,11 @@ with :math:`L` the model's reference length (``context_length``) and :math:`X = 
 :math:`p = 0, 1, \dots, N - 1` exactly: the discrete network. Refining the tokens at fixed
 :math:`L` samples the same continuous positions more finely (position interpolation).
 
+On a two-dimensional token domain (image patches) each axis has its own length and position,
+:math:`p_k(x) = L_k s_k(x) - 1/2`, and :class:`RoPE` is axial: pairs with :math:`\tau < 1/2`
+turn with :math:`p_1`, the others with :math:`p_2` (each half of :math:`\tau` stretched to
+:math:`[0, 1)`), so the score depends on :math:`p_1 - p_1'` and :math:`p_2 - p_2'`.
+
 Rotary positions (:class:`RoPE`, HuggingFace convention). The head-feature variable
 :math:`\sigma \in Y_h = [0, 1]` is split into pairs :math:`(\sigma, \sigma + 1/2)`,
 :math:`\sigma \in [0, 1/2)`, with the pair variable :math:`\tau = 2\sigma \in [0, 1)` and a
@@ -194,7 +199,15 @@ class RoPE:
         disc = grids.head_features
         a, b = disc.domain
         tau = 2.0 * (np.asarray(disc.quadrature_nodes[:half], dtype=np.float64) - a) / (b - a)
-        angles = grids.positions()[:, None] * self.omega(tau)[None, :]
+        p = grids.positions()
+        if p.ndim == 1:
+            angles = p[:, None] * self.omega(tau)[None, :]
+        else:
+            # axial: pairs with tau < 1/2 turn with x1, the others with x2, each half of tau
+            # stretched to [0, 1) so that both axes see the whole frequency range
+            first = tau < 0.5
+            omega = self.omega(np.where(first, 2.0 * tau, 2.0 * tau - 1.0))
+            angles = np.where(first[None, :], p[:, :1], p[:, 1:]) * omega[None, :]
         return np.cos(angles), np.sin(angles)
 
 
