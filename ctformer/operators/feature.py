@@ -108,6 +108,12 @@ def get_activation(name) -> Callable:
     return ACTIVATIONS[name]
 
 
+def _activation(activation) -> tuple:
+    """(name, function) of an activation given by name or as a callable."""
+    name = activation if isinstance(activation, str) else getattr(activation, "__name__", "custom")
+    return name, get_activation(activation)
+
+
 def _check_kernel(kernel, name):
     if not isinstance(kernel, Kernel):
         raise TypeError(f"{name} must be a ctformer.kernels.Kernel, got {type(kernel).__name__}")
@@ -180,8 +186,7 @@ class FeedForward(Operator):
         self.W_2 = _check_kernel(W_2, "W_2")
         self.b_1 = as_feature_function(b_1, "b_1")
         self.b_2 = as_feature_function(b_2, "b_2")
-        self.activation_name = activation if isinstance(activation, str) else getattr(activation, "__name__", "custom")
-        self.phi = get_activation(activation)
+        self.activation_name, self.phi = _activation(activation)
 
     def parameters(self) -> dict:
         """Named arrays of the two kernels and the two biases."""
@@ -244,8 +249,7 @@ class GatedFeedForward(Operator):
         self.b_gate = as_feature_function(b_gate, "b_gate")
         self.b_up = as_feature_function(b_up, "b_up")
         self.b_2 = as_feature_function(b_2, "b_2")
-        self.activation_name = activation if isinstance(activation, str) else getattr(activation, "__name__", "custom")
-        self.phi = get_activation(activation)
+        self.activation_name, self.phi = _activation(activation)
 
     def __repr__(self) -> str:
         return f"GatedFeedForward(activation={self.activation_name!r})"

@@ -66,10 +66,12 @@ _NOISE64 = 64.0 * float(np.finfo(np.float64).eps)
 def _plain_centred(u, w, eps: float, centre: bool):
     """The hot path for float64 NumPy states: ``(c, var)`` without rescaling, or ``None``.
 
-    ``None`` when the state is too large to square, or (``eps == 0``) when some token's
+    ``None`` for other arrays, when the state is too large to square, or (``eps == 0``) when some token's
     variance is not clearly above rounding noise relative to the largest entry: the careful
     path then rescales token by token and names a degenerate token.
     """
+    if type(u) is not np.ndarray or u.dtype != np.float64:
+        return None
     top = float(np.abs(u).max(initial=0.0))
     if not 1.0 / _LARGEST_PLAIN <= top <= _LARGEST_PLAIN:
         return None
@@ -177,7 +179,7 @@ class LayerNormProjection(Operator):
 
         def layer_norm(u):
             w = constants("w", u)
-            plain = _plain_centred(u, w, eps, True) if type(u) is np.ndarray and u.dtype == np.float64 else None
+            plain = _plain_centred(u, w, eps, True)
             if plain is not None:
                 centred, var = plain
                 normalized = centred / np.sqrt(var + eps) if eps else centred / np.sqrt(var)
@@ -252,7 +254,7 @@ class SphereProjection(Operator):
 
         def sphere(u):
             w = constants("w", u)
-            fast = _plain_centred(u, w, eps, False) if type(u) is np.ndarray and u.dtype == np.float64 else None
+            fast = _plain_centred(u, w, eps, False)
             if fast is not None:
                 _, square = fast
                 out = u / np.sqrt(square + eps) if eps else u / np.sqrt(square)
