@@ -28,7 +28,17 @@ from functools import cached_property
 import array_api_compat
 import numpy as np
 
-__all__ = ["Backend", "get_backend", "backend_of", "cupy_available", "constant", "to_host"]
+__all__ = ["Backend", "get_backend", "backend_of", "cupy_available", "constant", "to_host",
+           "namespace"]
+
+_NUMPY_NAMESPACE = array_api_compat.array_namespace(np.zeros(1))
+
+
+def namespace(x):
+    """The array-API namespace of ``x`` (a constant-time answer for plain NumPy arrays)."""
+    if type(x) is np.ndarray:
+        return _NUMPY_NAMESPACE
+    return array_api_compat.array_namespace(x)
 
 
 def cupy_available() -> bool:

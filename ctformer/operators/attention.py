@@ -34,9 +34,9 @@ from __future__ import annotations
 
 from numbers import Real
 
-import array_api_compat
 import numpy as np
 
+from ..backend import namespace
 from ..kernels import Kernel
 from ..model_inputs import renamed_keyword
 from .base import Constants, Grids, Operator
@@ -295,7 +295,7 @@ class Attention(Operator):
         w_tokens_host = host["w_tokens"]
 
         def attention(u, padding_mask=None):
-            xp = array_api_compat.array_namespace(u)
+            xp = namespace(u)
             qkv = u @ constants("QKV_t", u)
             b_qkv = constants("b_QKV", u)
             if b_qkv is not None:

@@ -38,7 +38,10 @@ import math
 from typing import Callable
 
 import array_api_compat
+import numpy as np
+from scipy.special import erf as _scipy_erf
 
+from ..backend import namespace
 from ..kernels import Kernel
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
@@ -48,12 +51,14 @@ __all__ = ["FeatureMap", "FeedForward", "GatedFeedForward", "ACTIVATIONS", "get_
 
 def relu(z):
     r""":math:`\max(z, 0)`."""
-    xp = array_api_compat.array_namespace(z)
+    xp = namespace(z)
     return xp.where(z > 0, z, xp.zeros_like(z))
 
 
 def _erf(z):
     """The error function in the namespace of ``z`` (scipy, cupyx or torch.special)."""
+    if type(z) is np.ndarray:
+        return _scipy_erf(z)
     if array_api_compat.is_cupy_array(z):
         import cupyx.scipy.special as special
     elif array_api_compat.is_torch_array(z):
@@ -70,13 +75,13 @@ def gelu(z):
 
 def gelu_tanh(z):
     r"""Tanh GELU, :math:`\frac{z}{2}(1 + \tanh(\sqrt{2/\pi}(z + 0.044715 z^3)))`."""
-    xp = array_api_compat.array_namespace(z)
+    xp = namespace(z)
     return 0.5 * z * (1.0 + xp.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z * z * z)))
 
 
 def silu(z):
     r"""SiLU, :math:`z / (1 + e^{-z})`, evaluated without overflow."""
-    xp = array_api_compat.array_namespace(z)
+    xp = namespace(z)
     e = xp.exp(-xp.abs(z))  # in (0, 1]: no overflow for any z
     return z * xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
