@@ -165,7 +165,7 @@ def test_unwritable_store_with_every_record_present_is_still_read(tmp_path, monk
     def refuse(*args, **kwargs):
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr("ctformer.studies.execution.tempfile.mkstemp", refuse)
+    monkeypatch.setattr("ctformer.studies.store.tempfile.mkstemp", refuse)
     again, calls = _run(tmp_path)  # nothing to compute: no writability needed
     assert calls == [] and again == records
     with pytest.raises(PermissionError, match="Operation not permitted"):

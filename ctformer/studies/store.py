@@ -1,0 +1,304 @@
+r"""The on-disk store of a study: one checksummed record per finished case.
+
+With a ``store`` directory every finished case is written to ``<store>/<key>.json`` at once,
+atomically (:func:`ctformer.atomic.write_atomic`), so a killed study leaves only complete
+records. Re-running the same study loads those records and computes only the missing
+cases: nothing is lost and nothing is computed twice. The key is a SHA-256 hash of
+everything that determines the case (design notes, section 9).
+
+Records are never trusted blindly. Each carries
+
+* ``"schema"``: the record format version (:data:`RECORD_SCHEMA`);
+* ``"fields"``: the kind of every result field (a number, an array with its shape, a
+  string, ...), written from the task's own output;
+* ``"checksum"``: the SHA-256 digest of the record's canonical JSON form without this field.
+
+A record whose checksum does not match, whose fields do not match their declared kinds and
+shapes, that holds NaN or inf, that belongs to another key or that is not readable JSON is
+reported by a :class:`CorruptRecordWarning` naming its file; its case is recomputed and the
+record rewritten. The store is checked for writability before anything is computed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from ..atomic import write_atomic
+
+__all__ = ["CaseStore", "case_key", "check_key", "CorruptRecordWarning", "RECORD_SCHEMA",
+           "record_checksum", "record_problem", "seal_record"]
+
+#: Version of the record format written by :meth:`CaseStore.save`.
+RECORD_SCHEMA = 2
+
+#: Accepted case keys: letters, digits, ``_`` and ``-`` (e.g. a hex digest), 1 to 128 of them.
+#: No separators, no dots: a key is a file name inside the store, never a path.
+_KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
+
+#: Fields that :meth:`CaseStore.save` adds to every record (not result fields).
+_META = ("schema", "fields", "checksum", "key", "case")
+
+class CorruptRecordWarning(UserWarning):
+    """A stored study record failed its checks; it is ignored, recomputed and rewritten."""
+
+
+def case_key(parameters: dict) -> str:
+    """SHA-256 hex digest of the canonical JSON form of ``parameters``."""
+    text = json.dumps(parameters, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_key(key) -> str:
+    """Return ``key`` if it is a valid case key (see :data:`_KEY_PATTERN`), else raise.
+
+    Raises
+    ------
+    ValueError
+        For anything but 1 to 128 letters, digits, ``_`` or ``-`` (e.g. ``"../x"``, an
+        absolute path, a separator or a dot), naming the key.
+    """
+    if not isinstance(key, str) or not _KEY_PATTERN.fullmatch(key):
+        raise ValueError(f"invalid case key {key!r}: a key must be 1 to 128 letters, digits, '_' "
+                         "or '-' (e.g. a case_key() hex digest), never a path")
+    return key
+
+
+def record_checksum(record: dict) -> str:
+    r"""SHA-256 hex digest of the canonical JSON of ``record`` without its ``"checksum"`` field.
+
+    Canonical: keys sorted, no spaces, floats written by :func:`repr` (which round-trips
+    exactly), so a record read back from its file has the checksum it was written with.
+    """
+    body = {k: v for k, v in record.items() if k != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _field_kind(value):
+    """The declared kind of one result field: ``["number", []]``, ``["array", shape]``, ..."""
+    if value is None:
+        return ["null", None]
+    if isinstance(value, bool):
+        return ["bool", None]
+    if isinstance(value, (int, float)):
+        return ["number", []]
+    if isinstance(value, str):
+        return ["str", None]
+    if isinstance(value, list):
+        try:
+            arr = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            return ["json", None]
+        if arr.dtype == object:  # pragma: no cover - float64 conversion never gives object
+            return ["json", None]
+        return ["array", list(arr.shape)]
+    return ["json", None]
+
+
+def _nonfinite(value) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, list):
+        return any(_nonfinite(v) for v in value)
+    if isinstance(value, dict):
+        return any(_nonfinite(v) for v in value.values())
+    return False
+
+
+def _check_field(name, value, kind) -> str | None:
+    """Why ``value`` does not match its declared ``kind``, or ``None`` when it does."""
+    if not (isinstance(kind, list) and len(kind) == 2 and isinstance(kind[0], str)):
+        return f"field {name!r} has an invalid declaration {kind!r}"
+    tag, shape = kind
+    if tag == "null":
+        ok = value is None
+    elif tag == "bool":
+        ok = isinstance(value, bool)
+    elif tag == "str":
+        ok = isinstance(value, str)
+    elif tag == "number":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif tag == "array":
+        if not isinstance(value, list):
+            return f"field {name!r} must be an array of shape {tuple(shape)}, got {type(value).__name__}"
+        try:
+            arr = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            return f"field {name!r} must be an array of numbers of shape {tuple(shape)}"
+        if list(arr.shape) != list(shape):
+            return f"field {name!r} has shape {arr.shape}, declared {tuple(shape)}"
+        ok = True
+    elif tag == "json":
+        ok = True
+    else:
+        return f"field {name!r} has an unknown kind {tag!r}"
+    if not ok:
+        return f"field {name!r} must be of kind {tag}, got {json.dumps(value)[:40]}"
+    if _nonfinite(value):
+        return f"field {name!r} holds NaN or inf"
+    return None
+
+
+def record_problem(record, key: str) -> str | None:
+    """Why a parsed record cannot be trusted for case ``key``, or ``None`` when it can.
+
+    Checks, in this order: a JSON object, the schema version, the key, the checksum, that
+    every declared field is present with its declared kind and shape, and that no number is
+    NaN or inf.
+    """
+    if not isinstance(record, dict):
+        return f"it is not a JSON object but {type(record).__name__}"
+    if record.get("schema") != RECORD_SCHEMA:
+        return (f"schema version {record.get('schema')!r} is not {RECORD_SCHEMA} "
+                "(missing or written by another version)")
+    if record.get("key") != key:
+        return f"it belongs to another case (key {str(record.get('key'))[:16]!r})"
+    checksum = record.get("checksum")
+    if not isinstance(checksum, str) or checksum != record_checksum(record):
+        return "checksum mismatch: the file was changed after it was written"
+    fields = record.get("fields")
+    if not isinstance(fields, dict):
+        return "it has no field declarations"
+    for name, kind in fields.items():
+        if name not in record:
+            return f"field {name!r} is missing"
+        problem = _check_field(name, record[name], kind)
+        if problem:
+            return problem
+    undeclared = sorted(set(record) - set(fields) - set(_META))
+    if undeclared:
+        return f"undeclared fields {undeclared}"
+    return None
+
+
+class CaseStore:
+    """A directory holding one JSON record per finished case.
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        Created if missing.
+
+    Raises
+    ------
+    TypeError
+        If ``directory`` is not a path.
+    ValueError
+        If ``directory`` exists and is not a directory.
+    PermissionError
+        If ``directory`` cannot be created.
+    """
+
+    def __init__(self, directory):
+        if not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"store must be a directory path, got {type(directory).__name__}")
+        self.directory = Path(directory)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ValueError(f"store {str(self.directory)!r} exists and is not a directory")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PermissionError(
+                f"cannot create the study store {str(self.directory)!r} ({exc.strerror or exc}); "
+                "choose a writable directory for store=") from None
+
+    def path(self, key: str) -> Path:
+        """Where the record of case ``key`` lives (``key`` is validated: never a path)."""
+        return self.directory / f"{check_key(key)}.json"
+
+    def check_writable(self) -> None:
+        """Create and remove a probe file in the store; raise if that fails.
+
+        Raises
+        ------
+        PermissionError
+            Naming the directory, when a file cannot be created there (permissions, an
+            immutable or read-only file system, ...).
+        """
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".probe.", suffix=".tmp", dir=self.directory)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise PermissionError(
+                f"the study store {str(self.directory)!r} is not writable "
+                f"({exc.strerror or exc}); nothing was computed. Choose a writable directory "
+                "for store= (or fix its permissions)") from None
+
+    def load(self, key: str) -> dict | None:
+        """The stored record of ``key``, or ``None`` when absent or not trustworthy.
+
+        A record that cannot be trusted (see :func:`record_problem`) is reported with a
+        :class:`CorruptRecordWarning` naming its file, and ``None`` is returned so that the
+        case is recomputed.
+        """
+        path = self.path(key)
+        if not path.exists():
+            return None
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            problem = f"unreadable JSON ({exc})"
+        else:
+            problem = record_problem(record, key)
+        if problem is not None:
+            warnings.warn(f"study record {path} is corrupt: {problem}; the case is recomputed "
+                          "and the record rewritten", CorruptRecordWarning, stacklevel=3)
+            return None
+        return record
+
+    def save(self, key: str, record: dict) -> dict:
+        """Write ``record`` atomically (:func:`ctformer.atomic.write_atomic`); return it sealed.
+
+        The written record is ``record`` plus ``"schema"``, ``"fields"`` (the declared kind
+        of every result field) and ``"checksum"``; ``record`` is not modified.
+
+        Raises
+        ------
+        ValueError
+            If a result field holds NaN or inf (such a record would never be trusted).
+        """
+        sealed = seal_record(key, record)
+        bad = [name for name in sealed["fields"] if _nonfinite(sealed[name])]
+        if bad:
+            raise ValueError(f"case {key}: fields {bad} hold NaN or inf; not stored")
+        text = json.dumps(sealed, allow_nan=False)
+        write_atomic(self.path(key), text)
+        return sealed
+
+    def __repr__(self) -> str:
+        return f"CaseStore({str(self.directory)!r})"
+
+
+def seal_record(key: str, record: dict) -> dict:
+    """``record`` with ``key``, ``schema``, ``fields`` and ``checksum`` (JSON-ready copy)."""
+    body = _jsonable({k: v for k, v in record.items() if k not in ("schema", "fields", "checksum")})
+    body["key"] = key
+    body["schema"] = RECORD_SCHEMA
+    body["fields"] = {name: _field_kind(value) for name, value in body.items() if name not in _META}
+    body["checksum"] = record_checksum(body)
+    return body
+
+
+def _jsonable(value):
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
