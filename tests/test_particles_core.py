@@ -19,7 +19,7 @@ from scipy.optimize import brentq
 from ctformer import solvers
 from ctformer.particles import (CircleMeanField, ResolutionWarning, SelfAttentionDynamics, SolveInterrupted,
                                 linear_growth_rate, retract, sphere_tolerance, stability_function)
-from ctformer.particles import dynamics as dynamics_module
+from ctformer.particles import timegrid as timegrid_module
 from tests.conftest import fitted_order
 from tests.test_particles import exact_solution, sphere_points
 
@@ -261,7 +261,7 @@ def test_too_many_saved_states_are_refused_at_once(rng):
 def test_memory_bound_is_exact(rng, monkeypatch):
     x = sphere_points(rng, 4, 3)
     per_state = 4 * 3 * 8
-    monkeypatch.setattr(dynamics_module, "available_bytes", lambda like: 10 * per_state)
+    monkeypatch.setattr(timegrid_module, "available_bytes", lambda like: 10 * per_state)
     dyn = SelfAttentionDynamics(1.0)
     assert len(dyn.solve(x, 0.9, 0.1)) == 10  # 9 steps + t = 0: exactly fits
     with pytest.raises(ValueError, match=rf"11 states of {per_state} bytes: {11 * per_state} bytes needed .*, "

@@ -60,7 +60,8 @@ from scipy import optimize, special
 
 from .. import solvers
 from ..backend import backend_of, constant, get_backend, to_host
-from .dynamics import SolveInterrupted, _check_beta, check_finite, check_memory, saved_count, time_steps
+from .dynamics import _check_beta
+from .timegrid import SolveInterrupted, check_finite, check_memory, saved_count, time_steps
 
 __all__ = ["CircleMeanField", "MeanFieldSolution", "ResolutionWarning", "linear_growth_rate", "stability_function"]
 
@@ -201,10 +202,6 @@ class CircleMeanField:
         self._denominator = 2 * math.pi * scaled_i
         self._numerator = 2j * math.pi * scaled_half_diff * factor
         self._derivative = 1j * k
-
-    def __repr__(self) -> str:
-        kind = "SA" if self.normalized else "USA"
-        return f"CircleMeanField({kind}, beta={self.beta}, n_modes={self.n_modes})"
 
     def __repr__(self) -> str:
         kind = "SA" if self.normalized else "USA"

@@ -1,0 +1,150 @@
+r"""The time grid of a particle or mean-field solve: steps, saved states, memory, interrupts.
+
+A solve on :math:`[0, t_1]` takes :math:`\lceil t_1 / \Delta t \rceil` equal steps (the last one
+lands on :math:`t_1`) and keeps the state at :math:`t = 0`, every ``save_every``-th step and the
+end. Before any step, the saved states are checked against the free memory where the state
+lives; during the solve a NaN or inf is reported with the time interval where it appeared, and
+Ctrl-C ends with :class:`SolveInterrupted`, which carries what was computed.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import array_api_compat
+import numpy as np
+
+__all__ = ["SolveInterrupted", "Trajectory", "check_finite", "saved_count", "available_bytes",
+           "check_memory", "time_steps"]
+
+
+def _numpy_dtype(dtype) -> np.dtype:
+    """The NumPy dtype of a NumPy, CuPy, torch or array-API dtype."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return np.dtype(str(dtype).split(".")[-1])
+
+
+class SolveInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a long solve: a :class:`KeyboardInterrupt` that keeps what was computed.
+
+    ``str(exc)`` is one line saying when the solve stopped and what was kept; ``exc.result``
+    holds it (a :class:`Trajectory` for particles, a
+    :class:`~ctformer.particles.MeanFieldSolution` for the mean field): the saved states so
+    far and, last, the state after the last completed step. Being a ``KeyboardInterrupt``, it
+    still stops a script (and the ``ctformer`` command with status 130) unless caught.
+    """
+
+    def __init__(self, message: str, result):
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class Trajectory:
+    r"""Saved states of a particle simulation.
+
+    Attributes
+    ----------
+    times : numpy.ndarray, shape (T,)
+        Saved times, the first 0 and the last ``t1``.
+    positions : array, shape (T, n, d) or (T, batch, n, d)
+        Positions on the sphere at ``times`` (same array library as the initial condition).
+    """
+
+    times: np.ndarray
+    positions: object
+
+    @property
+    def final(self):
+        """Positions at the last saved time."""
+        return self.positions[-1, ...]
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+
+def check_finite(xp, state, what, t_start, t_end, scheme, h, hint="or the velocities overflow"):
+    """Raise FloatingPointError naming the time interval if ``state`` is not finite (one reduction)."""
+    if not bool(xp.all(xp.isfinite(state))):
+        raise FloatingPointError(
+            f"{what} became NaN or inf between t={t_start:.6g} and t={t_end:.6g} (scheme "
+            f"{getattr(scheme, 'name', type(scheme).__name__)!r}, dt={h:.6g}); the step may be "
+            f"too large {hint}"
+        )
+
+
+def saved_count(steps: int, save_every: int) -> int:
+    """Number of states a solve keeps: t = 0, every ``save_every``-th step, and the last."""
+    return 1 + steps // save_every + (1 if steps % save_every else 0)
+
+
+def available_bytes(like):
+    """Free memory where ``like`` lives (host RAM, or the CUDA device of a CuPy/torch array).
+
+    Returns None when it cannot be told.
+    """
+    try:
+        if array_api_compat.is_cupy_array(like):
+            import cupy  # already imported: like is a CuPy array
+
+            with like.device:
+                free, _ = cupy.cuda.runtime.memGetInfo()
+            return int(free) + int(cupy.get_default_memory_pool().free_bytes())
+        if array_api_compat.is_torch_array(like) and like.device.type == "cuda":
+            import torch  # already imported: like is a torch tensor
+
+            return int(torch.cuda.mem_get_info(like.device)[0])
+    except Exception:  # pragma: no cover - depends on the device
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    try:  # pragma: no cover - not Linux
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return None
+
+
+def check_memory(count: int, like, save_every: int, steps: int) -> None:
+    """Refuse, before any step, to keep ``count`` states like ``like`` when they cannot fit."""
+    per_state = math.prod(like.shape) * _numpy_dtype(like.dtype).itemsize
+    needed = count * per_state
+    free = available_bytes(like)
+    if free is not None and needed > free:
+        fit = max(1, free // per_state - 2)
+        hint = max(1, math.ceil(steps / fit))
+        raise ValueError(
+            f"saving with save_every={save_every} over {steps} steps keeps {count} states of "
+            f"{per_state} bytes: {needed} bytes needed ({needed / 2**30:.3g} GiB), {free} bytes "
+            f"available ({free / 2**30:.3g} GiB); raise save_every (to at least {hint}) or shorten t1"
+        )
+
+
+def _real_number(value, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def time_steps(t1, dt, save_every) -> tuple[int, float]:
+    """Validate a uniform time grid on ``[0, t1]``; return the step count and the exact step.
+
+    The step is ``t1 / ceil(t1 / dt)`` (at most ``dt``) so that the last step lands on ``t1``.
+    """
+    t1, dt = _real_number(t1, "t1"), _real_number(dt, "dt")
+    if not (math.isfinite(t1) and t1 >= 0):
+        raise ValueError(f"t1 must be finite and >= 0, got {t1}")
+    if not (math.isfinite(dt) and dt > 0):
+        raise ValueError(f"dt must be finite and > 0, got {dt}")
+    if isinstance(save_every, (bool, np.bool_)) or not isinstance(save_every, Integral) or save_every < 1:
+        raise ValueError(f"save_every must be a positive integer, got {save_every!r}")
+    steps = math.ceil(t1 / dt * (1 - 1e-12)) if t1 > 0 else 0
+    return steps, (t1 / steps if steps else 0.0)
