@@ -9,9 +9,10 @@ The public entry points:
 - :mod:`ctformer.solvers`: splitting and Runge-Kutta schemes,
 - :mod:`ctformer.bridges`: torch and HuggingFace networks as discretizations,
 - :mod:`ctformer.studies`: convergence studies,
-- :mod:`ctformer.particles`: tokens as particles on the sphere.
+- :mod:`ctformer.particles`: tokens as particles on the sphere,
+- :mod:`ctformer.adjoint`: gradients of a loss on the final state (torch).
 """
-from . import backend, discretizations, kernels, operators, solvers
+from . import adjoint, backend, discretizations, kernels, operators, solvers
 from .backend import get_backend
 from .state import Grids
 from .solvers import InconsistentDepthLimitWarning
@@ -20,7 +21,7 @@ from . import bridges
 
 __version__ = "0.1.0"
 __all__ = [
-    "backend", "discretizations", "kernels", "operators", "solvers", "bridges",
+    "backend", "discretizations", "kernels", "operators", "solvers", "bridges", "adjoint",
     "get_backend", "Grids", "Block", "ContinuousTransformer", "InconsistentDepthLimitWarning",
     "__version__",
 ]

@@ -480,11 +480,17 @@ class Convolution(Kernel):
 
         See :meth:`Kernel.apply` for the parameters.
         """
-        u = _as_input(u)
-        xp, axis = _check_input(u, inp, axis)
-        if out != inp or not self.is_uniform_periodic(inp):
+        if not (out == inp and _cached(inp, "uniform periodic", lambda: self.is_uniform_periodic(inp))):
             return super().apply(u, out, inp, axis)
+        if type(u) is not np.ndarray or u.dtype.kind != "f":
+            u = _as_input(u)
         n = len(inp.quadrature_nodes)
+        if type(u) is np.ndarray and axis in (-1, u.ndim - 1) and u.shape[-1] == n:
+            fft = backend_of(u).fft   # the hot path: no axis moves, no further checks
+            spectrum = fft.rfft(u, axis=-1)
+            symbol = constant(self, ("symbol", inp), lambda: self.symbol(inp), spectrum)
+            return fft.irfft(spectrum * symbol, n=n, axis=-1).astype(u.dtype, copy=False)
+        xp, axis = _check_input(u, inp, axis)
         moved = xp.moveaxis(u, axis, -1)
         # pyFFTW / cupyx for NumPy and CuPy, the namespace's own fft (torch.fft, ...) otherwise
         if array_api_compat.is_numpy_array(u) or array_api_compat.is_cupy_array(u):

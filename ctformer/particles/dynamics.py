@@ -470,7 +470,7 @@ class SelfAttentionDynamics:
             E.g. for ``"rk4"``: :math:`x_{k+1} = \Phi_{\Delta t}(x_k) / \|\Phi_{\Delta t}(x_k)\|`.
         """
         scheme = solvers.get(scheme)
-        dt = solvers.base.check_dt(dt)
+        dt = solvers.check_dt(dt)
         _, x = self._checked(x)
         return scheme.step(self.problem(x), x, dt)
 
