@@ -27,35 +27,13 @@ from __future__ import annotations
 import os
 import sys
 
-_CLEARED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-_MARK = "CTFORMER_BENCH_CLEARED_ENV"
-
-
-def _prepare_environment(argv):
-    """Fix thread counts and drop OpenBLAS overrides before NumPy is imported (re-exec)."""
-    threads = "2"
-    for i, arg in enumerate(argv):
-        if arg == "--threads" and i + 1 < len(argv):
-            threads = argv[i + 1]
-        elif arg.startswith("--threads="):
-            threads = arg.split("=", 1)[1]
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CTFORMER_NUM_THREADS"):
-        os.environ[name] = threads
-    if "--keep-env" in argv:
-        return
-    present = [name for name in _CLEARED if name in os.environ]
-    if present:
-        env = {key: value for key, value in os.environ.items() if key not in _CLEARED}
-        env[_MARK] = ",".join(f"{name}={os.environ[name]}" for name in present)
-        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], env)
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _environment import CLEARED as _CLEARED, MARK as _MARK, prepare, timed_block as _timed_block  # noqa: E402
 
 if __name__ == "__main__":
-    _prepare_environment(sys.argv[1:])
+    prepare(sys.argv[1:], __file__)
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -66,20 +44,7 @@ if REPO not in sys.path:
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 
 
-def timed_block(call, repeats, warmup_s=0.5):
-    """Warm ``call`` up for ``warmup_s`` seconds (at least twice), then the median of ``repeats``."""
-    t0 = time.perf_counter()
-    calls = 0
-    while calls < 2 or time.perf_counter() - t0 < warmup_s:
-        call()
-        calls += 1
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), min(times), max(times)
-
+timed_block = _timed_block
 
 def load_models():
     """(HuggingFace BertModel in float64, eval mode; ctformer continuous model)."""

@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import sys
-import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _environment import timed_block as _timed_block  # noqa: E402
 import numpy as np
 from scipy.special import erf
 
@@ -121,18 +121,8 @@ def plain_solve(u, p, scheme, steps=STEPS):
 
 
 def timed_block(call, repeats, warmup_s=0.3):
-    t0 = time.perf_counter()
-    calls = 0
-    while calls < 1 or time.perf_counter() - t0 < warmup_s:
-        call()
-        calls += 1
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
+    """The median time of ``call`` after a warm-up in its own block."""
+    return _timed_block(call, repeats, warmup_s, min_calls=1)[0]
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
