@@ -170,22 +170,9 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
             or is_dask_client(executor)):
         raise TypeError("executor must be None, a concurrent.futures.Executor or a "
                         f"dask.distributed.Client, got {type(executor).__name__}")
-    cases = list(cases)
-    for item in cases:
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise ValueError(f"cases must be (key, case) pairs, got {item!r}")
-        check_key(item[0])
+    cases = _checked_cases(cases)
     case_store = store if isinstance(store, CaseStore) else (None if store is None else CaseStore(store))
-    records: dict[str, dict] = {}
-    pending = []
-    for key, case in cases:
-        record = case_store.load(key) if case_store is not None else None
-        if record is None:
-            pending.append((key, case))
-        else:
-            records[key] = record
-    if pending and case_store is not None:
-        case_store.check_writable()
+    records, pending = _stored_records(case_store, cases)
     directory = None if case_store is None else str(case_store.directory)
     stored = [len(records)]  # records in the store, for the interrupt message
 
@@ -195,9 +182,7 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
                disable=not progress, file=sys.stderr, leave=True)
 
     def finish(key, case, output):
-        record = dict(output)
-        record["case"] = case
-        record = seal_record(key, record)
+        record = seal_record(key, {**dict(output), "case": case})
         bad = [name for name in record["fields"] if _nonfinite(record[name])]
         if case_store is not None and not bad:
             case_store.save(key, record)
@@ -209,26 +194,8 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
         bar.update(1)
 
     try:
-        if not pending:
-            pass
-        elif executor is None:
-            for key, case in pending:
-                finish(key, case, task(context, case))
-        elif is_dask_client(executor):
-            _run_dask(executor, task, context, pending, finish, stored, len(cases), directory)
-        else:
-            if isinstance(executor, concurrent.futures.ThreadPoolExecutor):
-                submit = lambda case: executor.submit(task, context, case)  # noqa: E731
-            else:
-                blob = _dumps((task, context))
-                submit = lambda case: executor.submit(_call_pickled, blob, case)  # noqa: E731
-            futures = {submit(case): (key, case) for key, case in pending}
-            try:
-                for future in concurrent.futures.as_completed(futures):
-                    finish(*futures[future], future.result())
-            finally:
-                for future in futures:
-                    future.cancel()
+        if pending:
+            _run_pending(executor, task, context, pending, finish, stored, len(cases), directory)
     except StudyInterrupted:
         raise
     except KeyboardInterrupt:
@@ -237,6 +204,53 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
     finally:
         bar.close()
     return {key: records[key] for key, _ in cases}
+
+
+def _checked_cases(cases) -> list:
+    """The (key, case) pairs, each key validated (it becomes a file name in the store)."""
+    cases = list(cases)
+    for item in cases:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise ValueError(f"cases must be (key, case) pairs, got {item!r}")
+        check_key(item[0])
+    return cases
+
+
+def _stored_records(case_store, cases) -> tuple[dict, list]:
+    """Trustworthy stored records, and the cases still to compute (store checked writable)."""
+    records, pending = {}, []
+    for key, case in cases:
+        record = case_store.load(key) if case_store is not None else None
+        if record is None:
+            pending.append((key, case))
+        else:
+            records[key] = record
+    if pending and case_store is not None:
+        case_store.check_writable()
+    return records, pending
+
+
+def _run_pending(executor, task, context, pending, finish, stored, total, directory):
+    """Compute the pending cases here, on an Executor, or on a Dask cluster."""
+    if executor is None:
+        for key, case in pending:
+            finish(key, case, task(context, case))
+        return
+    if is_dask_client(executor):
+        _run_dask(executor, task, context, pending, finish, stored, total, directory)
+        return
+    if isinstance(executor, concurrent.futures.ThreadPoolExecutor):
+        submit = lambda case: executor.submit(task, context, case)  # noqa: E731
+    else:
+        blob = _dumps((task, context))
+        submit = lambda case: executor.submit(_call_pickled, blob, case)  # noqa: E731
+    futures = {submit(case): (key, case) for key, case in pending}
+    try:
+        for future in concurrent.futures.as_completed(futures):
+            finish(*futures[future], future.result())
+    finally:
+        for future in futures:
+            future.cancel()
 
 
 def _run_dask(client, task, context, pending, finish, stored, total, directory):
