@@ -253,17 +253,13 @@ class Attention(Operator):
         arrays["w_tokens"] = None if np.all(w == w[0]) else w / grids.tokens.length
         return arrays
 
-    def _discretize(self, grids: Grids):
-        if self.mask == "causal" and getattr(grids.tokens, "dimension", 1) != 1:
-            raise ValueError(f"mask='causal' orders tokens on an interval; the token domain "
-                             f"{grids.tokens!r} is two-dimensional and has no causal order (and no "
-                             "convergence order for it): use mask=None")
-        host = self.host_arrays(grids)
-        heads, kv_heads, n_tokens = self.heads, self.kv_heads, grids.shape[0]
-        n_sigma = host["Q"].shape[1]
-        # One GEMM for all projections (queries pre-scaled by the head-feature weights):
-        # rows (H + 2 H_kv, nq_h) of one matrix, as torch's packed in-projection.
-        w_sigma = host["w_sigma"]
+    def _constants(self, host: dict, grids: Grids) -> Constants:
+        """The host constants of the discretized operator: one packed projection matrix
+        (queries pre-scaled by the head-feature weights; rows (H + 2 H_kv, nq_h), as torch's
+        packed in-projection), its bias, the output matrix, the temperatures (grouped by
+        key/value head), the token weights, the RoPE tables and the ALiBi slopes."""
+        heads, kv_heads = self.heads, self.kv_heads
+        n_sigma, groups, w_sigma = host["Q"].shape[1], heads // kv_heads, host["w_sigma"]
         stacked = np.concatenate([host["Q"] * w_sigma[None, :, None], host["K"], host["V"]])
         biases = [host[name] for name in ("b_Q", "b_K", "b_V")]
         bias = None
@@ -272,23 +268,31 @@ class Attention(Operator):
                       for b, count in zip(biases, (heads, kv_heads, kv_heads))]
             biases[0] = biases[0] * w_sigma
             bias = np.concatenate(biases).reshape(-1)
-        groups = heads // kv_heads
-        beta = host["beta"] if groups == 1 else host["beta"].reshape(kv_heads, groups)
-        rope = alibi = None
-        positions = None
-        if self.positions is not None or self.window is not None:
-            positions = grids.positions()
-        if isinstance(self.positions, RoPE):
-            rope = self.positions.tables(grids)
-        elif isinstance(self.positions, ALiBi):
+        rope = self.positions.tables(grids) if isinstance(self.positions, RoPE) else (None, None)
+        alibi = None
+        if isinstance(self.positions, ALiBi):
             alibi = self.positions.slopes_for(heads)
             alibi = alibi if groups == 1 else alibi.reshape(kv_heads, groups)
-        constants = Constants(
+        return Constants(
             QKV_t=np.ascontiguousarray(stacked.reshape(-1, stacked.shape[-1]).T),
-            b_QKV=bias, O=host["O"], b_O=host["b_O"], beta=beta, w_tokens=host["w_tokens"],
-            cos=None if rope is None else rope[0], sin=None if rope is None else rope[1],
-            slopes=alibi,
+            b_QKV=bias, O=host["O"], b_O=host["b_O"], w_tokens=host["w_tokens"],
+            beta=host["beta"] if groups == 1 else host["beta"].reshape(kv_heads, groups),
+            cos=rope[0], sin=rope[1], slopes=alibi,
         )
+
+    def _discretize(self, grids: Grids):
+        if self.mask == "causal" and getattr(grids.tokens, "dimension", 1) != 1:
+            raise ValueError(f"mask='causal' orders tokens on an interval; the token domain "
+                             f"{grids.tokens!r} is two-dimensional and has no causal order (and no "
+                             "convergence order for it): use mask=None")
+        host = self.host_arrays(grids)
+        heads, kv_heads, n_tokens = self.heads, self.kv_heads, grids.shape[0]
+        n_sigma = host["Q"].shape[1]
+        groups = heads // kv_heads
+        positions = grids.positions() if self.positions is not None or self.window is not None else None
+        constants = self._constants(host, grids)
+        rope = constants.host["cos"] is not None
+        alibi = constants.host["slopes"]
         mask, diagonal, window = self.mask, self.diagonal, self.window
         pattern = None if window is None else window_pattern(positions, window)
         local = window is not None or alibi is not None
@@ -305,7 +309,7 @@ class Attention(Operator):
             qkv = xp.moveaxis(xp.reshape(qkv, (*lead, n_tokens, heads + 2 * kv_heads, n_sigma)), -2, -3)
             q, k, v = qkv[..., :heads, :, :], qkv[..., heads:heads + kv_heads, :, :], \
                 qkv[..., heads + kv_heads:, :, :]
-            if rope is not None:
+            if rope:
                 cos, sin = constants("cos", u), constants("sin", u)
                 q, k = rotate(xp, q, cos, sin), rotate(xp, k, cos, sin)
             if groups > 1:  # head h = g * groups + r reads key/value head g (no copies)
