@@ -171,6 +171,8 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     numpy = isinstance(q, np.ndarray)
     if numpy and chunk is None and n * m * math.prod(lead) <= _CHUNK_ELEMENTS and n * m < _STREAM_MIN_ENTRIES:
         out = _small_numpy(qs, k, v, log_w, keep, causal, diag_shift)
+    elif numpy and chunk is None and n * m < _STREAM_MIN_ENTRIES and keep is None:
+        out = _small_numpy_blocks(qs, k, v, log_w, causal, diag_shift, lead)
     elif numpy and q.dtype in (np.float32, np.float64) and n * m >= _STREAM_MIN_ENTRIES:
         out = _stream_numpy(qs, k, v, log_w, keep, causal, diag_shift, lead, chunk)
     else:
@@ -196,6 +198,21 @@ def _small_numpy(qs, k, v, log_w, keep, causal, diag_shift):
     out = s @ v
     out /= s.sum(axis=-1, keepdims=True)
     return out
+
+
+def _small_numpy_blocks(qs, k, v, log_w, causal, diag_shift, lead):
+    """Many small (batch, head) problems: :func:`_small_numpy` on blocks of the flattened
+    leading axes, each block's scores at most ``_CHUNK_ELEMENTS`` entries."""
+    n, m, e = qs.shape[-2], k.shape[-2], v.shape[-1]
+    flat = [np.broadcast_to(a, (*lead, *a.shape[-2:])).reshape(-1, *a.shape[-2:]) for a in (qs, k, v)]
+    count = flat[0].shape[0]
+    step = max(1, _CHUNK_ELEMENTS // (n * m))
+    out = np.empty((count, n, e), dtype=np.result_type(qs.dtype, v.dtype))
+    for start in range(0, count, step):
+        block = slice(start, start + step)
+        out[block] = _small_numpy(flat[0][block], flat[1][block], flat[2][block], log_w, None,
+                                  causal, diag_shift)
+    return out.reshape(*lead, n, e)
 
 
 @lru_cache(maxsize=64)
