@@ -77,6 +77,16 @@ def _to_host(x):
     return to_host(x) if hasattr(x, "__array_namespace__") or hasattr(x, "detach") else x
 
 
+def is_host(value) -> bool:
+    """True for parameters held on the host (NumPy, numbers): discretizations of them are
+    cached. Arrays of another namespace (torch tensors handed in by ``with_parameters``) are
+    assembled afresh in their own namespace at every use, so autograd sees them and an
+    in-place update is never hidden behind a cached copy."""
+    if type(value) is np.ndarray or type(value) is float or value is None:
+        return True
+    return isinstance(value, (np.ndarray, np.generic)) or not array_api_compat.is_array_api_obj(value)
+
+
 def _reference_points(disc) -> np.ndarray:
     a, b = disc.domain
     return (np.asarray(disc.quadrature_nodes, dtype=np.float64) - a) / (b - a)
@@ -119,6 +129,10 @@ class Kernel(abc.ABC):
         """Named arrays of the kernel's numbers (a user function's own ``parameters()``, if any)."""
         return {}
 
+    def _host(self) -> bool:
+        """True when every parameter is on the host (the cached, NumPy assembly applies)."""
+        return all(is_host(v) for v in self.parameters().values())
+
     def matrix(self, out, inp) -> np.ndarray:
         r"""The host matrix :math:`A_{ij} = W(y_i, \eta_j) w_j` of shape ``(nq_out, nq_in)``.
 
@@ -147,6 +161,8 @@ class Kernel(abc.ABC):
 
         check_dense(len(out.quadrature_nodes), len(inp.quadrature_nodes),
                     f"the matrix of {self!r} on {out!r} x {inp!r}", "use smaller discretizations")
+        if not self._host():
+            return self._build_matrix(out, inp)    # in the parameters' namespace, not cached
         return _cached(self, ("matrix", out, inp), lambda: self._checked_matrix(out, inp))
 
     def _checked_matrix(self, out, inp) -> np.ndarray:
@@ -193,6 +209,10 @@ class Kernel(abc.ABC):
         TypeError
             If ``u`` is not a real floating array.
         """
+        if not self._host():
+            xp, axis = _check_input(u, inp, axis)
+            product = xp.moveaxis(u, axis, -1) @ xp.matrix_transpose(self.matrix(out, inp))
+            return xp.moveaxis(product, -1, axis)
         native = type(u) is np.ndarray  # lists take the checked path (they may hold inf)
         if not native or u.dtype.kind != "f":
             u = _as_input(u)
@@ -273,6 +293,9 @@ class PiecewiseConstant(Kernel):
         """``{"weight": A}``: the discrete weight, as many numbers as the ``nn.Linear`` has."""
         return {"weight": self.weight}
 
+    def _host(self) -> bool:
+        return type(self.weight) is np.ndarray
+
     @property
     def shape(self) -> tuple[int, int]:
         """``(d_out, d_in)``."""
@@ -294,7 +317,13 @@ class PiecewiseConstant(Kernel):
         # w_j / (cell width) is exactly 1 on Midpoint(d_in) and exactly 1/2 on Midpoint(2 d_in):
         # the discrete weight is reproduced bit for bit in the discrete limit.
         ratio = np.asarray(inp.quadrature_weights) / (inp.length / d_in)
-        return self.weight[i[:, None], j[None, :]] * ratio[None, :]
+        if is_host(self.weight):
+            return self.weight[i[:, None], j[None, :]] * ratio[None, :]
+        xp = array_api_compat.array_namespace(self.weight)
+        device = array_api_compat.device(self.weight)
+        rows = xp.take(self.weight, xp.asarray(i, device=device), axis=0)
+        return xp.take(rows, xp.asarray(j, device=device), axis=1) * xp.asarray(
+            ratio[None, :], dtype=self.weight.dtype, device=device)
 
 
 class Smooth(Kernel):
@@ -394,9 +423,18 @@ class SmoothRandom(Kernel):
         return {"coefficients": self.coefficients, "phase_out": self.phase_out,
                 "phase_in": self.phase_in}
 
+    def _host(self) -> bool:
+        return (type(self.coefficients) is np.ndarray and type(self.phase_out) is np.ndarray
+                and type(self.phase_in) is np.ndarray)
+
     def _basis(self, s, phase):
         s = np.asarray(s, dtype=np.float64)
-        return np.cos(np.pi * np.arange(self.modes) * s[..., None] + phase)
+        if is_host(phase):
+            return np.cos(np.pi * np.arange(self.modes) * s[..., None] + phase)
+        xp = array_api_compat.array_namespace(phase)
+        grid = xp.asarray(np.pi * np.arange(self.modes) * s[..., None], dtype=phase.dtype,
+                          device=array_api_compat.device(phase))
+        return xp.cos(grid + phase)
 
     def evaluate(self, s, t):
         s, t = np.broadcast_arrays(np.asarray(s, dtype=np.float64), np.asarray(t, dtype=np.float64))
@@ -406,7 +444,17 @@ class SmoothRandom(Kernel):
     def _build_matrix(self, out, inp):
         b_out = self._basis(_reference_points(out), self.phase_out)
         b_in = self._basis(_reference_points(inp), self.phase_in)
-        return (b_out @ self.coefficients @ b_in.T) * (np.asarray(inp.quadrature_weights) / inp.length)[None, :]
+        w = (np.asarray(inp.quadrature_weights) / inp.length)[None, :]
+        if self._host():
+            return (b_out @ self.coefficients @ b_in.T) * w
+        xp = array_api_compat.array_namespace(*(v for v in self.parameters().values() if not is_host(v)))
+        like = next(v for v in self.parameters().values() if not is_host(v))
+        device = array_api_compat.device(like)
+
+        def on(a):
+            return a if not is_host(a) else xp.asarray(np.asarray(a), dtype=like.dtype, device=device)
+
+        return (on(b_out) @ on(self.coefficients) @ xp.matrix_transpose(on(b_in))) * on(w)
 
 
 class Convolution(Kernel):

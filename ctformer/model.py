@@ -27,9 +27,12 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import numpy as np
+
 from . import solvers
 from .discretizations import Discretization, Midpoint, as_discretization
-from .operators.functions import named_parameters
+from .kernels import is_host
+from .operators.functions import assign_parameter, named_parameters
 from .model_inputs import (as_state_array, check_padding_mask, check_steps, renamed_keyword,
                            warn_renamed)
 from .random_models import random_layers
@@ -264,6 +267,61 @@ class ContinuousTransformer:
         """
         return named_parameters(blocks=self.blocks, final_normalization=self.final_normalization)
 
+    def with_parameters(self, params) -> "ContinuousTransformer":
+        r"""The same model with its parameters replaced by ``params`` (same names as :meth:`parameters`).
+
+        Parameters
+        ----------
+        params : mapping
+            Every name of :meth:`parameters`, each with an array of the same shape: NumPy
+            arrays, or torch tensors (then a solve with a torch ``u0`` differentiates with
+            respect to them: ``params = {k: torch.tensor(v, requires_grad=True) ...}``,
+            ``model.with_parameters(params).solve(u0, ...)``, ``loss.backward()``).
+
+        Returns
+        -------
+        ContinuousTransformer
+            A new model; this one is unchanged. Operators holding tensors are discretized
+            afresh at every solve (never cached), so in-place updates of the tensors (an
+            optimizer step) are always seen.
+
+        Raises
+        ------
+        KeyError
+            For missing or unknown names (listed).
+        ValueError
+            For an array of another shape than the parameter's.
+        """
+        import copy
+
+        own = self.parameters()
+        missing, unknown = sorted(set(own) - set(params)), sorted(set(params) - set(own))
+        if missing or unknown:
+            raise KeyError(f"params must have exactly the names of parameters(): missing {missing[:5]}"
+                           f"{' ...' if len(missing) > 5 else ''}, unknown {unknown[:5]}"
+                           f"{' ...' if len(unknown) > 5 else ''}")
+        for name, value in params.items():
+            if tuple(getattr(value, "shape", np.shape(value))) != tuple(np.shape(own[name])):
+                raise ValueError(f"params[{name!r}] has shape {tuple(value.shape)}, the parameter has "
+                                 f"shape {tuple(np.shape(own[name]))}")
+        model = copy.deepcopy(self)
+        for name, value in params.items():
+            assign_parameter(model, name, value)
+        return model
+
+    def _check_namespaces(self, u) -> None:
+        """A state and tensor parameters must live in one namespace and on one device."""
+        tensors = [v for v in self.parameters().values() if not is_host(v)]
+        if not tensors:
+            return
+        like = tensors[0]
+        if type(u) is not type(like) or getattr(u, "device", None) != getattr(like, "device", None):
+            raise TypeError(
+                f"the state is a {type(u).__module__}.{type(u).__name__} on "
+                f"{getattr(u, 'device', 'cpu')}, the parameters are {type(like).__module__}."
+                f"{type(like).__name__} on {getattr(like, 'device', 'cpu')}: pass u0 in the "
+                "parameters' namespace and on their device")
+
     # -- grids ---------------------------------------------------------------------------
     def grids(self, tokens, features, head_features=None, hidden=None, context_length=None) -> Grids:
         """The :class:`ctformer.Grids` used by :meth:`solve` for these choices."""
@@ -351,6 +409,7 @@ class ContinuousTransformer:
             solvers.warn_inconsistent_depth("steps_per_layer > 1 on a post-norm model whose "
                                             "normalization is not a projection", stacklevel=2)
         u, grids = self._initial_state(u0, tokens, features, head_features, hidden, context_length)
+        self._check_namespaces(u)
         if padding_mask is not None:
             if not grids.is_nodal:
                 raise ValueError("padding_mask needs nodal token and feature discretizations, "

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 
+import array_api_compat
 import numpy as np
 
 from .discretizations import Midpoint
-from .kernels import SmoothRandom
+from .kernels import SmoothRandom, is_host
 from .operators import ALiBi, Attention, FeedForward, GatedFeedForward, LayerNormProjection, RMSNorm, RoPE
 
 __all__ = ["random_layers", "PLACEMENTS", "KERNEL_SCALE", "NORMALIZATIONS", "FEEDFORWARDS", "POSITIONS"]
@@ -43,11 +44,18 @@ class _Trig:
         self.offset, self.amplitude, self.frequency, self.phase = offset, amplitude, frequency, phase
 
     def __call__(self, y):
-        return self.offset + self.amplitude * np.sin(np.pi * self.frequency * np.asarray(y) + self.phase)
+        tensors = [v for v in (self.offset, self.amplitude, self.frequency, self.phase) if not is_host(v)]
+        if not tensors:
+            return self.offset + self.amplitude * np.sin(np.pi * self.frequency * np.asarray(y) + self.phase)
+        xp = array_api_compat.array_namespace(*tensors)   # parameters handed in as tensors
+        y = xp.asarray(np.asarray(y, dtype=np.float64), dtype=tensors[0].dtype,
+                       device=array_api_compat.device(tensors[0]))
+        return self.offset + self.amplitude * xp.sin(math.pi * self.frequency * y + self.phase)
 
     def parameters(self) -> dict:
         """The four numbers of the function, as 0-d arrays."""
-        return {name: np.asarray(float(getattr(self, name)))
+        return {name: (np.asarray(float(getattr(self, name))) if is_host(getattr(self, name))
+                       else getattr(self, name))
                 for name in ("offset", "amplitude", "frequency", "phase")}
 
     def __repr__(self):

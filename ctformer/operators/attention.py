@@ -34,18 +34,21 @@ from __future__ import annotations
 
 from numbers import Real
 
+import array_api_compat
 import numpy as np
 
 from ..backend import namespace
-from ..kernels import Kernel
+from ..kernels import Kernel, is_host
 from ..model_inputs import renamed_keyword
 from .base import Constants, Grids, Operator
-from .functions import as_feature_function, evaluate_stack, named_parameters
+from .functions import as_feature_function, named_parameters
 from .local_attention import local_attention, window_pattern
 from .positions import ALiBi, RoPE, rotate
 from .quadrature_attention import quadrature_attention
 
 __all__ = ["Attention"]
+
+_NUMPY = array_api_compat.array_namespace(np.zeros(1))
 
 
 def _kernel_list(kernels, name: str) -> list:
@@ -238,15 +241,20 @@ class Attention(Operator):
             ``"w_tokens"``: ``(nq_x,)`` or None when uniform.
         """
         y, sigma = grids.features, grids.head_features
-        arrays = {name: np.stack([k.matrix(sigma, y) for k in getattr(self, f"W_{name}")])
+        xp, on = _assembly(self.parameters())
+        arrays = {name: xp.stack([on(k.matrix(sigma, y)) for k in getattr(self, f"W_{name}")])
                   for name in ("Q", "K", "V")}
-        w_o = np.stack([k.matrix(y, sigma) for k in self.W_O])  # (H, nq_y, nq_h)
-        arrays["O"] = np.ascontiguousarray(np.transpose(w_o, (0, 2, 1)).reshape(-1, w_o.shape[1]))
+        w_o = xp.stack([on(k.matrix(y, sigma)) for k in self.W_O])  # (H, nq_y, nq_h)
+        arrays["O"] = xp.reshape(xp.permute_dims(w_o, (0, 2, 1)), (-1, w_o.shape[1]))
         for name in ("b_Q", "b_K", "b_V"):
             bs = getattr(self, name)
-            stacked = None if bs is None else evaluate_stack(bs, sigma, name)
-            arrays[name] = None if stacked is None else stacked[:, None, :]
-        arrays["b_O"] = self.b_O.evaluate(y)
+            if bs is None or all(b.is_none for b in bs):
+                arrays[name] = None
+                continue
+            rows = [b.evaluate(sigma) for b in bs]
+            zeros = np.zeros(len(sigma.quadrature_nodes))
+            arrays[name] = xp.stack([on(zeros if r is None else r) for r in rows])[:, None, :]
+        arrays["b_O"] = None if self.b_O.is_none else on(self.b_O.evaluate(y))
         arrays["w_sigma"] = np.asarray(sigma.quadrature_weights, dtype=np.float64) / sigma.length
         arrays["beta"] = np.asarray(self.beta)
         w = np.asarray(grids.tokens.quadrature_weights, dtype=np.float64)
@@ -259,22 +267,25 @@ class Attention(Operator):
         packed in-projection), its bias, the output matrix, the temperatures (grouped by
         key/value head), the token weights, the RoPE tables and the ALiBi slopes."""
         heads, kv_heads = self.heads, self.kv_heads
-        n_sigma, groups, w_sigma = host["Q"].shape[1], heads // kv_heads, host["w_sigma"]
-        stacked = np.concatenate([host["Q"] * w_sigma[None, :, None], host["K"], host["V"]])
+        xp, on = _assembly(self.parameters())
+        n_sigma, groups = host["Q"].shape[1], heads // kv_heads
+        w_sigma = on(host["w_sigma"])
+        stacked = xp.concat([host["Q"] * w_sigma[None, :, None], host["K"], host["V"]])
         biases = [host[name] for name in ("b_Q", "b_K", "b_V")]
         bias = None
         if any(b is not None for b in biases):
-            biases = [np.zeros((count, 1, n_sigma)) if b is None else b
+            biases = [on(np.zeros((count, 1, n_sigma))) if b is None else b
                       for b, count in zip(biases, (heads, kv_heads, kv_heads))]
             biases[0] = biases[0] * w_sigma
-            bias = np.concatenate(biases).reshape(-1)
+            bias = xp.reshape(xp.concat(biases), (-1,))
         rope = self.positions.tables(grids) if isinstance(self.positions, RoPE) else (None, None)
         alibi = None
         if isinstance(self.positions, ALiBi):
             alibi = self.positions.slopes_for(heads)
             alibi = alibi if groups == 1 else alibi.reshape(kv_heads, groups)
+        qkv_t = xp.matrix_transpose(xp.reshape(stacked, (-1, stacked.shape[-1])))
         return Constants(
-            QKV_t=np.ascontiguousarray(stacked.reshape(-1, stacked.shape[-1]).T),
+            QKV_t=np.ascontiguousarray(qkv_t) if isinstance(qkv_t, np.ndarray) else qkv_t,
             b_QKV=bias, O=host["O"], b_O=host["b_O"], w_tokens=host["w_tokens"],
             beta=host["beta"] if groups == 1 else host["beta"].reshape(kv_heads, groups),
             cos=rope[0], sin=rope[1], slopes=alibi,
@@ -364,6 +375,24 @@ def _padding(xp, key_mask, u, n_tokens, diagonal):
     if diagonal == "half":
         raise ValueError("padding_mask cannot be combined with diagonal='half'; use diagonal='full'")
     return km
+
+
+def _assembly(parameters: dict):
+    """``(xp, on)`` for assembling the discretized constants: NumPy and the identity for host
+    parameters; for tensors handed in by ``with_parameters``, their namespace and the
+    conversion of a host array into it (same dtype and device), so autograd sees the
+    assembly."""
+    tensors = [v for v in parameters.values() if not is_host(v)]
+    if not tensors:
+        return _NUMPY, lambda a: a
+    like = tensors[0]
+    xp = array_api_compat.array_namespace(*tensors)
+    device = array_api_compat.device(like)
+
+    def on(a):
+        return xp.asarray(np.asarray(a), dtype=like.dtype, device=device) if is_host(a) else a
+
+    return xp, on
 
 
 def _key_mask(xp, key_mask, u, n_tokens, mask, diagonal):

@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from ..backend import constant
+from ..kernels import is_host
 from ..state import Grids
 
 __all__ = ["Grids", "Operator", "Constants"]
@@ -41,13 +42,18 @@ class Constants:
     cache entry with it) while nothing else refers to it.
     """
 
-    __slots__ = ("host", "_numpy", "__weakref__")
+    __slots__ = ("host", "_numpy", "_tensors", "__weakref__")
 
     def __init__(self, **host):
         self.host = host
         self._numpy = {}  # (name, dtype) -> array, for NumPy states: one dict lookup per use
+        # values assembled from tensors (with_parameters) are used as they are: they already
+        # live in the state's namespace, and autograd must see them
+        self._tensors = frozenset(k for k, v in host.items() if not is_host(v))
 
     def __call__(self, name, like):
+        if name in self._tensors:
+            return self.host[name]
         if type(like) is np.ndarray:
             key = (name, like.dtype)
             found = self._numpy.get(key, self)
@@ -90,6 +96,9 @@ class Operator(abc.ABC):
         """
         if not isinstance(grids, Grids):
             raise TypeError(f"grids must be a ctformer.operators.Grids, got {type(grids).__name__}")
+        parameters = getattr(self, "parameters", None)
+        if callable(parameters) and not all(is_host(v) for v in parameters().values()):
+            return self._discretize(grids)   # tensors (with_parameters): rebuilt, never cached
         cache = _DISCRETIZED.get(self)
         if cache is None:
             cache = _DISCRETIZED.setdefault(self, {})

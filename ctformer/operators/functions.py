@@ -23,12 +23,14 @@ from __future__ import annotations
 import math
 from numbers import Real
 
+import array_api_compat
 import numpy as np
 
 from ..discretizations.base import real_host_array
-from ..kernels import _to_host, cell_index
+from ..kernels import is_host, _to_host, cell_index
 
-__all__ = ["FeatureFunction", "as_feature_function", "evaluate_stack", "cell_index", "named_parameters"]
+__all__ = ["FeatureFunction", "as_feature_function", "cell_index", "named_parameters",
+           "assign_parameter"]
 
 
 class FeatureFunction:
@@ -99,6 +101,16 @@ class FeatureFunction:
             self.kind = "piecewise-constant"
             self.spec = values
 
+    def _evaluate_in_namespace(self, disc):
+        """Values at the nodes when the spec is an array of another namespace (torch)."""
+        xp = array_api_compat.array_namespace(self.spec)
+        device = array_api_compat.device(self.spec)
+        nodes = disc.quadrature_nodes
+        if self.kind == "constant":
+            return self.spec * xp.ones(nodes.shape, dtype=self.spec.dtype, device=device)
+        index = cell_index(nodes, disc.domain, self.spec.shape[0])
+        return xp.take(self.spec, xp.asarray(index, device=device), axis=0)
+
     def parameters(self) -> dict:
         """The numbers of the function: ``{"": array}`` for a number or an array of cell
         values, a callable's own ``parameters()`` when it has one, else nothing."""
@@ -107,7 +119,7 @@ class FeatureFunction:
         if self.kind == "callable":
             own = getattr(self.spec, "parameters", None)
             return dict(own()) if callable(own) else {}
-        return {"": np.asarray(self.spec, dtype=np.float64)}
+        return {"": np.asarray(self.spec, dtype=np.float64) if is_host(self.spec) else self.spec}
 
     @property
     def is_none(self) -> bool:
@@ -142,12 +154,17 @@ class FeatureFunction:
         nodes = disc.quadrature_nodes
         if self.kind == "none":
             return None
+        if not is_host(self.spec):   # a tensor handed in by with_parameters: stay in its namespace
+            return self._evaluate_in_namespace(disc)
         if self.kind == "constant":
             return np.full(nodes.shape, self.spec)
         if self.kind == "piecewise-constant":
             return self.spec[cell_index(nodes, disc.domain, self.spec.size)]
         a, b = disc.domain
         reference = (np.asarray(nodes, dtype=np.float64) - a) / (b - a)
+        if callable(getattr(self.spec, "parameters", None)) and not all(
+                is_host(v) for v in self.spec.parameters().values()):
+            return self.spec(reference)          # a parametrized function of tensors
         values = real_host_array(_to_host(self.spec(reference)), f"{self.name}: the callable")
         values = np.broadcast_to(values, nodes.shape).copy() if values.ndim == 0 else values
         if values.shape != nodes.shape:
@@ -184,18 +201,6 @@ def as_feature_function(spec, name: str = "feature function") -> FeatureFunction
     return FeatureFunction(spec, name)
 
 
-def evaluate_stack(specs, disc, name: str) -> np.ndarray | None:
-    """Stack the values of several feature functions at ``disc``'s nodes into shape (H, nq).
-
-    Absent (``None``) members give zero rows; returns ``None`` when all are absent.
-    """
-    funcs = [as_feature_function(s, f"{name}[{h}]") for h, s in enumerate(specs)]
-    if all(f.is_none for f in funcs):
-        return None
-    nq = disc.quadrature_nodes.size
-    return np.stack([np.zeros(nq) if f.is_none else f.evaluate(disc) for f in funcs])
-
-
 def named_parameters(**components) -> dict:
     """Flatten the ``parameters()`` of named components into one ``name -> array`` mapping.
 
@@ -213,3 +218,36 @@ def named_parameters(**components) -> dict:
         for name, value in component.parameters().items():
             out[f"{prefix}.{name}" if name else prefix] = value
     return out
+
+
+def assign_parameter(root, name: str, value) -> None:
+    """Put ``value`` where :func:`named_parameters` found the parameter ``name`` of ``root``.
+
+    The dotted path walks attributes and list indices; a feature function takes the value as
+    its numbers (``"b_O"``), or passes the rest of the path to its parametrized callable
+    (``"b_O.phase"``).
+
+    Raises
+    ------
+    KeyError
+        If the path does not lead to a parameter.
+    """
+    parts = name.split(".")
+    holder, obj = None, root
+    for depth, part in enumerate(parts):
+        if isinstance(obj, FeatureFunction):
+            if obj.kind != "callable":
+                raise KeyError(f"parameter {name!r}: {'.'.join(parts[:depth])} has no part {part!r}")
+            obj = obj.spec
+        holder = obj
+        try:
+            obj = obj[int(part)] if isinstance(obj, (list, tuple)) else getattr(obj, part)
+        except (AttributeError, IndexError, ValueError):
+            raise KeyError(f"parameter {name!r} does not exist (no {part!r} in "
+                           f"{type(holder).__name__})") from None
+    if isinstance(obj, FeatureFunction):
+        obj.spec = value
+    elif isinstance(holder, list):
+        holder[int(parts[-1])] = value
+    else:
+        setattr(holder, parts[-1], value)
