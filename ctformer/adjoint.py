@@ -9,7 +9,13 @@ respect to the initial state is :math:`\lambda(0)`, where the adjoint state solv
     -\lambda'(t) = \Big(\sum_k \frac{\partial f_k}{\partial u}(u(t))\Big)^{\!T} \lambda(t), \qquad
     \lambda(T) = \Big(\frac{\partial N}{\partial u}(u(T))\Big)^{\!T} \nabla J .
 
-Two routes give it (:func:`gradient`):
+The gradient with respect to a parameter :math:`\theta` of layer :math:`l` is
+
+.. math::  \frac{dJ}{d\theta} = \int_l^{l+1} \lambda(t) \cdot \frac{\partial f}{\partial \theta}(u(t))\, dt ,
+
+accumulated during the same backward solve.
+
+Two routes give both (:func:`gradient`):
 
 * ``route="autograd"`` (discretize, then optimize): torch's autograd differentiates the
   discrete solve; this is the exact gradient of the discrete map.
@@ -42,21 +48,45 @@ def _torch():
     return torch
 
 
-def _vjp(torch, f: Callable, u, cotangent):
-    """:math:`(\\partial f / \\partial u)^T` ``cotangent`` at ``u`` (one local autograd call)."""
+class _Augmented:
+    """The backward state ``(z, g)``: ``z = stack(u, lambda)`` and the flat parameter
+    gradient ``g``; adds and scales like one array, so every scheme can step it."""
+
+    __slots__ = ("z", "g")
+
+    def __init__(self, z, g):
+        self.z, self.g = z, g
+
+    def __add__(self, other):
+        return _Augmented(self.z + other.z, self.g + other.g)
+
+    def __rmul__(self, scalar):
+        return _Augmented(scalar * self.z, scalar * self.g)
+
+    __mul__ = __rmul__
+
+
+def _vjps(torch, f: Callable, u, cotangent, params):
+    r""":math:`(\partial f/\partial u)^T c` and the flat :math:`(\partial f/\partial \theta)^T c`."""
     with torch.enable_grad():
         x = u.detach().requires_grad_(True)
-        (out,) = torch.autograd.grad(f(x), x, grad_outputs=cotangent)
-    return out
+        out = f(x)
+        # retain: the operators' constants were assembled from the parameters once, for the whole solve
+        grads = torch.autograd.grad(out, [x, *params], grad_outputs=cotangent, allow_unused=True,
+                                    retain_graph=bool(params))
+    flat = [torch.zeros_like(p).reshape(-1) if g is None else g.reshape(-1)
+            for p, g in zip(params, grads[1:])]
+    return out.detach(), grads[0], (torch.cat(flat) if flat else cotangent.new_zeros(0))
 
 
-def _backward_problem(torch, problem: solvers.SplitProblem) -> solvers.SplitProblem:
-    """The time-reversed augmented problem on z = stack(u, lambda), sub-flows in reverse order."""
+def _backward_problem(torch, problem: solvers.SplitProblem, params) -> solvers.SplitProblem:
+    """The time-reversed augmented problem on (stack(u, lambda), g), sub-flows reversed."""
 
     def reversed_flow(f):
-        def g(z):
-            u, lam = z[0], z[1]
-            return torch.stack([-f(u).detach(), _vjp(torch, f, u, lam)])
+        def g(state):
+            u, lam = state.z[0], state.z[1]
+            value, u_bar, theta_bar = _vjps(torch, f, u, lam, params)
+            return _Augmented(torch.stack([-value, u_bar]), theta_bar)
 
         return g
 
@@ -64,8 +94,9 @@ def _backward_problem(torch, problem: solvers.SplitProblem) -> solvers.SplitProb
 
 
 def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None, hidden=None,
-             scheme="euler", steps_per_layer: int = 1, route: str = "adjoint"):
-    r"""The gradient of ``loss(u(T))`` with respect to the initial state ``u0``.
+             scheme="euler", steps_per_layer: int = 1, route: str = "adjoint",
+             parameters: bool = False):
+    r"""The gradient of ``loss(u(T))`` with respect to ``u0`` (and the model's parameters).
 
     Parameters
     ----------
@@ -83,11 +114,14 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
         Steps per layer.
     route : {"adjoint", "autograd"}
         Optimize-then-discretize (backward adjoint solve) or discretize-then-optimize.
+    parameters : bool
+        Also return the gradient with respect to every parameter of ``model.parameters()``.
 
     Returns
     -------
-    torch.Tensor
-        :math:`\partial J / \partial u_0`, the shape of ``u0``.
+    torch.Tensor or (torch.Tensor, dict)
+        :math:`\partial J / \partial u_0` (the shape of ``u0``); with ``parameters=True``
+        also a dict name -> gradient (the shapes of the parameters).
 
     Raises
     ------
@@ -101,12 +135,17 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
         raise TypeError(f"u0 must be a torch tensor for gradients, got {type(u0).__name__}")
     if route not in ("adjoint", "autograd"):
         raise ValueError(f"route must be 'adjoint' or 'autograd', got {route!r}")
+    names = sorted(model.parameters())
+    tensors = {n: torch.as_tensor(model.parameters()[n], dtype=u0.dtype, device=u0.device)
+               .detach().clone().requires_grad_(parameters) for n in names}
+    model = model.with_parameters(tensors)
+    params = [tensors[n] for n in names] if parameters else []
     kw = dict(tokens=tokens, features=features, head_features=head_features, hidden=hidden,
               scheme=scheme, steps_per_layer=steps_per_layer)
     if route == "autograd":
         x = u0.detach().requires_grad_(True)
-        (grad,) = torch.autograd.grad(loss(model.solve(x, **kw)), x)
-        return grad
+        grads = torch.autograd.grad(loss(model.solve(x, **kw)), [x, *params])
+        return _result(grads[0], names, grads[1:], parameters)
 
     grids = model.grids(tokens, features, head_features, hidden)
     problems = [block.split_problem(grids) for block in model.blocks]
@@ -121,11 +160,22 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     final = grids.lift(final.discretize(grids)) if final is not None else (lambda v: v)
     with torch.enable_grad():
         x = u_t.detach().requires_grad_(True)
-        (lam,) = torch.autograd.grad(loss(final(x)), x)
-    z = torch.stack([u_t.detach(), lam])
+        terminal = torch.autograd.grad(loss(final(x)), [x, *params], allow_unused=True)
+    lam = terminal[0]
+    flat = [torch.zeros_like(p).reshape(-1) if g is None else g.reshape(-1)
+            for p, g in zip(params, terminal[1:])]
+    state = _Augmented(torch.stack([u_t.detach(), lam]), torch.cat(flat) if flat else lam.new_zeros(0))
     dt = 1.0 / steps_per_layer
     for problem in reversed(problems):
-        backward = _backward_problem(torch, problem)
+        backward = _backward_problem(torch, problem, params)
         for _ in range(steps_per_layer):
-            z = integrator.step(backward, z, dt)
-    return z[1]
+            state = integrator.step(backward, state, dt)
+    sizes = [p.numel() for p in params]
+    chunks = torch.split(state.g, sizes) if params else []
+    return _result(state.z[1], names, [c.reshape(p.shape) for c, p in zip(chunks, params)], parameters)
+
+
+def _result(u0_grad, names, grads, parameters):
+    if not parameters:
+        return u0_grad
+    return u0_grad, dict(zip(names, grads))

@@ -17,7 +17,7 @@ from .conftest import require
 matplotlib.use("Agg")
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("plot_*.py"))
-NEEDS = {"plot_minilm_clustering": ("torch", "transformers"),
+NEEDS = {"plot_minilm_clustering": ("torch", "transformers"), "plot_train_coarse": ("torch",),
          "plot_real_transformer": ("torch", "transformers")}
 
 
@@ -129,6 +129,13 @@ def check_rope_refinement(g):
     gauss = np.array(g["gauss_errors"])
     assert np.all(np.diff(np.log(gauss)) < 0) and gauss[-1] < 1e-9     # spectral
     assert gauss[-1] < 1e-4 * np.array(g["midpoint_errors"])[-1]
+
+
+def check_train_coarse(g):
+    losses = g["losses"]
+    assert losses[-1] < 0.01 * losses[0]                      # training converges
+    assert g["fine_error"] < 0.1 * g["initial_fine_error"]    # learned at coarse, holds at fine
+    assert abs(g["fine_error"] - g["coarse_error"]) < 0.2 * g["coarse_error"]   # same distance
 
 
 def check_token_convergence(g):

@@ -103,7 +103,28 @@ def test_gradient_of_the_discrete_limit_equals_torch_autograd(torch):
     x_ref = x.clone().requires_grad_(True)
     (enc(x_ref) * weights).sum().backward()
     x_ours = x.clone().requires_grad_(True)
-    (from_torch(enc).run(x_ours) * weights).sum().backward()
+    ours = from_torch(enc).run(x_ours)
+    np.testing.assert_allclose(ours.detach().numpy(), from_torch(enc).run(x.numpy()), rtol=1e-13, atol=1e-13)
+    (ours * weights).sum().backward()
+    err = (x_ours.grad - x_ref.grad).abs().max() / x_ref.grad.abs().max()
+    assert float(err) < 1e-12
+
+
+@pytest.mark.transformers
+def test_gradient_of_minilm_equals_huggingface_autograd(torch):
+    """The pretrained MiniLM (post-norm BERT) on a few tokens: d/dx of the discrete limit in
+    torch equals HuggingFace's autograd of its encoder (float64, eager attention)."""
+    require("transformers")
+    from ctformer.bridges import minilm
+
+    model = minilm.load()[0]
+    x = torch.randn(1, 6, 384, dtype=torch.float64) * 0.5
+    weights = torch.randn(1, 6, 384, dtype=torch.float64)
+    x_ref = x.clone().requires_grad_(True)
+    (model.encoder(x_ref).last_hidden_state * weights).sum().backward()
+    x_ours = x.clone().requires_grad_(True)
+    ours = minilm.continuous_model().run(x_ours)
+    (ours * weights).sum().backward()
     err = (x_ours.grad - x_ref.grad).abs().max() / x_ref.grad.abs().max()
     assert float(err) < 1e-12
 
