@@ -119,6 +119,19 @@ def _activation(activation) -> tuple:
     return name, get_activation(activation)
 
 
+def _linear(kernel, out, inp):
+    r"""The discretized map :math:`v \mapsto \int W(\cdot, \eta) v(\eta) d\eta` along the last axis.
+
+    A dense kernel with host parameters becomes one product with its transposed matrix, held
+    by a :class:`Constants` (a dictionary lookup per use); kernels with their own algorithm
+    (FFT convolutions) or with tensor parameters go through :meth:`Kernel.apply`.
+    """
+    if type(kernel).apply is Kernel.apply and kernel._host():
+        constants = Constants(matrix_t=np.ascontiguousarray(kernel.matrix(out, inp).T))
+        return lambda v: v @ constants("matrix_t", v)
+    return lambda v: kernel.apply(v, out, inp, axis=-1)
+
+
 def _check_kernel(kernel, name):
     if not isinstance(kernel, Kernel):
         raise TypeError(f"{name} must be a ctformer.kernels.Kernel, got {type(kernel).__name__}")
@@ -200,14 +213,14 @@ class FeedForward(Operator):
     def _discretize(self, grids: Grids):
         y, r = grids.features, grids.hidden
         constants = Constants(b_1=self.b_1.evaluate(r), b_2=self.b_2.evaluate(y))
-        w_1, w_2, phi = self.W_1, self.W_2, self.phi
+        w_1, w_2, phi = _linear(self.W_1, r, y), _linear(self.W_2, y, r), self.phi
 
         def feedforward(u):
-            z = w_1.apply(u, r, y, axis=-1)
+            z = w_1(u)
             b_1 = constants("b_1", u)
             if b_1 is not None:
                 z = z + b_1
-            out = w_2.apply(phi(z), y, r, axis=-1)
+            out = w_2(phi(z))
             b_2 = constants("b_2", u)
             return out if b_2 is None else out + b_2
 
@@ -268,17 +281,18 @@ class GatedFeedForward(Operator):
         y, r = grids.features, grids.hidden
         constants = Constants(b_gate=self.b_gate.evaluate(r), b_up=self.b_up.evaluate(r),
                               b_2=self.b_2.evaluate(y))
-        w_gate, w_up, w_2, phi = self.W_gate, self.W_up, self.W_2, self.phi
+        w_gate, w_up = _linear(self.W_gate, r, y), _linear(self.W_up, r, y)
+        w_2, phi = _linear(self.W_2, y, r), self.phi
 
         def gated_feedforward(u):
-            gate = w_gate.apply(u, r, y, axis=-1)
-            up = w_up.apply(u, r, y, axis=-1)
+            gate = w_gate(u)
+            up = w_up(u)
             b_gate, b_up = constants("b_gate", u), constants("b_up", u)
             if b_gate is not None:
                 gate = gate + b_gate
             if b_up is not None:
                 up = up + b_up
-            out = w_2.apply(phi(gate) * up, y, r, axis=-1)
+            out = w_2(phi(gate) * up)
             b_2 = constants("b_2", u)
             return out if b_2 is None else out + b_2
 
