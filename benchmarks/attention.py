@@ -31,7 +31,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import CLEARED as _CLEARED, MARK as _MARK, prepare  # noqa: E402
+from _environment import CLEARED as _CLEARED, MARK as _MARK, prepare, timed_block  # noqa: E402
 
 if __name__ == "__main__":
     prepare(sys.argv[1:], __file__)
@@ -184,24 +184,12 @@ class IdleWaiter:
 
 
 def time_blocks(calls, repeats, wait_idle, warmup_s=0.5):
-    """Best-of-``repeats`` wall time of each call, each method in its own block.
-
-    Each method is warmed up for ``warmup_s`` seconds and timed before the next one runs:
-    torch's OpenMP threads and OpenBLAS's threads keep spinning after a call and slow the other
-    library's next calls, so interleaved timings would be wrong.
-    """
+    """Best-of-``repeats`` wall time of each call, each method in its own block after a
+    warm-up (:func:`_environment.timed_block`), waiting for an idle machine before each."""
     best = {}
     for name, call in calls.items():
         wait_idle()
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < warmup_s:
-            call()
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t)
-        best[name] = min(times)
+        best[name] = timed_block(call, repeats, warmup_s, min_calls=1)[1]
     return best
 
 

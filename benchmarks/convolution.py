@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
+import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _environment import timed_block  # noqa: E402
 
 from ctformer.discretizations import Fourier
 from ctformer.fft import PlannedFFT
@@ -37,23 +40,10 @@ from ctformer.kernels import Convolution
 
 
 def blockwise(calls, repeats, warmup_s=0.2):
-    """Median wall time of each zero-argument call, each timed in its own block after a warm-up.
-
-    Blocks, not interleaving: OpenBLAS threads (the dense peer) and FFTW's OpenMP threads (the
-    threaded variant) keep spinning after a call and slow whatever runs next.
-    """
-    out = {}
-    for name, call in calls.items():
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < warmup_s:
-            call()
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t)
-        out[name] = statistics.median(times)
-    return out
+    """Median wall time of each zero-argument call, each timed in its own block after a warm-up
+    (OpenBLAS threads and FFTW's OpenMP threads keep spinning after a call and slow whatever
+    runs next)."""
+    return {name: timed_block(call, repeats, warmup_s, min_calls=1)[0] for name, call in calls.items()}
 
 
 def main(argv=None):

@@ -32,6 +32,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .environment import positive_int
+
 __all__ = ["PlannedFFT", "planner_effort", "fft_threads"]
 
 _EFFORTS = ("FFTW_ESTIMATE", "FFTW_MEASURE", "FFTW_PATIENT", "FFTW_EXHAUSTIVE")
@@ -51,16 +53,7 @@ def planner_effort() -> str:
 
 def fft_threads() -> int:
     """``CTFORMER_FFT_THREADS`` (default 1), validated."""
-    value = os.environ.get("CTFORMER_FFT_THREADS", "").strip()
-    if not value:
-        return 1
-    try:
-        threads = int(value)
-    except ValueError:
-        threads = 0
-    if threads < 1:
-        raise ValueError(f"CTFORMER_FFT_THREADS must be a positive integer, got {value!r}")
-    return threads
+    return positive_int("CTFORMER_FFT_THREADS", 1)
 
 
 class PlannedFFT:

@@ -29,10 +29,13 @@ except ImportError:  # pragma: no cover
     _LIMITS = None
 
 
-def require(module: str):
-    """Import ``module`` or skip (fail under ``CTFORMER_REQUIRE_ALL=1``)."""
+def require(module: str, attribute: str | None = None):
+    """Import ``module`` (and check it has ``attribute``) or skip; under
+    ``CTFORMER_REQUIRE_ALL=1`` (CI) a missing one fails instead: CI runs every test."""
     try:
         mod = importlib.import_module(module)
+        if attribute is not None and not hasattr(mod, attribute):
+            raise ImportError(f"this {module} has no {attribute}")
         if module == "torch":
             mod.set_num_threads(1)
         return mod

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "ctformer"
 
 LAYERS = {
-    "fft": -1,
+    "environment": -2, "fft": -1,
     "backend": 0, "atomic": 0,
     "state": 1, "discretizations": 1, "solvers": 1, "model_inputs": 1,
     "kernels": 2,

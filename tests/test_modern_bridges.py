@@ -202,9 +202,7 @@ def test_stock_float64_llama_is_not_a_float64_reference_and_theta_matters():
 
 def test_mistral_sliding_window_shorter_than_the_sequence():
     torch = require("torch")
-    t = require("transformers")
-    if not hasattr(t, "MistralModel"):
-        pytest.skip("this transformers has no MistralModel")
+    t = require("transformers", "MistralModel")
     from ctformer.bridges import from_hf
 
     model = _llama(t, torch, cls="Mistral", layers=2, heads=4, kv_heads=2, d=16, theta=1000.0, sliding_window=3)
@@ -223,9 +221,7 @@ def test_mistral_sliding_window_shorter_than_the_sequence():
 
 def test_qwen2_with_sliding_layers():
     torch = require("torch")
-    t = require("transformers")
-    if not hasattr(t, "Qwen2Model"):
-        pytest.skip("this transformers has no Qwen2Model")
+    t = require("transformers", "Qwen2Model")
     from ctformer.bridges import from_hf
 
     model = _llama(t, torch, cls="Qwen2", layers=3, heads=4, kv_heads=1, d=16, theta=2000.0,

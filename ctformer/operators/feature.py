@@ -132,6 +132,15 @@ def _linear(kernel, out, inp):
     return lambda v: kernel.apply(v, out, inp, axis=-1)
 
 
+def _set_components(op, kernels: dict, biases: dict, activation) -> None:
+    """Checked kernels and feature-function biases as attributes of ``op``, and its activation."""
+    for name, kernel in kernels.items():
+        setattr(op, name, _check_kernel(kernel, name))
+    for name, bias in biases.items():
+        setattr(op, name, as_feature_function(bias, name))
+    op.activation_name, op.phi = _activation(activation)
+
+
 def _check_kernel(kernel, name):
     if not isinstance(kernel, Kernel):
         raise TypeError(f"{name} must be a ctformer.kernels.Kernel, got {type(kernel).__name__}")
@@ -200,11 +209,7 @@ class FeedForward(Operator):
     """
 
     def __init__(self, W_1, W_2, b_1=None, b_2=None, activation="gelu"):
-        self.W_1 = _check_kernel(W_1, "W_1")
-        self.W_2 = _check_kernel(W_2, "W_2")
-        self.b_1 = as_feature_function(b_1, "b_1")
-        self.b_2 = as_feature_function(b_2, "b_2")
-        self.activation_name, self.phi = _activation(activation)
+        _set_components(self, dict(W_1=W_1, W_2=W_2), dict(b_1=b_1, b_2=b_2), activation)
 
     def parameters(self) -> dict:
         """Named arrays of the two kernels and the two biases."""
@@ -261,13 +266,8 @@ class GatedFeedForward(Operator):
     """
 
     def __init__(self, W_gate, W_up, W_2, b_gate=None, b_up=None, b_2=None, activation="silu"):
-        self.W_gate = _check_kernel(W_gate, "W_gate")
-        self.W_up = _check_kernel(W_up, "W_up")
-        self.W_2 = _check_kernel(W_2, "W_2")
-        self.b_gate = as_feature_function(b_gate, "b_gate")
-        self.b_up = as_feature_function(b_up, "b_up")
-        self.b_2 = as_feature_function(b_2, "b_2")
-        self.activation_name, self.phi = _activation(activation)
+        _set_components(self, dict(W_gate=W_gate, W_up=W_up, W_2=W_2),
+                        dict(b_gate=b_gate, b_up=b_up, b_2=b_2), activation)
 
     def __repr__(self) -> str:
         return f"GatedFeedForward(activation={self.activation_name!r})"

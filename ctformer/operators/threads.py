@@ -21,6 +21,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ..environment import positive_int
+
 __all__ = ["num_threads", "single_thread_blas", "run_workers"]
 
 _LOCK = threading.Lock()
@@ -68,14 +70,8 @@ def num_threads() -> int:
     ValueError
         If ``CTFORMER_NUM_THREADS`` is set but is not a positive integer.
     """
-    value = os.environ.get("CTFORMER_NUM_THREADS", "").strip()
-    if value:
-        try:
-            count = int(value)
-        except ValueError:
-            count = 0
-        if count < 1:
-            raise ValueError(f"CTFORMER_NUM_THREADS must be a positive integer, got {value!r}")
+    count = positive_int("CTFORMER_NUM_THREADS")
+    if count is not None:
         return count
     controller = blas_controller()
     if controller is not None:

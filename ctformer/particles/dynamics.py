@@ -52,7 +52,7 @@ import numpy as np
 
 from .. import solvers
 from ..backend import constant, to_host
-from .timegrid import (SolveInterrupted, Trajectory, _numpy_dtype, check_finite, check_memory,
+from .timegrid import (SolveInterrupted, Trajectory, _numpy_dtype, check_memory, march,
                        saved_count, time_steps)
 from ..operators.quadrature_attention import quadrature_attention
 
@@ -548,27 +548,8 @@ class SelfAttentionDynamics:
         check_memory(count, x, save_every, steps)
         positions = xp.empty((count, *x.shape), dtype=x.dtype, device=array_api_compat.device(x))
         positions[0, ...] = x
-        times = [0.0]
-        problem = self.problem(x)
-        done = 0
-        try:
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below
-                for s in range(1, steps + 1):
-                    x = scheme.step(problem, x, h)
-                    done = s
-                    if s % save_every == 0 or s == steps:
-                        check_finite(xp, x, "the particle solution", times[-1], s * h, scheme, h)
-                        positions[len(times), ...] = x
-                        times.append(s * h)
-        except KeyboardInterrupt:
-            if done * h > times[-1] and bool(xp.all(xp.isfinite(x))):
-                positions[len(times), ...] = x
-                times.append(done * h)
-            kept = Trajectory(times=np.asarray(times), positions=positions[:len(times)])
-            raise SolveInterrupted(
-                f"particle solve interrupted at t={done * h:.6g} (step {done} of {steps}); kept "
-                f"{len(times)} states up to t={times[-1]:.6g} in exc.result", kept) from None
-        return Trajectory(times=np.asarray(times), positions=positions)
+        return march(scheme, self.problem(x), x, steps, h, save_every, positions, what="particle",
+                     build=lambda times, kept: Trajectory(times=np.asarray(times), positions=kept))
 
 
 def _spectral_norm(a) -> float:

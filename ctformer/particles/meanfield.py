@@ -61,7 +61,7 @@ from scipy import optimize, special
 from .. import solvers
 from ..backend import backend_of, constant, get_backend, to_host
 from .dynamics import _check_beta
-from .timegrid import SolveInterrupted, check_finite, check_memory, saved_count, time_steps
+from .timegrid import check_memory, march, saved_count, time_steps
 
 __all__ = ["CircleMeanField", "MeanFieldSolution", "ResolutionWarning", "linear_growth_rate", "stability_function"]
 
@@ -426,30 +426,16 @@ class CircleMeanField:
         check_memory(count, state, save_every, steps)
         states = xp.empty((count, state.shape[0]), dtype=state.dtype)
         states[0, ...] = state
-        problem = self.problem(c, m)
-        times, done, resolved = [0.0], 0, True
         floor = -_NEGATIVE_TOLERANCE * mass / (2 * math.pi)
-        try:
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below
-                for s in range(1, steps + 1):
-                    state = scheme.step(problem, state, h)
-                    done = s
-                    if s % save_every == 0 or s == steps:
-                        check_finite(xp, state, "the mean-field solution", times[-1], s * h, scheme, h,
-                                     hint="or the density under-resolved (raise n_modes)")
-                        if resolved:
-                            resolved = self._check_resolved(backend, state[:kept], floor, mass, times[-1], s * h)
-                        states[len(times), ...] = state
-                        times.append(s * h)
-        except KeyboardInterrupt:
-            if done * h > times[-1] and bool(xp.all(xp.isfinite(state))):
-                states[len(times), ...] = state
-                times.append(done * h)
-            kept_solution = self._solution(backend, times, states[:len(times)], m)
-            raise SolveInterrupted(
-                f"mean-field solve interrupted at t={done * h:.6g} (step {done} of {steps}); kept "
-                f"{len(times)} states up to t={times[-1]:.6g} in exc.result", kept_solution) from None
-        return self._solution(backend, times, states, m)
+        resolved = [True]
+
+        def on_save(state, t_start, t_end):
+            if resolved[0]:
+                resolved[0] = self._check_resolved(backend, state[:kept], floor, mass, t_start, t_end)
+
+        return march(scheme, self.problem(c, m), state, steps, h, save_every, states, what="mean-field",
+                     build=lambda times, kept_states: self._solution(backend, times, kept_states, m),
+                     hint="or the density under-resolved (raise n_modes)", on_save=on_save)
 
     def _check_resolved(self, backend, c, floor, mass, t_start, t_end) -> bool:
         """Warn once when the density goes negative: the modes no longer resolve it."""

@@ -17,7 +17,7 @@ import array_api_compat
 import numpy as np
 
 __all__ = ["SolveInterrupted", "Trajectory", "check_finite", "saved_count", "available_bytes",
-           "check_memory", "time_steps"]
+           "check_memory", "time_steps", "march"]
 
 
 def _numpy_dtype(dtype) -> np.dtype:
@@ -148,3 +148,37 @@ def time_steps(t1, dt, save_every) -> tuple[int, float]:
         raise ValueError(f"save_every must be a positive integer, got {save_every!r}")
     steps = math.ceil(t1 / dt * (1 - 1e-12)) if t1 > 0 else 0
     return steps, (t1 / steps if steps else 0.0)
+
+
+def march(scheme, problem, state, steps: int, h: float, save_every: int, saved, *, what: str,
+          build, hint: str = "or the velocities overflow", on_save=None):
+    """Take ``steps`` steps of ``scheme``, keeping states in the preallocated ``saved``.
+
+    ``saved[0]`` holds the initial state; every ``save_every``-th state and the last are
+    checked for finiteness (the message names the interval), passed to ``on_save(state,
+    t_start, t_end)`` and stored. Returns ``build(times, saved)``. On Ctrl-C the last
+    completed step is kept too and :class:`SolveInterrupted` carries
+    ``build(times, saved[:len(times)])``.
+    """
+    xp = array_api_compat.array_namespace(state)
+    times, done = [0.0], 0
+    try:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below
+            for s in range(1, steps + 1):
+                state = scheme.step(problem, state, h)
+                done = s
+                if s % save_every == 0 or s == steps:
+                    check_finite(xp, state, f"the {what} solution", times[-1], s * h, scheme, h, hint)
+                    if on_save is not None:
+                        on_save(state, times[-1], s * h)
+                    saved[len(times), ...] = state
+                    times.append(s * h)
+    except KeyboardInterrupt:
+        if done * h > times[-1] and bool(xp.all(xp.isfinite(state))):
+            saved[len(times), ...] = state
+            times.append(done * h)
+        raise SolveInterrupted(
+            f"{what} solve interrupted at t={done * h:.6g} (step {done} of {steps}); kept "
+            f"{len(times)} states up to t={times[-1]:.6g} in exc.result",
+            build(times, saved[:len(times)])) from None
+    return build(times, saved)
