@@ -12,7 +12,9 @@ Every family is compared with one converged solution (a callable ``reference``).
 of a few milliseconds is too short to time: each level solves a batch of 8 sequences at once,
 the levels of a family take turns for at least seven rounds, and the fastest batch of each
 level, divided by 8, is its time per sequence (the fastest run is the one least disturbed by
-the rest of the machine). The times depend on the machine; their order in ``n`` does not.
+the rest of the machine). The times depend on the machine. At the smallest ``n`` a fixed
+overhead per layer dominates, so neighbouring levels may swap places; over the whole range
+the time grows with ``n``.
 """
 import time
 

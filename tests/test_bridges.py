@@ -76,7 +76,7 @@ def test_torch_encoder_discrete_limit(cfg):
             ref = enc(x).numpy()
     model = from_torch(enc, causal=cfg["causal"])
     assert model.layers == cfg["layers"]
-    assert (model.final_norm is not None) == cfg["final_norm"]
+    assert (model.final_normalization is not None) == cfg["final_norm"]
     assert rel_err(model.run(x.numpy()), ref) < TOL
     # unbatched input (N, d) gives the first batch entry
     assert rel_err(model.run(x[0].numpy()), ref[0]) < TOL
@@ -96,7 +96,7 @@ def test_torch_layer_with_padding_mask_and_fast_path(norm_first):
     real = np.array([[1] * 6, [1] * 4 + [0] * 2, [1] * 2 + [0] * 4])
     with torch.no_grad():
         ref = layer(x, src_key_padding_mask=torch.from_numpy(real == 0)).numpy()
-    out = from_torch(layer).run(x.numpy(), mask=real)
+    out = from_torch(layer).run(x.numpy(), padding_mask=real)
     assert rel_err(out, ref, real == 1) < TOL
 
 
@@ -145,11 +145,11 @@ def test_run_validates_inputs():
     with pytest.raises(ValueError, match=r"shape \(N, d\)"):
         model.run(x[0, 0])
     with pytest.raises(ValueError, match="mask must have shape"):
-        model.run(x, mask=np.ones((2, 4), dtype=bool))
+        model.run(x, padding_mask=np.ones((2, 4), dtype=bool))
     with pytest.raises(ValueError, match="0 and 1"):
-        model.run(x, mask=np.full((2, 5), 2))
+        model.run(x, padding_mask=np.full((2, 5), 2))
     with pytest.raises(ValueError, match="without any real token"):
-        model.run(x, mask=np.array([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]]))
+        model.run(x, padding_mask=np.array([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]]))
     x[0, 1, 2] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         model.run(x)
@@ -184,16 +184,16 @@ def test_hf_bert_in_memory_and_safetensors(tmp_path):
         x = model.embeddings(input_ids=ids).numpy()
         ref = model(input_ids=ids, attention_mask=attention_mask).last_hidden_state.numpy()
     keep = attention_mask.numpy() == 1
-    assert rel_err(from_hf_bert(model).run(x, mask=keep), ref, keep) < TOL
-    assert rel_err(from_hf_bert(model.encoder).run(x, mask=attention_mask.numpy()), ref, keep) < TOL
+    assert rel_err(from_hf_bert(model).run(x, padding_mask=keep), ref, keep) < TOL
+    assert rel_err(from_hf_bert(model.encoder).run(x, padding_mask=attention_mask.numpy()), ref, keep) < TOL
 
     # the same weights from a safetensors file (+ config.json next to it), prefixed "bert."
     state = {f"bert.{k}": v.detach().numpy().copy() for k, v in model.state_dict().items()}
     save_file(state, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps(model.config.to_dict()))
-    assert rel_err(from_hf_bert(tmp_path).run(x, mask=keep), ref, keep) < TOL
+    assert rel_err(from_hf_bert(tmp_path).run(x, padding_mask=keep), ref, keep) < TOL
     cfg = {"num_attention_heads": 3, "layer_norm_eps": 1e-7, "hidden_act": "gelu"}
-    assert rel_err(from_hf_bert(str(tmp_path / "model.safetensors"), config=cfg).run(x, mask=keep),
+    assert rel_err(from_hf_bert(str(tmp_path / "model.safetensors"), config=cfg).run(x, padding_mask=keep),
                    ref, keep) < TOL
 
 
@@ -220,7 +220,7 @@ def test_block_and_model_validation():
     with pytest.raises(ValueError, match="needs an attention or a feedforward"):
         Block()
     with pytest.raises(ValueError, match="takes no normalizations"):
-        Block(attention=object(), norm1=object(), placement="none")
+        Block(attention=object(), normalization1=object(), placement="none")
     with pytest.raises(ValueError, match="at least one Block"):
         ContinuousTransformer([])
     with pytest.raises(TypeError, match="blocks\\[0\\]"):

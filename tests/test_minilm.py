@@ -29,7 +29,7 @@ def test_minilm_discrete_limit(minilm):
     assert len(hidden) == 7
     assert ct.layers == 6 and ct.hidden.n == 1536 and ct.head_features.n == 32
     assert all(b.placement == "post" and b.normalization1.eps == 1e-12 for b in ct.blocks)
-    out = ct.run(x, mask=mask)
+    out = ct.run(x, padding_mask=mask)
     assert module.relative_error(out, hidden[-1], mask) < 1e-10
     # a padded sentence alone and unpadded, as an (N, d) input
     real = mask[-1]

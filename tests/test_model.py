@@ -215,7 +215,8 @@ def test_renamed_keywords_warn_and_give_the_same_model():
     np.testing.assert_array_equal(old.solve(u, tokens=Midpoint(4), features=FEATURES),
                                   new.solve(u, tokens=Midpoint(4), features=FEATURES))
     block = new.blocks[0]
-    with pytest.warns(DeprecationWarning, match="normalization1"):
+    with pytest.warns(DeprecationWarning, match="normalization1"), \
+            pytest.warns(DeprecationWarning, match="normalization2"):
         same = Block(block.attention, block.feedforward, norm1=block.normalization1,
                      norm2=block.normalization2, placement="post")
     assert same.normalization1 is block.normalization1
