@@ -37,7 +37,7 @@ from numbers import Real
 import array_api_compat
 import numpy as np
 
-from ..backend import namespace
+from ..backend import matmul_rows, namespace, plus_bias
 from ..kernels import Kernel, is_host
 from ..model_inputs import renamed_keyword
 from .base import Constants, Grids, Operator
@@ -311,10 +311,7 @@ class Attention(Operator):
 
         def attention(u, padding_mask=None):
             xp = namespace(u)
-            qkv = u @ constants("QKV_t", u)
-            b_qkv = constants("b_QKV", u)
-            if b_qkv is not None:
-                qkv = qkv + b_qkv
+            qkv = plus_bias(matmul_rows(u, constants("QKV_t", u)), constants("b_QKV", u))
             lead = tuple(u.shape[:-2])
             # one reshape and one axis move for all projections: (..., H + 2 H_kv, N, d_h)
             qkv = xp.moveaxis(xp.reshape(qkv, (*lead, n_tokens, heads + 2 * kv_heads, n_sigma)), -2, -3)
@@ -349,9 +346,7 @@ class Attention(Operator):
                 attended = xp.reshape(attended, (*attended.shape[:-4], heads, n_tokens, n_sigma))
             # concatenate heads along the features and contract with the stacked W_O
             concat = xp.reshape(xp.moveaxis(attended, -3, -2), (*attended.shape[:-3], n_tokens, -1))
-            out = concat @ constants("O", u)
-            b_o = constants("b_O", u)
-            return out if b_o is None else out + b_o
+            return plus_bias(matmul_rows(concat, constants("O", u)), constants("b_O", u))
 
         return attention
 

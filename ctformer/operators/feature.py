@@ -20,97 +20,20 @@ With midpoint grids and :class:`~ctformer.kernels.PiecewiseConstant` kernels the
 ``nn.Linear``, ``Linear -> activation -> Linear`` (design notes, section 2) and the
 ``down(act(gate(u)) * up(u))`` MLP of Llama-family networks.
 
-Activations (:data:`ACTIVATIONS`):
-
-.. math::
-
-    \mathrm{relu}(z) = \max(z, 0), \qquad
-    \mathrm{gelu}(z) = \tfrac{z}{2}\big(1 + \mathrm{erf}(z / \sqrt{2})\big),
-
-    \mathrm{gelu\_tanh}(z) = \tfrac{z}{2}\Big(1 + \tanh\big(\sqrt{2/\pi}\,(z + 0.044715 z^3)\big)\Big),
-    \qquad \mathrm{silu}(z) = \frac{z}{1 + e^{-z}}.
-
-ReLU is the projection onto :math:`\{v \ge 0\}` (Tai et al.).
+The activations :math:`\phi` (:data:`ACTIVATIONS`: relu, gelu, gelu_tanh, silu) live in
+:mod:`ctformer.operators.activations`.
 """
 from __future__ import annotations
 
-import math
-from typing import Callable
-
-import array_api_compat
 import numpy as np
-from scipy.special import erf as _scipy_erf
 
-from ..backend import namespace
+from ..backend import matmul_rows, plus_bias
 from ..kernels import Kernel
+from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, relu, silu
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
 
 __all__ = ["FeatureMap", "FeedForward", "GatedFeedForward", "ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
-
-
-def relu(z):
-    r""":math:`\max(z, 0)`."""
-    xp = namespace(z)
-    return xp.where(z > 0, z, xp.zeros_like(z))
-
-
-def _erf(z):
-    """The error function in the namespace of ``z`` (scipy, cupyx or torch.special)."""
-    if type(z) is np.ndarray:
-        return _scipy_erf(z)
-    if array_api_compat.is_cupy_array(z):
-        import cupyx.scipy.special as special
-    elif array_api_compat.is_torch_array(z):
-        import torch.special as special
-    else:
-        import scipy.special as special
-    return special.erf(z)
-
-
-def gelu(z):
-    r"""Exact GELU, :math:`\frac{z}{2}(1 + \mathrm{erf}(z / \sqrt{2}))` (torch's default)."""
-    return z * 0.5 * (1.0 + _erf(z * math.sqrt(0.5)))
-
-
-def gelu_tanh(z):
-    r"""Tanh GELU, :math:`\frac{z}{2}(1 + \tanh(\sqrt{2/\pi}(z + 0.044715 z^3)))`."""
-    xp = namespace(z)
-    return 0.5 * z * (1.0 + xp.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z * z * z)))
-
-
-def silu(z):
-    r"""SiLU, :math:`z / (1 + e^{-z})`, evaluated without overflow."""
-    xp = namespace(z)
-    e = xp.exp(-xp.abs(z))  # in (0, 1]: no overflow for any z
-    return z * xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-
-
-ACTIVATIONS: dict[str, Callable] = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
-
-
-def get_activation(name) -> Callable:
-    """The activation function called ``name`` (or ``name`` itself if it is callable).
-
-    Parameters
-    ----------
-    name : str or callable
-        One of ``"relu"``, ``"gelu"`` (erf), ``"gelu_tanh"``, ``"silu"``.
-
-    Returns
-    -------
-    callable
-
-    Raises
-    ------
-    ValueError
-        If the name is unknown; the message lists the valid names.
-    """
-    if callable(name):
-        return name
-    if name not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {name!r}; valid activations: {', '.join(ACTIVATIONS)}")
-    return ACTIVATIONS[name]
 
 
 def _activation(activation) -> tuple:
@@ -119,17 +42,26 @@ def _activation(activation) -> tuple:
     return name, get_activation(activation)
 
 
-def _linear(kernel, out, inp):
-    r"""The discretized map :math:`v \mapsto \int W(\cdot, \eta) v(\eta) d\eta` along the last axis.
+def _affine(kernel, bias, out, inp):
+    r"""The discretized map :math:`v \mapsto \int W(\cdot, \eta) v(\eta) d\eta + b` along the last axis.
 
     A dense kernel with host parameters becomes one product with its transposed matrix, held
-    by a :class:`Constants` (a dictionary lookup per use); kernels with their own algorithm
-    (FFT convolutions) or with tensor parameters go through :meth:`Kernel.apply`.
+    by a :class:`Constants` (a dictionary lookup per use), and the bias is added in place to
+    that new product; kernels with their own algorithm (FFT convolutions) or with tensor
+    parameters go through :meth:`Kernel.apply`. ``bias`` is a feature function.
     """
+    constants = Constants(bias=bias.evaluate(out))
     if type(kernel).apply is Kernel.apply and kernel._host():
-        constants = Constants(matrix_t=np.ascontiguousarray(kernel.matrix(out, inp).T))
-        return lambda v: v @ constants("matrix_t", v)
-    return lambda v: kernel.apply(v, out, inp, axis=-1)
+        constants = Constants(bias=constants.host["bias"],
+                              matrix_t=np.ascontiguousarray(kernel.matrix(out, inp).T))
+        return lambda v: plus_bias(matmul_rows(v, constants("matrix_t", v)), constants("bias", v))
+
+    def apply(v):
+        z = kernel.apply(v, out, inp, axis=-1)  # may be any array: never changed in place
+        bias = constants("bias", v)
+        return z if bias is None else z + bias
+
+    return apply
 
 
 def _set_components(op, kernels: dict, biases: dict, activation) -> None:
@@ -172,16 +104,7 @@ class FeatureMap(Operator):
         return named_parameters(kernel=self.kernel, bias=self.bias)
 
     def _discretize(self, grids: Grids):
-        y = grids.features
-        constants = Constants(bias=self.bias.evaluate(y))
-        kernel = self.kernel
-
-        def feature_map(u):
-            out = kernel.apply(u, y, y, axis=-1)
-            bias = constants("bias", u)
-            return out if bias is None else out + bias
-
-        return feature_map
+        return _affine(self.kernel, self.bias, grids.features, grids.features)
 
 
 class FeedForward(Operator):
@@ -217,17 +140,10 @@ class FeedForward(Operator):
 
     def _discretize(self, grids: Grids):
         y, r = grids.features, grids.hidden
-        constants = Constants(b_1=self.b_1.evaluate(r), b_2=self.b_2.evaluate(y))
-        w_1, w_2, phi = _linear(self.W_1, r, y), _linear(self.W_2, y, r), self.phi
+        w_1, w_2, phi = _affine(self.W_1, self.b_1, r, y), _affine(self.W_2, self.b_2, y, r), self.phi
 
         def feedforward(u):
-            z = w_1(u)
-            b_1 = constants("b_1", u)
-            if b_1 is not None:
-                z = z + b_1
-            out = w_2(phi(z))
-            b_2 = constants("b_2", u)
-            return out if b_2 is None else out + b_2
+            return w_2(phi(w_1(u)))
 
         return feedforward
 
@@ -279,21 +195,10 @@ class GatedFeedForward(Operator):
 
     def _discretize(self, grids: Grids):
         y, r = grids.features, grids.hidden
-        constants = Constants(b_gate=self.b_gate.evaluate(r), b_up=self.b_up.evaluate(r),
-                              b_2=self.b_2.evaluate(y))
-        w_gate, w_up = _linear(self.W_gate, r, y), _linear(self.W_up, r, y)
-        w_2, phi = _linear(self.W_2, y, r), self.phi
+        w_gate, w_up = _affine(self.W_gate, self.b_gate, r, y), _affine(self.W_up, self.b_up, r, y)
+        w_2, phi = _affine(self.W_2, self.b_2, y, r), self.phi
 
         def gated_feedforward(u):
-            gate = w_gate(u)
-            up = w_up(u)
-            b_gate, b_up = constants("b_gate", u), constants("b_up", u)
-            if b_gate is not None:
-                gate = gate + b_gate
-            if b_up is not None:
-                up = up + b_up
-            out = w_2(phi(gate) * up)
-            b_2 = constants("b_2", u)
-            return out if b_2 is None else out + b_2
+            return w_2(phi(w_gate(u)) * w_up(u))
 
         return gated_feedforward

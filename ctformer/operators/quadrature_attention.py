@@ -202,17 +202,36 @@ def _small_numpy(qs, k, v, log_w, keep, causal, diag_shift):
 
 def _small_numpy_blocks(qs, k, v, log_w, causal, diag_shift, lead):
     """Many small (batch, head) problems: :func:`_small_numpy` on blocks of the flattened
-    leading axes, each block's scores at most ``_CHUNK_ELEMENTS`` entries."""
+    leading axes, each block's scores at most ``_CHUNK_ELEMENTS`` entries, at least
+    ``_MIN_TASKS`` blocks (when there are that many problems), shared by the worker threads as
+    in :func:`_stream_numpy` (the blocks depend on the shapes only, not on the threads)."""
     n, m, e = qs.shape[-2], k.shape[-2], v.shape[-1]
     flat = [np.broadcast_to(a, (*lead, *a.shape[-2:])).reshape(-1, *a.shape[-2:]) for a in (qs, k, v)]
     count = flat[0].shape[0]
-    step = max(1, _CHUNK_ELEMENTS // (n * m))
+    step = max(1, min(_CHUNK_ELEMENTS // (n * m), -(-count // _MIN_TASKS)))
     out = np.empty((count, n, e), dtype=np.result_type(qs.dtype, v.dtype))
-    for start in range(0, count, step):
-        block = slice(start, start + step)
-        out[block] = _small_numpy(flat[0][block], flat[1][block], flat[2][block], log_w, None,
-                                  causal, diag_shift)
+    tasks = [slice(start, start + step) for start in range(0, count, step)]
+
+    def worker(next_task):
+        while (block := next_task()) is not None:
+            out[block] = _small_numpy(flat[0][block], flat[1][block], flat[2][block], log_w, None,
+                                      causal, diag_shift)
+
+    _run_tasks(worker, tasks, n * m * count)
     return out.reshape(*lead, n, e)
+
+
+def _run_tasks(worker, tasks, entries):
+    """Run the attention ``worker`` over ``tasks``: on the calling thread for fewer than
+    ``_PARALLEL_MIN_ENTRIES`` score entries in all, else on the worker threads, each with a
+    single-threaded BLAS (so a task's arithmetic never depends on the thread count; OpenBLAS
+    threads also busy-wait after a call and would take a core from the element-wise work)."""
+    limiter = None if entries < _PARALLEL_MIN_ENTRIES else _threads.single_thread_blas()
+    if limiter is None:  # small, or no threadpoolctl: one worker, BLAS as configured
+        _threads.run_workers(worker, tasks, 1)
+        return
+    with limiter:
+        _threads.run_workers(worker, tasks, _threads.num_threads())
 
 
 @lru_cache(maxsize=64)
@@ -328,18 +347,7 @@ def _stream_numpy(qs, k, v, log_w, keep, causal, diag_shift, lead, chunk):
             np.matmul(s, v1[idx][:cols], out=nb)
             np.divide(nb[:, :e], nb[:, e:], out=out[idx][start:stop])
 
-    if n * m * (math.prod(lead) or 1) < _PARALLEL_MIN_ENTRIES:
-        _threads.run_workers(worker, tasks, 1)  # one worker; BLAS as configured
-        return out
-    # Large: every task runs with a single-threaded BLAS whatever the worker count, so the
-    # arithmetic of a task never depends on the threads. OpenBLAS threads also busy-wait after
-    # a call, so interleaving threaded BLAS with threaded element-wise work would waste a core.
-    limiter = _threads.single_thread_blas()
-    if limiter is None:  # no threadpoolctl: one worker, the BLAS library uses its own threads
-        _threads.run_workers(worker, tasks, 1)
-        return out
-    with limiter:
-        _threads.run_workers(worker, tasks, _threads.num_threads())
+    _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
     return out
 
 
