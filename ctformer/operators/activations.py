@@ -62,6 +62,10 @@ def _blockwise(kernel, z):
     """``kernel(z_block, out_block)`` over cache-sized blocks of ``z``, threaded when large."""
     z = np.ascontiguousarray(z)
     out = np.empty_like(z)
+    if z.size <= _BLOCK:  # one block: no task list (small solves call this every step)
+        with np.errstate(over="ignore", under="ignore"):
+            kernel(z, out)
+        return out
     flat_z, flat_out = z.reshape(-1), out.reshape(-1)
     size = flat_z.size
     tasks = [(start, min(size, start + _BLOCK)) for start in range(0, size, _BLOCK)]

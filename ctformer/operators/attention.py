@@ -314,7 +314,7 @@ class Attention(Operator):
             qkv = plus_bias(matmul_rows(u, constants("QKV_t", u)), constants("b_QKV", u))
             lead = tuple(u.shape[:-2])
             # one reshape and one axis move for all projections: (..., H + 2 H_kv, N, d_h)
-            qkv = xp.moveaxis(xp.reshape(qkv, (*lead, n_tokens, heads + 2 * kv_heads, n_sigma)), -2, -3)
+            qkv = _swap_heads_tokens(xp, xp.reshape(qkv, (*lead, n_tokens, heads + 2 * kv_heads, n_sigma)))
             q, k, v = qkv[..., :heads, :, :], qkv[..., heads:heads + kv_heads, :, :], \
                 qkv[..., heads + kv_heads:, :, :]
             if rope:
@@ -345,10 +345,17 @@ class Attention(Operator):
             if groups > 1:
                 attended = xp.reshape(attended, (*attended.shape[:-4], heads, n_tokens, n_sigma))
             # concatenate heads along the features and contract with the stacked W_O
-            concat = xp.reshape(xp.moveaxis(attended, -3, -2), (*attended.shape[:-3], n_tokens, -1))
+            concat = xp.reshape(_swap_heads_tokens(xp, attended), (*attended.shape[:-3], n_tokens, -1))
             return plus_bias(matmul_rows(concat, constants("O", u)), constants("b_O", u))
 
         return attention
+
+
+def _swap_heads_tokens(xp, a):
+    """Swap the axes -3 and -2 ((..., N, H, d) <-> (..., H, N, d)); a view for NumPy."""
+    if type(a) is np.ndarray:
+        return a.swapaxes(-3, -2)  # 10x cheaper than moveaxis's axis normalization
+    return xp.moveaxis(a, -2, -3)
 
 
 def _padding(xp, key_mask, u, n_tokens, diagonal):
