@@ -16,7 +16,14 @@
   and scales by ``1/n`` in place;
 * transforms of at least ``2**18`` points in all use ``CTFORMER_FFT_THREADS`` threads
   (default 1); smaller ones one thread (threads cost more than they give there);
-* each plan has a lock, so threads may share the object.
+* each plan has a lock, so threads may share the object;
+* the engine of each (transform, shape, dtype, axis, n) is chosen once, when its plan is made:
+  with ``CTFORMER_FFT_ENGINE=auto`` (the default) the FFTW plan and ``numpy.fft`` (pocketfft)
+  are each timed on the plan's buffers (best of at least five calls and 2 ms) and the faster one is kept, so a
+  transform is never slower than ``numpy.fft`` and FFTW is used where its plans pay (long or
+  batched transforms, ``FFTW_MEASURE``, threads); ``fftw`` or ``numpy`` pins the engine. The
+  two engines agree to rounding (1e-15 relative), not bit for bit: pin the engine when runs
+  must repeat bit for bit (as with ``FFTW_MEASURE``, whose plans are also chosen by timing).
 
 Going through ``pyfftw.interfaces`` instead re-validates arguments, re-plans or copies on
 every call and was 1.2-2.3x slower than ``numpy.fft``; executing the plan directly removes that
@@ -28,15 +35,17 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 
 import numpy as np
 
 from .environment import positive_int
 
-__all__ = ["PlannedFFT", "planner_effort", "fft_threads"]
+__all__ = ["PlannedFFT", "planner_effort", "fft_threads", "fft_engine"]
 
 _EFFORTS = ("FFTW_ESTIMATE", "FFTW_MEASURE", "FFTW_PATIENT", "FFTW_EXHAUSTIVE")
+_ENGINES = ("auto", "fftw", "numpy")
 # Transforms with fewer points (all rows together) than this run on one thread.
 _THREADED_MIN_POINTS = 1 << 18
 # Plans kept (each holds aligned buffers of its transform's size).
@@ -49,6 +58,14 @@ def planner_effort() -> str:
     if effort not in _EFFORTS:
         raise ValueError(f"CTFORMER_FFTW_PLANNER must be one of {', '.join(_EFFORTS)}, got {effort!r}")
     return effort
+
+
+def fft_engine() -> str:
+    """``CTFORMER_FFT_ENGINE`` (default ``auto``), validated."""
+    engine = os.environ.get("CTFORMER_FFT_ENGINE", "auto").strip().lower() or "auto"
+    if engine not in _ENGINES:
+        raise ValueError(f"CTFORMER_FFT_ENGINE must be one of {', '.join(_ENGINES)}, got {engine!r}")
+    return engine
 
 
 def fft_threads() -> int:
@@ -65,9 +82,13 @@ class PlannedFFT:
         Threads for large transforms; default ``CTFORMER_FFT_THREADS`` (1).
     effort : str, optional
         FFTW planner effort; default ``CTFORMER_FFTW_PLANNER`` (``FFTW_ESTIMATE``).
+    engine : {"auto", "fftw", "numpy"}, optional
+        Who runs ``rfft`` / ``irfft``: the faster of the two, timed once per plan (``auto``),
+        or always FFTW or ``numpy.fft``; default ``CTFORMER_FFT_ENGINE`` (``auto``).
     """
 
-    def __init__(self, threads: int | None = None, effort: str | None = None):
+    def __init__(self, threads: int | None = None, effort: str | None = None,
+                 engine: str | None = None):
         import pyfftw
         import pyfftw.interfaces.cache
         import pyfftw.interfaces.scipy_fft as pfft
@@ -80,16 +101,30 @@ class PlannedFFT:
         self.planner_effort = planner_effort() if effort is None else effort
         if self.planner_effort not in _EFFORTS:
             raise ValueError(f"effort must be one of {', '.join(_EFFORTS)}, got {self.planner_effort!r}")
+        self.engine = fft_engine() if engine is None else engine
+        if self.engine not in _ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(_ENGINES)}, got {self.engine!r}")
         self._alignment = pyfftw.simd_alignment
         self._plans: OrderedDict = OrderedDict()
+        self._ready: dict = {}  # (kind, type, shape, dtype, axis, n) of a call -> its plan entry
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"PlannedFFT(threads={self.threads}, effort={self.planner_effort!r})"
+        return (f"PlannedFFT(threads={self.threads}, effort={self.planner_effort!r}, "
+                f"engine={self.engine!r})")
 
     # -- planned real transforms ---------------------------------------------------------------
     def rfft(self, x, n=None, axis=-1):
         """Real-to-complex FFT along ``axis`` (``scipy.fft.rfft`` / ``numpy.fft.rfft`` semantics)."""
+        # a call seen before (same array kind, shape, dtype, axis, n) skips the checks
+        ready = self._ready.get(("rfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n))
+        if ready is None:
+            return self._rfft_first(x, n, axis)
+        entry, axis = ready
+        return self._run_rfft(entry, x, axis)
+
+    def _rfft_first(self, x, n, axis):
+        call = ("rfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n)
         x = np.asarray(x)
         if x.dtype not in (np.float32, np.float64):
             if x.dtype.kind == "c":
@@ -102,7 +137,15 @@ class PlannedFFT:
             raise ValueError(f"rfft needs at least one point along axis {axis}, got shape {x.shape}")
         if x.size == 0:  # no transforms to run (FFTW plans need at least one)
             return np.fft.rfft(x, axis=axis)
-        plan, buffer, lock = self._plan("rfft", x.shape, x.dtype, axis, x.shape[axis])
+        entry = self._plan("rfft", x.shape, x.dtype, axis, x.shape[axis])
+        if call[0] is type(x) and n is None:  # only exact ndarray calls without padding repeat
+            self._remember(call, (entry, axis))
+        return self._run_rfft(entry, x, axis)
+
+    def _run_rfft(self, entry, x, axis):
+        plan, buffer, lock = entry
+        if plan is None:
+            return np.fft.rfft(x, axis=axis)
         with lock:
             out = np.empty(plan.output_shape, dtype=plan.output_dtype)
             try:  # read in place (r2c plans preserve their input); pyFFTW checks the alignment
@@ -117,6 +160,14 @@ class PlannedFFT:
 
     def irfft(self, x, n=None, axis=-1):
         """Complex-to-real inverse FFT along ``axis`` (``scipy.fft.irfft`` semantics, 1/n scaling)."""
+        ready = self._ready.get(("irfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n))
+        if ready is None:
+            return self._irfft_first(x, n, axis)
+        entry, axis, n = ready
+        return self._run_irfft(entry, x, axis, n)
+
+    def _irfft_first(self, x, n, axis):
+        call = ("irfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n)
         x = np.asarray(x)
         if x.dtype not in (np.complex64, np.complex128):
             x = x.astype(np.complex64 if x.dtype == np.float32 else np.complex128)
@@ -124,18 +175,32 @@ class PlannedFFT:
         n = 2 * (x.shape[axis] - 1) if n is None else _length(n)
         if n < 1:
             raise ValueError(f"irfft needs n >= 1, got n = {n}")
-        x = _fit(x, n // 2 + 1, axis)
-        if x.size == 0:
-            return np.fft.irfft(x, n=n, axis=axis)
+        fitted = _fit(x, n // 2 + 1, axis)
+        if fitted.size == 0:
+            return np.fft.irfft(fitted, n=n, axis=axis)
         real = np.float32 if x.dtype == np.complex64 else np.float64
         shape = x.shape[:axis] + (n,) + x.shape[axis + 1:]
-        plan, buffer, lock = self._plan("irfft", shape, np.dtype(real), axis, n)
+        entry = self._plan("irfft", shape, np.dtype(real), axis, n)
+        if call[0] is type(x) and fitted is x:  # exact ndarray calls of the plan's length repeat
+            self._remember(call, (entry, axis, n))
+        return self._run_irfft(entry, fitted, axis, n)
+
+    def _run_irfft(self, entry, x, axis, n):
+        plan, buffer, lock = entry
+        if plan is None:
+            return np.fft.irfft(x, n=n, axis=axis)
         with lock:
             np.copyto(buffer, x)  # c2r transforms destroy their input: never the caller's
             out = self._output(plan, buffer, np.empty(plan.output_shape, dtype=plan.output_dtype))
             plan.execute()
         np.multiply(out, out.dtype.type(1.0 / n), out=out)
         return out
+
+    def _remember(self, call, ready):
+        with self._lock:
+            if len(self._ready) >= 4 * _MAX_PLANS:
+                self._ready.clear()
+            self._ready[call] = ready
 
     # -- everything else -----------------------------------------------------------------------
     def __getattr__(self, name):
@@ -164,7 +229,8 @@ class PlannedFFT:
         return self._pyfftw.empty_aligned(shape, dtype=dtype, n=self._alignment)
 
     def _plan(self, kind, real_shape, real_dtype, axis, n):
-        """(plan, its aligned input buffer, its lock) for a transform, made once."""
+        """(plan, its aligned input buffer, its lock) for a transform, made once; the plan is
+        None where ``numpy.fft`` runs the transform (the faster engine, or the pinned one)."""
         key = (kind, real_shape, np.dtype(real_dtype).str, axis, n)
         with self._lock:
             entry = self._plans.get(key)
@@ -185,11 +251,48 @@ class PlannedFFT:
             plan = self._pyfftw.FFTW(spectrum, real, axes=(axis,), direction="FFTW_BACKWARD",
                                      flags=(self.planner_effort, "FFTW_DESTROY_INPUT"), threads=threads)
             entry = (plan, spectrum, threading.Lock())
+        if self.engine == "numpy" or (self.engine == "auto" and _numpy_is_faster(kind, plan, entry[1], axis, n)):
+            entry = (None, None, None)
         with self._lock:
             entry = self._plans.setdefault(key, entry)
             while len(self._plans) > _MAX_PLANS:
                 self._plans.popitem(last=False)
+                self._ready.clear()  # calls may point at the evicted plan
         return entry
+
+
+def _best_time(call, calls=5, seconds=0.002) -> float:
+    """The fastest of at least ``calls`` calls, repeated until ``seconds`` have passed (so that
+    transforms of a few microseconds are compared on many calls, not on noise)."""
+    call()  # first call: caches, page faults
+    best, spent, done = float("inf"), 0.0, 0
+    while done < calls or spent < seconds:
+        start = time.perf_counter()
+        call()
+        elapsed = time.perf_counter() - start
+        best, spent, done = min(best, elapsed), spent + elapsed, done + 1
+    return best
+
+
+def _numpy_is_faster(kind, plan, buffer, axis, n) -> bool:
+    """Time ``plan`` and ``numpy.fft`` on the same data, each with the work its call does
+    (irfft: copying the input into the plan's buffer and scaling by 1/n): is numpy faster?"""
+    buffer[...] = 0.5  # any finite data: the time of an FFT does not depend on the values
+    source = np.array(buffer)
+    if kind == "rfft":
+        fftw_time = _best_time(plan.execute)
+        numpy_time = _best_time(lambda: np.fft.rfft(source, axis=axis))
+    else:
+        output = plan.output_array
+
+        def fftw_call():
+            np.copyto(buffer, source)
+            plan.execute()
+            np.multiply(output, output.dtype.type(1.0 / n), out=output)
+
+        fftw_time = _best_time(fftw_call)
+        numpy_time = _best_time(lambda: np.fft.irfft(source, n=n, axis=axis))
+    return numpy_time < fftw_time
 
 
 def _axis(axis, ndim):

@@ -464,7 +464,9 @@ class Convolution(Kernel):
     points with equal weights :math:`1/n` of the period, e.g. ``Midpoint`` or ``Fourier``) the
     matrix is circulant, :math:`A_{ij} = p(((i - j) \bmod n)/n) / n`, and :meth:`apply` computes
     it by FFT in :math:`O(n \log n)` through the backend (pyFFTW on the CPU, ``cupyx.scipy.fft``
-    on the GPU). Elsewhere it falls back to the dense matrix.
+    on the GPU), except on NumPy arrays with at most :attr:`dense_below` points, where one
+    product with the (cached) dense matrix is 2-5x faster than two FFTs. Elsewhere it uses the
+    dense matrix. Both ways give the same values to rounding.
 
     Parameters
     ----------
@@ -476,6 +478,10 @@ class Convolution(Kernel):
     TypeError
         If ``profile`` is not callable.
     """
+
+    #: NumPy grids of at most this many points apply the dense matrix instead of FFTs (the
+    #: crossover measured by ``benchmarks/convolution.py``); 0 always uses the FFT.
+    dense_below = 128
 
     def __init__(self, profile: Callable):
         if not callable(profile):
@@ -523,21 +529,38 @@ class Convolution(Kernel):
             raise ValueError(f"Convolution profile takes NaN or inf values on {disc!r}")
         return np.fft.rfft(c)
 
+    def _numpy_route(self, out, inp, dtype):
+        """``(n, symbol in dtype's complex type)`` where NumPy arrays go through the FFT, else
+        ``()`` (the dense matrix; not None, which the cache would take for a miss)."""
+        if not (out == inp and self.is_uniform_periodic(inp)) or len(inp.quadrature_nodes) <= self.dense_below:
+            return ()
+        complex_dtype = np.complex64 if dtype == np.float32 else np.complex128
+        return len(inp.quadrature_nodes), self.symbol(inp).astype(complex_dtype)
+
     def apply(self, u, out, inp, axis: int = -1):
         """Apply by FFT when ``out == inp`` is uniform periodic, else by the dense matrix.
 
         See :meth:`Kernel.apply` for the parameters.
         """
+        if type(u) is np.ndarray and u.dtype.kind == "f" and axis in (-1, u.ndim - 1):
+            # the hot path: one cached lookup says how, no axis moves, no further checks
+            route = _cached(self, ("numpy route", out, inp, u.dtype.char, self.dense_below),
+                            lambda: self._numpy_route(out, inp, u.dtype))
+            if not route:
+                return super().apply(u, out, inp, axis)
+            n, symbol = route
+            if u.shape[-1] == n:
+                fft = backend_of(u).fft
+                spectrum = fft.rfft(u, axis=-1)
+                spectrum *= symbol
+                return fft.irfft(spectrum, n=n, axis=-1)
         if not (out == inp and _cached(inp, "uniform periodic", lambda: self.is_uniform_periodic(inp))):
             return super().apply(u, out, inp, axis)
         if type(u) is not np.ndarray or u.dtype.kind != "f":
             u = _as_input(u)
         n = len(inp.quadrature_nodes)
-        if type(u) is np.ndarray and axis in (-1, u.ndim - 1) and u.shape[-1] == n:
-            fft = backend_of(u).fft   # the hot path: no axis moves, no further checks
-            spectrum = fft.rfft(u, axis=-1)
-            symbol = constant(self, ("symbol", inp), lambda: self.symbol(inp), spectrum)
-            return fft.irfft(spectrum * symbol, n=n, axis=-1).astype(u.dtype, copy=False)
+        if type(u) is np.ndarray and n <= self.dense_below:
+            return super().apply(u, out, inp, axis)
         xp, axis = _check_input(u, inp, axis)
         moved = xp.moveaxis(u, axis, -1)
         # pyFFTW / cupyx for NumPy and CuPy, the namespace's own fft (torch.fft, ...) otherwise

@@ -14,11 +14,12 @@ def _rel(a, b):
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
 
 
-@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
+@pytest.fixture(params=[(1, "fftw"), (2, "fftw"), (1, "auto")], ids=["1 thread", "2 threads", "auto"])
 def fft(request, monkeypatch):
     # a tiny threading threshold so that the 2-thread plans really run threaded
     monkeypatch.setattr("ctformer.fft._THREADED_MIN_POINTS", 16)
-    return PlannedFFT(threads=request.param)
+    threads, engine = request.param
+    return PlannedFFT(threads=threads, engine=engine)
 
 
 @pytest.mark.parametrize("shape, axis", [((64,), -1), ((7, 48), -1), ((33, 5), 0), ((3, 17, 9), 1), ((2, 3, 128), 2)])
@@ -109,7 +110,7 @@ def test_threads_share_one_object(rng):
 
 
 def test_measured_plans_equal_numpy(rng):
-    fft = PlannedFFT(threads=1, effort="FFTW_MEASURE")
+    fft = PlannedFFT(threads=1, effort="FFTW_MEASURE", engine="fftw")
     x = rng.standard_normal((4, 64))
     assert _rel(fft.rfft(x), np.fft.rfft(x)) < 1e-13
     assert _rel(fft.irfft(np.fft.rfft(x), n=64), x) < 1e-14
@@ -142,3 +143,27 @@ def test_bad_arguments_and_environment(rng, monkeypatch):
         PlannedFFT()
     monkeypatch.setenv("CTFORMER_FFTW_PLANNER", "FFTW_ESTIMATE")
     assert PlannedFFT().threads == 2
+    monkeypatch.setenv("CTFORMER_FFT_ENGINE", "mkl")
+    with pytest.raises(ValueError, match="CTFORMER_FFT_ENGINE must be one of auto, fftw, numpy"):
+        PlannedFFT()
+    with pytest.raises(ValueError, match="engine must be one of"):
+        PlannedFFT(engine="cufft")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_engines_agree_and_auto_keeps_one_of_them(rng, dtype):
+    """numpy is numpy.fft bit for bit; fftw agrees to rounding; auto is exactly one of the two,
+    chosen once per plan (the same engine on every later call)."""
+    x = rng.standard_normal((16, 256)).astype(dtype)
+    spectrum = np.fft.rfft(x)
+    by = {engine: PlannedFFT(threads=1, engine=engine) for engine in ("numpy", "fftw", "auto")}
+    forward = {e: f.rfft(x) for e, f in by.items()}
+    backward = {e: f.irfft(spectrum, n=256) for e, f in by.items()}
+    np.testing.assert_array_equal(forward["numpy"], spectrum)
+    np.testing.assert_array_equal(backward["numpy"], np.fft.irfft(spectrum, n=256))
+    tol = 1e-13 if dtype == np.float64 else 2e-6
+    assert _rel(forward["fftw"], spectrum) < tol and _rel(backward["fftw"], x) < tol
+    for results in (forward, backward):
+        assert any(np.array_equal(results["auto"], results[e]) for e in ("numpy", "fftw"))
+    again = by["auto"].rfft(x)
+    np.testing.assert_array_equal(again, forward["auto"])

@@ -111,8 +111,10 @@ def _profile(z):
     return np.exp(np.cos(2 * np.pi * z)) + 0.3 * z  # not periodic-smooth on purpose at z = 0
 
 
+@pytest.mark.parametrize("dense_below", [0, 128], ids=["fft", "small grids dense"])
 @pytest.mark.parametrize("grid", [Midpoint(16), Midpoint(15), Fourier(16), Fourier(9)], ids=repr)
-def test_convolution_fft_equals_dense_matrix(rng, grid):
+def test_convolution_fft_equals_dense_matrix(rng, grid, dense_below, monkeypatch):
+    monkeypatch.setattr(Convolution, "dense_below", dense_below)
     kernel = Convolution(_profile)
     assert Convolution.is_uniform_periodic(grid)
     u = rng.standard_normal((2, 3, grid.n))
