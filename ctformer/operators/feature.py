@@ -51,7 +51,7 @@ def _affine(kernel, bias, out, inp):
     parameters go through :meth:`Kernel.apply`. ``bias`` is a feature function.
     """
     constants = Constants(bias=bias.evaluate(out))
-    if type(kernel).apply is Kernel.apply and kernel._host():
+    if _dense_host(kernel):
         constants = Constants(bias=constants.host["bias"],
                               matrix_t=np.ascontiguousarray(kernel.matrix(out, inp).T))
         return lambda v: plus_bias(matmul_rows(v, constants("matrix_t", v)), constants("bias", v))
@@ -62,6 +62,10 @@ def _affine(kernel, bias, out, inp):
         return z if bias is None else z + bias
 
     return apply
+
+
+def _dense_host(kernel) -> bool:
+    return type(kernel).apply is Kernel.apply and kernel._host()
 
 
 def _set_components(op, kernels: dict, biases: dict, activation) -> None:

@@ -222,16 +222,9 @@ def _small_numpy_blocks(qs, k, v, log_w, causal, diag_shift, lead):
 
 
 def _run_tasks(worker, tasks, entries):
-    """Run the attention ``worker`` over ``tasks``: on the calling thread for fewer than
-    ``_PARALLEL_MIN_ENTRIES`` score entries in all, else on the worker threads, each with a
-    single-threaded BLAS (so a task's arithmetic never depends on the thread count; OpenBLAS
-    threads also busy-wait after a call and would take a core from the element-wise work)."""
-    limiter = None if entries < _PARALLEL_MIN_ENTRIES else _threads.single_thread_blas()
-    if limiter is None:  # small, or no threadpoolctl: one worker, BLAS as configured
-        _threads.run_workers(worker, tasks, 1)
-        return
-    with limiter:
-        _threads.run_workers(worker, tasks, _threads.num_threads())
+    """The attention ``worker`` over ``tasks``: threaded, with a single-threaded BLAS per
+    worker, from ``_PARALLEL_MIN_ENTRIES`` score entries in all (else on the calling thread)."""
+    _threads.run_blas_tasks(worker, tasks, entries >= _PARALLEL_MIN_ENTRIES)
 
 
 @lru_cache(maxsize=64)

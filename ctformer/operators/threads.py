@@ -9,6 +9,8 @@ share the cores; the mathematics stays in :mod:`ctformer.operators.quadrature_at
   thread (through ``threadpoolctl``), or ``None`` when that is impossible.
 * :func:`run_workers`: run ``worker(next_task)`` on ``threads`` threads (the calling thread
   and ``threads - 1`` pool threads) over a list of tasks handed out one at a time.
+* :func:`run_blas_tasks`: the same for tasks that call BLAS, each worker with a
+  single-threaded BLAS.
 
 Results never depend on the thread count: callers split their work into tasks that do not
 depend on it, each task is computed by one thread with a single-threaded BLAS, and a task
@@ -23,9 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..environment import positive_int
 
-__all__ = ["num_threads", "single_thread_blas", "run_workers"]
+__all__ = ["num_threads", "single_thread_blas", "run_workers", "run_blas_tasks"]
 
 _LOCK = threading.Lock()
+_INSIDE = threading.local()  # .worker: this thread is running a worker of run_workers
 _POOL: dict = {}
 _CONTROLLER: list = []
 
@@ -93,21 +96,50 @@ def run_workers(worker, tasks: list, threads: int) -> None:
     """Run ``worker(next_task)`` on ``threads`` threads until ``tasks`` are all taken.
 
     ``next_task()`` returns the next task or None. The calling thread is one of the workers;
-    exceptions of any worker are re-raised after all have stopped.
+    exceptions of any worker are re-raised after all have stopped. Called from inside a worker
+    (an activation inside a feed-forward task, say) it runs on that worker's thread alone:
+    nested pools would wait on each other.
     """
-    threads = max(1, min(threads, len(tasks)))
+    threads = 1 if getattr(_INSIDE, "worker", False) else max(1, min(threads, len(tasks)))
     counter = itertools.count()
 
     def next_task():
         i = next(counter)  # atomic in CPython
         return tasks[i] if i < len(tasks) else None
 
+    def marked(next_task):
+        outer = getattr(_INSIDE, "worker", False)
+        _INSIDE.worker = True
+        try:
+            worker(next_task)
+        finally:
+            _INSIDE.worker = outer
+
     if threads == 1:
-        worker(next_task)
+        marked(next_task)
         return
-    futures = [_pool(threads).submit(worker, next_task) for _ in range(threads - 1)]
+    futures = [_pool(threads).submit(marked, next_task) for _ in range(threads - 1)]
     try:
-        worker(next_task)
+        marked(next_task)
     finally:
         for f in futures:
             f.result()
+
+
+def run_blas_tasks(worker, tasks: list, parallel: bool) -> None:
+    """:func:`run_workers` for tasks that call BLAS: on the calling thread when not
+    ``parallel`` (BLAS as configured), else on :func:`num_threads` threads, each with a
+    single-threaded BLAS, so that a task's arithmetic never depends on the thread count (and
+    no OpenBLAS thread busy-waits on a core that a worker needs)."""
+    # the count first: making the limiter already sets the BLAS count (that it reads) to 1
+    threads = num_threads() if parallel else 1
+    limiter = _threads_limiter() if threads > 1 else None
+    if limiter is None:  # small, one thread, or no threadpoolctl: one worker
+        run_workers(worker, tasks, 1)
+        return
+    with limiter:
+        run_workers(worker, tasks, threads)
+
+
+def _threads_limiter():
+    return None if getattr(_INSIDE, "worker", False) else single_thread_blas()

@@ -1,0 +1,67 @@
+"""The worker threads of attention and activations: how many run, BLAS limits, nesting."""
+import importlib
+import threading
+import time
+
+import numpy as np
+import pytest
+
+threads_module = importlib.import_module("ctformer.operators.threads")
+threadpoolctl = pytest.importorskip("threadpoolctl")
+
+
+def _blas_threads():
+    counts = [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+    return max(counts) if counts else None
+
+
+def _record(tasks, parallel):
+    seen, blas = set(), []
+
+    def worker(next_task):
+        while next_task() is not None:
+            seen.add(threading.get_ident())
+            blas.append(_blas_threads())
+            time.sleep(0.02)  # releases the GIL: the other worker takes the next task
+
+    threads_module.run_blas_tasks(worker, tasks, parallel)
+    return seen, blas
+
+
+def test_blas_tasks_use_the_blas_thread_count_when_the_variable_is_unset(monkeypatch):
+    """Without CTFORMER_NUM_THREADS the count is BLAS's own, read before BLAS is limited to
+    one thread per worker (reading it afterwards gave 1: everything ran on one thread)."""
+    np.ones(2) @ np.ones(2)  # BLAS loaded
+    if _blas_threads() is None:
+        pytest.skip("threadpoolctl sees no BLAS library")
+    monkeypatch.delenv("CTFORMER_NUM_THREADS", raising=False)
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        assert threads_module.num_threads() == 2
+        seen, blas = _record(list(range(6)), parallel=True)
+        assert len(seen) == 2 and set(blas) == {1}
+        assert _blas_threads() == 2                      # restored afterwards
+        seen, blas = _record(list(range(6)), parallel=False)
+        assert len(seen) == 1 and set(blas) == {2}       # small work: BLAS as configured
+
+
+def test_nested_workers_run_on_their_own_thread(monkeypatch):
+    """A pool used from inside one of its workers would wait on itself: nested calls run on
+    the calling worker's thread, and every task is done exactly once."""
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "2")
+    done = []
+    lock = threading.Lock()
+
+    def inner(next_task):
+        while (task := next_task()) is not None:
+            with lock:
+                done.append(task)
+
+    def outer(next_task):
+        while (task := next_task()) is not None:
+            threads_module.run_workers(inner, [(task, j) for j in range(4)], 2)
+            time.sleep(0.01)
+
+    start = time.perf_counter()
+    threads_module.run_workers(outer, list(range(5)), 2)
+    assert sorted(done) == [(i, j) for i in range(5) for j in range(4)]
+    assert time.perf_counter() - start < 10
