@@ -180,12 +180,18 @@ class LayerNormProjection(Operator):
         def layer_norm(u):
             w = constants("w", u)
             plain = _plain_centred(u, w, eps, True)
-            if plain is not None:
+            if plain is not None:  # both arrays are new: finished in place
                 centred, var = plain
-                normalized = centred / np.sqrt(var + eps) if eps else centred / np.sqrt(var)
+                if eps:
+                    var += eps
+                np.sqrt(var, out=var)
+                centred /= var
                 gain, shift = constants("gain", u), constants("shift", u)
-                out = normalized if gain is None else normalized * gain
-                return out if shift is None else out + shift
+                if gain is not None:
+                    centred *= gain
+                if shift is not None:
+                    centred += shift
+                return centred
             xp = array_api_compat.array_namespace(u)
             v, s, peak = _rescaled(xp, u)
             centred = v - (v @ w)[..., None]             # quadrature of the mean: one product
