@@ -43,7 +43,7 @@ _PROJECTIONS = {
 
 @pytest.mark.parametrize("name", list(_PROJECTIONS))
 @pytest.mark.parametrize("dtype, scales", [(np.float64, (1e155, 1e-160, 1e300, 1e-300, 3.0)),
-                                           (np.float32, (1e30, 1e-30, 7.0))])
+                                           (np.float32, (1e30, 1e-30, 7.0, 1e12, 1e-12, 3e-13))])
 def test_projections_are_scale_invariant(name, dtype, scales, rng):
     """N(c u) = N(u) to rounding for every c > 0 (eps = 0), with no overflow or underflow."""
     grids = Grids(Midpoint(4), Midpoint(6))

@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from ctformer.discretizations import SizeTooLargeError, available, get
@@ -18,7 +18,9 @@ from ctformer.kernels import PiecewiseConstant, SmoothRandom
 from ctformer.operators import FeatureFunction
 from ctformer.studies import CaseStore, CorruptRecordWarning, case_key, run_cases
 
-SETTINGS = settings(max_examples=60, deadline=None,
+# Derandomized: every run (CI included) tries the same examples, so a red run is reproducible
+# and never a matter of luck; the examples still cover the strategies below.
+SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 NAMES = available()[:9]  # the nine interval rules of the design notes (not products/atoms)
@@ -63,6 +65,7 @@ def _as(values, kind):
 
 @SETTINGS
 @given(rule_and_values())
+@example(case=(get("p1", 2, domain=(-0.5, 2.0)), [1.9115736899074393e-45] * 2, "float32"))  # subnormal
 def test_integrate_is_a_weighted_sum_or_a_clear_error(case):
     rule, values, kind = case
     v = _as(values, kind)
@@ -82,9 +85,11 @@ def test_integrate_is_a_weighted_sum_or_a_clear_error(case):
         return  # the exact integral itself overflows float64
     reference = math.fsum(terms)
     scale = float(np.abs(terms).sum())
-    eps = np.finfo(np.float32 if kind == "float32" else np.float64).eps
+    info = np.finfo(np.float32 if kind == "float32" else np.float64)
     assert math.isfinite(result)
-    assert abs(result - reference) <= 4 * rule.n * eps * scale + 1e-300
+    # relative rounding of the n products and sums, and for subnormal terms their absolute
+    # spacing (float32 values of 1e-45 carry one significant bit)
+    assert abs(result - reference) <= 4 * rule.n * info.eps * scale + 2 * rule.n * info.smallest_subnormal
 
 
 @SETTINGS

@@ -55,29 +55,30 @@ from .functions import as_feature_function, named_parameters
 __all__ = ["LayerNormProjection", "SphereProjection", "RMSNorm"]
 
 
-# A float64 NumPy state with 2^-400 <= max |u| <= 2^400 squares without overflow; if moreover
-# every token's variance is clearly above rounding noise relative to max |u| (so above 2^-890,
-# far from subnormal numbers), nothing underflowed either, and the unscaled result is the
-# scale-safe one (see _plain_centred). float32 always rescales.
-_LARGEST_PLAIN = 2.0 ** 400
-_NOISE64 = 64.0 * float(np.finfo(np.float64).eps)
+# A float64 NumPy state with 2^-400 <= max |u| <= 2^400 (float32: 2^-40 <= max |u| <= 2^40)
+# squares without overflow; if moreover every token's variance is clearly above rounding noise
+# relative to max |u| (so far from subnormal numbers), nothing underflowed either, and the
+# unscaled result is the scale-safe one (see _plain_centred).
+_PLAIN = {np.dtype(np.float64): (2.0 ** 400, 64.0 * float(np.finfo(np.float64).eps)),
+          np.dtype(np.float32): (2.0 ** 40, 64.0 * float(np.finfo(np.float32).eps))}
 
 
 def _plain_centred(u, w, eps: float, centre: bool):
-    """The hot path for float64 NumPy states: ``(c, var)`` without rescaling, or ``None``.
+    """The hot path for float64 and float32 NumPy states: ``(c, var)`` without rescaling, or ``None``.
 
     ``None`` for other arrays, when the state is too large to square, or (``eps == 0``) when some token's
     variance is not clearly above rounding noise relative to the largest entry: the careful
     path then rescales token by token and names a degenerate token.
     """
-    if type(u) is not np.ndarray or u.dtype != np.float64:
+    if type(u) is not np.ndarray or u.dtype not in _PLAIN:
         return None
+    largest, noise = _PLAIN[u.dtype]
     top = float(np.abs(u).max(initial=0.0))
-    if not 1.0 / _LARGEST_PLAIN <= top <= _LARGEST_PLAIN:
+    if not 1.0 / largest <= top <= largest:
         return None
     c = u - (u @ w)[..., None] if centre else u
     var = ((c * c) @ w)[..., None]
-    if eps == 0.0 and not float(var.min(initial=np.inf)) > (_NOISE64 * top) ** 2:
+    if eps == 0.0 and not float(var.min(initial=np.inf)) > (noise * top) ** 2:
         return None
     return c, var
 
