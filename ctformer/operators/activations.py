@@ -23,13 +23,16 @@ each element being computed alone). On NumPy:
   :math:`\Phi(-|z|) = \mathrm{erfc}(|z|/\sqrt 2)/2` from the erfc approximation of
   Press et al. (Numerical Recipes, 2nd ed., section 6.2: :math:`\mathrm{erfc}(a) \approx t
   \exp(-a^2 + P_9(t))`, :math:`t = 1/(1 + a/2)`, relative error below :math:`1.2 \cdot 10^{-7}`
-  for every :math:`a \ge 0`), which is float32's own precision and 3x faster than SciPy;
+  for every :math:`a \ge 0`), which is float32's own precision, as
+  :math:`\mathrm{gelu}(z) = \max(z, 0) - |z|\,\Phi(-|z|)` (one form for both signs), in
+  about 30 in-place passes over per-thread work arrays: 4-5x faster than SciPy's ``erf``;
 * ``gelu_tanh`` and ``silu`` use the logistic forms above: one ``exp`` and no ``tanh``, and
   relatively accurate in both tails (the tanh form cancels for large negative ``z``).
 """
 from __future__ import annotations
 
 import math
+import threading
 from typing import Callable
 
 import array_api_compat
@@ -64,7 +67,7 @@ def _blockwise(kernel, z):
     out = np.empty_like(z)
     if z.size <= _BLOCK:  # one block: no task list (small solves call this every step)
         with np.errstate(over="ignore", under="ignore"):
-            kernel(z, out)
+            kernel(z.reshape(-1), out.reshape(-1))
         return out
     flat_z, flat_out = z.reshape(-1), out.reshape(-1)
     size = flat_z.size
@@ -81,22 +84,22 @@ def _blockwise(kernel, z):
     return out
 
 
-def _normal_cdf_tail(a, out):
-    """``out = erfc(a) / 2 = Phi(-sqrt(2) a)`` for ``a >= 0`` (Numerical Recipes' erfcc)."""
-    dt = a.dtype.type
-    t = a * dt(0.5)
-    t += dt(1)
-    np.reciprocal(t, out=t)
-    np.multiply(t, dt(_ERFC_COEFFICIENTS[-1]), out=out)
-    for c in _ERFC_COEFFICIENTS[-2:0:-1]:
-        out += dt(c)
-        out *= t
-    out += dt(_ERFC_COEFFICIENTS[0])
-    np.square(a, out=a)
-    out -= a
-    np.exp(out, out=out)
-    out *= t
-    out *= dt(0.5)
+# The float32 GELU below folds constants into the coefficients: with a = |z| / sqrt(2),
+# t = 1 / (1 + a / 2) = 1 / (1 + k |z|) and Phi(-|z|) = erfc(a) / 2 = t exp(P(t) - z^2 / 2 + ln 1/2).
+_K = 0.5 * _SQRT_HALF
+_FOLDED = (np.float32(_ERFC_COEFFICIENTS[0] + math.log(0.5)),) + tuple(
+    np.float32(c) for c in _ERFC_COEFFICIENTS[1:])
+_SCRATCH = threading.local()
+# |z| is clamped here before it multiplies Phi(-|z|) = 0, so that z = inf gives inf, not NaN.
+_CLAMP = np.float32(1e18)
+
+
+def _scratch(size):
+    """Three float32 work arrays of ``size`` for this thread (kept between calls)."""
+    buffers = getattr(_SCRATCH, "buffers", None)
+    if buffers is None or buffers[0].size < size:
+        buffers = _SCRATCH.buffers = tuple(np.empty(max(size, _BLOCK), np.float32) for _ in range(3))
+    return tuple(b[:size] for b in buffers)
 
 
 def _gelu_block(z, out):
@@ -104,16 +107,26 @@ def _gelu_block(z, out):
         _scipy_ndtr(z, out=out)
         out *= z
         return
-    a = np.abs(z)
-    a *= np.float32(_SQRT_HALF)
-    _normal_cdf_tail(a, out)              # e = Phi(-|z|), relatively accurate
-    # Phi(z) = e + [z >= 0] (1 - 2 e): exactly e for z < 0 (no cancellation in the tail)
-    np.greater_equal(z, 0, out=a)
-    a *= out
-    a *= np.float32(-2)
-    a += np.greater_equal(z, 0)
-    out += a
-    out *= z
+    # gelu(z) = max(z, 0) - |z| Phi(-|z|): one form for both signs, no cancellation for z < 0
+    size, t, square = _scratch(z.size)
+    np.abs(z, out=size)
+    np.minimum(size, _CLAMP, out=size)
+    np.multiply(size, np.float32(_K), out=t)
+    t += np.float32(1)
+    np.reciprocal(t, out=t)
+    np.multiply(t, _FOLDED[-1], out=out)
+    for c in _FOLDED[-2:0:-1]:
+        out += c
+        out *= t
+    out += _FOLDED[0]
+    np.multiply(z, z, out=square)
+    square *= np.float32(0.5)
+    out -= square
+    np.exp(out, out=out)
+    out *= t                               # Phi(-|z|), relatively accurate
+    out *= size
+    np.maximum(z, np.float32(0), out=square)
+    np.subtract(square, out, out=out)
 
 
 def _logistic_times(z, out):
