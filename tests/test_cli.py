@@ -102,7 +102,7 @@ def test_study_on_a_dask_scheduler_matches_in_process(tmp_path, capsys):
             "--tokens", "gauss-legendre:8", "--features", "gauss-legendre:8", "--no-progress"]
     assert cli.main([*args, "--out", str(tmp_path / "local")]) == 0
     with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                  host="127.0.0.1", dashboard_address=None) as cluster:
+                                  host="127.0.0.1", dashboard_address=":0") as cluster:
         assert cli.main([*args, "--out", str(tmp_path / "dask"),
                          "--scheduler", cluster.scheduler_address]) == 0
     local, remote = (json.loads((tmp_path / d / "convergence.json").read_text())

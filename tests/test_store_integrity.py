@@ -233,7 +233,7 @@ def test_dask_worker_lost_is_one_line_and_rerun_resumes(tmp_path):
     context = {"marker": str(marker), "done": str(done)}
     cases = _cases((1, 2, 3, 4))
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster, \
+                                  dashboard_address=":0") as cluster, \
             distributed.Client(cluster) as client:
         with pytest.raises(WorkerLost) as info:
             run_cases(dying_task, context, cases, executor=client, store=store, progress=False)

@@ -355,7 +355,7 @@ def test_dask_local_cluster_matches_in_process():
                  features="gauss-legendre:8", progress=False)
     serial = convergence(model, **study)
     with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                  host="127.0.0.1", dashboard_address=None) as cluster, \
+                                  host="127.0.0.1", dashboard_address=":0") as cluster, \
             distributed.Client(cluster) as client:
         remote = convergence(model, executor=client, **study)
         assert len(client.scheduler_info()["workers"]) == 2
