@@ -64,3 +64,11 @@ def fitted_order(h, err):
     h = np.asarray(h, dtype=float)
     err = np.asarray(err, dtype=float)
     return float(np.polyfit(np.log(h), np.log(err), 1)[0])
+
+
+def rel_err(ours, ref, keep=None):
+    """max |ours - ref| / max |ref|, over the entries ``keep`` selects (all by default)."""
+    ours, ref = np.asarray(ours), np.asarray(ref)
+    if keep is not None:
+        ours, ref = ours[keep], ref[keep]
+    return float(np.abs(ours - ref).max() / np.abs(ref).max())

@@ -5,19 +5,12 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import require
+from tests.conftest import rel_err, require
 
 from ctformer.discretizations import Midpoint
 from ctformer.model import Block, ContinuousTransformer
 
 TOL = 1e-12
-
-
-def rel_err(ours, ref, keep=None):
-    ours, ref = np.asarray(ours), np.asarray(ref)
-    if keep is not None:
-        ours, ref = ours[keep], ref[keep]
-    return float(np.abs(ours - ref).max() / np.abs(ref).max())
 
 
 def random_encoder(torch, *, d, heads, d_ff, layers, activation, norm_first, final_norm, eps, seed,

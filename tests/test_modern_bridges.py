@@ -12,18 +12,11 @@ import warnings
 import numpy as np
 import pytest
 
-from tests.conftest import fitted_order, require
+from tests.conftest import fitted_order, rel_err, require
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TOL = 1e-12
-
-
-def rel_err(ours, ref, keep=None):
-    ours, ref = np.asarray(ours), np.asarray(ref)
-    if keep is not None:
-        ours, ref = ours[keep], ref[keep]
-    return float(np.abs(ours - ref).max() / np.abs(ref).max())
 
 
 def _randomize(torch, model, seed, conv1d=False):

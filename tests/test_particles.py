@@ -14,7 +14,6 @@ from scipy.integrate import solve_ivp
 from scipy.special import logsumexp, softmax
 
 from ctformer.particles import SelfAttentionDynamics, energy, single_cluster_distance
-from tests.conftest import fitted_order
 
 
 def sphere_points(rng, *shape):
@@ -174,19 +173,6 @@ def test_causal_mask_first_token_fixed_and_all_converge_to_it(rng):
 
 
 # -- time discretization ------------------------------------------------------------------------
-@pytest.mark.parametrize("scheme,order", [("euler", 1), ("heun", 2), ("rk4", 4)])
-def test_observed_time_order(rng, scheme, order):
-    beta, t1 = 1.5, 1.0
-    x0 = sphere_points(rng, 6, 3)
-    Q = np.eye(3) + 0.3 * rng.standard_normal((3, 3))
-    exact = exact_solution(x0, t1, beta, [(Q, np.eye(3), np.eye(3))])
-    dyn = SelfAttentionDynamics(beta, Q=Q)
-    dts = [1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64]
-    errors = [np.abs(dyn.solve(x0, t1, dt, scheme=scheme).final - exact).max() for dt in dts]
-    assert min(errors) > 1e-12  # above the reference's accuracy
-    assert abs(fitted_order(dts, errors) - order) < 0.3
-
-
 def test_batch_equals_separate_solves(rng):
     x0 = sphere_points(rng, 3, 5, 4)
     dyn = SelfAttentionDynamics(2.0, normalized=False, mask="causal")

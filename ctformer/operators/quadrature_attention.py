@@ -518,16 +518,7 @@ def _check_beta(xp, beta, dtype, shapes):
         if not math.isfinite(float(beta)):
             raise ValueError(f"beta must be finite, got {beta!r}")
         return float(beta)
-    if xp is _NUMPY and type(beta) is np.ndarray and beta.dtype.kind == "f":
-        arr = beta.astype(dtype, copy=False)
-    else:
-        try:
-            arr = xp.asarray(beta)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"beta must be a real number or an array of them, got {beta!r}") from exc
-        if not (xp.isdtype(arr.dtype, "real floating") or xp.isdtype(arr.dtype, "integral")):
-            raise TypeError(f"beta must be a real number or an array of them, got dtype {arr.dtype}")
-        arr = xp.astype(arr, dtype)
+    arr = _real_array(xp, beta, dtype, "beta must be a real number or an array of them")
     if not math.isfinite(_global_abs_max(xp, arr)):
         raise ValueError("beta must be finite")
     if arr.ndim == 0:
@@ -536,20 +527,24 @@ def _check_beta(xp, beta, dtype, shapes):
     return arr[..., None, None]
 
 
+def _real_array(xp, value, dtype, expected: str):
+    """``value`` as a real array of ``dtype`` in ``xp``; TypeError ``expected, got ...`` else."""
+    if xp is _NUMPY and type(value) is np.ndarray and value.dtype.kind == "f":
+        return value.astype(dtype, copy=False)
+    try:
+        arr = xp.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{expected}, got {value!r}") from exc
+    if not (xp.isdtype(arr.dtype, "real floating") or xp.isdtype(arr.dtype, "integral")):
+        raise TypeError(f"{expected}, got dtype {arr.dtype}")
+    return xp.astype(arr, dtype)
+
+
 def _log_weights(xp, weights, dtype, m):
     """log of positive, finite quadrature weights of shape (m,), in dtype."""
     if isinstance(weights, (str, bytes)):
         raise TypeError(f"weights must be an array of positive numbers, got {weights!r}")
-    if xp is _NUMPY and type(weights) is np.ndarray and weights.dtype.kind == "f":
-        w = weights.astype(dtype, copy=False)
-    else:
-        try:
-            w = xp.asarray(weights)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"weights must be an array of positive numbers: {exc}") from None
-        if not (xp.isdtype(w.dtype, "real floating") or xp.isdtype(w.dtype, "integral")):
-            raise TypeError(f"weights must be real numbers, got dtype {w.dtype}")
-        w = xp.astype(w, dtype)
+    w = _real_array(xp, weights, dtype, "weights must be an array of positive numbers")
     if w.ndim != 1 or w.shape[0] != m:
         raise ValueError(f"weights must have shape ({m},) (one per key token), got {tuple(w.shape)}")
     lo, hi = float(xp.min(w)), float(xp.max(w))
