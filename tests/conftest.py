@@ -72,3 +72,12 @@ def rel_err(ours, ref, keep=None):
     if keep is not None:
         ours, ref = ours[keep], ref[keep]
     return float(np.abs(ours - ref).max() / np.abs(ref).max())
+
+
+@pytest.fixture(params=["numba", "numpy"])
+def loop_engine(request, monkeypatch):
+    """Run a test with the compiled (Numba) loops and with NumPy's: both must hold."""
+    if request.param == "numba":
+        require("numba")
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", request.param)
+    return request.param

@@ -7,6 +7,9 @@ from ctformer.operators import activations
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
+# every test runs with the compiled loops and with NumPy's
+pytestmark = pytest.mark.usefixtures("loop_engine")
+
 REFERENCE = {
     "gelu": lambda t: F.gelu(t),
     "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),

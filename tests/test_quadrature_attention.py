@@ -20,16 +20,20 @@ from .conftest import require
 
 # the package re-exports the function under the module's name, so fetch the module itself
 qa_module = importlib.import_module("ctformer.operators.quadrature_attention")
+numpy_paths = importlib.import_module("ctformer.operators.attention_numpy")
 threads_module = importlib.import_module("ctformer.operators.threads")
 
 
-@pytest.fixture(params=["generic", "stream"])
+@pytest.fixture(params=["small", "small-numpy-loops", "stream", "stream-numpy-loops"])
 def path(request, monkeypatch):
-    """Force the batched generic path or the NumPy streaming path (threaded element-wise work)."""
-    if request.param == "stream":
+    """Force the batched path or the NumPy streaming path (threaded), each with the compiled
+    row kernel (the default where Numba is installed) or with NumPy's loops."""
+    if request.param.endswith("numpy-loops"):
+        monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numpy")
+    if request.param.startswith("stream"):
         monkeypatch.setattr(qa_module, "_STREAM_MIN_ENTRIES", 0)
-        monkeypatch.setattr(qa_module, "_PARALLEL_MIN_ENTRIES", 0)
-        monkeypatch.setattr(qa_module, "_ELEMENTWISE_BLOCK_BYTES", 300)  # a few rows per block
+        monkeypatch.setattr(numpy_paths, "_PARALLEL_MIN_ENTRIES", 0)
+        monkeypatch.setattr(numpy_paths, "_ELEMENTWISE_BLOCK_BYTES", 300)  # a few rows per block
         monkeypatch.setenv("CTFORMER_NUM_THREADS", "3")
     else:
         monkeypatch.setattr(qa_module, "_STREAM_MIN_ENTRIES", 1 << 62)
@@ -169,7 +173,7 @@ def test_float32_stays_float32_and_is_accurate(rng, path):
 @pytest.mark.parametrize("blas_limit", ["threadpoolctl", "none available"])
 def test_threads_do_not_change_the_result(rng, monkeypatch, blas_limit):
     monkeypatch.setattr(qa_module, "_STREAM_MIN_ENTRIES", 0)
-    monkeypatch.setattr(qa_module, "_PARALLEL_MIN_ENTRIES", 0)
+    monkeypatch.setattr(numpy_paths, "_PARALLEL_MIN_ENTRIES", 0)
     if blas_limit != "threadpoolctl":  # without threadpoolctl: one worker, threaded BLAS
         monkeypatch.setattr(threads_module, "single_thread_blas", lambda: None)
     q, k, v = _qkv(rng, (2, 70), (2, 70))

@@ -28,6 +28,10 @@ each element being computed alone). On NumPy:
   about 30 in-place passes over per-thread work arrays: 4-5x faster than SciPy's ``erf``;
 * ``gelu_tanh`` and ``silu`` use the logistic forms above: one ``exp`` and no ``tanh``, and
   relatively accurate in both tails (the tanh form cancels for large negative ``z``).
+
+Where Numba is installed (``CTFORMER_LOOP_ENGINE``, :mod:`ctformer.operators.compiled`) the
+same formulas run as one compiled pass per element, with a vectorized ``exp``: float32 GELU,
+and ``gelu_tanh`` and ``silu`` in both precisions (float64 GELU stays with SciPy's ``ndtr``).
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ from scipy.special import erf as _scipy_erf
 from scipy.special import ndtr as _scipy_ndtr
 
 from ..backend import namespace
+from . import compiled as _compiled
 from . import threads as _threads
 
 __all__ = ["ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
@@ -51,14 +56,21 @@ _BLOCK = 1 << 16
 # Arrays with fewer elements run on the calling thread only.
 _THREADED_MIN = 1 << 17
 # Numerical Recipes' erfcc coefficients, P_9(t) = c_0 + c_1 t + ... + c_9 t^9.
-_ERFC_COEFFICIENTS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
-                      0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277)
+_ERFC_COEFFICIENTS = _compiled.ERFC_COEFFICIENTS
 _SQRT_HALF = math.sqrt(0.5)
-_TANH_GELU = 2.0 * math.sqrt(2.0 / math.pi)
+_TANH_GELU = _compiled.TANH_GELU
 
 
 def _host_float(z) -> bool:
     return type(z) is np.ndarray and z.dtype in (np.float32, np.float64)
+
+
+def _loop(name, numpy_kernel, dtype):
+    """The compiled loop ``name`` for ``dtype`` where there is one, else ``numpy_kernel``."""
+    made = _compiled.kernels()
+    if made is None:
+        return numpy_kernel
+    return getattr(made, name + ("32" if dtype == np.float32 else "64"), numpy_kernel)
 
 
 def _blockwise(kernel, z):
@@ -177,14 +189,14 @@ def gelu(z):
     docstring); every other array uses the library's ``erf``.
     """
     if _host_float(z):
-        return _blockwise(_gelu_block, z)
+        return _blockwise(_loop("gelu", _gelu_block, z.dtype), z)
     return z * 0.5 * (1.0 + _erf(z * _SQRT_HALF))
 
 
 def gelu_tanh(z):
     r"""Tanh GELU, :math:`\frac{z}{2}(1 + \tanh(\sqrt{2/\pi}(z + 0.044715 z^3)))`."""
     if _host_float(z):
-        return _blockwise(_gelu_tanh_block, z)
+        return _blockwise(_loop("gelu_tanh", _gelu_tanh_block, z.dtype), z)
     xp = namespace(z)
     return 0.5 * z * (1.0 + xp.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z * z * z)))
 
@@ -192,7 +204,7 @@ def gelu_tanh(z):
 def silu(z):
     r"""SiLU, :math:`z / (1 + e^{-z})`, evaluated without overflow."""
     if _host_float(z):
-        return _blockwise(_silu_block, z)
+        return _blockwise(_loop("silu", _silu_block, z.dtype), z)
     xp = namespace(z)
     e = xp.exp(-xp.abs(z))  # in (0, 1]: no overflow for any z
     return z * xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))

@@ -24,12 +24,10 @@ never forms an N x M matrix.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-
 import array_api_compat
 import numpy as np
 
-from . import threads as _threads
+from . import attention_numpy as _numpy_paths
 
 _NUMPY = array_api_compat.array_namespace(np.zeros(0))
 
@@ -39,20 +37,8 @@ __all__ = ["quadrature_attention"]
 # float64 on the host; on a GPU larger blocks amortize the kernel launches.
 _CHUNK_ELEMENTS = 1 << 20
 _CHUNK_ELEMENTS_DEVICE = 1 << 27
-# NumPy streaming path: a (chunk, M) score block of ~8 MiB keeps BLAS efficient (chunk >= 128
-# rows at M = 8192 in float64) while the extra memory stays far below an N x N matrix.
-_CHUNK_BYTES_NUMPY = 8 << 20
-_MIN_CHUNK_ROWS = 64
-# The streaming path splits a call into at least this many tasks (for balance over a few
-# threads). A constant, not the thread count: the chunks, hence the rounding, never depend on
-# how many threads run them.
-_MIN_TASKS = 8
 # Problems with fewer score entries per (batch, head) than this are done batched in one go.
 _STREAM_MIN_ENTRIES = 1 << 16
-# Below this many score entries in all, a call is not worth spreading over threads.
-_PARALLEL_MIN_ENTRIES = 1 << 20
-# Rows of a score chunk are exponentiated in blocks of this size (L2 cache).
-_ELEMENTWISE_BLOCK_BYTES = 1 << 20
 # Scores and weighted sums are kept below finfo.max / _HEADROOM (room for the log-weights,
 # the row-maximum subtraction and the sum over keys).
 _HEADROOM = 8.0
@@ -170,72 +156,17 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
         qs = q * beta  # beta folded into the queries: O(N d), cheaper than scaling every score
     numpy = isinstance(q, np.ndarray)
     if numpy and chunk is None and n * m * math.prod(lead) <= _CHUNK_ELEMENTS and n * m < _STREAM_MIN_ENTRIES:
-        out = _small_numpy(qs, k, v, log_w, keep, causal, diag_shift)
+        out = _numpy_paths.small(qs, k, v, log_w, keep, causal, diag_shift)
     elif numpy and chunk is None and n * m < _STREAM_MIN_ENTRIES and keep is None:
-        out = _small_numpy_blocks(qs, k, v, log_w, causal, diag_shift, lead)
+        out = _numpy_paths.small_blocks(qs, k, v, log_w, causal, diag_shift, lead)
     elif numpy and q.dtype in (np.float32, np.float64) and n * m >= _STREAM_MIN_ENTRIES:
-        out = _stream_numpy(qs, k, v, log_w, keep, causal, diag_shift, lead, chunk)
+        out = _numpy_paths.stream(qs, k, v, log_w, keep, causal, diag_shift, lead, chunk)
     else:
         if chunk is None:
             target = _CHUNK_ELEMENTS_DEVICE if array_api_compat.is_cupy_array(q) else _CHUNK_ELEMENTS
             chunk = max(1, min(n, target // max(1, m * (math.prod(lead) or 1))))
         out = _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, int(chunk))
     return out if v_scale is None else _pow2(xp, out, v_scale)
-
-
-# -- small NumPy problems: one batched pass ------------------------------------------------------
-def _small_numpy(qs, k, v, log_w, keep, causal, diag_shift):
-    """All (batch, head) problems at once, a few NumPy calls; returns (..., N, e)."""
-    s = qs @ k.swapaxes(-1, -2)
-    if log_w is not None:
-        s += log_w
-    if causal:
-        s += _causal_bias(s.shape[-1], s.dtype.str, diag_shift)
-    elif keep is not None:
-        s = np.where(keep, s, -np.inf)
-    s -= s.max(axis=-1, keepdims=True)
-    np.exp(s, out=s)
-    out = s @ v
-    out /= s.sum(axis=-1, keepdims=True)
-    return out
-
-
-def _small_numpy_blocks(qs, k, v, log_w, causal, diag_shift, lead):
-    """Many small (batch, head) problems: :func:`_small_numpy` on blocks of the flattened
-    leading axes, each block's scores at most ``_CHUNK_ELEMENTS`` entries, at least
-    ``_MIN_TASKS`` blocks (when there are that many problems), shared by the worker threads as
-    in :func:`_stream_numpy` (the blocks depend on the shapes only, not on the threads)."""
-    n, m, e = qs.shape[-2], k.shape[-2], v.shape[-1]
-    flat = [np.broadcast_to(a, (*lead, *a.shape[-2:])).reshape(-1, *a.shape[-2:]) for a in (qs, k, v)]
-    count = flat[0].shape[0]
-    step = max(1, min(_CHUNK_ELEMENTS // (n * m), -(-count // _MIN_TASKS)))
-    out = np.empty((count, n, e), dtype=np.result_type(qs.dtype, v.dtype))
-    tasks = [slice(start, start + step) for start in range(0, count, step)]
-
-    def worker(next_task):
-        while (block := next_task()) is not None:
-            out[block] = _small_numpy(flat[0][block], flat[1][block], flat[2][block], log_w, None,
-                                      causal, diag_shift)
-
-    _run_tasks(worker, tasks, n * m * count)
-    return out.reshape(*lead, n, e)
-
-
-def _run_tasks(worker, tasks, entries):
-    """The attention ``worker`` over ``tasks``: threaded, with a single-threaded BLAS per
-    worker, from ``_PARALLEL_MIN_ENTRIES`` score entries in all (else on the calling thread)."""
-    _threads.run_blas_tasks(worker, tasks, entries >= _PARALLEL_MIN_ENTRIES)
-
-
-@lru_cache(maxsize=64)
-def _causal_bias(n, dtype, diag_shift):
-    """(n, n) additive mask: -inf above the diagonal, ``diag_shift`` (or 0) on it (read-only)."""
-    bias = np.zeros((n, n), dtype=np.dtype(dtype))
-    bias[np.triu_indices(n, 1)] = -np.inf
-    if diag_shift is not None:
-        bias[np.diag_indices(n)] = diag_shift
-    bias.setflags(write=False)
-    return bias
 
 
 # -- generic path (any array namespace) ----------------------------------------------------------
@@ -272,76 +203,6 @@ def _mask_diagonal_block(xp, s, start, stop, diag_shift):
     if diag_shift is not None:
         block = block + xp.astype(j == i, s.dtype) * diag_shift
     return xp.concat([s[..., :start], block], axis=-1) if start else block
-
-
-# -- NumPy streaming path ------------------------------------------------------------------------
-def _stream_chunk(n, m, itemsize, problems):
-    """Query rows per task: ~8 MiB of scores, at least _MIN_TASKS tasks; thread-independent."""
-    chunk = max(_MIN_CHUNK_ROWS, _CHUNK_BYTES_NUMPY // (m * itemsize))
-    per_problem = -(-_MIN_TASKS // max(1, problems))
-    return max(1, min(n, chunk, max(_MIN_CHUNK_ROWS, -(-n // per_problem))))
-
-
-def _stream_numpy(qs, k, v, log_w, keep, causal, diag_shift, lead, chunk):
-    """Query chunks of every (batch, head), each done by one worker with its own buffers."""
-    dtype = qs.dtype
-    n, m, e = qs.shape[-2], k.shape[-2], v.shape[-1]
-    if chunk is None:
-        chunk = _stream_chunk(n, m, dtype.itemsize, math.prod(lead))
-    chunk = int(min(chunk, n))
-    v1 = np.empty((*v.shape[:-1], e + 1), dtype=dtype)
-    v1[..., :e] = v
-    v1[..., e] = 1  # the last output column is the denominator
-    out = np.empty((*lead, n, e), dtype=dtype)
-    k = np.ascontiguousarray(k)  # BLAS-friendly strides (a no-op for the usual inputs)
-    qs, k, v1 = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (qs, k, v1))
-    keep = None if keep is None else np.broadcast_to(keep, (*lead, *keep.shape[-2:]))
-    upper = np.triu(np.ones((chunk, chunk), dtype=bool), 1) if causal else None
-    starts = range(0, n, chunk)
-    if causal:  # the last chunks cost the most: hand them out first
-        starts = reversed(starts)
-    tasks = [(idx, start) for start in starts for idx in np.ndindex(*lead)]
-
-    def worker(next_task):
-        scores = np.empty(chunk * m, dtype=dtype)
-        num = np.empty((chunk, e + 1), dtype=dtype)
-        row_max = np.empty((chunk, 1), dtype=dtype)
-        drop = None if keep is None else np.empty(chunk * m, dtype=bool)
-        while (task := next_task()) is not None:
-            idx, start = task
-            stop = min(n, start + chunk)
-            r = stop - start
-            cols = stop if causal else m  # causal: keys after the chunk never count
-            s = scores[: r * cols].reshape(r, cols)
-            np.matmul(qs[idx][start:stop], k[idx][:cols].T, out=s)
-            # exp(s - row max) in place, in row blocks that stay in cache
-            block_rows = max(1, _ELEMENTWISE_BLOCK_BYTES // (cols * dtype.itemsize))
-            for a in range(0, r, block_rows):
-                b = min(r, a + block_rows)
-                sa = s[a:b]
-                if log_w is not None:
-                    np.add(sa, log_w[:cols], out=sa)
-                if causal:  # only the diagonal block has keys after the query
-                    diag = sa[:, start:]
-                    np.copyto(diag, -np.inf, where=upper[a:b, :r])
-                    if diag_shift is not None:
-                        i = np.arange(a, b)
-                        diag[i - a, i] += diag_shift
-                elif keep is not None:
-                    kb = keep[idx]
-                    d = drop[: sa.size].reshape(sa.shape)
-                    np.logical_not(kb[start + a:start + b] if kb.shape[0] > 1 else kb, out=d)
-                    np.copyto(sa, -np.inf, where=d)
-                mx = row_max[: b - a]
-                np.max(sa, axis=1, keepdims=True, out=mx)
-                np.subtract(sa, mx, out=sa)
-                np.exp(sa, out=sa)
-            nb = num[:r]
-            np.matmul(s, v1[idx][:cols], out=nb)
-            np.divide(nb[:, :e], nb[:, e:], out=out[idx][start:stop])
-
-    _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
-    return out
 
 
 # -- scale safety ---------------------------------------------------------------------------------

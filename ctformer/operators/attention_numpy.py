@@ -1,0 +1,200 @@
+r"""Quadrature attention on NumPy arrays: a batched pass for small problems, streamed query
+chunks on worker threads for large ones.
+
+Both compute, for each query row :math:`i`, the numerator weights
+:math:`p_{ij} = \exp(s_{ij} - \max_l s_{il})` of the scores
+:math:`s_{ij} = \beta q_i \cdot k_j + \log w_j` (masked entries 0), then
+:math:`\mathrm{out}_i = \sum_j p_{ij} v_j / \sum_j p_{ij}`; the denominator is the last
+column of the product with :math:`[v, 1]` (one BLAS call for both). The exponentials run in
+one fused pass per row when the Numba loops are available
+(:mod:`ctformer.operators.compiled`), else as NumPy passes over cache-sized row blocks.
+
+The work is split into tasks that depend on the problem's shape and dtype only, never on the
+number of threads, so results are bit-identical for any ``CTFORMER_NUM_THREADS``.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from . import compiled as _compiled
+from . import threads as _threads
+
+# Small problems: at most this many score entries per task.
+_SMALL_TASK_ELEMENTS = 1 << 20
+# Streaming: a (chunk, M) score block of ~8 MiB keeps BLAS efficient (chunk >= 128 rows at
+# M = 8192 in float64) while the extra memory stays far below an N x M matrix.
+_CHUNK_BYTES = 8 << 20
+_MIN_CHUNK_ROWS = 64
+# A call is split into at least this many tasks (for balance over a few threads). A
+# constant, not the thread count: the chunks, hence the rounding, never depend on the threads.
+_MIN_TASKS = 8
+# Below this many score entries in all, a call is not worth spreading over threads.
+_PARALLEL_MIN_ENTRIES = 1 << 20
+# NumPy loops: rows of a score chunk are exponentiated in blocks of this size (L2 cache).
+_ELEMENTWISE_BLOCK_BYTES = 1 << 20
+
+
+def _exp_rows_kernel(dtype):
+    """The compiled row kernel for ``dtype``, or None (NumPy loops)."""
+    made = _compiled.kernels()
+    if made is None:
+        return None
+    return made.exp_rows32 if dtype == np.float32 else made.exp_rows64
+
+
+def _log_weights(log_w, dtype):
+    return np.empty(0, dtype) if log_w is None else np.ascontiguousarray(log_w, dtype=dtype)
+
+
+# -- small problems: one batched pass ------------------------------------------------------------
+def small(qs, k, v, log_w, keep, causal, diag_shift):
+    """All (batch, head) problems at once, a few NumPy calls; returns (..., N, e)."""
+    s = qs @ k.swapaxes(-1, -2)
+    n, m = s.shape[-2:]
+    kernel = _exp_rows_kernel(s.dtype) if s.dtype in (np.float32, np.float64) else None
+    if kernel is not None and s.size:
+        if keep is not None:
+            s = np.where(keep, s, -np.inf)
+        kernel(s.reshape(-1, m), _log_weights(log_w, s.dtype), 0 if causal else -1, n,
+               s.dtype.type(diag_shift or 0))
+    else:
+        if log_w is not None:
+            s += log_w
+        if causal:
+            s += _causal_bias(m, s.dtype.str, diag_shift)
+        elif keep is not None:
+            s = np.where(keep, s, -np.inf)
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+    out = s @ v
+    out /= s.sum(axis=-1, keepdims=True)
+    return out
+
+
+def small_blocks(qs, k, v, log_w, causal, diag_shift, lead):
+    """Many small (batch, head) problems: :func:`small` on blocks of the flattened leading
+    axes, each block's scores at most ``_SMALL_TASK_ELEMENTS`` entries, at least
+    ``_MIN_TASKS`` blocks (when there are that many problems), shared by the worker threads."""
+    n, m, e = qs.shape[-2], k.shape[-2], v.shape[-1]
+    flat = [np.broadcast_to(a, (*lead, *a.shape[-2:])).reshape(-1, *a.shape[-2:]) for a in (qs, k, v)]
+    count = flat[0].shape[0]
+    step = max(1, min(_SMALL_TASK_ELEMENTS // (n * m), -(-count // _MIN_TASKS)))
+    out = np.empty((count, n, e), dtype=np.result_type(qs.dtype, v.dtype))
+    tasks = [slice(start, start + step) for start in range(0, count, step)]
+
+    def worker(next_task):
+        while (block := next_task()) is not None:
+            out[block] = small(flat[0][block], flat[1][block], flat[2][block], log_w, None,
+                               causal, diag_shift)
+
+    _run_tasks(worker, tasks, n * m * count)
+    return out.reshape(*lead, n, e)
+
+
+def _run_tasks(worker, tasks, entries):
+    """The attention ``worker`` over ``tasks``: threaded, with a single-threaded BLAS per
+    worker, from ``_PARALLEL_MIN_ENTRIES`` score entries in all (else on the calling thread)."""
+    _threads.run_blas_tasks(worker, tasks, entries >= _PARALLEL_MIN_ENTRIES)
+
+
+@lru_cache(maxsize=64)
+def _causal_bias(n, dtype, diag_shift):
+    """(n, n) additive mask: -inf above the diagonal, ``diag_shift`` (or 0) on it (read-only)."""
+    bias = np.zeros((n, n), dtype=np.dtype(dtype))
+    bias[np.triu_indices(n, 1)] = -np.inf
+    if diag_shift is not None:
+        bias[np.diag_indices(n)] = diag_shift
+    bias.setflags(write=False)
+    return bias
+
+
+# -- large problems: streamed query chunks -------------------------------------------------------
+def stream_chunk(n, m, itemsize, problems):
+    """Query rows per task: ~8 MiB of scores, at least _MIN_TASKS tasks; thread-independent."""
+    chunk = max(_MIN_CHUNK_ROWS, _CHUNK_BYTES // (m * itemsize))
+    per_problem = -(-_MIN_TASKS // max(1, problems))
+    return max(1, min(n, chunk, max(_MIN_CHUNK_ROWS, -(-n // per_problem))))
+
+
+def stream(qs, k, v, log_w, keep, causal, diag_shift, lead, chunk):
+    """Query chunks of every (batch, head), each done by one worker with its own buffers."""
+    dtype = qs.dtype
+    n, m, e = qs.shape[-2], k.shape[-2], v.shape[-1]
+    if chunk is None:
+        chunk = stream_chunk(n, m, dtype.itemsize, math.prod(lead))
+    chunk = int(min(chunk, n))
+    v1 = np.empty((*v.shape[:-1], e + 1), dtype=dtype)
+    v1[..., :e] = v
+    v1[..., e] = 1  # the last output column is the denominator
+    out = np.empty((*lead, n, e), dtype=dtype)
+    k = np.ascontiguousarray(k)  # BLAS-friendly strides (a no-op for the usual inputs)
+    qs, k, v1 = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (qs, k, v1))
+    keep = None if keep is None else np.broadcast_to(keep, (*lead, *keep.shape[-2:]))
+    kernel = _exp_rows_kernel(dtype)
+    exp_rows = _fused_exp_rows(kernel, log_w, causal, diag_shift, dtype) if kernel else \
+        _numpy_exp_rows(log_w, causal, diag_shift, chunk)
+    starts = range(0, n, chunk)
+    if causal:  # the last chunks cost the most: hand them out first
+        starts = reversed(starts)
+    tasks = [(idx, start) for start in starts for idx in np.ndindex(*lead)]
+
+    def worker(next_task):
+        scores = np.empty(chunk * m, dtype=dtype)
+        num = np.empty((chunk, e + 1), dtype=dtype)
+        drop = None if keep is None else np.empty(chunk * m, dtype=bool)
+        while (task := next_task()) is not None:
+            idx, start = task
+            stop = min(n, start + chunk)
+            r = stop - start
+            cols = stop if causal else m  # causal: keys after the chunk never count
+            s = scores[: r * cols].reshape(r, cols)
+            np.matmul(qs[idx][start:stop], k[idx][:cols].T, out=s)
+            if keep is not None:
+                kb = keep[idx]
+                d = drop[: s.size].reshape(s.shape)
+                np.logical_not(kb[start:stop] if kb.shape[0] > 1 else kb, out=d)
+                np.copyto(s, -np.inf, where=d)
+            exp_rows(s, start)
+            nb = num[:r]
+            np.matmul(s, v1[idx][:cols], out=nb)
+            np.divide(nb[:, :e], nb[:, e:], out=out[idx][start:stop])
+
+    _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
+    return out
+
+
+def _fused_exp_rows(kernel, log_w, causal, diag_shift, dtype):
+    """``exp_rows(s, start)`` by the compiled kernel: one pass per row."""
+    log_w = _log_weights(log_w, dtype)
+    shift = dtype.type(diag_shift or 0)
+    big = np.iinfo(np.int64).max
+
+    def exp_rows(s, start):
+        kernel(s, log_w, start if causal else -1, big, shift)
+    return exp_rows
+
+
+def _numpy_exp_rows(log_w, causal, diag_shift, chunk):
+    """``exp_rows(s, start)`` by NumPy passes over row blocks that stay in cache."""
+    upper = np.triu(np.ones((chunk, chunk), dtype=bool), 1) if causal else None
+
+    def exp_rows(s, start):
+        r, cols = s.shape
+        block_rows = max(1, _ELEMENTWISE_BLOCK_BYTES // (cols * s.dtype.itemsize))
+        for a in range(0, r, block_rows):
+            b = min(r, a + block_rows)
+            sa = s[a:b]
+            if log_w is not None:
+                np.add(sa, log_w[:cols], out=sa)
+            if causal:  # only the diagonal block has keys after the query
+                diag = sa[:, start:]
+                np.copyto(diag, -np.inf, where=upper[a:b, :r])
+                if diag_shift is not None:
+                    i = np.arange(a, b)
+                    diag[i - a, i] += diag_shift
+            np.subtract(sa, np.max(sa, axis=1, keepdims=True), out=sa)
+            np.exp(sa, out=sa)
+    return exp_rows

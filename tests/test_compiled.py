@@ -1,0 +1,102 @@
+"""The compiled loops: the vectorizable exp against 50-digit arithmetic, the row kernel of
+quadrature attention against a dense NumPy formula, and the engine switch."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from ctformer.operators import compiled
+
+from .conftest import require
+
+
+@pytest.fixture
+def made(monkeypatch):
+    require("numba")
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
+    return compiled.kernels()
+
+
+def _exact_exp(x):
+    mpmath = require("mpmath")
+    mpmath.mp.dps = 50
+    return np.array([float(mpmath.exp(mpmath.mpf(float(v)))) for v in x])
+
+
+@pytest.mark.parametrize("dtype, low, high, ulps", [(np.float64, -707.7, 709.78, 1.0),
+                                                    (np.float32, -86.6, 88.72, 1.0)])
+def test_exp_is_correctly_rounded_to_an_ulp_over_the_whole_range(made, dtype, low, high, ulps):
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.uniform(low, high, 3000), rng.uniform(-1, 1, 1000),
+                        [low, high, 0.0, -0.0, 1e-300, 0.5 * np.log(2), -0.5 * np.log(2)]]).astype(dtype)
+    out = np.empty_like(x)
+    (made.exp_array32 if dtype == np.float32 else made.exp_array64)(x, out)
+    exact = _exact_exp(x)
+    # error in units of the spacing of the exact value's binade (ulp)
+    ulp = np.spacing(np.abs(exact).astype(dtype)).astype(np.float64)
+    assert np.max(np.abs(out - exact) / ulp) <= ulps
+    assert out[x == 0].tolist() == [1.0] * int(np.sum(x == 0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_exp_limits_flush_overflow_and_nan(made, dtype):
+    exp = made.exp_array32 if dtype == np.float32 else made.exp_array64
+    big = 90.0 if dtype == np.float32 else 710.0
+    x = np.array([-np.inf, -2 * big, -big, big, 2 * big, np.inf, np.nan], dtype=dtype)
+    out = np.empty_like(x)
+    exp(x, out)
+    assert out[:3].tolist() == [0.0, 0.0, 0.0]
+    assert out[3:6].tolist() == [np.inf] * 3
+    assert np.isnan(out[6])
+
+
+def _dense_rows(s, log_w, causal_start, period, shift):
+    """exp(s + log w - row max) with masked keys 0: the formula, with NumPy's exp."""
+    s = s.astype(np.float64) + (0 if log_w.size == 0 else log_w)
+    if causal_start >= 0:
+        q = causal_start + np.arange(s.shape[0]) % period
+        j = np.arange(s.shape[1])
+        s = np.where(j[None, :] <= q[:, None], s, -np.inf)
+        s[np.arange(s.shape[0]), q] += shift
+    return np.exp(s - s.max(axis=1, keepdims=True))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", ["plain", "weights", "causal", "causal-half-periodic", "masked-entries"])
+def test_row_kernel_equals_the_formula(made, dtype, case):
+    rng = np.random.default_rng(3)
+    rows, cols = 37, 53   # not multiples of the 8-way maximum
+    s = (6 * rng.standard_normal((rows, cols))).astype(dtype)
+    log_w = np.log(rng.uniform(0.2, 2.0, cols)).astype(dtype) if case != "plain" else np.empty(0, dtype)
+    causal_start, period, shift = -1, 1 << 62, 0.0
+    if case == "causal":
+        causal_start = 16   # rows are queries 16..52 of a chunk that starts at 16
+    elif case == "causal-half-periodic":
+        causal_start, period, shift = 0, 9, np.log(0.5)  # 9 queries per problem, stacked
+        s, log_w = s[:, :9].copy(), log_w[:9].copy()
+    elif case == "masked-entries":
+        s[rng.random(s.shape) < 0.3] = -np.inf
+        s[:, 0] = 1.0
+    expected = _dense_rows(s, log_w, causal_start, period, shift)
+    kernel = made.exp_rows32 if dtype == np.float32 else made.exp_rows64
+    kernel(s, log_w, causal_start, period, dtype(shift))
+    eps = np.finfo(dtype).eps
+    # rounding of s + log w (relative to the scores' size) and of the exp
+    assert np.max(np.abs(s - expected)) <= 16 * eps * (1 + np.max(np.abs(expected)))
+    assert np.array_equal(s == 0, expected == 0)
+
+
+def test_engine_switch_is_validated(monkeypatch):
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "fortran")
+    with pytest.raises(ValueError, match="CTFORMER_LOOP_ENGINE must be one of auto, numba, numpy"):
+        compiled.loop_engine()
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numpy")
+    assert compiled.loop_engine() == "numpy" and compiled.kernels() is None
+    monkeypatch.setitem(sys.modules, "numba", None)  # as if Numba were not installed
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
+    with pytest.raises(ImportError, match=r"needs Numba: pip install 'ctformer\[fast\]'"):
+        compiled.loop_engine()
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "auto")
+    assert compiled.loop_engine() == "numpy"
