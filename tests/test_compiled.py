@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from ctformer.operators import compiled
+from ctformer.operators import compiled, normal_tail
 
 from .conftest import require
 
@@ -100,3 +100,44 @@ def test_engine_switch_is_validated(monkeypatch):
         compiled.loop_engine()
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "auto")
     assert compiled.loop_engine() == "numpy"
+
+
+def _exact_gelu(z):
+    mpmath = require("mpmath")
+    mpmath.mp.dps = 50
+    return np.array([float(mpmath.mpf(float(v)) * mpmath.ncdf(mpmath.mpf(float(v)))) for v in z])
+
+
+def test_normal_tail_coefficients_are_the_40_digit_chebyshev_interpolant():
+    require("mpmath")
+    assert normal_tail.power_coefficients() == normal_tail.POWER
+
+
+def test_normal_tail_numpy_formula_is_relatively_accurate_to_3_ulp():
+    mpmath = require("mpmath")
+    mpmath.mp.dps = 50
+    a = np.concatenate([np.linspace(0, 37.5, 3001), [1e-300, 38.5, 40.0, 1e18, np.inf]])
+    exact = np.array([float(mpmath.ncdf(-mpmath.mpf(float(v)))) for v in a])
+    ours = normal_tail.lower_tail(a)
+    normal = exact > np.finfo(np.float64).tiny
+    assert np.max(np.abs(ours - exact)[normal] / exact[normal]) <= 3 * np.finfo(np.float64).eps
+    assert ours[-3:].tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="lower_tail needs a >= 0"):
+        normal_tail.lower_tail([-1.0])
+
+
+def test_gelu64_is_relatively_accurate_to_3_ulp_over_the_whole_range(made):
+    rng = np.random.default_rng(5)
+    z = np.concatenate([-np.linspace(0, 37.5, 3001), rng.uniform(-10, 10, 2000), np.linspace(0, 40, 101)])
+    out = np.empty_like(z)
+    made.gelu64(z, out)
+    exact = _exact_gelu(z)
+    normal = np.abs(exact) > np.finfo(np.float64).tiny
+    # relative, without the condition number's allowance: the a^2 split removes the z^2/2 ulps
+    assert np.max(np.abs(out - exact)[normal] / np.abs(exact)[normal]) <= 3 * np.finfo(np.float64).eps
+    assert np.array_equal(out[~normal & (z != 0)], exact[~normal & (z != 0)])  # flushed: 0 both
+    special = np.array([np.inf, -np.inf, np.nan, 1e300, -1e300, 0.0, -0.0])
+    out = np.empty_like(special)
+    made.gelu64(special, out)
+    assert out[0] == np.inf and out[1] == 0 and np.isnan(out[2])
+    assert out[3] == 1e300 and out[4] == 0 and out[5] == 0 and np.signbit(out[6])

@@ -30,8 +30,11 @@ each element being computed alone). On NumPy:
   relatively accurate in both tails (the tanh form cancels for large negative ``z``).
 
 Where Numba is installed (``CTFORMER_LOOP_ENGINE``, :mod:`ctformer.operators.compiled`) the
-same formulas run as one compiled pass per element, with a vectorized ``exp``: float32 GELU,
-and ``gelu_tanh`` and ``silu`` in both precisions (float64 GELU stays with SciPy's ``ndtr``).
+same formulas run as one compiled pass per element, with a vectorized ``exp``: ``gelu_tanh``
+and ``silu`` in both precisions and float32 GELU. Float64 GELU then uses
+:math:`\Phi(-a) = e^{-a^2/2} t\, G(x(a))` of :mod:`ctformer.operators.normal_tail`, a
+degree-23 polynomial in a rational function of :math:`a` (relative error below 3 ulp over the
+whole range, against SciPy's ``ndtr`` on the NumPy path; about 10x faster).
 """
 from __future__ import annotations
 

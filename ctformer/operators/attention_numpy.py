@@ -50,8 +50,9 @@ def _log_weights(log_w, dtype):
 
 
 # -- small problems: one batched pass ------------------------------------------------------------
-def small(qs, k, v, log_w, keep, causal, diag_shift):
-    """All (batch, head) problems at once, a few NumPy calls; returns (..., N, e)."""
+def small(qs, k, v, log_w, keep, causal, diag_shift, out=None):
+    """All (batch, head) problems at once, a few NumPy calls; returns (..., N, e), written
+    into ``out`` when it is given."""
     s = qs @ k.swapaxes(-1, -2)
     n, m = s.shape[-2:]
     kernel = _exp_rows_kernel(s.dtype) if s.dtype in (np.float32, np.float64) else None
@@ -69,29 +70,41 @@ def small(qs, k, v, log_w, keep, causal, diag_shift):
             s = np.where(keep, s, -np.inf)
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
-    out = s @ v
+    out = np.matmul(s, v, out=out)
     out /= s.sum(axis=-1, keepdims=True)
     return out
 
 
 def small_blocks(qs, k, v, log_w, causal, diag_shift, lead):
-    """Many small (batch, head) problems: :func:`small` on blocks of the flattened leading
-    axes, each block's scores at most ``_SMALL_TASK_ELEMENTS`` entries, at least
-    ``_MIN_TASKS`` blocks (when there are that many problems), shared by the worker threads."""
+    """Many small (batch, head) problems: :func:`small` on blocks of the last leading axis
+    (views: the operands are never gathered into one stack), each block's scores at most
+    ``_SMALL_TASK_ELEMENTS`` entries, at least ``_MIN_TASKS`` blocks when there are that many
+    problems, shared by the worker threads. The blocks depend on the shapes only."""
     n, m, e = qs.shape[-2], k.shape[-2], v.shape[-1]
-    flat = [np.broadcast_to(a, (*lead, *a.shape[-2:])).reshape(-1, *a.shape[-2:]) for a in (qs, k, v)]
-    count = flat[0].shape[0]
-    step = max(1, min(_SMALL_TASK_ELEMENTS // (n * m), -(-count // _MIN_TASKS)))
-    out = np.empty((count, n, e), dtype=np.result_type(qs.dtype, v.dtype))
-    tasks = [slice(start, start + step) for start in range(0, count, step)]
+    qs, k, v = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (qs, k, v))
+    count, inner = math.prod(lead), lead[-1]
+    step = max(1, min(inner, _SMALL_TASK_ELEMENTS // (n * m), -(-count // _MIN_TASKS)))
+    out = output_array(lead, n, e, np.result_type(qs.dtype, v.dtype))
+    tasks = [(idx, slice(start, start + step)) for idx in np.ndindex(*lead[:-1])
+             for start in range(0, inner, step)]
 
     def worker(next_task):
-        while (block := next_task()) is not None:
-            out[block] = small(flat[0][block], flat[1][block], flat[2][block], log_w, None,
-                               causal, diag_shift)
+        while (task := next_task()) is not None:
+            idx, block = task
+            small(qs[idx][block], k[idx][block], v[idx][block], log_w, None, causal, diag_shift,
+                  out=out[idx][block])
 
     _run_tasks(worker, tasks, n * m * count)
-    return out.reshape(*lead, n, e)
+    return out
+
+
+def output_array(lead, n, e, dtype):
+    """An uninitialised (*lead, n, e) result laid out as (*lead[:-1], n, lead[-1], e) in memory:
+    with heads as the last leading axis, the caller's concatenation of the heads along the
+    features, (..., n, heads * e), is then a view rather than a copy."""
+    if not lead:
+        return np.empty((n, e), dtype=dtype)
+    return np.empty((*lead[:-1], n, lead[-1], e), dtype=dtype).swapaxes(-3, -2)
 
 
 def _run_tasks(worker, tasks, entries):
@@ -129,7 +142,7 @@ def stream(qs, k, v, log_w, keep, causal, diag_shift, lead, chunk):
     v1 = np.empty((*v.shape[:-1], e + 1), dtype=dtype)
     v1[..., :e] = v
     v1[..., e] = 1  # the last output column is the denominator
-    out = np.empty((*lead, n, e), dtype=dtype)
+    out = output_array(lead, n, e, dtype)
     k = np.ascontiguousarray(k)  # BLAS-friendly strides (a no-op for the usual inputs)
     qs, k, v1 = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (qs, k, v1))
     keep = None if keep is None else np.broadcast_to(keep, (*lead, *keep.shape[-2:]))

@@ -34,6 +34,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from . import normal_tail as _normal_tail
+
 __all__ = ["loop_engine", "kernels"]
 
 _ENGINES = ("auto", "numba", "numpy")
@@ -91,6 +93,13 @@ def _build() -> SimpleNamespace:
     bits_of_f64 = bitcast(types.float64, types.int64, ir.IntType(64))
     f32_from_bits = bitcast(types.int32, types.float32, ir.FloatType())
     bits_of_f32 = bitcast(types.float32, types.int32, ir.IntType(32))
+
+    @intrinsic
+    def fma64(typingctx, x, y, z):
+        """x * y + z rounded once (the hardware's fused multiply-add)."""
+        def codegen(context, builder, signature, args):
+            return builder.fma(*args)
+        return types.float64(types.float64, types.float64, types.float64), codegen
     jit = njit(nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy")
     inline = njit(nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy", inline="always")
 
@@ -162,6 +171,7 @@ def _build() -> SimpleNamespace:
         setattr(made, "silu" + suffix, _silu(jit, exp, ftype))
         setattr(made, "gelu_tanh" + suffix, _gelu_tanh(jit, exp, ftype))
     made.gelu32 = _gelu32(jit, exp32)
+    made.gelu64 = _gelu64(jit, inline, exp64, fma64)
     return made
 
 
@@ -238,3 +248,47 @@ def _gelu32(jit, exp32):
             tail = t * exp32(p - half * x * x)
             out[i] = max(x, zero) - a * tail
     return gelu32
+
+
+def _horner(inline, coefficients):
+    """An inlined ``h(q, x)``: Horner's rule continued from ``q`` over ``coefficients`` (highest
+    power first). The tuple is walked in pieces of at most 8: LLVM unrolls those, and the
+    caller's loop vectorizes; a longer tuple stays a loop over memory and nothing vectorizes."""
+    head, rest = coefficients[:8], coefficients[8:]
+    after = _horner(inline, rest) if rest else None
+
+    @inline
+    def piece(q, x):
+        for c in head:
+            q = q * x + c
+        return q
+
+    if after is None:
+        return piece
+
+    @inline
+    def chain(q, x):
+        return after(piece(q, x), x)
+    return chain
+
+
+def _gelu64(jit, inline, exp64, fma64):
+    # Phi(-a) = exp(-a^2/2) t G(x), G a polynomial in x (ctformer.operators.normal_tail)
+    power = _normal_tail.POWER[::-1]
+    horner = _horner(inline, power[1:])
+    top, c, big, gamma, clamp = power[0], _normal_tail.C, _normal_tail.A, _normal_tail.GAMMA, 1e18
+
+    @jit
+    def gelu64(z, out):
+        for i in range(z.size):
+            v = z[i]
+            a = min(abs(v), clamp)  # z = inf: inf * 0 would be NaN; Phi(-a) is 0 there anyway
+            b = min(a, big)
+            r = 1.0 / (c + b)
+            g = horner(top, (c - gamma * b) * r)
+            p = a * a
+            e = fma64(a, a, -p)  # a^2 = p + e exactly
+            tail = exp64(-0.5 * p) * (1.0 - 0.5 * e) * (g * c * r)
+            value = max(v, 0.0) - a * tail
+            out[i] = v if v != v else value  # NaN stays NaN
+    return gelu64

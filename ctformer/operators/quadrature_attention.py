@@ -156,7 +156,8 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
         qs = q * beta  # beta folded into the queries: O(N d), cheaper than scaling every score
     numpy = isinstance(q, np.ndarray)
     if numpy and chunk is None and n * m * math.prod(lead) <= _CHUNK_ELEMENTS and n * m < _STREAM_MIN_ENTRIES:
-        out = _numpy_paths.small(qs, k, v, log_w, keep, causal, diag_shift)
+        out = _numpy_paths.small(qs, k, v, log_w, keep, causal, diag_shift,
+                                 out=_numpy_paths.output_array(lead, n, v.shape[-1], np.result_type(qs, k, v)))
     elif numpy and chunk is None and n * m < _STREAM_MIN_ENTRIES and keep is None:
         out = _numpy_paths.small_blocks(qs, k, v, log_w, causal, diag_shift, lead)
     elif numpy and q.dtype in (np.float32, np.float64) and n * m >= _STREAM_MIN_ENTRIES:
