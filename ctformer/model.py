@@ -32,6 +32,7 @@ import numpy as np
 from . import solvers
 from .discretizations import Discretization, Midpoint, as_discretization
 from .kernels import is_host
+from .operators.base import has_host_parameters
 from .operators.functions import assign_parameter, named_parameters
 from .model_inputs import (as_state_array, check_padding_mask, check_steps, renamed_keyword,
                            warn_renamed)
@@ -309,8 +310,16 @@ class ContinuousTransformer:
             assign_parameter(model, name, value)
         return model
 
+    def _operators(self):
+        """Every operator of the model (None where a block has none)."""
+        for block in self.blocks:
+            yield from (block.attention, block.feedforward, block.normalization1, block.normalization2)
+        yield self.final_normalization
+
     def _check_namespaces(self, u) -> None:
         """A state and tensor parameters must live in one namespace and on one device."""
+        if type(u) is np.ndarray and all(op is None or has_host_parameters(op) for op in self._operators()):
+            return  # every operator was checked when it was discretized (cheap: no walk)
         tensors = [v for v in self.parameters().values() if not is_host(v)]
         if not tensors:
             return

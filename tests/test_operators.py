@@ -344,6 +344,19 @@ def test_batched_equals_looped_and_discretized_once(rng):
     assert len(calls) == 1
 
 
+def test_assigning_an_attribute_drops_the_cached_discretization(rng):
+    """A discretization belongs to the values it was built from: after ``op.W_1 = ...`` the
+    operator computes with the new kernel, as a freshly built operator does."""
+    grids = Grids(GaussLegendre(5), Midpoint(4), GaussLegendre(3), Midpoint(6))
+    u = rng.standard_normal((5, 4))
+    ffn = FeedForward(SmoothRandom(4), SmoothRandom(5), activation="gelu")
+    before = ffn(u, grids)
+    ffn.W_1 = SmoothRandom(7)
+    fresh = FeedForward(SmoothRandom(7), SmoothRandom(5), activation="gelu")(u, grids)
+    np.testing.assert_array_equal(ffn(u, grids), fresh)
+    assert np.max(np.abs(fresh - before)) > 1e-3   # the new kernel really changes the result
+
+
 # -- feature functions -----------------------------------------------------------------------
 def test_feature_functions_at_quadrature_nodes():
     from ctformer.operators import as_feature_function

@@ -72,7 +72,9 @@ class Operator(abc.ABC):
     r"""An operator of the continuous model, discretized on demand.
 
     Subclasses implement :meth:`_discretize`, which returns a function of the array ``u``
-    (shape ``(..., Nq_tokens, Nq_features)``) for one :class:`Grids`.
+    (shape ``(..., Nq_tokens, Nq_features)``) for one :class:`Grids`. Assigning an attribute
+    (``op.W_1 = ...``) drops the discretizations built so far; editing an array in place
+    does not, so build a new operator (or use ``model.with_parameters``) to change values.
     """
 
     def discretize(self, grids: Grids) -> Callable:
@@ -96,16 +98,22 @@ class Operator(abc.ABC):
         """
         if not isinstance(grids, Grids):
             raise TypeError(f"grids must be a ctformer.operators.Grids, got {type(grids).__name__}")
-        parameters = getattr(self, "parameters", None)
-        if callable(parameters) and not all(is_host(v) for v in parameters().values()):
-            return self._discretize(grids)   # tensors (with_parameters): rebuilt, never cached
         cache = _DISCRETIZED.get(self)
         if cache is None:
+            # the parameters are walked once: an operator with a cache entry holds host arrays
+            parameters = getattr(self, "parameters", None)
+            if callable(parameters) and not all(is_host(v) for v in parameters().values()):
+                return self._discretize(grids)   # tensors (with_parameters): rebuilt, never cached
             cache = _DISCRETIZED.setdefault(self, {})
         found = cache.get(grids)
         if found is None:
             found = cache[grids] = self._discretize(grids)
         return found
+
+    def __setattr__(self, name, value):
+        # what was discretized belongs to the old attribute values: drop it
+        _DISCRETIZED.pop(self, None)
+        object.__setattr__(self, name, value)
 
     @abc.abstractmethod
     def _discretize(self, grids: Grids) -> Callable: ...
@@ -121,3 +129,10 @@ class Operator(abc.ABC):
             raise TypeError(f"grids must be a ctformer.Grids, got {type(grids).__name__}")
         grids.validate(u, "u", points=True)
         return self.discretize(grids)(u, **kwargs)
+
+
+def has_host_parameters(operator) -> bool:
+    """True when ``operator`` is known to hold host (NumPy) parameters only: it has been
+    discretized with them and no attribute was assigned since (a cheap test for the hot path;
+    False means "unknown", not "tensors")."""
+    return operator in _DISCRETIZED
