@@ -4,10 +4,11 @@ chunks on worker threads for large ones.
 Both compute, for each query row :math:`i`, the numerator weights
 :math:`p_{ij} = \exp(s_{ij} - \max_l s_{il})` of the scores
 :math:`s_{ij} = \beta q_i \cdot k_j + \log w_j` (masked entries 0), then
-:math:`\mathrm{out}_i = \sum_j p_{ij} v_j / \sum_j p_{ij}`; the denominator is the last
-column of the product with :math:`[v, 1]` (one BLAS call for both). The exponentials run in
-one fused pass per row when the Numba loops are available
-(:mod:`ctformer.operators.compiled`), else as NumPy passes over cache-sized row blocks.
+:math:`\mathrm{out}_i = \sum_j p_{ij} v_j / \sum_j p_{ij}`. The exponentials and the row
+sums run in one fused pass per row when the Numba loops are available
+(:mod:`ctformer.operators.compiled`), else as NumPy passes over cache-sized row blocks. The
+streamed path keeps only the output and, per worker, one block of scores and one of scaled
+queries: no copy of ``q``, ``k`` or ``v``.
 
 The work is split into tasks that depend on the problem's shape and dtype only, never on the
 number of threads, so results are bit-identical for any ``CTFORMER_NUM_THREADS``.
@@ -37,12 +38,10 @@ _PARALLEL_MIN_ENTRIES = 1 << 20
 _ELEMENTWISE_BLOCK_BYTES = 1 << 20
 
 
-def _exp_rows_kernel(dtype):
-    """The compiled row kernel for ``dtype``, or None (NumPy loops)."""
+def _exp_rows_kernel():
+    """The compiled row kernel, or None (NumPy loops)."""
     made = _compiled.kernels()
-    if made is None:
-        return None
-    return made.exp_rows32 if dtype == np.float32 else made.exp_rows64
+    return None if made is None else made.exp_rows
 
 
 def _log_weights(log_w, dtype):
@@ -55,12 +54,13 @@ def small(qs, k, v, log_w, keep, causal, diag_shift, out=None):
     into ``out`` when it is given."""
     s = qs @ k.swapaxes(-1, -2)
     n, m = s.shape[-2:]
-    kernel = _exp_rows_kernel(s.dtype) if s.dtype in (np.float32, np.float64) else None
+    kernel = _exp_rows_kernel() if s.dtype in (np.float32, np.float64) else None
     if kernel is not None and s.size:
         if keep is not None:
             s = np.where(keep, s, -np.inf)
+        sums = np.empty(s.shape[:-1], dtype=s.dtype)
         kernel(s.reshape(-1, m), _log_weights(log_w, s.dtype), 0 if causal else -1, n,
-               s.dtype.type(diag_shift or 0))
+               s.dtype.type(diag_shift or 0), sums.reshape(-1))
     else:
         if log_w is not None:
             s += log_w
@@ -70,8 +70,9 @@ def small(qs, k, v, log_w, keep, causal, diag_shift, out=None):
             s = np.where(keep, s, -np.inf)
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
+        sums = s.sum(axis=-1)
     out = np.matmul(s, v, out=out)
-    out /= s.sum(axis=-1, keepdims=True)
+    out /= sums[..., None]
     return out
 
 
@@ -132,21 +133,24 @@ def stream_chunk(n, m, itemsize, problems):
     return max(1, min(n, chunk, max(_MIN_CHUNK_ROWS, -(-n // per_problem))))
 
 
-def stream(qs, k, v, log_w, keep, causal, diag_shift, lead, chunk):
-    """Query chunks of every (batch, head), each done by one worker with its own buffers."""
-    dtype = qs.dtype
-    n, m, e = qs.shape[-2], k.shape[-2], v.shape[-1]
+def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk):
+    """Query chunks of every (batch, head), each done by one worker with its own buffers.
+
+    ``beta`` (a float, or an array broadcasting to ``(*lead, 1, 1)``) scales each chunk of
+    queries in the worker's buffer: no scaled copy of ``q`` is made."""
+    dtype = q.dtype
+    n, m, e, d = q.shape[-2], k.shape[-2], v.shape[-1], q.shape[-1]
     if chunk is None:
         chunk = stream_chunk(n, m, dtype.itemsize, math.prod(lead))
     chunk = int(min(chunk, n))
-    v1 = np.empty((*v.shape[:-1], e + 1), dtype=dtype)
-    v1[..., :e] = v
-    v1[..., e] = 1  # the last output column is the denominator
     out = output_array(lead, n, e, dtype)
-    k = np.ascontiguousarray(k)  # BLAS-friendly strides (a no-op for the usual inputs)
-    qs, k, v1 = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (qs, k, v1))
+    # BLAS-friendly strides and one dtype (no-ops for the usual inputs)
+    k, v = (np.ascontiguousarray(a, dtype=dtype) for a in (k, v))
+    q, k, v = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (q, k, v))
+    scale = (lambda idx, b=float(beta): b) if isinstance(beta, (int, float)) else \
+        (lambda idx, b=np.broadcast_to(beta, (*lead, 1, 1)): b[idx])
     keep = None if keep is None else np.broadcast_to(keep, (*lead, *keep.shape[-2:]))
-    kernel = _exp_rows_kernel(dtype)
+    kernel = _exp_rows_kernel()
     exp_rows = _fused_exp_rows(kernel, log_w, causal, diag_shift, dtype) if kernel else \
         _numpy_exp_rows(log_w, causal, diag_shift, chunk)
     starts = range(0, n, chunk)
@@ -156,7 +160,8 @@ def stream(qs, k, v, log_w, keep, causal, diag_shift, lead, chunk):
 
     def worker(next_task):
         scores = np.empty(chunk * m, dtype=dtype)
-        num = np.empty((chunk, e + 1), dtype=dtype)
+        queries = np.empty((chunk, d), dtype=dtype)
+        sums = np.empty((chunk, 1), dtype=dtype)
         drop = None if keep is None else np.empty(chunk * m, dtype=bool)
         while (task := next_task()) is not None:
             idx, start = task
@@ -164,37 +169,38 @@ def stream(qs, k, v, log_w, keep, causal, diag_shift, lead, chunk):
             r = stop - start
             cols = stop if causal else m  # causal: keys after the chunk never count
             s = scores[: r * cols].reshape(r, cols)
-            np.matmul(qs[idx][start:stop], k[idx][:cols].T, out=s)
+            qs = np.multiply(q[idx][start:stop], scale(idx), out=queries[:r])
+            np.matmul(qs, k[idx][:cols].T, out=s)
             if keep is not None:
                 kb = keep[idx]
-                d = drop[: s.size].reshape(s.shape)
-                np.logical_not(kb[start:stop] if kb.shape[0] > 1 else kb, out=d)
-                np.copyto(s, -np.inf, where=d)
-            exp_rows(s, start)
-            nb = num[:r]
-            np.matmul(s, v1[idx][:cols], out=nb)
-            np.divide(nb[:, :e], nb[:, e:], out=out[idx][start:stop])
+                drop_s = drop[: s.size].reshape(s.shape)
+                np.logical_not(kb[start:stop] if kb.shape[0] > 1 else kb, out=drop_s)
+                np.copyto(s, -np.inf, where=drop_s)
+            exp_rows(s, start, sums[:r, 0])
+            result = out[idx][start:stop]
+            np.matmul(s, v[idx][:cols], out=result)
+            np.divide(result, sums[:r], out=result)
 
     _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
     return out
 
 
 def _fused_exp_rows(kernel, log_w, causal, diag_shift, dtype):
-    """``exp_rows(s, start)`` by the compiled kernel: one pass per row."""
+    """``exp_rows(s, start, sums)`` by the compiled kernel: one pass per row."""
     log_w = _log_weights(log_w, dtype)
     shift = dtype.type(diag_shift or 0)
     big = np.iinfo(np.int64).max
 
-    def exp_rows(s, start):
-        kernel(s, log_w, start if causal else -1, big, shift)
+    def exp_rows(s, start, sums):
+        kernel(s, log_w, start if causal else -1, big, shift, sums)
     return exp_rows
 
 
 def _numpy_exp_rows(log_w, causal, diag_shift, chunk):
-    """``exp_rows(s, start)`` by NumPy passes over row blocks that stay in cache."""
+    """``exp_rows(s, start, sums)`` by NumPy passes over row blocks that stay in cache."""
     upper = np.triu(np.ones((chunk, chunk), dtype=bool), 1) if causal else None
 
-    def exp_rows(s, start):
+    def exp_rows(s, start, sums):
         r, cols = s.shape
         block_rows = max(1, _ELEMENTWISE_BLOCK_BYTES // (cols * s.dtype.itemsize))
         for a in range(0, r, block_rows):
@@ -210,4 +216,5 @@ def _numpy_exp_rows(log_w, causal, diag_shift, chunk):
                     diag[i - a, i] += diag_shift
             np.subtract(sa, np.max(sa, axis=1, keepdims=True), out=sa)
             np.exp(sa, out=sa)
+            np.sum(sa, axis=1, out=sums[a:b])
     return exp_rows

@@ -135,7 +135,8 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     never on the number of threads, so results are bit-identical for any
     ``CTFORMER_NUM_THREADS``. With a causal mask only the keys :math:`j \le i` are computed
     (half the work) and only the diagonal block of each chunk is masked. Extra memory is
-    about ``threads x 8 MiB`` plus copies of ``q`` and ``v`` and the output. Set
+    about ``threads x 8 MiB`` plus the output (no copies of ``q``, ``k`` or ``v``; inputs
+    rescaled for scale safety are the exception). Set
     ``CTFORMER_NUM_THREADS=1`` when calling from several threads at once (e.g. a threaded Dask
     worker).
     """
@@ -151,17 +152,18 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
         return xp.zeros((*lead, 0, v.shape[-1]), dtype=q.dtype)
     v_scale = None
     if check:
-        qs, k, v, v_scale = _scaled_inputs(xp, q, k, v, beta, amax)
-    else:
-        qs = q * beta  # beta folded into the queries: O(N d), cheaper than scaling every score
+        q, beta, k, v, v_scale = _scaled_inputs(xp, q, k, v, beta, amax)
     numpy = isinstance(q, np.ndarray)
+    if numpy and q.dtype in (np.float32, np.float64) and n * m >= _STREAM_MIN_ENTRIES:
+        # beta scales each query chunk inside the workers
+        out = _numpy_paths.stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk)
+        return out if v_scale is None else _pow2(xp, out, v_scale)
+    qs = q * beta  # beta folded into the queries: O(N d), cheaper than scaling every score
     if numpy and chunk is None and n * m * math.prod(lead) <= _CHUNK_ELEMENTS and n * m < _STREAM_MIN_ENTRIES:
         out = _numpy_paths.small(qs, k, v, log_w, keep, causal, diag_shift,
                                  out=_numpy_paths.output_array(lead, n, v.shape[-1], np.result_type(qs, k, v)))
     elif numpy and chunk is None and n * m < _STREAM_MIN_ENTRIES and keep is None:
         out = _numpy_paths.small_blocks(qs, k, v, log_w, causal, diag_shift, lead)
-    elif numpy and q.dtype in (np.float32, np.float64) and n * m >= _STREAM_MIN_ENTRIES:
-        out = _numpy_paths.stream(qs, k, v, log_w, keep, causal, diag_shift, lead, chunk)
     else:
         if chunk is None:
             target = _CHUNK_ELEMENTS_DEVICE if array_api_compat.is_cupy_array(q) else _CHUNK_ELEMENTS
@@ -208,7 +210,8 @@ def _mask_diagonal_block(xp, s, start, stop, diag_shift):
 
 # -- scale safety ---------------------------------------------------------------------------------
 def _scaled_inputs(xp, q, k, v, beta, amax):
-    """(beta q, k, v, None), or power-of-two rescaled inputs and the output's exponent.
+    """(q, beta, k, v, None), or power-of-two rescaled inputs (scaled queries and beta = 1)
+    and the output's exponent.
 
     ``amax`` holds max |q|, max |k|, max |v| over all entries (Python floats): when they bound
     everything well below overflow (the usual case) nothing else is computed. Otherwise the
@@ -224,7 +227,7 @@ def _scaled_inputs(xp, q, k, v, beta, amax):
     score_ok = b * aq * max(ak, 1.0) * d <= big
     sum_ok = av * m <= big
     if score_ok and sum_ok:
-        return q * beta, k, v, None
+        return q, beta, k, v, None
     if score_ok:
         qs = q * beta
     else:
@@ -242,7 +245,7 @@ def _scaled_inputs(xp, q, k, v, beta, amax):
         ev = _exponent(_abs_max(xp, v))
         v = _pow2(xp, v, -ev)
         v_scale = ev  # the output is scaled back by 2^ev
-    return qs, k, v, v_scale
+    return qs, 1.0, k, v, v_scale
 
 
 def _to_numpy(a):

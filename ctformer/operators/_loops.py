@@ -1,0 +1,236 @@
+"""The Numba kernels of :mod:`ctformer.operators.compiled` (imported only when they are used).
+
+Every kernel is a module-level function, or a closure over plain numbers, that calls other
+kernels through module globals: Numba's on-disk cache keys a function by its code and the
+values it closes over, and a compiled function held in a closure would give a new key in
+every process (recompiling each time and leaving a new cache file behind).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic, overload
+
+from . import normal_tail as _normal_tail
+from .compiled import ERFC_COEFFICIENTS, EXP32_POLYNOMIAL, FLAGS, TANH_GELU
+
+jit = njit(nogil=True, cache=True, fastmath=set(FLAGS), error_model="numpy")
+inline = njit(nogil=True, cache=True, fastmath=set(FLAGS), error_model="numpy", inline="always")
+f32 = np.float32
+
+
+def _bitcast(source, target, target_ir):
+    @intrinsic
+    def cast(typingctx, x):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], target_ir)
+        return target(source), codegen
+    return cast
+
+
+f64_from_bits = _bitcast(types.int64, types.float64, ir.DoubleType())
+bits_of_f64 = _bitcast(types.float64, types.int64, ir.IntType(64))
+f32_from_bits = _bitcast(types.int32, types.float32, ir.FloatType())
+bits_of_f32 = _bitcast(types.float32, types.int32, ir.IntType(32))
+
+
+@intrinsic
+def fma64(typingctx, x, y, z):
+    """x * y + z rounded once (the hardware's fused multiply-add)."""
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+    return types.float64(types.float64, types.float64, types.float64), codegen
+
+
+# -- the exponential -------------------------------------------------------------------------
+_SHIFT64 = 1.5 * 2.0**52
+_SHIFT64_BITS = int(np.array(_SHIFT64).view(np.int64))
+_TAYLOR = tuple(1.0 / math.factorial(i) for i in range(14))
+_LN2_HI64, _LN2_LO64 = 6.93147180369123816490e-01, 1.90821492927058770002e-10
+_SHIFT32 = f32(1.5 * 2.0**23)
+_SHIFT32_BITS = int(np.array(_SHIFT32).view(np.int32))
+_POLY32 = tuple(f32(c) for c in EXP32_POLYNOMIAL)
+_LN2_HI32, _LN2_LO32 = f32(0.693359375), f32(-2.12194440e-4)
+
+
+@inline
+def exp64(x):
+    t = x * 1.4426950408889634 + _SHIFT64
+    k = t - _SHIFT64
+    r = (x - k * _LN2_HI64) - k * _LN2_LO64
+    p = _TAYLOR[13]
+    for c in _TAYLOR[12::-1]:  # unrolled by LLVM (a short tuple of constants)
+        p = p * r + c
+    # 2^(k-1) from its bits, then * 2: exact up to k = 1024 (the overflow edge)
+    scale = f64_from_bits((bits_of_f64(t) - _SHIFT64_BITS + np.int64(1022)) << np.int64(52))
+    value = p * scale * 2.0
+    if x < -707.7:  # below the smallest normal number (and -inf): 0
+        return 0.0
+    if x > 709.782712893384:
+        return np.inf
+    return value
+
+
+@inline
+def exp32(x):
+    t = x * f32(1.4426950408889634) + _SHIFT32
+    k = t - _SHIFT32
+    r = (x - k * _LN2_HI32) - k * _LN2_LO32
+    p = _POLY32[0]
+    for c in _POLY32[1:]:
+        p = p * r + c
+    p = p * r * r + r + f32(1)
+    scale = f32_from_bits((bits_of_f32(t) - np.int32(_SHIFT32_BITS) + np.int32(126)) << np.int32(23))
+    value = p * scale * f32(2)
+    if x < f32(-86.6):
+        return f32(0)
+    if x > f32(88.72283):
+        return f32(np.inf)
+    return value
+
+
+def exp_(x):
+    """The exponential of the argument's precision (exp32 or exp64), for generic kernels."""
+    raise NotImplementedError("only callable from compiled code")
+
+
+@overload(exp_, inline="always")
+def _exp_for(x):
+    if x == types.float32:
+        return lambda x: exp32(x)
+    return lambda x: exp64(x)
+
+
+@inline
+def horner(q, x, coefficients):
+    """Horner's rule continued from ``q`` over a short tuple (at most 8: LLVM unrolls it and
+    the caller's loop vectorizes; a longer tuple stays a loop over memory)."""
+    for c in coefficients:
+        q = q * x + c
+    return q
+
+
+# -- kernels -----------------------------------------------------------------------------------
+@jit
+def exp_array(x, out):
+    for i in range(x.size):
+        out[i] = exp_(x[i])
+
+
+@inline
+def row_max(row, end):
+    """max(row[:end]), end >= 1, with eight independent maxima (a chain of one is 2x slower)."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = row[0]
+    j = 0
+    while j + 8 <= end:
+        a0, a1, a2, a3 = max(a0, row[j]), max(a1, row[j + 1]), max(a2, row[j + 2]), max(a3, row[j + 3])
+        a4, a5, a6, a7 = max(a4, row[j + 4]), max(a5, row[j + 5]), max(a6, row[j + 6]), max(a7, row[j + 7])
+        j += 8
+    top = max(max(max(a0, a1), max(a2, a3)), max(max(a4, a5), max(a6, a7)))
+    for j in range(j, end):
+        top = max(top, row[j])
+    return top
+
+
+@inline
+def row_sum(row, end):
+    """sum(row[:end]) with eight partial sums (vectorizable, and an 8x shorter rounding chain)."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = row[0] * 0
+    j = 0
+    while j + 8 <= end:
+        a0, a1, a2, a3 = a0 + row[j], a1 + row[j + 1], a2 + row[j + 2], a3 + row[j + 3]
+        a4, a5, a6, a7 = a4 + row[j + 4], a5 + row[j + 5], a6 + row[j + 6], a7 + row[j + 7]
+        j += 8
+    total = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    for j in range(j, end):
+        total += row[j]
+    return total
+
+
+@jit
+def exp_rows(s, log_w, causal_start, period, diag_shift, sums):
+    """In place: s[i, j] <- exp(s[i, j] + log_w[j] - row max), and sums[i] = sum_j s[i, j].
+    With ``causal_start`` >= 0, row i is the query at position q = causal_start + i % period:
+    it keeps keys j <= q (the rest 0) and its diagonal key gets ``diag_shift`` added.
+    ``log_w`` of size 0 means uniform weights."""
+    rows, cols = s.shape
+    for i in range(rows):
+        end = cols if causal_start < 0 else min(cols, causal_start + i % period + 1)
+        row = s[i]
+        if log_w.size:
+            for j in range(end):
+                row[j] += log_w[j]
+        if causal_start >= 0 and diag_shift != 0:
+            row[end - 1] += diag_shift
+        top = row_max(row, end)
+        for j in range(end):
+            row[j] = exp_(row[j] - top)
+        for j in range(end, cols):
+            row[j] = 0
+        sums[i] = row_sum(row, end)
+
+
+def _silu(ftype):
+    one = ftype(1)
+
+    @jit
+    def silu(z, out):
+        for i in range(z.size):
+            out[i] = z[i] / (one + exp_(-z[i]))
+    return silu
+
+
+def _gelu_tanh(ftype):
+    one, cubic, scale = ftype(1), ftype(0.044715), ftype(TANH_GELU)
+
+    @jit
+    def gelu_tanh(z, out):
+        for i in range(z.size):
+            x = z[i]
+            out[i] = x / (one + exp_(-(scale * x * (one + cubic * x * x))))
+    return gelu_tanh
+
+
+silu32, silu64 = _silu(f32), _silu(np.float64)
+gelu_tanh32, gelu_tanh64 = _gelu_tanh(f32), _gelu_tanh(np.float64)
+
+# float32 GELU: Phi(-|z|) = erfc(|z|/sqrt 2)/2 = t exp(P(t) - z^2/2 + ln 1/2), t = 1/(1 + k|z|)
+_FOLDED = tuple(f32(c) for c in (ERFC_COEFFICIENTS[0] + math.log(0.5),) + ERFC_COEFFICIENTS[1:])
+_FOLDED_HIGH, _FOLDED_LOW = _FOLDED[:1:-1], _FOLDED[1::-1]   # P's coefficients, highest first
+_K32, _CLAMP32 = f32(0.5 * math.sqrt(0.5)), f32(1e18)
+
+
+@jit
+def gelu32(z, out):
+    for i in range(z.size):
+        x = z[i]
+        a = min(abs(x), _CLAMP32)  # z = inf: inf * 0 would be NaN; Phi(-a) is 0 there anyway
+        t = f32(1) / (f32(1) + _K32 * a)
+        p = horner(horner(f32(0), t, _FOLDED_HIGH), t, _FOLDED_LOW)
+        tail = t * exp32(p - f32(0.5) * x * x)
+        out[i] = max(x, f32(0)) - a * tail
+
+
+# float64 GELU: Phi(-a) = exp(-a^2/2) t G(x), G a polynomial in x (ctformer.operators.normal_tail)
+_POWER = _normal_tail.POWER[::-1]          # highest first
+_G_TOP, _G1, _G2, _G3 = _POWER[0], _POWER[1:9], _POWER[9:17], _POWER[17:]
+_C, _A, _GAMMA = _normal_tail.C, _normal_tail.A, _normal_tail.GAMMA
+
+
+@jit
+def gelu64(z, out):
+    for i in range(z.size):
+        v = z[i]
+        a = min(abs(v), 1e18)  # z = inf: inf * 0 would be NaN; Phi(-a) is 0 there anyway
+        b = min(a, _A)
+        r = 1.0 / (_C + b)
+        x = (_C - _GAMMA * b) * r
+        g = horner(horner(horner(_G_TOP, x, _G1), x, _G2), x, _G3)
+        p = a * a
+        e = fma64(a, a, -p)  # a^2 = p + e exactly
+        tail = exp64(-0.5 * p) * (1.0 - 0.5 * e) * (g * _C * r)
+        value = max(v, 0.0) - a * tail
+        out[i] = v if v != v else value  # NaN stays NaN
