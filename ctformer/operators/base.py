@@ -73,8 +73,9 @@ class Operator(abc.ABC):
 
     Subclasses implement :meth:`_discretize`, which returns a function of the array ``u``
     (shape ``(..., Nq_tokens, Nq_features)``) for one :class:`Grids`. Assigning an attribute
-    (``op.W_1 = ...``) drops the discretizations built so far; editing an array in place
-    does not, so build a new operator (or use ``model.with_parameters``) to change values.
+    (``op.W_1 = ...``) drops the discretizations built so far; changing what the operator
+    holds (an array edited in place, an attribute of one of its kernels) does not, so build a
+    new operator, or use ``model.with_parameters``, to change values.
     """
 
     def discretize(self, grids: Grids) -> Callable:
