@@ -190,10 +190,11 @@ class PlannedFFT:
         if plan is None:
             return np.fft.irfft(x, n=n, axis=axis)
         with lock:
-            np.copyto(buffer, x)  # c2r transforms destroy their input: never the caller's
+            # c2r transforms destroy their input, so it is copied (never the caller's), and the
+            # 1/n of the inverse is applied in that copy: one pass fewer over the result
+            np.multiply(x, buffer.real.dtype.type(1.0 / n), out=buffer)
             out = self._output(plan, buffer, np.empty(plan.output_shape, dtype=plan.output_dtype))
             plan.execute()
-        np.multiply(out, out.dtype.type(1.0 / n), out=out)
         return out
 
     def _remember(self, call, ready):
