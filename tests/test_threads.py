@@ -64,3 +64,36 @@ def test_nested_workers_run_on_their_own_thread(monkeypatch):
     threads_module.run_workers(outer, list(range(5)), 2)
     assert sorted(done) == [(i, j) for i in range(5) for j in range(4)]
     assert time.perf_counter() - start < 10
+
+
+def test_row_blocks_equal_the_whole_map_and_do_not_depend_on_threads(monkeypatch):
+    """A feed-forward layer by row blocks: the same numbers as the unblocked map (to the
+    rounding of its products), bit for bit the same for 1 and 3 threads, shape and dtype kept,
+    and the map's own path for few rows or non-NumPy inputs."""
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.standard_normal((48, 96)) / 7, rng.standard_normal((96, 40)) / 10
+    seen = []
+
+    def ffn(v):
+        seen.append(threading.get_ident())
+        time.sleep(0.005)  # releases the GIL: the other workers take the next blocks
+        return np.tanh(v @ w1) @ w2
+
+    blocked = threads_module.by_row_blocks(ffn, width=40)
+    u = rng.standard_normal((3, 700, 48))          # 2100 rows: 8 blocks of 263 rows
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "1")
+    one = blocked(u)
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "3")
+    seen.clear()
+    three = blocked(u)
+    assert len(seen) == 8 and len(set(seen)) > 1   # the blocks ran on several threads
+    np.testing.assert_array_equal(one, three)
+    whole = ffn(u)
+    assert one.shape == whole.shape == (3, 700, 40)
+    assert np.max(np.abs(one - whole)) <= 1e-14 * np.max(np.abs(whole))
+    single = blocked(u.astype(np.float32))
+    assert single.dtype == np.float32
+    assert np.max(np.abs(single - whole)) <= 1e-5 * np.max(np.abs(whole))
+    seen.clear()
+    small = blocked(u[:, :100])                   # 300 rows: one call of the map itself
+    assert len(seen) == 1 and small.shape == (3, 100, 40)

@@ -45,6 +45,7 @@ from .functions import as_feature_function, named_parameters
 from .local_attention import local_attention, window_pattern
 from .positions import ALiBi, RoPE, rotate
 from .quadrature_attention import quadrature_attention
+from .threads import by_row_blocks
 
 __all__ = ["Attention"]
 
@@ -309,9 +310,17 @@ class Attention(Operator):
         local = window is not None or alibi is not None
         w_tokens_host = host["w_tokens"]
 
+        # the two projections are token-wise: large NumPy states run them by row blocks
+        project_qkv = by_row_blocks(
+            lambda v: plus_bias(matmul_rows(v, constants("QKV_t", v)), constants("b_QKV", v)),
+            width=constants.host["QKV_t"].shape[-1])
+        project_out = by_row_blocks(
+            lambda v: plus_bias(matmul_rows(v, constants("O", v)), constants("b_O", v)),
+            width=constants.host["O"].shape[-1])
+
         def attention(u, padding_mask=None):
             xp = namespace(u)
-            qkv = plus_bias(matmul_rows(u, constants("QKV_t", u)), constants("b_QKV", u))
+            qkv = project_qkv(u)
             lead = tuple(u.shape[:-2])
             # one reshape and one axis move for all projections: (..., H + 2 H_kv, N, d_h)
             qkv = _swap_heads_tokens(xp, xp.reshape(qkv, (*lead, n_tokens, heads + 2 * kv_heads, n_sigma)))
@@ -346,7 +355,7 @@ class Attention(Operator):
                 attended = xp.reshape(attended, (*attended.shape[:-4], heads, n_tokens, n_sigma))
             # concatenate heads along the features and contract with the stacked W_O
             concat = xp.reshape(_swap_heads_tokens(xp, attended), (*attended.shape[:-3], n_tokens, -1))
-            return plus_bias(matmul_rows(concat, constants("O", u)), constants("b_O", u))
+            return project_out(concat)
 
         return attention
 

@@ -32,6 +32,7 @@ from ..kernels import Kernel
 from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, relu, silu
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
+from .threads import by_row_blocks
 
 __all__ = ["FeatureMap", "FeedForward", "GatedFeedForward", "ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
 
@@ -149,7 +150,7 @@ class FeedForward(Operator):
         def feedforward(u):
             return w_2(phi(w_1(u)))
 
-        return feedforward
+        return by_row_blocks(feedforward)
 
 
 class GatedFeedForward(Operator):
@@ -205,4 +206,4 @@ class GatedFeedForward(Operator):
         def gated_feedforward(u):
             return w_2(phi(w_gate(u)) * w_up(u))
 
-        return gated_feedforward
+        return by_row_blocks(gated_feedforward)
