@@ -221,3 +221,26 @@ def test_block_and_model_validation():
     with pytest.raises(TypeError, match="hidden"):
         ContinuousTransformer([Block(attention=object())], hidden=16)
     assert Midpoint(3).n == 3
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_long_inputs_by_row_blocks_equal_torch_for_any_thread_count(norm_first, monkeypatch):
+    """600 rows (2 x 300 tokens): the feed-forward layers and attention's projections run by
+    row blocks on the worker threads; still torch's numbers, and bit for bit the same for one
+    and for three threads."""
+    torch = require("torch")
+    from ctformer.bridges import from_torch
+
+    enc = random_encoder(torch, d=16, heads=4, d_ff=32, layers=2, activation="gelu",
+                         norm_first=norm_first, final_norm=norm_first, eps=1e-5, seed=3)
+    x = torch.randn(2, 300, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = enc(x).numpy()
+    model = from_torch(enc)
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "1")
+    one = model.run(x.numpy())
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "3")
+    three = model.run(x.numpy())
+    np.testing.assert_array_equal(one, three)
+    assert rel_err(three, ref) < TOL
