@@ -3,6 +3,7 @@ quadrature attention against a dense NumPy formula, and the engine switch."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import numpy as np
@@ -145,3 +146,42 @@ def test_gelu64_is_relatively_accurate_to_3_ulp_over_the_whole_range(made):
     made.gelu64(special, out)
     assert out[0] == np.inf and out[1] == 0 and np.isnan(out[2])
     assert out[3] == 1e300 and out[4] == 0 and out[5] == 0 and np.signbit(out[6])
+
+
+_CALL_EVERY_KERNEL = """
+import json, numpy as np
+from ctformer.operators import compiled
+made = compiled.kernels()
+for dtype in (np.float32, np.float64):
+    z = np.linspace(-3, 3, 11).astype(dtype)
+    bits = "32" if dtype == np.float32 else "64"
+    for name in ("gelu", "gelu_tanh", "silu"):
+        getattr(made, name + bits)(z, np.empty_like(z))
+    made.exp_array(z, np.empty_like(z))
+    s = np.ones((3, 4), dtype)
+    made.exp_rows(s, np.empty(0, dtype), -1, 1 << 62, dtype(0), np.empty(3, dtype))
+hits = sum(len(getattr(made, name).stats.cache_hits) for name in compiled._KERNELS)
+print(json.dumps({"hits": hits}))
+"""
+
+
+def test_compiled_kernels_are_loaded_from_numbas_cache_in_a_new_process(tmp_path):
+    """A second process loads every kernel from the disk cache and writes nothing new (kernels
+    that close over compiled functions were recompiled in every process, each leaving another
+    cache file behind)."""
+    require("numba")
+    import json
+    import subprocess
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), CTFORMER_LOOP_ENGINE="numba")
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", _CALL_EVERY_KERNEL], env=env, check=True,
+                              capture_output=True, text=True, timeout=300)
+        return json.loads(done.stdout.strip().splitlines()[-1])["hits"]
+
+    run()
+    files = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
+    assert any(name.endswith(".nbc") for name in files)
+    assert run() == 10   # 3 activations x 2 precisions, exp_array and exp_rows x 2 signatures
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == files
