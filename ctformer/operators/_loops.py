@@ -93,8 +93,10 @@ def exp32(x):
 
 
 def exp_(x):
-    """The exponential of the argument's precision (exp32 or exp64), for generic kernels."""
-    raise NotImplementedError("only callable from compiled code")
+    """The exponential in the argument's precision, for generic kernels: compiled code gets
+    exp32 or exp64 (the overload below); called from Python it is NumPy's ``exp``, which keeps
+    float32 as float32."""
+    return np.exp(x)
 
 
 @overload(exp_, inline="always")
