@@ -20,8 +20,10 @@ feed-forward maps).
   a product took 2x its time), while blocks keep all three steps of a row block on one core.
 
 Results never depend on the thread count: callers split their work into tasks that do not
-depend on it, each task is computed by one thread with a single-threaded BLAS, and a task
-writes only its own part of the output.
+depend on it, each task is computed by one thread with a single-threaded BLAS (for every
+count, one worker included: a threaded BLAS product can round differently from a
+single-threaded one, e.g. OpenBLAS with transposed operands), and a task writes only its own
+part of the output.
 """
 from __future__ import annotations
 
@@ -142,14 +144,20 @@ def run_workers(worker, tasks: list, threads: int) -> None:
 
 
 def run_blas_tasks(worker, tasks: list, parallel: bool) -> None:
-    """:func:`run_workers` for tasks that call BLAS: on the calling thread when not
-    ``parallel`` (BLAS as configured), else on :func:`num_threads` threads, each with a
-    single-threaded BLAS, so that a task's arithmetic never depends on the thread count (and
-    no OpenBLAS thread busy-waits on a core that a worker needs)."""
+    """:func:`run_workers` for tasks that call BLAS.
+
+    Not ``parallel``: on the calling thread, with BLAS as configured. ``parallel``: on
+    :func:`num_threads` threads, each task with a single-threaded BLAS *whatever the thread
+    count, one included*, so that a task's arithmetic never depends on the thread count (a
+    threaded BLAS product rounds differently from a single-threaded one) and no OpenBLAS
+    thread busy-waits on a core that a worker needs. Without a way to limit BLAS (no
+    threadpoolctl controller) every thread count runs the tasks on the calling thread with
+    BLAS as configured: the same numbers for every count again.
+    """
     # the count first: making the limiter already sets the BLAS count (that it reads) to 1
     threads = num_threads() if parallel else 1
-    limiter = _threads_limiter() if threads > 1 else None
-    if limiter is None:  # small, one thread, or no threadpoolctl: one worker
+    limiter = _threads_limiter() if parallel else None
+    if limiter is None:  # small, inside a worker (BLAS limited already), or no threadpoolctl
         run_workers(worker, tasks, 1)
         return
     with limiter:
@@ -162,9 +170,11 @@ def _threads_limiter():
 
 def by_row_blocks(flow, width=None):
     """``flow`` for a token-wise map ``(..., d) -> (..., width)`` (``width`` None: ``d``), run
-    by blocks of rows on the workers (each with single-threaded BLAS) for NumPy inputs of at
-    least ``_ROW_BLOCKS_MIN_ROWS`` rows; other inputs go to ``flow`` as they are. The blocks
-    depend on the input's shape only, so the result does not depend on the number of threads."""
+    by blocks of rows on the workers for NumPy inputs of at least ``_ROW_BLOCKS_MIN_ROWS``
+    rows; other inputs go to ``flow`` as they are. The blocks (at least ``_BLOCK_ROWS`` rows,
+    at most ``_MAX_BLOCKS`` of them) depend on the input's shape only, and every block runs
+    with a single-threaded BLAS whatever the number of workers, one included
+    (:func:`run_blas_tasks`), so the result has the same bits for every thread count."""
     def blocked(u):
         # cheapest tests first: small solves call this a few times per step
         if type(u) is not np.ndarray or u.size < _ROW_BLOCKS_MIN_ROWS or u.ndim < 2:
