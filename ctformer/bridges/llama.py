@@ -12,7 +12,10 @@ with ``input_layernorm`` as :math:`N_1`, ``post_attention_layernorm`` as :math:`
 with gain ``weight`` and :math:`\varepsilon` = ``rms_norm_eps``), ``q_proj``, ``k_proj``,
 ``v_proj`` (``num_key_value_heads`` key/value heads), ``o_proj`` and the final ``norm``.
 Queries and keys are rotated by :class:`~ctformer.operators.positions.RoPE` with the network's
-own inverse frequencies (the ``inv_freq`` buffer of ``rotary_emb``), the score scale is
+frequencies :math:`\omega_i = \Theta^{-2i/d_h}`, :math:`i < d_h/2` (:math:`\Theta` =
+``rope_theta``, :math:`d_h` = ``head_dim``), computed in float64 from the configuration
+(:func:`rope_frequencies`), never read from the ``inv_freq`` buffer of ``rotary_emb``, which
+HuggingFace computes in float32 (``0.0099999998`` for ``0.01``); the score scale is
 :math:`1/\sqrt{d_h}` (:math:`\beta_h = \sqrt{d_h}`, ``head_dim`` need not be
 ``hidden_size / heads``) and the mask is causal; Mistral's ``sliding_window`` and Qwen2's
 sliding layers (``layer_types``) add the window :math:`0 \le p(x) - p(x') < W`.
@@ -22,6 +25,11 @@ sliding layers (``layer_types``) add the window :math:`0 \le p(x) - p(x') < W`.
 :func:`float64_reference` turns a HuggingFace model of this family into a true float64
 reference: in float64 HuggingFace still forms the RoPE angles and the RMSNorm variance in
 float32 (and the eager softmax), about 1e-7 off.
+
+Weights may be float16, bfloat16, float32 or float64: they are copied to float64 exactly
+(:func:`ctformer.bridges.common.to_numpy`). A model cast with ``model.to(torch.bfloat16)``
+also rounds its ``inv_freq`` buffer to bfloat16 (HuggingFace then rotates by those rounded
+frequencies); the converted model keeps the configuration's frequencies.
 """
 from __future__ import annotations
 
@@ -35,7 +43,7 @@ from ..operators import RoPE
 from .common import gated_feedforward_from_weights, grouped_attention_from_weights, rms_norm_from_weights, to_numpy
 from .huggingface import HF_ACTIVATIONS
 
-__all__ = ["from_llama", "float64_reference", "SUPPORTED_LLAMA"]
+__all__ = ["from_llama", "float64_reference", "rope_frequencies", "SUPPORTED_LLAMA"]
 
 #: HuggingFace classes converted by :func:`from_llama` (those the installed transformers has).
 SUPPORTED_LLAMA = ("LlamaModel", "MistralModel", "Qwen2Model")
@@ -67,7 +75,78 @@ def _check_rope(cfg) -> float:
     unknown = sorted(set(params) - {"rope_type", "rope_theta", "partial_rotary_factor"})
     if unknown:
         raise ValueError(f"rope_parameters keys {unknown} are not modelled (only rope_type='default', rope_theta)")
+    if "rope_theta" not in params:
+        raise ValueError("rope_parameters has no 'rope_theta': the RoPE base is needed to compute the "
+                         "frequencies; set config.rope_parameters['rope_theta']")
     return float(params["rope_theta"])
+
+
+def _head_dim(cfg) -> int:
+    """``head_dim`` of the configuration, or ``hidden_size / num_attention_heads`` (HuggingFace's rule)."""
+    return int(getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // int(cfg.num_attention_heads))
+
+
+def rope_frequencies(cfg) -> np.ndarray:
+    r"""The RoPE frequencies of a Llama-family configuration, computed in float64.
+
+    .. math::
+
+        \omega_i = \Theta^{-2i/d_h}, \qquad i = 0, \dots, d_h/2 - 1,
+
+    with :math:`\Theta` = ``rope_theta`` (transformers 5: ``config.rope_parameters``; 4:
+    ``config.rope_theta``) and :math:`d_h` = ``head_dim`` (default ``hidden_size /
+    num_attention_heads``). HuggingFace's ``rotary_emb.inv_freq`` holds the same numbers
+    computed in float32 (relative error up to about :math:`(2 + \ln\Theta)\, 2^{-24}`, angles
+    off by :math:`10^{-7}` rad at position 512): it is never read for the frequencies.
+
+    Parameters
+    ----------
+    cfg : transformers LlamaConfig, MistralConfig or Qwen2Config
+
+    Returns
+    -------
+    ndarray, shape (head_dim / 2,), float64
+
+    Raises
+    ------
+    ValueError
+        For a RoPE scaling that is not modelled (named in the message), or an odd ``head_dim``.
+    """
+    theta = _check_rope(cfg)
+    head_dim = _head_dim(cfg)
+    if head_dim % 2:
+        raise ValueError(f"head_dim={head_dim} is odd; RoPE rotates pairs of head features")
+    return native_frequencies(theta, head_dim)
+
+
+def _check_inv_freq(buffer, frequencies, theta: float) -> None:
+    r"""Refuse a model whose ``inv_freq`` buffer is not its configuration's frequencies.
+
+    The buffer may carry the rounding of float32 (where HuggingFace computes it) or of its own
+    dtype (``model.to(torch.bfloat16)`` rounds it): relative tolerance
+    :math:`(4 + \ln\Theta)\, \max(\epsilon_{32}, \epsilon_{\text{buffer}})`, plus the
+    buffer dtype's smallest subnormal for frequencies below its normal range (float16 flushes
+    :math:`\Theta^{-2i/d_h} < 3 \cdot 10^{-8}` to 0). Anything else (a
+    buffer edited in place, e.g. a hand-made position interpolation) is a network that the
+    configuration does not describe.
+    """
+    import torch
+
+    name = "rotary_emb.inv_freq"
+    table = to_numpy(buffer, name)
+    if table.shape != frequencies.shape:
+        raise ValueError(f"{name} has shape {table.shape}, expected {frequencies.shape} (head_dim / 2)")
+    info = torch.finfo(buffer.dtype)
+    eps = max(torch.finfo(torch.float32).eps, info.eps)
+    error = np.abs(table - frequencies)
+    worst = float(np.max(error / frequencies))
+    kind = str(buffer.dtype).removeprefix("torch.")
+    if np.any(error > (4.0 + np.log(theta)) * eps * frequencies + info.smallest_normal * info.eps):
+        raise ValueError(
+            f"{name} differs from the configuration's frequencies rope_theta^(-2i/head_dim) "
+            f"(rope_theta={theta:g}) by up to {worst:.2e} relative, more than {kind} rounding: "
+            "the frequencies are computed from the configuration, so describe the model's RoPE in "
+            "config.rope_parameters (or restore inv_freq) before converting")
 
 
 def _layer_windows(cfg, n_layers):
@@ -92,7 +171,9 @@ def from_llama(model) -> ContinuousTransformer:
     Parameters
     ----------
     model : transformers LlamaModel, MistralModel or Qwen2Model
-        In memory (any dtype; weights and RoPE frequencies are copied to float64).
+        In memory, with float16, bfloat16, float32 or float64 weights (copied to float64
+        exactly). The RoPE frequencies are computed in float64 from the configuration
+        (:func:`rope_frequencies`), not copied from the float32 ``rotary_emb.inv_freq``.
 
     Returns
     -------
@@ -111,15 +192,20 @@ def from_llama(model) -> ContinuousTransformer:
         For configuration options that are not modelled, named in the message: a RoPE type
         other than ``"default"`` (rope scaling), ``partial_rotary_factor != 1``, a rotary
         ``attention_scaling != 1``, an unknown activation or layer type, or an odd
-        ``head_dim``.
+        ``head_dim``; an ``inv_freq`` buffer that differs from the configuration's frequencies
+        by more than rounding (edited in place).
+    TypeError
+        For weights of another dtype (integer or quantized), named in the message.
     """
     classes = _classes()
     if not isinstance(model, classes):
         raise TypeError(f"from_llama supports {', '.join(c.__name__ for c in classes)}; "
                         f"got {type(model).__qualname__}")
     cfg = model.config
-    theta = _check_rope(cfg)
+    frequencies = rope_frequencies(cfg)
     rotary = model.rotary_emb
+    theta = _check_rope(cfg)
+    _check_inv_freq(rotary.inv_freq, frequencies, theta)
     scaling = float(getattr(rotary, "attention_scaling", 1.0))
     if scaling != 1.0:
         raise ValueError(f"rotary attention_scaling={scaling} is not modelled (only 1.0)")
@@ -128,12 +214,7 @@ def from_llama(model) -> ContinuousTransformer:
         raise ValueError(f"hidden_act={act!r} is not modelled; supported: {sorted(HF_ACTIVATIONS)}")
     d, heads = int(cfg.hidden_size), int(cfg.num_attention_heads)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or d // heads)
-    if head_dim % 2:
-        raise ValueError(f"head_dim={head_dim} is odd; RoPE rotates pairs of head features")
-    frequencies = to_numpy(rotary.inv_freq, "rotary_emb.inv_freq")
-    if frequencies.shape != (head_dim // 2,):
-        raise ValueError(f"rotary_emb.inv_freq has shape {frequencies.shape}, expected ({head_dim // 2},)")
+    head_dim = _head_dim(cfg)
     positions = RoPE(theta=theta, frequencies=frequencies)
     eps = float(cfg.rms_norm_eps)
     state = model.state_dict()
@@ -206,7 +287,8 @@ def float64_reference(model):
     TypeError
         If ``model`` is not one of the supported classes.
     ValueError
-        If its RoPE type is not ``"default"``.
+        If its RoPE type is not ``"default"``, or its ``inv_freq`` buffer is not the
+        configuration's frequencies (edited in place).
     """
     import torch
 
@@ -214,16 +296,15 @@ def float64_reference(model):
     if not isinstance(model, classes):
         raise TypeError(f"float64_reference supports {', '.join(c.__name__ for c in classes)}; "
                         f"got {type(model).__qualname__}")
-    theta = _check_rope(model.config)
+    frequencies = rope_frequencies(model.config)
+    _check_inv_freq(model.rotary_emb.inv_freq, frequencies, _check_rope(model.config))
     model.double().eval()
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation("sdpa")
     else:  # pragma: no cover - older transformers
         model.config._attn_implementation = "sdpa"
     rotary = model.rotary_emb
-    head_dim = 2 * rotary.inv_freq.shape[0]
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
-    rotary.inv_freq = (1.0 / theta ** exponents).to(torch.float64)
+    rotary.inv_freq = torch.from_numpy(frequencies)
     rotary.forward = types.MethodType(_rotary_float64, rotary)
     norm_class = type(model.norm)
     for module in model.modules():
