@@ -4,6 +4,10 @@ Every kernel is a module-level function, or a closure over plain numbers, that c
 kernels through module globals: Numba's on-disk cache keys a function by its code and the
 values it closes over, and a compiled function held in a closure would give a new key in
 every process (recompiling each time and leaving a new cache file behind).
+
+This module imports nothing from :mod:`ctformer.operators.compiled` (which imports it when a
+kernel is first needed): the constants shared with the NumPy path of the activations live in
+:mod:`ctformer.operators.normal_tail`.
 """
 from __future__ import annotations
 
@@ -15,8 +19,13 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 from . import normal_tail as _normal_tail
-from .compiled import ERFC_COEFFICIENTS, EXP32_POLYNOMIAL, FLAGS, TANH_GELU
+from .normal_tail import ERFC_COEFFICIENTS, TANH_GELU
 
+# 'contract' lets LLVM fuse multiply-adds; no flag that changes inf/NaN semantics.
+FLAGS = frozenset({"contract"})
+# float32 e^r on |r| <= ln2/2: Cephes expf's minimax coefficients (relative error 1.2e-7 ulp-level)
+EXP32_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                    1.6666665459e-1, 5.0000001201e-1)
 jit = njit(nogil=True, cache=True, fastmath=set(FLAGS), error_model="numpy")
 inline = njit(nogil=True, cache=True, fastmath=set(FLAGS), error_model="numpy", inline="always")
 f32 = np.float32

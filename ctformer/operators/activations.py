@@ -50,6 +50,8 @@ from scipy.special import ndtr as _scipy_ndtr
 from ..backend import namespace
 from . import compiled as _compiled
 from . import threads as _threads
+from .normal_tail import ERFC_COEFFICIENTS as _ERFC_COEFFICIENTS
+from .normal_tail import TANH_GELU as _TANH_GELU
 
 __all__ = ["ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
 
@@ -58,10 +60,7 @@ __all__ = ["ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
 _BLOCK = 1 << 16
 # Arrays with fewer elements run on the calling thread only.
 _THREADED_MIN = 1 << 17
-# Numerical Recipes' erfcc coefficients, P_9(t) = c_0 + c_1 t + ... + c_9 t^9.
-_ERFC_COEFFICIENTS = _compiled.ERFC_COEFFICIENTS
 _SQRT_HALF = math.sqrt(0.5)
-_TANH_GELU = _compiled.TANH_GELU
 
 
 def _host_float(z) -> bool:

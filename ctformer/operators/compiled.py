@@ -30,7 +30,6 @@ run it in parallel; results never depend on the thread count. The kernels live i
 """
 from __future__ import annotations
 
-import math
 import os
 from functools import lru_cache
 from types import SimpleNamespace
@@ -38,8 +37,6 @@ from types import SimpleNamespace
 __all__ = ["loop_engine", "kernels"]
 
 _ENGINES = ("auto", "numba", "numpy")
-# 'contract' lets LLVM fuse multiply-adds; no flag that changes inf/NaN semantics.
-FLAGS = frozenset({"contract"})
 
 
 def loop_engine() -> str:
@@ -62,15 +59,6 @@ def kernels():
     """The compiled kernels (a namespace), or ``None`` when the NumPy engine is in use."""
     return _build() if loop_engine() == "numba" else None
 
-
-# Numerical Recipes' erfcc coefficients (Press et al., 2nd ed., section 6.2), shared with the
-# NumPy path of the activations.
-ERFC_COEFFICIENTS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
-                     0.27886807, -1.13520398, 1.48851587, -0.82215223, 0.17087277)
-TANH_GELU = 2.0 * math.sqrt(2.0 / math.pi)
-# float32 e^r on |r| <= ln2/2: Cephes expf's minimax coefficients (relative error 1.2e-7 ulp-level)
-EXP32_POLYNOMIAL = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-                    1.6666665459e-1, 5.0000001201e-1)
 
 _KERNELS = ("exp_array", "exp_rows", "silu32", "silu64", "gelu_tanh32", "gelu_tanh64",
             "gelu32", "gelu64")

@@ -5,7 +5,7 @@ line of slope :math:`p`, a factor 3 below the finest point of each study, shows 
 order :math:`p`: a study converging at that order runs parallel to it. Spectral studies (expected
 order ``inf``) get no reference line; their curves bend downwards instead. Galerkin elements
 refined in the hidden variable get the slope of the composite Gauss rule they act as
-(:func:`ctformer.studies.results.effective_order`), and a study without a consistent limit gets
+(:func:`ctformer.studies.orders.effective_order`), and a study without a consistent limit gets
 none.
 
 Figures are written atomically (:func:`save_figure`): a reader never sees half a file.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .results import effective_order
+from .orders import effective_order
 
 __all__ = ["plot_convergence", "save_figure"]
 

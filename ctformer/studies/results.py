@@ -34,6 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .orders import composite_gauss_points as _composite_gauss_points
+from .orders import effective_order
+
 __all__ = ["Row", "ConvergenceResult", "fit_order", "neighbour_orders", "comparison_table",
            "effective_order"]
 
@@ -116,45 +119,6 @@ def _write_atomic(path, data):
     from ..atomic import write_atomic
 
     write_atomic(path, data)
-
-
-def _composite_gauss_points(refine: str, method: str):
-    """Gauss points per element when Galerkin elements are refined in the hidden variable."""
-    if refine != "hidden":
-        return None
-    from ..discretizations import available, get
-
-    name = method.split()[0]
-    if name not in available():
-        return None
-    disc = get(name, 5)
-    if disc.kind != "galerkin":
-        return None
-    return getattr(disc, "gauss_points", None)
-
-
-def effective_order(result) -> float:
-    r"""The order a study should show: the refined method's, or :math:`2q` for a composite rule.
-
-    Galerkin elements refined in the FFN hidden variable :math:`r` only ever evaluate the
-    integral :math:`\int W_2(y, r) \phi(\dots) dr` at their :math:`q` Gauss points per element,
-    which is a composite Gauss rule of order :math:`2q` (6 for P1, 8 for P2), not the element's
-    :math:`L^2` order (design notes, section 3).
-
-    Parameters
-    ----------
-    result : ConvergenceResult
-
-    Returns
-    -------
-    float
-        ``2 q`` in that case, else ``result.expected_order`` (``inf`` for spectral rules);
-        NaN when the study has no consistent limit.
-    """
-    if not getattr(result, "consistent_limit", True):
-        return float("nan")
-    q = _composite_gauss_points(result.refine, result.method)
-    return float(2 * q) if q else float(result.expected_order)
 
 
 def _reductions_text(factors) -> str:
