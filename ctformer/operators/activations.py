@@ -35,6 +35,12 @@ and ``silu`` in both precisions and float32 GELU. Float64 GELU then uses
 :math:`\Phi(-a) = e^{-a^2/2} t\, G(x(a))` of :mod:`ctformer.operators.normal_tail`, a
 degree-23 polynomial in a rational function of :math:`a` (relative error below 3 ulp over the
 whole range, against SciPy's ``ndtr`` on the NumPy path; about 10x faster).
+
+Every activation returns an array of its input's dtype. NumPy float16 arrays are evaluated in
+float32 by the paths above and rounded once to float16: over all 63488 finite float16 inputs
+the result is within 0.5002 float16 ulp of the exact value (float16 arithmetic would round at
+each step of a formula: SiLU computed in float16 was up to 8.5 ulps off, the tanh form of the
+tanh GELU up to 2000 ulps in its cancelling negative tail).
 """
 from __future__ import annotations
 
@@ -65,6 +71,33 @@ _SQRT_HALF = math.sqrt(0.5)
 
 def _host_float(z) -> bool:
     return type(z) is np.ndarray and z.dtype in (np.float32, np.float64)
+
+
+def _host_half(z) -> bool:
+    return type(z) is np.ndarray and z.dtype == np.float16
+
+
+def via_float32(function, z, name: str):
+    r"""``function(z)`` for a NumPy float16 ``z``: computed on float32 and rounded once to float16.
+
+    Float16 keeps 11 significant bits, so a float32 evaluation (24 bits) rounded once is within
+    half an ulp of float16 (plus float32's own error, :math:`2^{-13}` of that ulp), where
+    arithmetic in float16 itself would round at every step.
+
+    Raises
+    ------
+    OverflowError
+        If a finite float32 value exceeds float16's largest number, 65504 (it would round to
+        inf); the message names ``name`` and the remedy (a float32 state).
+    """
+    wide = function(z.astype(np.float32))
+    with np.errstate(over="ignore"):
+        out = wide.astype(np.float16)
+    if not np.isfinite(out).all() and (np.isfinite(out) != np.isfinite(wide)).any():
+        largest = float(np.abs(wide[np.isfinite(wide)]).max())
+        raise OverflowError(f"{name} of a float16 state reaches {largest:.6g}, beyond float16's "
+                            "largest number 65504 (it would round to inf); use a float32 state")
+    return out
 
 
 def _loop(name, numpy_kernel, dtype):
@@ -188,25 +221,34 @@ def gelu(z):
     r"""Exact GELU, :math:`z\,\Phi(z) = \frac{z}{2}(1 + \mathrm{erf}(z / \sqrt{2}))` (torch's default).
 
     NumPy float32 arrays use an erfc approximation accurate to float32's precision (module
-    docstring); every other array uses the library's ``erf``.
+    docstring), float16 ones the float32 path rounded to float16 (the result is float16);
+    every other array uses the library's ``erf``.
     """
     if _host_float(z):
         return _blockwise(_loop("gelu", _gelu_block, z.dtype), z)
+    if _host_half(z):
+        return via_float32(gelu, z, "gelu")
     return z * 0.5 * (1.0 + _erf(z * _SQRT_HALF))
 
 
 def gelu_tanh(z):
-    r"""Tanh GELU, :math:`\frac{z}{2}(1 + \tanh(\sqrt{2/\pi}(z + 0.044715 z^3)))`."""
+    r"""Tanh GELU, :math:`\frac{z}{2}(1 + \tanh(\sqrt{2/\pi}(z + 0.044715 z^3)))`, in ``z``'s dtype
+    (NumPy float16: evaluated in float32, rounded once)."""
     if _host_float(z):
         return _blockwise(_loop("gelu_tanh", _gelu_tanh_block, z.dtype), z)
+    if _host_half(z):
+        return via_float32(gelu_tanh, z, "gelu_tanh")
     xp = namespace(z)
     return 0.5 * z * (1.0 + xp.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z * z * z)))
 
 
 def silu(z):
-    r"""SiLU, :math:`z / (1 + e^{-z})`, evaluated without overflow."""
+    r"""SiLU, :math:`z / (1 + e^{-z})`, evaluated without overflow, in ``z``'s dtype (NumPy
+    float16: evaluated in float32, rounded once)."""
     if _host_float(z):
         return _blockwise(_loop("silu", _silu_block, z.dtype), z)
+    if _host_half(z):
+        return via_float32(silu, z, "silu")
     xp = namespace(z)
     e = xp.exp(-xp.abs(z))  # in (0, 1]: no overflow for any z
     return z * xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))

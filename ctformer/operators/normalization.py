@@ -39,6 +39,11 @@ for powers of two). With :math:`\varepsilon > 0`, :math:`s` is raised to at leas
 :math:`\sqrt{\varepsilon / R}` (:math:`R` a quarter of the dtype's largest number) before
 :math:`\varepsilon / s^2` is formed; that changes only tokens whose normalized values are
 below :math:`R^{-1/2}` (about :math:`10^{-154}` in float64) anyway.
+
+Dtypes. The result has the dtype of :math:`u`. A NumPy float16 state is normalized in float32
+and rounded once to float16 (within half an ulp of float16; float16 sums of squares would lose
+most of the variance's bits), and a result beyond float16's largest number 65504 (a large gain)
+raises :class:`OverflowError` rather than becoming inf.
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ import array_api_compat
 import numpy as np
 
 from ..backend import to_host
+from .activations import via_float32
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
 
@@ -179,6 +185,8 @@ class LayerNormProjection(Operator):
         eps = self.eps
 
         def layer_norm(u):
+            if type(u) is np.ndarray and u.dtype == np.float16:
+                return via_float32(layer_norm, u, "LayerNormProjection")
             w = constants("w", u)
             plain = _plain_centred(u, w, eps, True)
             if plain is not None:  # both arrays are new: finished in place
@@ -260,6 +268,8 @@ class SphereProjection(Operator):
         eps, name = self.eps, type(self).__name__
 
         def sphere(u):
+            if type(u) is np.ndarray and u.dtype == np.float16:
+                return via_float32(sphere, u, name)
             w = constants("w", u)
             fast = _plain_centred(u, w, eps, False)
             if fast is not None:
