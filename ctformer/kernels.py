@@ -42,7 +42,8 @@ import numpy as np
 
 from .backend import _cached, backend_of, constant, to_host
 
-__all__ = ["Kernel", "PiecewiseConstant", "Smooth", "SmoothRandom", "Convolution", "cell_index"]
+__all__ = ["Kernel", "PiecewiseConstant", "Smooth", "SmoothRandom", "Convolution", "cell_index",
+           "read_only", "read_only_parameters"]
 
 
 def cell_index(points, domain, cells: int) -> np.ndarray:
@@ -85,6 +86,27 @@ def is_host(value) -> bool:
     if type(value) is np.ndarray or type(value) is float or value is None:
         return True
     return isinstance(value, (np.ndarray, np.generic)) or not array_api_compat.is_array_api_obj(value)
+
+
+def read_only(value):
+    """``value`` as a read-only view when it is a host array (no copy), else unchanged.
+
+    What ``parameters()`` hands out: editing a model's arrays in place raises
+    :class:`ValueError` (``v *= 2``: ``output array is read-only``; ``v[0] = 1``: ``assignment
+    destination is read-only``) instead of changing values that cached discretizations and
+    pickled copies do not see. Tensors (handed in by
+    ``with_parameters`` for autograd) are returned as they are: an optimizer updates them in
+    place, and operators holding them are never cached.
+    """
+    if isinstance(value, np.ndarray) and value.flags.writeable:
+        value = value.view()
+        value.flags.writeable = False
+    return value
+
+
+def read_only_parameters(parameters) -> dict:
+    """A ``parameters()`` mapping with every host array a read-only view (:func:`read_only`)."""
+    return {name: read_only(value) for name, value in dict(parameters).items()}
 
 
 def _reference_points(disc) -> np.ndarray:
@@ -290,8 +312,9 @@ class PiecewiseConstant(Kernel):
         self.weight = a
 
     def parameters(self) -> dict:
-        """``{"weight": A}``: the discrete weight, as many numbers as the ``nn.Linear`` has."""
-        return {"weight": self.weight}
+        """``{"weight": A}``: the discrete weight, as many numbers as the ``nn.Linear`` has
+        (a read-only view; ``model.with_parameters`` changes it)."""
+        return {"weight": read_only(self.weight)}
 
     def _host(self) -> bool:
         return type(self.weight) is np.ndarray
@@ -349,8 +372,9 @@ class Smooth(Kernel):
         return f"Smooth({getattr(self.function, '__name__', self.function)!r})"
 
     def parameters(self) -> dict:
+        """The function's own ``parameters()`` (read-only views), if it has any."""
         own = getattr(self.function, "parameters", None)
-        return dict(own()) if callable(own) else {}
+        return read_only_parameters(own()) if callable(own) else {}
 
     def evaluate(self, s, t):
         from .discretizations.base import real_host_array
@@ -414,14 +438,16 @@ class SmoothRandom(Kernel):
         vals = self._basis(t, self.phase_out) @ coeffs @ self._basis(t, self.phase_in).T
         norm = math.sqrt(float(w @ vals**2 @ w))
         self.coefficients = coeffs * (self.scale / norm)
+        for values in (self.coefficients, self.phase_out, self.phase_in):
+            values.setflags(write=False)
 
     def __repr__(self) -> str:
         return f"SmoothRandom(seed={self.seed}, modes={self.modes}, decay={self.decay}, scale={self.scale})"
 
     def parameters(self) -> dict:
-        """The scaled coefficients and the phases (see the class docstring)."""
-        return {"coefficients": self.coefficients, "phase_out": self.phase_out,
-                "phase_in": self.phase_in}
+        """The scaled coefficients and the phases (see the class docstring), read-only views."""
+        return read_only_parameters({"coefficients": self.coefficients,
+                                     "phase_out": self.phase_out, "phase_in": self.phase_in})
 
     def _host(self) -> bool:
         return (type(self.coefficients) is np.ndarray and type(self.phase_out) is np.ndarray
@@ -452,7 +478,7 @@ class SmoothRandom(Kernel):
         device = array_api_compat.device(like)
 
         def on(a):
-            return a if not is_host(a) else xp.asarray(np.asarray(a), dtype=like.dtype, device=device)
+            return a if not is_host(a) else xp.asarray(np.array(a), dtype=like.dtype, device=device)
 
         return (on(b_out) @ on(self.coefficients) @ xp.matrix_transpose(on(b_in))) * on(w)
 
@@ -492,8 +518,9 @@ class Convolution(Kernel):
         return f"Convolution({getattr(self.profile, '__name__', self.profile)!r})"
 
     def parameters(self) -> dict:
+        """The profile's own ``parameters()`` (read-only views), if it has any."""
         own = getattr(self.profile, "parameters", None)
-        return dict(own()) if callable(own) else {}
+        return read_only_parameters(own()) if callable(own) else {}
 
     def evaluate(self, s, t):
         z = np.asarray(s, dtype=np.float64) - np.asarray(t, dtype=np.float64)

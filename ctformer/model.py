@@ -25,8 +25,10 @@ solve is exactly the discrete network (design notes, section 2; Tai, Liu, Li, Ch
 """
 from __future__ import annotations
 
+from numbers import Real
 from typing import Callable, Sequence
 
+import array_api_compat
 import numpy as np
 
 from . import solvers
@@ -44,6 +46,65 @@ __all__ = ["Block", "ContinuousTransformer", "InconsistentDepthLimitWarning", "P
 
 #: Where the normalizations of a block act.
 PLACEMENTS = ("pre", "post", "none")
+
+
+def _check_parameter_names(own: dict, params) -> None:
+    """``params`` must be a mapping with exactly the names of ``own`` (KeyError listing them)."""
+    if not hasattr(params, "items") or not hasattr(params, "keys"):
+        raise TypeError(f"params must be a mapping name -> array (like parameters()), got "
+                        f"{type(params).__name__}")
+    missing, unknown = sorted(set(own) - set(params)), sorted(set(params) - set(own))
+    if missing or unknown:
+        raise KeyError(f"params must have exactly the names of parameters(): missing {missing[:5]}"
+                       f"{' ...' if len(missing) > 5 else ''}, unknown {unknown[:5]}"
+                       f"{' ...' if len(unknown) > 5 else ''}")
+
+
+def _checked_parameter(name: str, value, shape: tuple):
+    """``value`` as the new parameter ``name`` of ``shape``: a read-only float64 host copy, or
+    the tensor itself. Real numbers only, finite, of the parameter's shape."""
+    what = f"params[{name!r}]"
+    if not is_host(value):   # a tensor of another namespace: kept, so autograd sees it
+        xp = array_api_compat.array_namespace(value)
+        if not xp.isdtype(value.dtype, "real floating"):
+            raise TypeError(f"{what} is a tensor of dtype {value.dtype}; parameters are real: "
+                            "pass a real floating tensor (e.g. torch.float64)")
+        _check_parameter_shape(what, tuple(value.shape), shape)
+        if not bool(xp.all(xp.isfinite(value))):
+            raise ValueError(f"{what} holds NaN or inf; parameters must be finite")
+        return value
+    array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic, Real, list, tuple)) \
+        else None
+    if array is None or array.dtype.kind not in "iuf":
+        kind = "complex numbers" if array is not None and array.dtype.kind == "c" else \
+            f"a {type(value).__name__}"
+        raise TypeError(f"{what} must be a real array of shape {shape} (a NumPy array, a number "
+                        f"or a torch tensor), got {kind}")
+    _check_parameter_shape(what, array.shape, shape)
+    array = np.array(array, dtype=np.float64)
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{what} holds NaN or inf; parameters must be finite")
+    array.setflags(write=False)
+    return array
+
+
+def _check_parameter_shape(what: str, got: tuple, shape: tuple) -> None:
+    if tuple(got) != tuple(shape):
+        raise ValueError(f"{what} has shape {tuple(got)}, the parameter has shape {tuple(shape)}")
+
+
+def _check_tensor_kinds(params: dict) -> None:
+    """Tensor parameters must share one type, device and dtype (TypeError naming the odd one)."""
+    tensors = [(name, v) for name, v in params.items() if not is_host(v)]
+    for name, value in tensors[1:]:
+        first, like = tensors[0]
+        same = type(value) is type(like) and getattr(value, "device", None) == getattr(like, "device", None)
+        if not same or value.dtype != like.dtype:
+            raise TypeError(
+                f"params[{name!r}] is a {type(value).__name__} of dtype {value.dtype} on "
+                f"{getattr(value, 'device', 'cpu')}, params[{first!r}] one of dtype {like.dtype} "
+                f"on {getattr(like, 'device', 'cpu')}: give every tensor parameter one dtype and "
+                "device")
 
 
 def _is_projection(normalization) -> bool:
@@ -265,6 +326,13 @@ class ContinuousTransformer:
         parameters (a :class:`~ctformer.kernels.PiecewiseConstant` kernel is its weight
         matrix, a piecewise-constant bias its vector). Structural constants (the inverse
         temperatures :math:`\beta_h`, ``eps``, the activation) are options, not parameters.
+
+        The host arrays are read-only views of the model's own arrays (nothing is copied):
+        an in-place edit such as ``v *= 2`` raises :class:`ValueError` (``output array is
+        read-only``). Change values with :meth:`with_parameters`, which
+        returns a new model; the old one, its cached discretizations and its pickled copies
+        keep agreeing with each other. Tensors handed in by :meth:`with_parameters` are
+        returned as they are (an optimizer updates them in place).
         """
         return named_parameters(blocks=self.blocks, final_normalization=self.final_normalization)
 
@@ -274,39 +342,41 @@ class ContinuousTransformer:
         Parameters
         ----------
         params : mapping
-            Every name of :meth:`parameters`, each with an array of the same shape: NumPy
-            arrays, or torch tensors (then a solve with a torch ``u0`` differentiates with
-            respect to them: ``params = {k: torch.tensor(v, requires_grad=True) ...}``,
-            ``model.with_parameters(params).solve(u0, ...)``, ``loss.backward()``).
+            Every name of :meth:`parameters`, each with a real array of the same shape and
+            finite values: numbers, NumPy arrays (copied, as read-only float64 arrays, so a
+            later edit of the caller's array changes nothing), or torch tensors (used as they
+            are: then a solve with a torch ``u0`` differentiates with respect to them:
+            ``params = {k: torch.tensor(v, requires_grad=True) ...}``,
+            ``model.with_parameters(params).solve(u0, ...)``, ``loss.backward()``). All
+            tensors must share one dtype and device, and a solve takes ``u0`` in that dtype.
 
         Returns
         -------
         ContinuousTransformer
             A new model; this one is unchanged. Operators holding tensors are discretized
             afresh at every solve (never cached), so in-place updates of the tensors (an
-            optimizer step) are always seen.
+            optimizer step) are always seen. ``m.with_parameters(m.parameters())`` is the
+            same computation as ``m`` (same results, same study identity).
 
         Raises
         ------
         KeyError
             For missing or unknown names (listed).
+        TypeError
+            For a value that is not a real array (a string, complex numbers, ...), or
+            tensors of different dtypes or devices: the message names the parameter.
         ValueError
-            For an array of another shape than the parameter's.
+            For an array of another shape than the parameter's, or one holding NaN or inf.
         """
         import copy
 
         own = self.parameters()
-        missing, unknown = sorted(set(own) - set(params)), sorted(set(params) - set(own))
-        if missing or unknown:
-            raise KeyError(f"params must have exactly the names of parameters(): missing {missing[:5]}"
-                           f"{' ...' if len(missing) > 5 else ''}, unknown {unknown[:5]}"
-                           f"{' ...' if len(unknown) > 5 else ''}")
-        for name, value in params.items():
-            if tuple(getattr(value, "shape", np.shape(value))) != tuple(np.shape(own[name])):
-                raise ValueError(f"params[{name!r}] has shape {tuple(value.shape)}, the parameter has "
-                                 f"shape {tuple(np.shape(own[name]))}")
+        _check_parameter_names(own, params)
+        checked = {name: _checked_parameter(name, value, np.shape(own[name]))
+                   for name, value in params.items()}
+        _check_tensor_kinds(checked)
         model = copy.deepcopy(self)
-        for name, value in params.items():
+        for name, value in checked.items():
             assign_parameter(model, name, value)
         return model
 
@@ -330,6 +400,10 @@ class ContinuousTransformer:
                 f"{getattr(u, 'device', 'cpu')}, the parameters are {type(like).__module__}."
                 f"{type(like).__name__} on {getattr(like, 'device', 'cpu')}: pass u0 in the "
                 "parameters' namespace and on their device")
+        if u.dtype != like.dtype:
+            name = next(k for k, v in self.parameters().items() if v is like)
+            raise TypeError(f"u0 has dtype {u.dtype}, the tensor parameters (e.g. {name!r}) have "
+                            f"dtype {like.dtype}: pass u0 as {like.dtype} (u0.to({like.dtype}))")
 
     # -- grids ---------------------------------------------------------------------------
     def grids(self, tokens, features, head_features=None, hidden=None, context_length=None) -> Grids:

@@ -21,7 +21,7 @@ import array_api_compat
 import numpy as np
 
 from .discretizations import Midpoint
-from .kernels import SmoothRandom, is_host
+from .kernels import SmoothRandom, is_host, read_only
 from .operators import ALiBi, Attention, FeedForward, GatedFeedForward, LayerNormProjection, RMSNorm, RoPE
 
 __all__ = ["random_layers", "PLACEMENTS", "KERNEL_SCALE", "NORMALIZATIONS", "FEEDFORWARDS", "POSITIONS"]
@@ -53,9 +53,9 @@ class _Trig:
         return self.offset + self.amplitude * xp.sin(math.pi * self.frequency * y + self.phase)
 
     def parameters(self) -> dict:
-        """The four numbers of the function, as 0-d arrays."""
-        return {name: (np.asarray(float(getattr(self, name))) if is_host(getattr(self, name))
-                       else getattr(self, name))
+        """The four numbers of the function, as read-only 0-d arrays."""
+        return {name: (read_only(np.asarray(float(getattr(self, name))))
+                       if is_host(getattr(self, name)) else getattr(self, name))
                 for name in ("offset", "amplitude", "frequency", "phase")}
 
     def __repr__(self):

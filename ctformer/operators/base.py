@@ -75,7 +75,9 @@ class Operator(abc.ABC):
     (shape ``(..., Nq_tokens, Nq_features)``) for one :class:`Grids`. Assigning an attribute
     (``op.W_1 = ...``) drops the discretizations built so far; changing what the operator
     holds (an array edited in place, an attribute of one of its kernels) does not, so build a
-    new operator, or use ``model.with_parameters``, to change values.
+    new operator, or use ``model.with_parameters``, to change values. The arrays that
+    ``parameters()`` hands out are read-only views, so an edit through them raises
+    :class:`ValueError` instead.
     """
 
     def discretize(self, grids: Grids) -> Callable:

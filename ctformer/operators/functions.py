@@ -21,13 +21,13 @@ discretization.
 from __future__ import annotations
 
 import math
-from numbers import Real
+from numbers import Integral, Real
 
 import array_api_compat
 import numpy as np
 
 from ..discretizations.base import real_host_array
-from ..kernels import is_host, _to_host, cell_index
+from ..kernels import _to_host, cell_index, is_host, read_only, read_only_parameters
 
 __all__ = ["FeatureFunction", "as_feature_function", "cell_index", "named_parameters",
            "assign_parameter"]
@@ -113,13 +113,15 @@ class FeatureFunction:
 
     def parameters(self) -> dict:
         """The numbers of the function: ``{"": array}`` for a number or an array of cell
-        values, a callable's own ``parameters()`` when it has one, else nothing."""
+        values, a callable's own ``parameters()`` when it has one, else nothing. Host arrays
+        are read-only views (:func:`ctformer.kernels.read_only`)."""
         if self.kind == "none":
             return {}
         if self.kind == "callable":
             own = getattr(self.spec, "parameters", None)
-            return dict(own()) if callable(own) else {}
-        return {"": np.asarray(self.spec, dtype=np.float64) if is_host(self.spec) else self.spec}
+            return read_only_parameters(own()) if callable(own) else {}
+        return {"": read_only(np.asarray(self.spec, dtype=np.float64)) if is_host(self.spec)
+                else self.spec}
 
     @property
     def is_none(self) -> bool:
@@ -206,7 +208,7 @@ def named_parameters(**components) -> dict:
 
     A component may be ``None`` (skipped), an object with ``parameters()``, or a list of
     them (named by index). Names are joined with dots; an empty inner name stands for the
-    component itself.
+    component itself. Host arrays are read-only views (:func:`ctformer.kernels.read_only`).
     """
     out = {}
     for prefix, component in components.items():
@@ -216,7 +218,7 @@ def named_parameters(**components) -> dict:
             out.update(named_parameters(**{f"{prefix}.{i}": c for i, c in enumerate(component)}))
             continue
         for name, value in component.parameters().items():
-            out[f"{prefix}.{name}" if name else prefix] = value
+            out[f"{prefix}.{name}" if name else prefix] = read_only(value)
     return out
 
 
@@ -245,9 +247,21 @@ def assign_parameter(root, name: str, value) -> None:
         except (AttributeError, IndexError, ValueError):
             raise KeyError(f"parameter {name!r} does not exist (no {part!r} in "
                            f"{type(holder).__name__})") from None
+    value = _stored_form(obj.spec if isinstance(obj, FeatureFunction) else obj, value)
     if isinstance(obj, FeatureFunction):
         obj.spec = value
     elif isinstance(holder, list):
         holder[int(parts[-1])] = value
     else:
         setattr(holder, parts[-1], value)
+
+
+def _stored_form(current, value):
+    """``value`` in the form the model stored ``current`` in: a host number that replaces a
+    Python number is a Python number again (an ``int`` when it was one and stays integral),
+    so that ``with_parameters(parameters())`` is the same model, with the same identity."""
+    if isinstance(current, Real) and not isinstance(current, bool) and is_host(value) \
+            and np.ndim(value) == 0:
+        number = float(value)
+        return int(number) if isinstance(current, Integral) and number.is_integer() else number
+    return value

@@ -225,6 +225,8 @@ def _build(model, *, refine, levels, tokens, features, head_features, hidden, sc
         "model": model_identity(model) if store is not None else None, "refine": refine,
         "family": None if family is None else describe(family),
         "fixed": {k: _disc_spec(v) for k, v in fixed.items()}, "scheme": repr(scheme),
+        # the scheme's full state, not its repr (a parameter its repr leaves out)
+        "scheme_state": describe(scheme, "the scheme") if store is not None else None,
         "steps_per_layer": steps_per_layer, "fine": fine,
         "window": None if window is None else list(window), "evaluate": evaluate,
         "points": None if points is None else array_identity(points),

@@ -14,9 +14,10 @@ With a ``store`` directory every finished case is kept in a :class:`ctformer.stu
 (one checksummed record per case, written atomically): re-running the same study computes
 only the missing cases.
 
-The store is checked for writability *before* anything is computed, an interrupted study
-(Ctrl-C) raises :class:`StudyInterrupted` saying how many cases are stored where, and a Dask
-worker lost with the shared model raises :class:`WorkerLost` with the same information.
+The store, and the path of every record still to write, are checked *before* anything is
+computed, an interrupted study (Ctrl-C) raises :class:`StudyInterrupted` saying how many
+cases are stored where, and a Dask worker lost with the shared model raises
+:class:`WorkerLost` with the same information.
 """
 from __future__ import annotations
 
@@ -160,7 +161,9 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
     ValueError
         If a key is not a valid case key (e.g. ``"../x"`` or an absolute path).
     PermissionError
-        If cases must be computed and the store is not writable (raised before computing).
+        If cases must be computed and the store is not writable, or something other than a
+        file (a directory) is where a record is to be written (raised before computing,
+        naming the directory or the record path).
     StudyInterrupted
         On Ctrl-C (a :class:`KeyboardInterrupt`): how many cases are stored where.
     WorkerLost

@@ -16,7 +16,9 @@ Records are never trusted blindly. Each carries
 A record whose checksum does not match, whose fields do not match their declared kinds and
 shapes, that holds NaN or inf, that belongs to another key or that is not readable JSON is
 reported by a :class:`CorruptRecordWarning` naming its file; its case is recomputed and the
-record rewritten. The store is checked for writability before anything is computed.
+record rewritten. The store is checked for writability before anything is computed, and so is
+every record path: a directory where a record is to be written is refused (naming the path)
+before the case is computed, not after.
 """
 from __future__ import annotations
 
@@ -216,6 +218,25 @@ class CaseStore:
         """Where the record of case ``key`` lives (``key`` is validated: never a path)."""
         return self.directory / f"{check_key(key)}.json"
 
+    def check_record_path(self, key: str) -> Path:
+        """The path of case ``key``'s record, checked to be a file or absent (never computed on
+        a path that cannot take the record).
+
+        Raises
+        ------
+        PermissionError
+            Naming the record path, when something other than a regular file (a directory,
+            a socket, ...) is there: the record could not be written after computing.
+        """
+        path = self.path(key)
+        if path.exists() and not path.is_file():
+            kind = "a directory" if path.is_dir() else "not a regular file"
+            raise PermissionError(
+                f"the study record {str(path)!r} is {kind}, so case {key[:16]}... could not be "
+                "stored; nothing was computed. Remove or rename it, or choose another directory "
+                "for store=")
+        return path
+
     def check_writable(self) -> None:
         """Create and remove a probe file in the store; raise if that fails.
 
@@ -241,8 +262,13 @@ class CaseStore:
         A record that cannot be trusted (see :func:`record_problem`) is reported with a
         :class:`CorruptRecordWarning` naming its file, and ``None`` is returned so that the
         case is recomputed.
+
+        Raises
+        ------
+        PermissionError
+            When the record path is not a regular file (:meth:`check_record_path`).
         """
-        path = self.path(key)
+        path = self.check_record_path(key)
         if not path.exists():
             return None
         try:
