@@ -5,6 +5,7 @@ instance behind a bound method); what cannot be identified refuses the store; a 
 that cannot take a record is refused before anything is computed."""
 from __future__ import annotations
 
+import datetime
 import functools
 import importlib
 import os
@@ -126,6 +127,12 @@ def test_objects_are_identified_by_their_full_state():
     assert describe(Slotted(1.0)) == describe(Slotted(1.0))
     assert model_identity(_model(Slotted(1.0))) != model_identity(_model(Slotted(2.0)))
     assert describe(Theta(1.0)) != describe(Theta(np.nextafter(1.0, 2.0)))   # one ulp
+    # objects pickled through bytes (a date) and object arrays (their bytes are addresses)
+    assert describe(datetime.date(2020, 1, 1)) != describe(datetime.date(2020, 1, 2))
+    assert describe(np.array([Slotted(1.0)], dtype=object)) == \
+        describe(np.array([Slotted(1.0)], dtype=object))
+    assert describe(np.array([Slotted(1.0)], dtype=object)) != \
+        describe(np.array([Slotted(2.0)], dtype=object))
 
 
 @pytest.mark.parametrize("activation, what", [

@@ -103,10 +103,15 @@ def _describe(obj, path: str, stack: set):
     """
     if obj is None or isinstance(obj, (bool, int, str)):
         return obj
+    if isinstance(obj, (bytes, bytearray)):
+        return {"bytes": hashlib.sha256(obj).hexdigest()}
     if isinstance(obj, (float, np.generic)):
         return _describe_scalar(obj, path, stack)
     if isinstance(obj, np.ndarray) and obj.ndim == 0 and obj.dtype.kind in "biuf":
         return _describe_scalar(obj[()], path, stack)
+    if isinstance(obj, np.ndarray) and obj.dtype.hasobject:   # its bytes are addresses
+        return {"objects": list(obj.shape),
+                "items": _describe(obj.reshape(-1).tolist(), path, stack)}
     if _is_array(obj):
         return {"array": array_identity(obj)}
     if isinstance(obj, np.dtype):
@@ -131,6 +136,15 @@ def _describe(obj, path: str, stack: set):
     if isinstance(obj, (set, frozenset)):   # in a canonical order, not the hash order
         return {"set": sorted((_describe(v, path, stack) for v in obj), key=_canonical)}
     return _describe_reduced(obj, path, stack)
+
+
+def _walk(obj, path: str):
+    """:func:`_describe` from the top; a structure nested beyond Python's recursion limit has
+    no description either."""
+    try:
+        return _describe(obj, path, set())
+    except RecursionError:
+        raise _Unhashable(f"{path} is nested too deeply to be described") from None
 
 
 def _canonical(description) -> str:
@@ -159,7 +173,7 @@ def describe(obj, what: str | None = None):
         pickled: its identity could not be told apart from another one's.
     """
     try:
-        return _describe(obj, what or type(obj).__name__, set())
+        return _walk(obj, what or type(obj).__name__)
     except _Unhashable as exc:
         raise TypeError(
             f"no stable description: {exc}, so a stored case could belong to another "
@@ -189,7 +203,7 @@ def model_identity(model) -> str:
         for name, values in sorted(parameters().items()):
             _update_array(digest, name, values)
     try:
-        structure = _describe(model, "model", set())
+        structure = _walk(model, "model")
     except _Unhashable as exc:
         raise TypeError(
             f"the model's identity cannot be hashed: {exc}, so a stored case could belong to "
