@@ -101,9 +101,12 @@ def test_buffers_rounded_by_a_cast_are_accepted_and_edited_buffers_refused():
     for dtype, theta in ((torch.bfloat16, 10000.0), (torch.float16, 1e8)):  # float16 flushes 1e8^(-62/64)
         model = _stock(t, torch, "Llama", theta=theta, d=128, heads=1, kv_heads=1).to(dtype)
         assert model.rotary_emb.inv_freq.dtype == dtype
-        frequencies = from_hf(model).blocks[0].attention.positions.frequencies
         exact = theta ** (-np.arange(0, 128, 2) / 128.0)
-        assert np.all(np.abs(frequencies - exact) <= np.spacing(exact))
+        buffer = model.rotary_emb.inv_freq.double().numpy()
+        assert np.max(np.abs(buffer - exact) / exact) > 1e-4  # rounded to half precision
+        for cast in (model, copy.deepcopy(model).double()):  # also half, then float64
+            frequencies = from_hf(cast).blocks[0].attention.positions.frequencies
+            assert np.all(np.abs(frequencies - exact) <= np.spacing(exact))
     edited = _stock(t, torch, "Llama")
     with torch.no_grad():
         edited.rotary_emb.inv_freq /= 4.0  # a hand-made position interpolation

@@ -36,7 +36,8 @@ def from_albert(model) -> ContinuousTransformer:
     Parameters
     ----------
     model : transformers.AlbertModel
-        In memory (any dtype; weights are copied to float64).
+        In memory, with float16, bfloat16, float32 or float64 weights (copied to float64
+        exactly: every half-precision number is a float64).
 
     Returns
     -------
@@ -49,7 +50,8 @@ def from_albert(model) -> ContinuousTransformer:
     Raises
     ------
     TypeError
-        If ``model`` is not an ``AlbertModel``.
+        If ``model`` is not an ``AlbertModel``, or a weight has another dtype (integer,
+        quantized), named in the message.
     ValueError
         For options that are not modelled, named in the message: relative position
         embeddings (``position_embedding_type``) or an unknown activation.

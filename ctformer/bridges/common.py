@@ -47,14 +47,45 @@ __all__ = ["to_numpy", "attention_from_weights", "grouped_attention_from_weights
            "rms_norm_from_weights", "state_tensors"]
 
 
+#: dtypes of the weights the bridges take (float16 and bfloat16 are widened exactly).
+WEIGHT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
 def to_numpy(tensor, name: str) -> np.ndarray | None:
-    """A host float64 copy of a torch tensor or array (``None`` stays ``None``)."""
+    r"""A host float64 copy of a weight: a torch tensor or an array (``None`` stays ``None``).
+
+    float16 and bfloat16 numbers (11 and 8 significant bits) are exactly representable in
+    float32 and float64, so the copy is exact for every dtype of :data:`WEIGHT_DTYPES`; torch
+    tensors of half precision are widened to float32 first (NumPy has no bfloat16).
+
+    Raises
+    ------
+    TypeError
+        For a tensor or array of another dtype (integer, boolean, complex, quantized): the
+        message names the weight, its dtype and the accepted ones.
+    ValueError
+        If the weight contains NaN or inf.
+    """
     if tensor is None:
         return None
-    arr = np.array(to_host(tensor), dtype=np.float64)
+    arr = np.array(to_host(_widen_half(tensor, name)), dtype=np.float64)
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"weight {name} contains NaN or inf")
     return arr
+
+
+def _widen_half(tensor, name: str):
+    """``tensor`` with a half-precision torch dtype widened to float32; other dtypes checked."""
+    dtype = getattr(tensor, "dtype", None)
+    if dtype is None:  # lists, scalars: NumPy converts them
+        return tensor
+    kind = str(dtype).removeprefix("torch.")
+    if kind not in WEIGHT_DTYPES:
+        raise TypeError(f"weight {name} has dtype {kind}; the bridges take {', '.join(WEIGHT_DTYPES)} "
+                        "weights (dequantize or cast the model first, e.g. model.float())")
+    if kind in ("float16", "bfloat16") and hasattr(tensor, "float"):
+        return tensor.detach().float()  # exact: every half-precision number is a float32
+    return tensor
 
 
 def attention_from_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, heads: int, mask=None):

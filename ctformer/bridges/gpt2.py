@@ -35,7 +35,8 @@ def from_gpt2(model) -> ContinuousTransformer:
     Parameters
     ----------
     model : transformers.GPT2Model
-        In memory (any dtype; the weights are copied to float64).
+        In memory, with float16, bfloat16, float32 or float64 weights (copied to float64
+        exactly: every half-precision number is a float64).
 
     Returns
     -------
@@ -48,7 +49,8 @@ def from_gpt2(model) -> ContinuousTransformer:
     Raises
     ------
     TypeError
-        If ``model`` is not a ``GPT2Model``.
+        If ``model`` is not a ``GPT2Model``, or a weight has another dtype (integer,
+        quantized), named in the message.
     ValueError
         For options that are not modelled, named in the message: cross-attention layers
         (``add_cross_attention``) or an unknown activation.

@@ -53,7 +53,10 @@ def from_hf(model):
     ----------
     model : transformers model
         One of :data:`SUPPORTED` (``MistralModel``/``Qwen2Model`` when the installed
-        transformers has them).
+        transformers has them), with float16, bfloat16, float32 or float64 weights. They are
+        copied to float64 exactly (every half-precision number is a float64), so a bfloat16
+        model converts to the network of its bfloat16 weights computed in float64; RoPE
+        frequencies come from the configuration in float64.
 
     Returns
     -------
@@ -62,7 +65,8 @@ def from_hf(model):
     Raises
     ------
     TypeError
-        For any other class; the message lists the supported ones.
+        For any other class (the message lists the supported ones), or a weight of another
+        dtype (integer, quantized; the message names it).
     ValueError
         For a configuration option that the continuous model does not implement (named in
         the message by the converter).

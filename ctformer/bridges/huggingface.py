@@ -21,6 +21,8 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+
 from ..discretizations import Midpoint
 from ..model import Block, ContinuousTransformer
 from .common import optional_import, attention_from_weights, feedforward_from_weights, layer_norm_from_weights, to_numpy
@@ -47,6 +49,9 @@ def from_hf_bert(model, config=None) -> ContinuousTransformer:
         ``num_hidden_layers``, ``position_embedding_type``). Ignored for a model in memory
         (its own config is used).
 
+        Weights may be float16, bfloat16, float32 or float64 (in memory or in the file): they
+        are copied to float64 exactly.
+
     Returns
     -------
     ContinuousTransformer
@@ -56,7 +61,8 @@ def from_hf_bert(model, config=None) -> ContinuousTransformer:
     Raises
     ------
     TypeError
-        If ``model`` is neither a BERT model/encoder nor a path.
+        If ``model`` is neither a BERT model/encoder nor a path, or a weight has another dtype
+        (integer, quantized, float8; the message names it).
     ValueError
         For unsupported configurations: relative position embeddings, decoder or
         cross-attention layers, an unknown activation, missing weights or config keys; for a
@@ -89,8 +95,6 @@ def _from_module(model):
 
 
 def _load_safetensors(path: Path, config):
-    from safetensors.numpy import load_file
-
     if path.is_dir():
         path = path / "model.safetensors"
     if not path.is_file():
@@ -105,7 +109,9 @@ def _load_safetensors(path: Path, config):
     elif hasattr(config, "to_dict"):
         config = config.to_dict()
     try:
-        tensors = load_file(str(path))
+        tensors = _read_tensors(path)
+    except TypeError:  # a valid file with a dtype NumPy cannot hold (named)
+        raise
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError
         raise ValueError(f"{path}: not a valid .safetensors file ({type(exc).__name__}: {exc}); "
                          "re-download or re-export the weights") from None
@@ -118,6 +124,37 @@ def _load_safetensors(path: Path, config):
     if not state:
         raise ValueError(f"{path.name} holds no BERT encoder weights (encoder.layer.*)")
     return state, dict(config)
+
+
+#: safetensors dtypes that ``safetensors.numpy`` loads.
+_NUMPY_KINDS = ("BOOL", "U8", "I8", "U16", "I16", "F16", "U32", "I32", "F32", "U64", "I64", "F64")
+
+
+def _read_tensors(path: Path) -> dict:
+    r"""``name -> ndarray`` of a ``.safetensors`` file; BF16 tensors widened exactly to float32.
+
+    NumPy has no bfloat16. A bfloat16 number is the upper half of the float32 of the same
+    value, so its bits :math:`b` give the float32 with bits :math:`2^{16} b` exactly.
+    """
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:  # validates the header
+        kinds = {name: f.get_slice(name).get_dtype() for name in f.keys()}
+        for name, kind in kinds.items():
+            if kind not in _NUMPY_KINDS and kind != "BF16":
+                raise TypeError(f"{path}: tensor {name} has dtype {kind}, which NumPy cannot hold; the "
+                                "bridges take F16, BF16, F32 and F64 weights (dequantize first)")
+        tensors = {name: f.get_tensor(name) for name, kind in kinds.items() if kind != "BF16"}
+    wide = [name for name, kind in kinds.items() if kind == "BF16"]
+    if wide:
+        raw = path.read_bytes()
+        size = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + size])
+        for name in wide:
+            start, stop = (8 + size + int(o) for o in header[name]["data_offsets"])
+            bits = np.frombuffer(raw[start:stop], dtype="<u2").astype(np.uint32) << 16
+            tensors[name] = bits.view(np.float32).reshape(header[name]["shape"])
+    return tensors
 
 
 def _read_config(config_file: Path) -> dict:

@@ -61,7 +61,9 @@ def from_torch(module, causal: bool = False) -> ContinuousTransformer:
     module : torch.nn.TransformerEncoderLayer or torch.nn.TransformerEncoder
         The network (any ``norm_first``, relu/gelu/silu activation, any ``layer_norm_eps``,
         with or without biases and the encoder's final ``norm``). ``batch_first`` does not
-        matter: :meth:`ContinuousTransformer.run` takes ``(B, N, d)``.
+        matter: :meth:`ContinuousTransformer.run` takes ``(B, N, d)``. Weights may be
+        float16, bfloat16, float32 or float64: they are copied to float64 exactly (every
+        half-precision number is a float64).
     causal : bool
         Build causal attention (:math:`m(x, x') = 1\{x' \le x\}`), the continuous form of
         running the module with ``is_causal=True`` and the square subsequent mask.
@@ -76,7 +78,8 @@ def from_torch(module, causal: bool = False) -> ContinuousTransformer:
     ------
     TypeError
         If ``module`` is not one of the supported classes (e.g. ``TransformerDecoderLayer``),
-        or a layer subclass overrides ``forward``, or its norms are not ``nn.LayerNorm``.
+        or a layer subclass overrides ``forward``, or its norms are not ``nn.LayerNorm``, or a
+        weight has another dtype than those four (named in the message).
     ValueError
         For unsupported options: ``add_bias_kv``, ``add_zero_attn``, an activation other than
         relu/gelu/silu, or layers with different sizes.

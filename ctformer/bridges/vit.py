@@ -104,7 +104,8 @@ def from_hf_vit(model) -> ContinuousTransformer:
     Parameters
     ----------
     model : transformers.ViTModel
-        In memory, evaluation mode (no dropout).
+        In memory, evaluation mode (no dropout), with float16, bfloat16, float32 or float64
+        weights (copied to float64 exactly: every half-precision number is a float64).
 
     Returns
     -------
@@ -117,7 +118,8 @@ def from_hf_vit(model) -> ContinuousTransformer:
     Raises
     ------
     TypeError
-        If ``model`` is not a ``ViTModel``.
+        If ``model`` is not a ``ViTModel``, or a weight has another dtype (integer,
+        quantized), named in the message.
     ValueError
         For an activation the continuous model does not offer.
     """
