@@ -32,6 +32,7 @@ Components of current Transformers (design notes, section 10):
 """
 from __future__ import annotations
 
+import math
 from numbers import Real
 
 import array_api_compat
@@ -114,8 +115,10 @@ class Attention(Operator):
     -----
     ``discretize(grids)`` returns ``f(u, padding_mask=None)``: ``u`` has shape
     ``(..., Nq_tokens, Nq_features)``; ``padding_mask`` is an optional boolean array
-    ``(..., N)`` (True = a real token, kept as a key), combined with the causal mask. Every
-    query must keep at least one key.
+    ``(..., N)`` (True = a real token, kept as a key), combined with the causal mask (and the
+    window). A query that keeps no key (left padding with the causal mask) gets attention
+    output zero, the integral over an empty set of keys, in every path (dense, streamed,
+    windowed, ALiBi, grouped-query; NumPy and torch); no real token reads it.
 
     The scores use the head-feature quadrature,
     :math:`s_{ij} = \beta_h \sum_\sigma w_\sigma q_{i\sigma} k_{j\sigma}`: the query kernel is
@@ -216,13 +219,41 @@ class Attention(Operator):
                 f"diagonal={self.diagonal!r}{extra})")
 
     def __call__(self, u, grids: Grids, padding_mask=None, *, key_mask=None):
-        """Apply to validated point values ``u`` on ``grids`` (see :meth:`Operator.__call__`).
+        r"""Apply the operator to point values ``u`` on ``grids``: validated, scale-safe.
 
-        ``padding_mask`` (bool, ``(..., N)``, True = a real token) keeps only those keys;
-        ``key_mask`` is its deprecated name.
+        Parameters
+        ----------
+        u : array, shape ``(..., Nq_tokens, Nq_features)``
+            Real, floating and finite (checked here, once).
+        grids : Grids
+        padding_mask : bool array ``(..., N)``, optional
+            True = a real token: only those are keys (``key_mask`` is its deprecated name).
+            A query left without any key (with left padding and the causal mask, a padding
+            token before the first real one) gets attention output zero, the integral over
+            an empty set of keys; the padding tokens never reach the real ones.
+
+        Returns
+        -------
+        array, same shape, namespace and dtype as ``u``
+
+        Raises
+        ------
+        TypeError, ValueError
+            For a ``u`` of the wrong kind, shape or with NaN or inf, or a bad ``padding_mask``.
+        FloatingPointError
+            When a projection or the output exceeds the dtype's range (not representable).
+
+        Notes
+        -----
+        Unlike the discretized callable used in a solve (``discretize(grids)``, which trusts
+        its validated state and checks nothing per step), this call evaluates the softmax
+        scale-safely, as ``quadrature_attention(..., check=True)``: scores
+        :math:`eta_h\, q \cdot k` that would overflow are computed from inputs rescaled by
+        powers of two, so ``1e300 * u`` or ``beta=1e308`` give the finite hard-max limit
+        (plain, causal, windowed, ALiBi, grouped-query), never NaN.
         """
         padding_mask = renamed_keyword("key_mask", key_mask, "padding_mask", padding_mask)
-        return super().__call__(u, grids, padding_mask=padding_mask)
+        return super().__call__(u, grids, padding_mask=padding_mask, check=True)
 
     def parameters(self) -> dict:
         """Named arrays of the kernels and biases (``W_Q.<head>.<kernel parameter>``, ...)."""
@@ -318,7 +349,13 @@ class Attention(Operator):
             lambda v: plus_bias(matmul_rows(v, constants("O", v)), constants("b_O", v)),
             width=constants.host["O"].shape[-1])
 
-        def attention(u, padding_mask=None):
+        def attention(u, padding_mask=None, *, check=False):
+            if not check:
+                return attend(u, padding_mask, False)
+            with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported by name
+                return attend(u, padding_mask, True)
+
+        def attend(u, padding_mask, check):
             xp = namespace(u)
             qkv = project_qkv(u)
             lead = tuple(u.shape[:-2])
@@ -329,6 +366,9 @@ class Attention(Operator):
             if rope:
                 cos, sin = constants("cos", u), constants("sin", u)
                 q, k = rotate(xp, q, cos, sin), rotate(xp, k, cos, sin)
+            if check:
+                for name, a in (("query", q), ("key", k), ("value", v)):
+                    _refuse_overflow(xp, a, u, f"the {name} projection")
             if groups > 1:  # head h = g * groups + r reads key/value head g (no copies)
                 q = xp.reshape(q, (*lead, kv_heads, groups, n_tokens, n_sigma))
                 k, v = k[..., None, :, :], v[..., None, :, :]
@@ -340,24 +380,38 @@ class Attention(Operator):
                 attended = local_attention(
                     q, k, v, beta=constants("beta", u), pattern=pattern, weights=w_tokens_host,
                     key_mask=km, slopes=constants("slopes", u), positions=positions,
-                    causal=mask == "causal" and pattern is None, diagonal=diagonal,
-                    fallback_to_self=km is not None and pattern is not None)
+                    causal=mask == "causal" and pattern is None, diagonal=diagonal, check=check)
             else:
                 keep = _key_mask(xp, padding_mask, u, n_tokens, mask, diagonal)
                 if keep is not None and extra_axes:
                     keep = keep[..., None, :, :, :]
-                attended = quadrature_attention(   # the state was validated where it entered
+                attended = quadrature_attention(   # a solve's state was validated where it entered
                     q, k, v, beta=constants("beta", u), weights=constants("w_tokens", u),
                     mask=mask if keep is None else keep,
-                    diagonal=diagonal if keep is None else "full", check=False,
+                    diagonal=diagonal if keep is None else "full", check=check,
                 )
             if groups > 1:
                 attended = xp.reshape(attended, (*attended.shape[:-4], heads, n_tokens, n_sigma))
             # concatenate heads along the features and contract with the stacked W_O
             concat = xp.reshape(_swap_heads_tokens(xp, attended), (*attended.shape[:-3], n_tokens, -1))
-            return project_out(concat)
+            out = project_out(concat)
+            if check:
+                _refuse_overflow(xp, out, u, "the output projection")
+            return out
 
         return attention
+
+
+def _refuse_overflow(xp, a, u, what: str) -> None:
+    """FloatingPointError when ``a`` (computed from the finite ``u``) is not finite: the
+    exact values exceed the dtype's range, a property of the inputs and the weights."""
+    if bool(xp.all(xp.isfinite(a))):
+        return
+    scale = float(xp.max(xp.abs(u))) if math.prod(u.shape) else 0.0
+    raise FloatingPointError(
+        f"{what} of u overflow {u.dtype}: max |u| = {scale:.3g} times the kernels exceeds the "
+        f"largest {u.dtype} number, so the result is not representable; scale u down (or use "
+        "float64)")
 
 
 def _swap_heads_tokens(xp, a):

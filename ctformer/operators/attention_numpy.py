@@ -110,7 +110,8 @@ def output_array(lead, n, e, dtype):
 
 def _run_tasks(worker, tasks, entries):
     """The attention ``worker`` over ``tasks``: threaded, with a single-threaded BLAS per
-    worker, from ``_PARALLEL_MIN_ENTRIES`` score entries in all (else on the calling thread)."""
+    worker for every thread count (one included), from ``_PARALLEL_MIN_ENTRIES`` score
+    entries in all (else on the calling thread)."""
     _threads.run_blas_tasks(worker, tasks, entries >= _PARALLEL_MIN_ENTRIES)
 
 

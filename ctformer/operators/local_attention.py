@@ -22,7 +22,10 @@ ALiBi (Press, Smith, Lewis 2022) adds :math:`-m_h |p(x) - p(x')|` to the exponen
     \qquad s_{ij} = \beta_h\, q_i \cdot k_j + \log w_j - m_h |p_i - p_j| \ (+ \log\tfrac12
     \text{ on the diagonal with the half-weight causal rule}),
 
-where :math:`\mu_i` is the row maximum over kept entries (every exponent :math:`\le 0`).
+where :math:`\mu_i` is the row maximum over kept entries (every exponent :math:`\le 0`). A
+query that keeps no key (a padding token whose window holds only padding) attends to an
+empty set: its output is zero. With ``check=True`` the inputs are validated and rescaled by
+powers of two where the scores could overflow, as in ``quadrature_attention``.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ import math
 import array_api_compat
 import numpy as np
 
-from .quadrature_attention import quadrature_attention
+from .quadrature_attention import quadrature_attention, scale_safe_inputs, times_pow2
 
 __all__ = ["window_pattern", "local_attention", "window_block_rows"]
 
@@ -157,7 +160,7 @@ class _RowIndex:
 
 def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None, slopes=None,
                     positions=None, key_positions=None, causal=False, diagonal="full",
-                    block=None, fallback_to_self=False):
+                    block=None, fallback_to_self=False, check=False):
     r"""Softmax attention restricted to a sparse pattern and/or with an ALiBi bias, by blocks.
 
     .. math::
@@ -193,18 +196,27 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
         Query rows per block; default: about the widest row of the pattern, within a score
         budget of a few MiB per block.
     fallback_to_self : bool
-        When a query keeps no key (a padding token whose window holds only padding), attend
-        to itself instead of raising (needs N == M; that row's output is not meaningful).
+        When a query keeps no key, attend to itself instead (needs N == M; that row's output
+        is not meaningful). Default: such a query attends to an empty set of keys and its
+        output is zero (the integral over the empty set), as in ``quadrature_attention``.
+    check : bool, default False
+        Refuse non-finite ``q``, ``k``, ``v`` and evaluate scale-safely: inputs whose scores
+        or weighted sums could overflow are rescaled by powers of two first, as
+        ``quadrature_attention(..., check=True)`` does (any finite input then gives a finite
+        answer, e.g. ``1e300 * q`` or ``beta=1e308``: the hard-max limit). Off for the
+        states of a solve, which were validated where they entered.
 
     Returns
     -------
     array of shape (..., N, e)
+        Rows of queries that keep no key (pattern, causal order and ``key_mask`` together)
+        are zero, unless ``fallback_to_self``.
 
     Raises
     ------
     ValueError
         For mismatched shapes, a pattern of the wrong shape, ``slopes`` without
-        ``positions``, a query that keeps no key (unless ``fallback_to_self``), or bad options.
+        ``positions``, non-finite ``q``, ``k`` or ``v`` with ``check=True``, or bad options.
     TypeError
         For a pattern that is not a boolean pydata ``sparse`` array.
     """
@@ -246,6 +258,11 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
     if w_host is not None and (w_host.shape != (m,) or not np.all(w_host > 0) or not np.all(np.isfinite(w_host))):
         raise ValueError(f"weights must be {m} positive finite numbers")
     dtype = q.dtype
+    v_scale = None
+    if check:
+        leading = _leading(xp, beta, dtype)
+        q, scaled, k, v, v_scale = scale_safe_inputs(xp, q, k, v, leading)
+        beta = beta if scaled is leading else scaled  # rescaled: beta is folded into q
     out = []
     for a in range(0, n, block):
         b = min(n, a + block)
@@ -261,12 +278,9 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
         if km is not None:
             pad = km[..., None, lo:hi]
             keep_x = pad if keep_x is None else (keep_x & pad)
-        if keep_x is not None:
+        if keep_x is not None and fallback_to_self:
             empty = ~xp.any(keep_x, axis=-1)
             if bool(xp.any(empty)):
-                if not fallback_to_self:
-                    raise ValueError("the pattern and key_mask leave no key for some query; each row "
-                                     "needs one kept entry")
                 inside = (rows >= lo) & (rows < hi)
                 if not bool(np.all(inside)):
                     raise ValueError("fallback_to_self needs each query's own key inside its slab")
@@ -289,7 +303,7 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
     if not out:
         return xp.zeros((*np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2])), 0, v.shape[-1]),
                         dtype=dtype)
-    return xp.concat(out, axis=-2) if len(out) > 1 else out[0]
+    return times_pow2(xp, xp.concat(out, axis=-2) if len(out) > 1 else out[0], v_scale)
 
 
 def _causal_block(xp, a, b):
@@ -317,8 +331,13 @@ def _scored(xp, q, k, v, beta, w, keep, alibi, causal_rows=None, half=False):
             s = s + xp.asarray(np.where(j == i, math.log(0.5), 0.0), dtype=dtype)
     if keep is not None:
         s = xp.where(keep, s, -xp.inf)
-    p = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
-    return (p @ v) / xp.sum(p, axis=-1, keepdims=True)
+    # a row without keys has maximum -inf: 0 instead gives p = 0 on the row, and a
+    # denominator of 0 + 1 its output 0 (a kept row's denominator is >= 1: no change)
+    top = xp.max(s, axis=-1, keepdims=True)
+    top = xp.where(xp.isinf(top), xp.zeros_like(top), top)
+    p = xp.exp(s - top)
+    den = xp.sum(p, axis=-1, keepdims=True)
+    return (p @ v) / (den + xp.astype(den == 0, dtype))
 
 
 def _leading(xp, value, dtype):

@@ -70,7 +70,8 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     mask : None, "causal" or bool array broadcasting to (..., N, M), optional
         ``"causal"`` keeps :math:`x_j \le x_i` (requires N == M). A boolean array keeps the
         entries that are True; its last axis has length M, the one before it N or 1 (a key
-        mask), and every row must keep at least one entry.
+        mask). A query whose row keeps no entry (a padding token that sees only padding)
+        attends to an empty set of keys: its output is zero, the integral over the empty set.
     diagonal : {"full", "half"}
         With ``mask="causal"``: weight of the diagonal cell. ``"full"`` is the standard causal
         mask (first-order quadrature of :math:`\int_0^{x_i}`); ``"half"`` gives it weight
@@ -96,7 +97,7 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     ValueError
         For mismatched shapes, non-finite entries of ``q``, ``k``, ``v`` or ``weights`` (the
         message names the argument), non-positive weights, non-finite ``beta``, a mask of the
-        wrong shape or one that removes every key of some query, or a bad ``chunk``.
+        wrong shape, or a bad ``chunk``.
     TypeError
         For non-floating or complex inputs, a non-boolean mask, or a ``beta`` that is not a
         real number (strings and booleans are refused).
@@ -112,6 +113,13 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
 
     where every exponent is :math:`\le 0` and the largest is exactly 0, so nothing overflows and
     the denominator is at least 1, for any finite :math:`\beta`.
+
+    *Queries without keys.* A row with :math:`m_{ij} = 0` for every :math:`j` has an empty
+    sum above and below; its output is defined as zero (the integral over an empty set of
+    keys), never NaN, in every path and array namespace, with or without ``check``. Padding
+    masks produce such rows: with left padding (HuggingFace's batches for generation) and a
+    causal mask, a padding token before the first real token sees no key. The zero rows
+    never reach the other queries (a padding key is masked for everyone).
 
     *Scale safety* (``check=True``). With :math:`a_q, a_k, a_v` the largest magnitudes of
     ``q``, ``k``, ``v`` in each (batch, head) problem, the scores are bounded by
@@ -150,14 +158,21 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     n, m = q.shape[-2], k.shape[-2]
     if n == 0:
         return xp.zeros((*lead, 0, v.shape[-1]), dtype=q.dtype)
+    keep, empty = admissible_rows(xp, keep)
     v_scale = None
     if check:
         q, beta, k, v, v_scale = _scaled_inputs(xp, q, k, v, beta, amax)
+    out = _attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk)
+    return times_pow2(xp, zero_rows(xp, out, empty), v_scale)
+
+
+def _attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
+    """The path for the problem's size and namespace; every row of ``keep`` keeps a key."""
+    n, m = q.shape[-2], k.shape[-2]
     numpy = isinstance(q, np.ndarray)
     if numpy and q.dtype in (np.float32, np.float64) and n * m >= _STREAM_MIN_ENTRIES:
         # beta scales each query chunk inside the workers
-        out = _numpy_paths.stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk)
-        return out if v_scale is None else _pow2(xp, out, v_scale)
+        return _numpy_paths.stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk)
     qs = q * beta  # beta folded into the queries: O(N d), cheaper than scaling every score
     if numpy and chunk is None and n * m * math.prod(lead) <= _CHUNK_ELEMENTS and n * m < _STREAM_MIN_ENTRIES:
         out = _numpy_paths.small(qs, k, v, log_w, keep, causal, diag_shift,
@@ -169,7 +184,35 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
             target = _CHUNK_ELEMENTS_DEVICE if array_api_compat.is_cupy_array(q) else _CHUNK_ELEMENTS
             chunk = max(1, min(n, target // max(1, m * (math.prod(lead) or 1))))
         out = _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, int(chunk))
-    return out if v_scale is None else _pow2(xp, out, v_scale)
+    return out
+
+
+# -- queries without keys -------------------------------------------------------------------------
+def admissible_rows(xp, keep):
+    r"""``(keep, empty)``: a mask in which every query keeps a key, and the queries that kept none.
+
+    A query :math:`i` with :math:`m_{ij} = 0` for every key attends to an empty set: its
+    output is the integral over that empty set, zero. Such rows are given every key here (any
+    finite softmax will do) and :func:`zero_rows` sets their output to zero afterwards; ``empty``
+    is None (and ``keep`` unchanged) when there is no such row, the usual case.
+    """
+    if keep is None:
+        return None, None
+    empty = ~xp.any(keep, axis=-1)
+    if not bool(xp.any(empty)):
+        return keep, None
+    return keep | empty[..., None], empty
+
+
+def zero_rows(xp, out, empty):
+    """``out`` (..., N, e) with the rows ``empty`` (..., N or 1) set to zero (in place for NumPy)."""
+    if empty is None:
+        return out
+    if isinstance(out, np.ndarray) and out.flags.writeable:
+        np.copyto(out, 0, where=np.broadcast_to(empty[..., None], out.shape))
+        return out
+    zero = xp.zeros((), dtype=out.dtype, device=array_api_compat.device(out))
+    return xp.where(empty[..., None], zero, out)
 
 
 # -- generic path (any array namespace) ----------------------------------------------------------
@@ -209,6 +252,35 @@ def _mask_diagonal_block(xp, s, start, stop, diag_shift):
 
 
 # -- scale safety ---------------------------------------------------------------------------------
+def scale_safe_inputs(xp, q, k, v, beta):
+    """``(q, beta, k, v, e_v)`` as :func:`quadrature_attention` computes with ``check=True``:
+    the inputs unchanged, or rescaled by powers of two so that no score or weighted sum
+    overflows; the output is then to be multiplied by ``2^e_v`` (:func:`times_pow2`; ``e_v``
+    None: nothing to do). ``beta`` is a float or an array broadcasting as ``(..., 1, 1)``.
+
+    Raises
+    ------
+    ValueError
+        If ``q``, ``k`` or ``v`` holds NaN or inf (the message names it).
+    """
+    return _scaled_inputs(xp, q, k, v, beta, _finite_abs_max(xp, q, k, v))
+
+
+def times_pow2(xp, out, e):
+    """``out * 2^e`` per leading index (exact); ``e`` None returns ``out``."""
+    return out if e is None else _pow2(xp, out, e)
+
+
+def _finite_abs_max(xp, q, k, v):
+    """(max|q|, max|k|, max|v|) as Python floats, one reduction per array; ValueError naming
+    the array that holds NaN or inf (they propagate through the maximum)."""
+    amax = tuple(_global_abs_max(xp, a) for a in (q, k, v))
+    for name, a in zip("qkv", amax):
+        if not math.isfinite(a):
+            raise ValueError(f"{name} must be finite; it contains NaN or inf")
+    return amax
+
+
 def _scaled_inputs(xp, q, k, v, beta, amax):
     """(q, beta, k, v, None), or power-of-two rescaled inputs (scaled queries and beta = 1)
     and the output's exponent.
@@ -331,11 +403,7 @@ def _validate(q, k, v, beta, weights, mask, diagonal):
         dtype = xp.result_type(q, k, v)
         q, k, v = (xp.astype(a, dtype, copy=False) for a in (q, k, v))
     dtype = q.dtype
-    # one reduction per array: finiteness (NaN and inf propagate through max) and the scale
-    amax = tuple(_global_abs_max(xp, a) for a in (q, k, v))
-    for name, a in zip("qkv", amax):
-        if not math.isfinite(a):
-            raise ValueError(f"{name} must be finite; it contains NaN or inf")
+    amax = _finite_abs_max(xp, q, k, v)
 
     beta = _check_beta(xp, beta, dtype, shapes)
 
@@ -440,8 +508,6 @@ def _check_mask(xp, mask, diagonal, n, m, shapes):
         raise ValueError(
             f"mask array must have shape (..., {n}, {m}) or (..., 1, {m}), got {tuple(keep.shape)}"
         )
-    if not bool(xp.all(xp.any(keep, axis=-1))):
-        raise ValueError("mask removes every key for some query; each row needs one kept entry")
     if diagonal == "half":
         raise ValueError("diagonal='half' only applies with mask='causal'")
     shapes.append(("mask", keep.shape[:-2]))
