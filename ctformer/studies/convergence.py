@@ -154,8 +154,12 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
         ``levels``, Richardson extrapolation of a spectral (infinite-order) method, or a
         ``reference`` that returns NaN or inf.
     TypeError
-        For arguments of the wrong type, or a ``store`` with a model that does not pickle
-        (its identity could not be hashed).
+        For arguments of the wrong type, or a ``store`` with a model or scheme that has no
+        stable identity (a lambda, a local function or class, an object that does not
+        pickle): a stored case could belong to another computation.
+    PermissionError
+        Before anything is computed, when the store is not writable or a directory stands
+        where a record is to be written (the message names the path).
 
     Warns
     -----
