@@ -113,12 +113,14 @@ class Attention(Operator):
 
     Notes
     -----
-    ``discretize(grids)`` returns ``f(u, padding_mask=None)``: ``u`` has shape
+    ``discretize(grids)`` returns ``f(u, padding_mask=None, *, check=False)``: ``u`` has shape
     ``(..., Nq_tokens, Nq_features)``; ``padding_mask`` is an optional boolean array
     ``(..., N)`` (True = a real token, kept as a key), combined with the causal mask (and the
     window). A query that keeps no key (left padding with the causal mask) gets attention
     output zero, the integral over an empty set of keys, in every path (dense, streamed,
-    windowed, ALiBi, grouped-query; NumPy and torch); no real token reads it.
+    windowed, ALiBi, grouped-query; NumPy and torch); no real token reads it. ``f`` trusts
+    ``u`` (a solve validates its state once, where it enters); ``check=True``, what
+    :meth:`__call__` passes, evaluates it scale-safely and reports overflow by name.
 
     The scores use the head-feature quadrature,
     :math:`s_{ij} = \beta_h \sum_\sigma w_\sigma q_{i\sigma} k_{j\sigma}`: the query kernel is
