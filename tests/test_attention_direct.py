@@ -15,6 +15,7 @@ from ctformer.discretizations import Midpoint
 from ctformer.kernels import PiecewiseConstant
 from ctformer.operators import Attention, Grids
 from ctformer.operators.positions import ALiBi
+from tests.conftest import require
 
 # Derandomized: every run tries the same examples (a red run is reproducible).
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
@@ -157,10 +158,11 @@ def test_not_representable_output_raises_a_floating_point_error():
         att(np.full((5, 8), np.nan), _grids(5, 8, 4))
 
 
-def test_torch_namespace_huge_input_and_empty_rows():
-    torch = pytest.importorskip("torch")
+@pytest.mark.parametrize("kind", KINDS[1:])
+def test_torch_namespace_huge_input_and_empty_rows(kind):
+    torch = require("torch")
     rng = np.random.default_rng(5)
-    att, ref = _attention(rng, "causal", bias=False)
+    att, ref = _attention(rng, kind, bias=False)
     u = rng.standard_normal((2, 6, 8))
     padding = np.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], bool)
     got = att(torch.from_numpy(1e300 * u), _grids(6, 8, 4), padding_mask=torch.from_numpy(padding))
