@@ -410,10 +410,10 @@ def _refuse_overflow(xp, a, u, what: str) -> None:
     if bool(xp.all(xp.isfinite(a))):
         return
     scale = float(xp.max(xp.abs(u))) if math.prod(u.shape) else 0.0
+    wider = "" if "float64" in str(u.dtype) else " or compute in float64"
     raise FloatingPointError(
         f"{what} of u overflow {u.dtype}: max |u| = {scale:.3g} times the kernels exceeds the "
-        f"largest {u.dtype} number, so the result is not representable; scale u down (or use "
-        "float64)")
+        f"largest {u.dtype} number, so the result is not representable; scale u down{wider}")
 
 
 def _swap_heads_tokens(xp, a):
