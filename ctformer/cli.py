@@ -21,7 +21,8 @@ Behaviour shared by all commands:
   the list of commands;
 - warnings print as one line ``ctformer: warning: ...``;
 - Ctrl-C prints one line (how many cases are stored and where; rerunning the same command
-  resumes) and exits with status 130;
+  resumes) and exits with status 130, also while a compiled kernel is being built on first
+  use (the compile, at most a second or two, finishes first: LLVM cannot be stopped midway);
 - progress bars are drawn only when standard error is a terminal.
 """
 from __future__ import annotations

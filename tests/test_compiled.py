@@ -200,3 +200,44 @@ def test_compiled_kernels_are_loaded_from_numbas_cache_in_a_new_process(tmp_path
     assert any(name.endswith(".nbc") for name in files)
     assert run() == 10   # 3 activations x 2 precisions, exp_array and exp_rows x 2 signatures
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == files
+
+
+def test_sigint_is_held_back_until_the_block_ends_then_raised():
+    """Ctrl-C inside ``sigint_deferred`` (the compile step of every kernel): the block runs to
+    its end, then the previous handler raises KeyboardInterrupt; the handler is restored."""
+    import signal
+    import threading
+    import time
+
+    before = signal.getsignal(signal.SIGINT)
+    finished = []
+    with pytest.raises(KeyboardInterrupt):
+        with compiled.sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)                  # Python would have run the handler by now
+            finished.append(True)
+    assert finished == [True] and signal.getsignal(signal.SIGINT) is before
+    with compiled.sigint_deferred():          # no signal: nothing happens
+        finished.append(True)
+    errors = []
+
+    def elsewhere():                          # off the main thread: a plain block
+        try:
+            with compiled.sigint_deferred():
+                finished.append(True)
+        except Exception as exc:              # pragma: no cover - the failure being tested
+            errors.append(exc)
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert errors == [] and finished == [True] * 3
+
+
+def test_kernels_compile_under_the_deferred_sigint(made):
+    """Every kernel's compile step goes through ``sigint_deferred`` (Numba calls it only when
+    no compiled version fits the arguments)."""
+    for name in compiled._KERNELS:
+        step = getattr(made, name)._compile_for_args
+        assert getattr(step, "__wrapped__", None) is not None      # the wrapper, not Numba's own
+        assert step.__wrapped__.__name__ == "_compile_for_args"

@@ -26,15 +26,20 @@ agree to rounding (a few ulps), not bit for bit. Each kernel is compiled on firs
 seconds for all of them, the first time on a machine; then loaded from Numba's cache in
 ``__pycache__``, a fraction of a second) and releases the GIL, so the callers' worker threads
 run it in parallel; results never depend on the thread count. The kernels live in
-:mod:`ctformer.operators._loops`, imported (with Numba) only when one is used.
+:mod:`ctformer.operators._loops`, imported (with Numba) only when one is used. Ctrl-C while
+a kernel compiles takes effect when that compile ends (at most a second or two): LLVM cannot
+be interrupted cleanly (:func:`sigint_deferred`).
 """
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+import signal
+import threading
+from contextlib import contextmanager
+from functools import lru_cache, wraps
 from types import SimpleNamespace
 
-__all__ = ["loop_engine", "kernels"]
+__all__ = ["loop_engine", "kernels", "sigint_deferred"]
 
 _ENGINES = ("auto", "numba", "numpy")
 
@@ -66,7 +71,51 @@ _KERNELS = ("exp_array", "exp_rows", "silu32", "silu64", "gelu_tanh32", "gelu_ta
 
 @lru_cache(maxsize=None)
 def _build() -> SimpleNamespace:
-    """The compiled kernels (Numba compiles, or loads from its cache, per signature on first call)."""
+    """The compiled kernels (Numba compiles, or loads from its cache, per signature on first
+    call, with Ctrl-C held back until that compile ends: :func:`sigint_deferred`)."""
     from . import _loops
 
-    return SimpleNamespace(**{name: getattr(_loops, name) for name in _KERNELS})
+    return SimpleNamespace(**{name: _compiling_uninterrupted(getattr(_loops, name)) for name in _KERNELS})
+
+
+def _compiling_uninterrupted(dispatcher):
+    """``dispatcher`` with its compile step (Numba's ``_compile_for_args``, called only when no
+    compiled version fits the arguments) run under :func:`sigint_deferred`; calls that find a
+    compiled version do not pass through Python at all and cost nothing more."""
+    compile_for_args = dispatcher._compile_for_args
+
+    @wraps(compile_for_args)
+    def deferred(*args, **kws):
+        with sigint_deferred():
+            return compile_for_args(*args, **kws)
+
+    dispatcher._compile_for_args = deferred
+    return dispatcher
+
+
+@contextmanager
+def sigint_deferred():
+    """Hold back Ctrl-C (SIGINT) for the duration of the block, then act on it.
+
+    LLVM calls back into Python while it compiles (llvmlite's object-cache notification, a
+    ctypes callback). A ``KeyboardInterrupt`` raised there cannot propagate: Python prints
+    ``Exception ignored on calling ctypes callback function ... KeyboardInterrupt`` with a
+    traceback and the compile goes on, so Ctrl-C was both noisy and lost. Inside this block a
+    SIGINT is only recorded; at the end the previous handler runs (Python's default raises
+    ``KeyboardInterrupt`` there, in ordinary code, which the command line reports in one line
+    with exit status 130). Only the main thread receives signals and may change their
+    handlers: elsewhere, or when SIGINT has no Python handler (ignored or default), the block
+    runs as it is.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+    received = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            previous(signal.SIGINT, received[0])
