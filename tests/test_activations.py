@@ -98,3 +98,14 @@ def test_torch_tensors_use_torch(name):
     assert isinstance(out, torch.Tensor) and out.requires_grad
     np.testing.assert_allclose(out.detach().numpy(), REFERENCE[name](z).detach().numpy(),
                                rtol=1e-15, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted({**REFERENCE, "relu": F.relu}))
+def test_nan_stays_nan_as_in_torch(name, dtype):
+    # relu used to map NaN to 0, which hid a NaN born inside a solve from its report
+    z = np.array([np.nan, -2.0, -0.5, 0.0, 0.5, 2.0], dtype=dtype)
+    out = activations.ACTIVATIONS[name](z)
+    expected = {**REFERENCE, "relu": F.relu}[name](torch.from_numpy(z.astype(np.float64))).numpy()
+    assert np.isnan(out[0]) and np.isnan(expected[0])
+    np.testing.assert_allclose(out[1:], expected[1:], rtol=2e-7, atol=1e-7)

@@ -199,9 +199,10 @@ def _silu_block(z, out):
 
 
 def relu(z):
-    r""":math:`\max(z, 0)`."""
+    r""":math:`\max(z, 0)`; NaN stays NaN (as torch's ``relu``), so a NaN born in a solve is
+    still reported rather than hidden as zero."""
     xp = namespace(z)
-    return xp.where(z > 0, z, xp.zeros_like(z))
+    return xp.where(z < 0, xp.zeros_like(z), z)
 
 
 def _erf(z):
