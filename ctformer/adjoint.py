@@ -35,7 +35,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from . import solvers
+from .model_inputs import as_state_array, check_steps
 
 __all__ = ["gradient"]
 
@@ -65,6 +68,9 @@ class _Augmented:
 
     __mul__ = __rmul__
 
+    def __truediv__(self, scalar):
+        return _Augmented(self.z / scalar, self.g / scalar)
+
 
 def _vjps(torch, f: Callable, u, cotangent, params):
     r""":math:`(\partial f/\partial u)^T c` and the flat :math:`(\partial f/\partial \theta)^T c`."""
@@ -93,25 +99,74 @@ def _backward_problem(torch, problem: solvers.SplitProblem, params) -> solvers.S
     return solvers.SplitProblem([reversed_flow(f) for f in reversed(problem.flows)])
 
 
+def _as_tensor(torch, u0):
+    """``u0`` as a torch tensor, and whether the caller gave NumPy (then results go back as NumPy).
+
+    torch tensors are used as they are; NumPy arrays and lists become a CPU tensor of their
+    floating dtype (integers become float64).
+    """
+    if isinstance(u0, torch.Tensor):
+        return u0, False
+    arr = as_state_array(u0, "u0")
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"u0 must be a torch tensor or a NumPy array for gradients, got "
+                        f"{type(u0).__module__}.{type(u0).__name__}; convert it with torch.as_tensor")
+    return torch.from_numpy(np.array(arr, copy=True)), True
+
+
+def _loss_value(torch, loss: Callable, u):
+    r"""``loss(u)`` checked to be a finite scalar torch tensor that depends on ``u``.
+
+    Raises
+    ------
+    TypeError
+        If the result is not a torch tensor (a Python or NumPy number has no gradient).
+    ValueError
+        If it is not a scalar, does not depend on ``u``, or is NaN or inf.
+    """
+    value = loss(u)
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"loss must return a scalar torch tensor computed from its argument with "
+                        f"torch operations, got {type(value).__name__} {value!r}; a Python or NumPy "
+                        "number carries no gradient (return e.g. (u ** 2).sum(), not float(...))")
+    if value.numel() != 1:
+        raise ValueError(f"loss must return a scalar, got a tensor of shape {tuple(value.shape)}; "
+                         "reduce it (e.g. with .sum())")
+    if not value.requires_grad:
+        raise ValueError("loss returned a tensor that does not depend on its argument (no "
+                         "gradient flows to it); compute the loss from u(T) with torch operations, "
+                         "without .item(), .detach() or NumPy")
+    if not bool(torch.isfinite(value.detach()).all()):
+        raise ValueError(f"loss is {float(value.detach().reshape(()))} at u(T); its gradient "
+                         "would be NaN")
+    return value.reshape(())
+
+
 def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None, hidden=None,
-             scheme="euler", steps_per_layer: int = 1, route: str = "adjoint",
+             scheme="lie", steps_per_layer: int = 1, route: str = "adjoint",
              parameters: bool = False):
     r"""The gradient of ``loss(u(T))`` with respect to ``u0`` (and the model's parameters).
 
     Parameters
     ----------
     model : ContinuousTransformer
-        A model without projections after sub-steps (pre-norm or no normalization).
-    u0 : torch.Tensor
-        Stored values on the grids, float64 (any device).
+        A model without projections after sub-steps (pre-norm or no normalization) for
+        ``route="adjoint"``; any model for ``route="autograd"``.
+    u0 : torch.Tensor or numpy.ndarray
+        Stored values on the grids (any device for torch). A NumPy array (or list) is
+        computed in torch on the CPU in its dtype, and the gradients come back as NumPy.
     loss : callable
-        ``loss(u_T) -> scalar tensor``, differentiable by torch.
+        ``loss(u_T) -> scalar torch tensor``, differentiable by torch. It always receives a
+        torch tensor (also for a NumPy ``u0``).
     tokens, features, head_features, hidden : Discretization
         As in :meth:`ContinuousTransformer.solve`.
     scheme : str
-        Any name of :func:`ctformer.solvers.available`.
+        Any name of :func:`ctformer.solvers.available`; default ``"lie"``, the default of
+        :meth:`~ctformer.ContinuousTransformer.solve` (with ``steps_per_layer=1`` it is the
+        discrete network), so both compute the same forward map. Every scheme works on both
+        routes, ``"parallel"`` included.
     steps_per_layer : int
-        Steps per layer.
+        Steps per layer, a positive integer (at most 10**8 steps over all layers).
     route : {"adjoint", "autograd"}
         Optimize-then-discretize (backward adjoint solve) or discretize-then-optimize.
     parameters : bool
@@ -121,38 +176,50 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     -------
     torch.Tensor or (torch.Tensor, dict)
         :math:`\partial J / \partial u_0` (the shape of ``u0``); with ``parameters=True``
-        also a dict name -> gradient (the shapes of the parameters).
+        also a dict name -> gradient (the shapes of the parameters). NumPy arrays instead of
+        tensors when ``u0`` was NumPy.
 
     Raises
     ------
     TypeError
-        If ``u0`` is not a torch tensor.
+        If ``u0`` is neither a torch tensor nor a NumPy array (or list), ``loss`` is not
+        callable, or ``loss`` returns something other than a torch tensor.
     ValueError
-        For an unknown ``route``, or a post-norm model (its projections have no adjoint flow).
+        For an unknown ``route`` or ``scheme``, a ``steps_per_layer`` that is not a positive
+        integer, a post-norm model on the adjoint route (its projections have no adjoint
+        flow), or a loss that is not a finite scalar depending on ``u(T)``.
+
+    Notes
+    -----
+    The adjoint route's gradient differs from the autograd route's (the exact gradient of the
+    discrete solve) by :math:`O(\Delta t^p)`, :math:`p` the scheme's order.
     """
     torch = _torch()
-    if not isinstance(u0, torch.Tensor):
-        raise TypeError(f"u0 must be a torch tensor for gradients, got {type(u0).__name__}")
     if route not in ("adjoint", "autograd"):
         raise ValueError(f"route must be 'adjoint' or 'autograd', got {route!r}")
+    if not callable(loss):
+        raise TypeError(f"loss must be a callable loss(u_T) -> scalar torch tensor, got "
+                        f"{type(loss).__name__}")
+    steps_per_layer = check_steps(steps_per_layer, len(model.blocks))
+    integrator = solvers.get(scheme)
+    u0, numpy_in = _as_tensor(torch, u0)
     names = sorted(model.parameters())
-    tensors = {n: torch.as_tensor(model.parameters()[n], dtype=u0.dtype, device=u0.device)
+    tensors = {n: torch.tensor(model.parameters()[n], dtype=u0.dtype, device=u0.device)
                .detach().clone().requires_grad_(parameters) for n in names}
     model = model.with_parameters(tensors)
     params = [tensors[n] for n in names] if parameters else []
     kw = dict(tokens=tokens, features=features, head_features=head_features, hidden=hidden,
-              scheme=scheme, steps_per_layer=steps_per_layer)
+              scheme=integrator, steps_per_layer=steps_per_layer)
     if route == "autograd":
         x = u0.detach().requires_grad_(True)
-        grads = torch.autograd.grad(loss(model.solve(x, **kw)), [x, *params])
-        return _result(grads[0], names, grads[1:], parameters)
+        grads = torch.autograd.grad(_loss_value(torch, loss, model.solve(x, **kw)), [x, *params])
+        return _result(grads[0], names, grads[1:], parameters, numpy_in)
 
     grids = model.grids(tokens, features, head_features, hidden)
     problems = [block.split_problem(grids) for block in model.blocks]
     if any(p.has_projections for p in problems):
         raise ValueError("route='adjoint' needs a model without projections after sub-steps "
                          "(pre-norm or no normalization); use route='autograd' for post-norm")
-    integrator = solvers.get(scheme)
     grids.validate(u0, "u0")
     with torch.no_grad():   # the forward solve keeps no tape: only u(T) is needed
         u_t = solvers.integrate(integrator, problems, u0.detach(), steps_per_layer)
@@ -160,7 +227,8 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     final = grids.lift(final.discretize(grids)) if final is not None else (lambda v: v)
     with torch.enable_grad():
         x = u_t.detach().requires_grad_(True)
-        terminal = torch.autograd.grad(loss(final(x)), [x, *params], allow_unused=True)
+        terminal = torch.autograd.grad(_loss_value(torch, loss, final(x)), [x, *params],
+                                       allow_unused=True)
     lam = terminal[0]
     flat = [torch.zeros_like(p).reshape(-1) if g is None else g.reshape(-1)
             for p, g in zip(params, terminal[1:])]
@@ -172,10 +240,12 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
             state = integrator.step(backward, state, dt)
     sizes = [p.numel() for p in params]
     chunks = torch.split(state.g, sizes) if params else []
-    return _result(state.z[1], names, [c.reshape(p.shape) for c, p in zip(chunks, params)], parameters)
+    return _result(state.z[1], names, [c.reshape(p.shape) for c, p in zip(chunks, params)],
+                   parameters, numpy_in)
 
 
-def _result(u0_grad, names, grads, parameters):
+def _result(u0_grad, names, grads, parameters, numpy_out=False):
+    convert = (lambda t: t.detach().cpu().numpy()) if numpy_out else (lambda t: t)
     if not parameters:
-        return u0_grad
-    return u0_grad, dict(zip(names, grads))
+        return convert(u0_grad)
+    return convert(u0_grad), {n: convert(g) for n, g in zip(names, grads)}

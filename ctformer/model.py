@@ -472,7 +472,8 @@ class ContinuousTransformer:
         ------
         ValueError
             If ``u0`` does not match the grids or is not finite, ``steps_per_layer`` is not a
-            positive integer, the scheme is unknown (the message lists the known ones),
+            positive integer (or the layers would take more than 10**8 steps in all), the
+            scheme is unknown (the message lists the known ones),
             ``padding_mask`` has the wrong shape, or the state stops being finite during the
             solve (the message names the layer).
 
@@ -486,7 +487,7 @@ class ContinuousTransformer:
         The state is validated once, here; the time loop checks finiteness once per layer.
         """
         padding_mask = renamed_keyword("key_mask", key_mask, "padding_mask", padding_mask)
-        steps = check_steps(steps_per_layer)
+        steps = check_steps(steps_per_layer, len(self.blocks))
         integrator = solvers.get(scheme)
         if steps > 1 and self.warns_inconsistent_depth:
             solvers.warn_inconsistent_depth("steps_per_layer > 1 on a post-norm model whose "

@@ -4,12 +4,15 @@ r"""Where data enters a model: states, padding masks, step counts, renamed keywo
   where they live, so a torch state computes in torch and autograd sees every operation) and
   anything NumPy can read (lists);
 - :func:`check_padding_mask` validates a padding mask (1 = real token);
-- :func:`check_steps` validates a number of steps per layer;
+- :func:`check_steps` validates a number of steps per layer; :func:`check_step_count` refuses
+  more than :func:`max_steps` steps in one solve (default :data:`MAX_STEPS` = 10**8);
 - :func:`renamed_keyword` / :func:`warn_renamed` keep an old keyword working with a
   :class:`DeprecationWarning`.
 """
 from __future__ import annotations
 
+import math
+import os
 import warnings
 
 import array_api_compat
@@ -17,7 +20,8 @@ import numpy as np
 
 from .backend import to_host
 
-__all__ = ["as_state_array", "check_padding_mask", "check_steps", "renamed_keyword", "warn_renamed"]
+__all__ = ["as_state_array", "check_padding_mask", "check_steps", "check_step_count", "max_steps",
+           "MAX_STEPS", "renamed_keyword", "warn_renamed"]
 
 
 def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
@@ -42,12 +46,78 @@ def renamed_keyword(old: str, old_value, new: str, new_value, where: str | None 
     return old_value
 
 
-def check_steps(steps_per_layer) -> int:
-    """A positive integer number of steps per layer (``ValueError`` otherwise)."""
+#: Most time steps one solve may take (all layers together); ``CTFORMER_MAX_STEPS`` overrides.
+MAX_STEPS = 10**8
+MAX_STEPS_ENV = "CTFORMER_MAX_STEPS"
+
+
+def max_steps() -> int:
+    """The step limit of one solve: ``CTFORMER_MAX_STEPS`` when set, else :data:`MAX_STEPS`.
+
+    A solve of more steps is refused before its first step (at a microsecond a step, 10**8
+    steps are minutes of a small model; a larger count is almost always a mistyped ``dt`` or
+    ``t1``, and would run for hours or for ever).
+
+    Raises
+    ------
+    ValueError
+        If ``CTFORMER_MAX_STEPS`` is not a positive integer.
+    """
+    text = os.environ.get(MAX_STEPS_ENV)
+    if not text:
+        return MAX_STEPS
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{MAX_STEPS_ENV} must be a positive integer, got {text!r}")
+    return value
+
+
+def check_step_count(steps, what: str, remedy: str = "a larger dt or a shorter t1") -> int:
+    """Refuse ``steps`` (an int, or a float such as ``t1 / dt``) above :func:`max_steps`.
+
+    ``what`` names the arguments that set the count, e.g. ``"t1 / dt = 1e9 / 1e-3"``, and
+    ``remedy`` says how to take fewer steps.
+
+    Raises
+    ------
+    ValueError
+        Naming ``what``, the count and the limit, before any step is taken.
+    """
+    limit = max_steps()
+    if not steps <= limit:  # also catches inf and NaN
+        count = f"{float(steps):.4g}" if math.isfinite(steps) else "an overflowing number of"
+        raise ValueError(f"{what} asks for {count} time steps, more than the limit of "
+                         f"{limit} steps per solve; use {remedy}, or raise the limit with the "
+                         f"environment variable {MAX_STEPS_ENV}")
+    return int(steps)
+
+
+def check_steps(steps_per_layer, layers: int = 1) -> int:
+    """A positive integer number of steps per layer, at most :func:`max_steps` in total.
+
+    Parameters
+    ----------
+    steps_per_layer : int
+        Steps of the time integrator per layer (a layer is a unit of time).
+    layers : int, optional
+        Number of layers; ``layers * steps_per_layer`` steps are taken in all.
+
+    Raises
+    ------
+    ValueError
+        If ``steps_per_layer`` is not a positive integer, or the total exceeds the limit.
+    """
     if isinstance(steps_per_layer, bool) or not isinstance(steps_per_layer, (int, np.integer)) \
             or steps_per_layer < 1:
         raise ValueError(f"steps_per_layer must be a positive integer, got {steps_per_layer!r}")
-    return int(steps_per_layer)
+    steps = int(steps_per_layer)
+    check_step_count(steps * max(int(layers), 1),
+                     f"steps_per_layer = {steps} over {layers} layer{'s' if layers != 1 else ''}",
+                     "a smaller steps_per_layer")
+    return steps
 
 
 def _is_native(x) -> bool:

@@ -109,8 +109,8 @@ def test_adjoint_bad_input(torch):
     kw = dict(tokens=d.Midpoint(3), features=d.Midpoint(3))
     with pytest.raises(ValueError, match="projections"):
         gradient(model, u0, lambda u: u.sum(), **kw)
-    with pytest.raises(TypeError, match="torch tensor"):
-        gradient(model, u0.numpy(), lambda u: u.sum(), **kw)
+    with pytest.raises(TypeError, match="u0 must be a real floating array"):  # NumPy is accepted
+        gradient(model, "u0", lambda u: u.sum(), **kw)
     with pytest.raises(ValueError, match="route"):
         gradient(model, u0, lambda u: u.sum(), route="both", **kw)
 

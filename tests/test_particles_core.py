@@ -248,8 +248,9 @@ def test_particles_are_validated_once_per_solve(rng, monkeypatch):
 
 
 # -- memory, NaN reporting and Ctrl-C ------------------------------------------------------------
-def test_too_many_saved_states_are_refused_at_once(rng):
+def test_too_many_saved_states_are_refused_at_once(rng, monkeypatch):
     """Issue 9 item 12: solve(x, 1e9, 1e-3) ran for ever."""
+    monkeypatch.setenv("CTFORMER_MAX_STEPS", str(10**13))  # past the step limit: memory refuses
     x = sphere_points(rng, 4, 3)
     start = time.perf_counter()
     with pytest.raises(ValueError, match=r"save_every=1 over \d+ steps keeps 1000000000000 states of 96 bytes: "

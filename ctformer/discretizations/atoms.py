@@ -70,6 +70,8 @@ class WithAtoms(Discretization):
 
     name = "with-atoms"
 
+    _ordered_nodes = False  # atoms first, then the (already checked) base nodes
+
     def __init__(self, base, count: int = 1, weight=None, locations=None):
         if not isinstance(base, Discretization):
             raise TypeError(f"WithAtoms: base must be a Discretization, got {type(base).__name__}")

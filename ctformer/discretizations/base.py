@@ -35,6 +35,8 @@ from ..backend import constant
 
 __all__ = [
     "Discretization",
+    "check_domain",
+    "check_node_gaps",
     "register",
     "get",
     "available",
@@ -247,6 +249,65 @@ def check_values(values, n: int, axis: int, argname: str = "values"):
     return xp, axis
 
 
+#: A domain ``(a, b)`` must be at least this many ulps of ``max(|a|, |b|)`` long, and
+#: neighbouring nodes at least :data:`MIN_NODE_GAP_ULPS` ulps apart.
+MIN_DOMAIN_ULPS = 64
+MIN_NODE_GAP_ULPS = 4
+# Endpoints beyond this magnitude make b - a, a + b or 2 x overflow.
+_MAX_ENDPOINT = np.finfo(np.float64).max / 2
+
+
+def check_domain(domain) -> tuple[float, float]:
+    r"""Validate an interval ``(a, b)`` and return it as a pair of floats.
+
+    The interval must be representable with room for its nodes: :math:`a < b`, both finite,
+    :math:`\max(|a|, |b|) \le` half the largest float64 (so :math:`b - a`, :math:`a + b`
+    and :math:`2x` never overflow), and
+    :math:`b - a \ge 64\,\mathrm{ulp}(\max(|a|, |b|))` (a shorter interval holds fewer than 64
+    float64 numbers, and its nodes, weights and interpolants are rounding noise).
+
+    Raises
+    ------
+    ValueError
+        Naming the domain, the rule it breaks and the remedy.
+    """
+    try:
+        a, b = (float(v) for v in domain)
+    except (TypeError, ValueError):
+        raise ValueError(f"domain must be a pair (a, b) of numbers, got {domain!r}") from None
+    if not (math.isfinite(a) and math.isfinite(b)) or not a < b:
+        raise ValueError(f"domain must be a finite interval (a, b) with a < b, got {domain!r}")
+    scale = max(abs(a), abs(b))
+    if scale > _MAX_ENDPOINT:
+        raise ValueError(f"domain {domain!r}: endpoints must have magnitude at most "
+                         f"{_MAX_ENDPOINT:.4g} (half the largest float64) so that b - a does not "
+                         "overflow; rescale the variable to a smaller interval")
+    ulp = float(np.spacing(scale))
+    if b - a < MIN_DOMAIN_ULPS * ulp:
+        raise ValueError(f"domain {domain!r} is too short to be represented: b - a = {b - a:.3g} is "
+                         f"{(b - a) / ulp:.3g} ulp of its endpoints, at least {MIN_DOMAIN_ULPS} are "
+                         "needed; shift the variable so the interval sits near 0, or lengthen it")
+    return a, b
+
+
+def check_node_gaps(nodes: np.ndarray, disc, what: str = "nodes") -> np.ndarray:
+    r"""Refuse 1-D ``nodes`` whose neighbours are less than
+    :data:`MIN_NODE_GAP_ULPS` ulps of ``max(|a|, |b|)`` apart (they would round together).
+
+    Raises
+    ------
+    ValueError
+        Naming the discretization, its ``n`` and domain, and the remedy.
+    """
+    a, b = disc.domain
+    gap = MIN_NODE_GAP_ULPS * float(np.spacing(max(abs(a), abs(b))))
+    if nodes.size > 1 and not np.all(np.diff(nodes) >= gap):
+        raise ValueError(f"{type(disc).__name__}: the {what} of n = {disc.n} values on the domain ({a!r}, {b!r}) "
+                         f"are not {MIN_NODE_GAP_ULPS} ulp apart in float64; use a smaller n or a "
+                         "longer domain")
+    return nodes
+
+
 class Discretization(abc.ABC):
     r"""A discretization of an interval :math:`[a, b]` by ``n`` values.
 
@@ -259,7 +320,15 @@ class Discretization(abc.ABC):
     n : int
         Number of values (nodes or degrees of freedom); at least ``min_n``.
     domain : tuple of float, optional
-        Interval ``(a, b)`` with finite ``a < b``. Default ``(0, 1)``.
+        Interval ``(a, b)`` with finite ``a < b``. Default ``(0, 1)``. It must be
+        representable (:func:`check_domain`): ``|a|, |b|`` at most half the largest float64 and
+        ``b - a`` at least 64 ulp of ``max(|a|, |b|)``; and ``n`` must be small enough that
+        neighbouring nodes are 4 ulp apart (checked when the nodes are first built).
+
+    Raises
+    ------
+    ValueError
+        For a domain or ``n`` that breaks these rules; the message names the argument.
     """
 
     name: ClassVar[str]
@@ -274,16 +343,13 @@ class Discretization(abc.ABC):
         n = int(n)
         if n < self.min_n:
             raise ValueError(f"{type(self).__name__} needs n >= {self.min_n}, got n = {n}")
-        try:
-            a, b = (float(v) for v in domain)
-        except (TypeError, ValueError):
-            raise ValueError(f"domain must be a pair (a, b) of numbers, got {domain!r}") from None
-        if not (math.isfinite(a) and math.isfinite(b)) or not a < b:
-            raise ValueError(f"domain must be a finite interval (a, b) with a < b, got {domain!r}")
         self.n = n
-        self.domain = (a, b)
+        self.domain = check_domain(domain)
         check_allocation(self._bytes_per_value * float(n), f"{type(self).__name__}(n={n})",
                          "choose a smaller n (argument n)")
+
+    #: Whether :attr:`nodes` are increasing and must be resolved (:func:`check_node_gaps`).
+    _ordered_nodes: ClassVar[bool] = True
 
     #: Bytes of host arrays per value (nodes and weights; more for Galerkin elements).
     _bytes_per_value: ClassVar[float] = 16.0
@@ -303,6 +369,8 @@ class Discretization(abc.ABC):
     def nodes(self) -> np.ndarray:
         """Node points (host array, shape ``(n,)``)."""
         x = np.asarray(self._nodes(), dtype=np.float64)
+        if self._ordered_nodes:
+            check_node_gaps(x, self)
         x.setflags(write=False)
         return x
 
@@ -354,7 +422,12 @@ class Discretization(abc.ABC):
     def interpolation_matrix(self, points) -> np.ndarray:
         """Host matrix ``L`` of shape ``(P, n)`` with ``interpolate(v, points) = L @ v``."""
 
+    def _check_resolution(self) -> None:
+        """Build (and so check, :func:`check_node_gaps`) the nodes every reconstruction uses."""
+        self.nodes
+
     def _check_points(self, points) -> np.ndarray:
+        self._check_resolution()
         try:
             pts = np.asarray(points, dtype=np.float64)
         except TypeError:  # device arrays: bring the (small) point set to the host

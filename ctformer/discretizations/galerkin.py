@@ -40,6 +40,7 @@ from .base import (
     apply_matrix,
     as_values,
     check_dense,
+    check_node_gaps,
     real_host_array,
     is_native_array,
     register,
@@ -69,6 +70,9 @@ class _LagrangeElements(Discretization):
                 f"{type(self).__name__} needs n = {self.degree} * elements + 1 degrees of freedom "
                 f"(an odd n), got n = {self.n}"
             )
+
+    def _check_resolution(self) -> None:
+        self.quadrature_nodes
 
     # -- mesh ----------------------------------------------------------------------------
     @property
@@ -139,7 +143,8 @@ class _LagrangeElements(Discretization):
         """The ``gauss_points`` Gauss points of every element, element by element: ``(E q,)``."""
         t, _ = self._gauss
         left = self.domain[0] + self.element_width * np.arange(self.elements)
-        return _readonly((left[:, None] + 0.5 * self.element_width * (t + 1.0)[None, :]).ravel())
+        points = (left[:, None] + 0.5 * self.element_width * (t + 1.0)[None, :]).ravel()
+        return _readonly(check_node_gaps(points, self, "quadrature points"))
 
     @cached_property
     def quadrature_weights(self) -> np.ndarray:

@@ -74,6 +74,8 @@ class Product(Discretization):
     name = "product"
     dimension = 2
 
+    _ordered_nodes = False  # rows (x1, x2); each factor checks its own nodes
+
     def __init__(self, first, second):
         self.first = _check_factor(first, "first")
         self.second = _check_factor(second, "second")

@@ -43,6 +43,28 @@ def _activation(activation) -> tuple:
     return name, get_activation(activation)
 
 
+def _pointwise(op) -> "Callable":
+    r"""``op``'s activation; a custom one is wrapped to refuse an output of another shape.
+
+    An activation acts pointwise, :math:`\phi(v)(r) = \phi(v(r))`, so its output has the
+    shape of its input; the built-in ones do by construction.
+    """
+    phi, name = op.phi, op.activation_name
+    if ACTIVATIONS.get(name) is phi:
+        return phi
+
+    def checked(v):
+        out = phi(v)
+        shape = tuple(getattr(out, "shape", ()))
+        if shape != tuple(v.shape):
+            raise ValueError(f"activation {name!r} must act pointwise and return an array of its "
+                             f"input's shape {tuple(v.shape)}, got {type(out).__name__} of shape "
+                             f"{shape}; apply it elementwise (e.g. with the array's own functions)")
+        return out
+
+    return checked
+
+
 def _affine(kernel, bias, out, inp):
     r"""The discretized map :math:`v \mapsto \int W(\cdot, \eta) v(\eta) d\eta + b` along the last axis.
 
@@ -126,7 +148,9 @@ class FeedForward(Operator):
     b_2 : feature function, optional
         Bias on :math:`Y`.
     activation : {"relu", "gelu", "gelu_tanh", "silu"} or callable
-        :math:`\phi`; ``"gelu"`` is the exact (erf) GELU. Default ``"gelu"``.
+        :math:`\phi`; ``"gelu"`` is the exact (erf) GELU. Default ``"gelu"``. A callable
+        must act elementwise: an output of another shape than its input is refused with
+        :class:`ValueError` naming the activation, when the operator is applied.
 
     Raises
     ------
@@ -145,7 +169,7 @@ class FeedForward(Operator):
 
     def _discretize(self, grids: Grids):
         y, r = grids.features, grids.hidden
-        w_1, w_2, phi = _affine(self.W_1, self.b_1, r, y), _affine(self.W_2, self.b_2, y, r), self.phi
+        w_1, w_2, phi = _affine(self.W_1, self.b_1, r, y), _affine(self.W_2, self.b_2, y, r), _pointwise(self)
 
         def feedforward(u):
             return w_2(phi(w_1(u)))
@@ -170,7 +194,8 @@ class GatedFeedForward(Operator):
         Bias on :math:`Y`.
     activation : {"silu", "gelu", "gelu_tanh", "relu"} or callable
         :math:`\phi` of the gate: ``"silu"`` is SwiGLU (Llama, Mistral, Qwen2), ``"gelu"`` or
-        ``"gelu_tanh"`` GeGLU. Default ``"silu"``.
+        ``"gelu_tanh"`` GeGLU. Default ``"silu"``. A callable must act elementwise (an
+        output of another shape is refused with :class:`ValueError` when applied).
 
     Raises
     ------
@@ -201,7 +226,7 @@ class GatedFeedForward(Operator):
     def _discretize(self, grids: Grids):
         y, r = grids.features, grids.hidden
         w_gate, w_up = _affine(self.W_gate, self.b_gate, r, y), _affine(self.W_up, self.b_up, r, y)
-        w_2, phi = _affine(self.W_2, self.b_2, y, r), self.phi
+        w_2, phi = _affine(self.W_2, self.b_2, y, r), _pointwise(self)
 
         def gated_feedforward(u):
             return w_2(phi(w_gate(u)) * w_up(u))

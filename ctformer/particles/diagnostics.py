@@ -47,6 +47,10 @@ def _points(x, batch=True):
     if x.ndim not in allowed:
         shapes = "(n, d) or (batch, n, d)" if batch else "(n, d)"
         raise ValueError(f"x must have shape {shapes}, got shape {tuple(x.shape)}")
+    xp = array_api_compat.array_namespace(x)
+    if not bool(xp.all(xp.isfinite(x))):
+        raise ValueError("x contains NaN or inf; pass finite points (a diverged solve is "
+                         "reported by solve itself)")
     return x
 
 
@@ -71,6 +75,11 @@ def gram(x):
     Returns
     -------
     array, shape (n, n) or (batch, n, n)
+
+    Raises
+    ------
+    ValueError
+        For a wrong shape or NaN or inf in ``x`` (as every diagnostic of this module).
     """
     x = _points(x)
     xp = array_api_compat.array_namespace(x)
@@ -277,6 +286,11 @@ def attention_matrix(x, beta, *, Q=None, K=None, weights=None, mask=None):
     Returns
     -------
     array, shape (n, n) or (batch, n, n)
+
+    Raises
+    ------
+    ValueError
+        For a wrong shape or NaN or inf in ``x`` (as every diagnostic of this module).
     """
     x = _points(x)
     xp = array_api_compat.array_namespace(x)

@@ -531,9 +531,10 @@ class SelfAttentionDynamics:
             For a complex or non-numeric ``x0``, non-real ``t1`` or ``dt``.
         ValueError
             For ``x0`` off the sphere (without ``normalize``), with NaN or of the wrong shape,
-            a bad ``t1``, ``dt``, ``scheme`` or ``save_every``; before any step, when the saved
-            states would not fit in the available memory (the message names ``save_every``,
-            the bytes needed and available).
+            a bad ``t1``, ``dt``, ``scheme`` or ``save_every``; before any step, when
+            ``t1 / dt`` exceeds the step limit (10**8 steps, or ``CTFORMER_MAX_STEPS``; the
+            message names ``t1`` and ``dt``) or the saved states would not fit in the
+            available memory (the message names ``save_every``, the bytes needed and available).
         FloatingPointError
             If the solution becomes non-finite; the message names the time interval where it
             happened (checked at each save).

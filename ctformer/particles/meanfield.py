@@ -390,8 +390,9 @@ class CircleMeanField:
         ------
         ValueError
             For a negative, non-finite or wrongly sized ``rho0``, bad ``t1``, ``dt``,
-            ``save_every``, ``scheme``; for ``dt`` above the stable-step bound (the message
-            names both), before any step; when the saved states cannot fit in memory.
+            ``save_every``, ``scheme``; before any step, for ``dt`` above the stable-step
+            bound (the message names both), for ``t1 / dt`` above the step limit (10**8
+            steps, or ``CTFORMER_MAX_STEPS``) and when the saved states cannot fit in memory.
         TypeError
             For a complex ``rho0`` or non-real ``t1``, ``dt``.
         FloatingPointError

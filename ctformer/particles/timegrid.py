@@ -1,7 +1,8 @@
 r"""The time grid of a particle or mean-field solve: steps, saved states, memory, interrupts.
 
 A solve on :math:`[0, t_1]` takes :math:`\lceil t_1 / \Delta t \rceil` equal steps (the last one
-lands on :math:`t_1`) and keeps the state at :math:`t = 0`, every ``save_every``-th step and the
+lands on :math:`t_1`; more than 10**8 steps, or ``CTFORMER_MAX_STEPS``, are refused before the
+first) and keeps the state at :math:`t = 0`, every ``save_every``-th step and the
 end. Before any step, the saved states are checked against the free memory where the state
 lives; during the solve a NaN or inf is reported with the time interval where it appeared, and
 Ctrl-C ends with :class:`SolveInterrupted`, which carries what was computed.
@@ -15,6 +16,8 @@ from numbers import Integral, Real
 
 import array_api_compat
 import numpy as np
+
+from ..model_inputs import check_step_count
 
 __all__ = ["SolveInterrupted", "Trajectory", "check_finite", "saved_count", "available_bytes",
            "check_memory", "time_steps", "march"]
@@ -135,9 +138,21 @@ def _real_number(value, name: str) -> float:
 
 
 def time_steps(t1, dt, save_every) -> tuple[int, float]:
-    """Validate a uniform time grid on ``[0, t1]``; return the step count and the exact step.
+    r"""Validate a uniform time grid on ``[0, t1]``; return the step count and the exact step.
 
-    The step is ``t1 / ceil(t1 / dt)`` (at most ``dt``) so that the last step lands on ``t1``.
+    The count is :math:`\lceil t_1 / \Delta t \rceil` (less a relative :math:`10^{-12}`, so
+    that ``t1 = k dt`` up to rounding takes ``k`` steps) and the step ``t1 / count`` (at most
+    ``dt``), so that the last step lands on ``t1``.
+
+    Raises
+    ------
+    TypeError
+        If ``t1`` or ``dt`` is not a real number.
+    ValueError
+        If ``t1`` is not finite and >= 0, ``dt`` not finite and > 0, ``save_every`` not a
+        positive integer, or :math:`t_1 / \Delta t` exceeds the step limit
+        :func:`~ctformer.model_inputs.max_steps` (10**8 unless ``CTFORMER_MAX_STEPS`` is set),
+        all before the first step.
     """
     t1, dt = _real_number(t1, "t1"), _real_number(dt, "dt")
     if not (math.isfinite(t1) and t1 >= 0):
@@ -146,7 +161,10 @@ def time_steps(t1, dt, save_every) -> tuple[int, float]:
         raise ValueError(f"dt must be finite and > 0, got {dt}")
     if isinstance(save_every, (bool, np.bool_)) or not isinstance(save_every, Integral) or save_every < 1:
         raise ValueError(f"save_every must be a positive integer, got {save_every!r}")
-    steps = math.ceil(t1 / dt * (1 - 1e-12)) if t1 > 0 else 0
+    with np.errstate(over="ignore"):
+        ratio = float(np.float64(t1) / np.float64(dt))  # inf when t1 / dt overflows
+    check_step_count(ratio * (1 - 1e-12), f"t1 / dt = {t1:.6g} / {dt:.6g}")
+    steps = math.ceil(ratio * (1 - 1e-12)) if t1 > 0 else 0
     return steps, (t1 / steps if steps else 0.0)
 
 

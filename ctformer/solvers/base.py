@@ -19,6 +19,7 @@ from numbers import Real
 from typing import Callable, ClassVar
 
 import array_api_compat
+import numpy as np
 
 __all__ = ["SplitProblem", "Scheme", "register", "get", "available", "check_dt", "integrate",
            "InconsistentDepthLimitWarning", "warn_inconsistent_depth"]
@@ -146,6 +147,20 @@ class Scheme(abc.ABC):
         return f"{type(self).__name__}()"
 
 
+def check_flag(value, name: str) -> bool:
+    """``value`` as a bool; only ``True``, ``False`` (and NumPy booleans) are flags.
+
+    Raises
+    ------
+    TypeError
+        For anything else (``"yes"``, ``[0, 2]``, ``1``), which Python's truth value would
+        silently read as True or False.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
 def integrate(scheme: Scheme, problems, u, steps: int, *, trajectory: bool = False,
               what: str = "the state", checkpoint: bool = False):
     r"""Advance ``u`` through one split problem per unit time interval (layer).
@@ -170,10 +185,13 @@ def integrate(scheme: Scheme, problems, u, steps: int, *, trajectory: bool = Fal
 
     Raises
     ------
+    TypeError
+        If ``trajectory`` or ``checkpoint`` is not ``True`` or ``False``.
     FloatingPointError
         When the state stops being finite; the message names the interval (layer) where it
         happened. This is the only full-array check of the loop: one per layer.
     """
+    trajectory, checkpoint = check_flag(trajectory, "trajectory"), check_flag(checkpoint, "checkpoint")
     dt = 1.0 / steps
     xp = array_api_compat.array_namespace(u)
     states = [u] if trajectory else None

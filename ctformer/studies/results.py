@@ -98,8 +98,25 @@ def fit_order(h, errors, floor: float = 0.0, fit_levels: int | None = None) -> f
     Returns
     -------
     float
-        The slope, or NaN when fewer than two levels remain.
+        The slope, or NaN when fewer than two levels remain (a study reports it as "-").
+
+    Raises
+    ------
+    ValueError
+        If ``h`` and ``errors`` differ in length, a mesh width is not finite and > 0, an error
+        is negative, NaN or inf (an error is a norm), or ``fit_levels`` is not a positive integer.
     """
+    h, errors = list(h), list(errors)
+    if len(h) != len(errors):
+        raise ValueError(f"h and errors must have the same length, got {len(h)} mesh widths and "
+                         f"{len(errors)} errors")
+    if not all(math.isfinite(hi) and hi > 0 for hi in map(float, h)):
+        raise ValueError(f"h must hold finite mesh widths > 0, got {h}")
+    if any(ei is not None and not 0 <= float(ei) < math.inf for ei in errors):
+        raise ValueError(f"errors must be norms (finite, >= 0; None to skip a level), got {errors}")
+    if fit_levels is not None and (isinstance(fit_levels, bool)
+                                   or not isinstance(fit_levels, (int, np.integer)) or fit_levels < 1):
+        raise ValueError(f"fit_levels must be a positive integer or None, got {fit_levels!r}")
     pts = [(hi, ei) for hi, ei in zip(h, errors) if ei is not None and ei > floor]
     if fit_levels is not None:
         pts = pts[-fit_levels:]
