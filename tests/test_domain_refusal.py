@@ -104,7 +104,8 @@ def test_products_and_atoms_are_served_by_the_same_check():
 @SETTINGS
 def test_any_domain_is_refused_naming_it_or_integrates_exactly(a, scale, name):
     """Property: every (a, b) is either refused with a message naming the domain, or its weights
-    sum to b - a (exact integration of 1, the defining property of every rule)."""
+    sum to b - a (exact integration of 1, the defining property of every rule), its nodes are
+    distinct and constants are reconstructed exactly."""
     b = a + abs(a) * 10.0**scale + 10.0**scale * 1e-300
     if not b > a:
         return
@@ -119,3 +120,7 @@ def test_any_domain_is_refused_naming_it_or_integrates_exactly(a, scale, name):
         return
     assert np.all(np.isfinite(weights))
     assert float(np.sum(weights)) == pytest.approx(b - a, rel=1e-10)
+    # the nodes are distinct and the reconstruction of a constant is that constant
+    assert np.all(np.diff(disc.nodes) > 0)
+    np.testing.assert_allclose(disc.interpolate(np.ones(disc.n), [a, 0.5 * a + 0.5 * b, b]), 1.0,
+                               rtol=0, atol=1e-12)
