@@ -12,13 +12,13 @@ r"""Where data enters a model: states, padding masks, step counts, renamed keywo
 from __future__ import annotations
 
 import math
-import os
 import warnings
 
 import array_api_compat
 import numpy as np
 
 from .backend import to_host
+from .environment import positive_int
 
 __all__ = ["as_state_array", "check_padding_mask", "check_steps", "check_step_count", "max_steps",
            "MAX_STEPS", "renamed_keyword", "warn_renamed"]
@@ -63,16 +63,7 @@ def max_steps() -> int:
     ValueError
         If ``CTFORMER_MAX_STEPS`` is not a positive integer.
     """
-    text = os.environ.get(MAX_STEPS_ENV)
-    if not text:
-        return MAX_STEPS
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{MAX_STEPS_ENV} must be a positive integer, got {text!r}")
-    return value
+    return positive_int(MAX_STEPS_ENV, MAX_STEPS)
 
 
 def check_step_count(steps, what: str, remedy: str = "a larger dt or a shorter t1") -> int:
