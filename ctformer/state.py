@@ -34,15 +34,12 @@ import array_api_compat
 import numpy as np
 
 from .backend import to_host
+from .discretizations.base import Discretization
 
 __all__ = ["Grids", "AXES"]
 
 #: Axis of each spatial variable in a state array ``(..., tokens, features)``.
 AXES = {"tokens": -2, "features": -1}
-
-
-def _is_discretization(disc) -> bool:
-    return hasattr(disc, "quadrature_nodes") and hasattr(disc, "quadrature_weights")
 
 
 def _namespace(u, argname):
@@ -61,7 +58,7 @@ def _check_length(length, tokens):
     """``None``, a positive number, or (on a two-dimensional token domain) one per axis."""
     if length is None:
         return None
-    if getattr(tokens, "dimension", 1) == 2 and isinstance(length, (tuple, list)):
+    if tokens.dimension == 2 and isinstance(length, (tuple, list)):
         if len(length) == 2 and all(_positive(v) for v in length):
             return tuple(float(v) for v in length)
     elif _positive(length):
@@ -109,7 +106,7 @@ class Grids:
         if self.hidden is None:
             object.__setattr__(self, "hidden", self.features)
         for name in ("tokens", "features", "head_features", "hidden"):
-            if not _is_discretization(getattr(self, name)):
+            if not isinstance(getattr(self, name), Discretization):
                 raise TypeError(f"Grids.{name} must be a Discretization, got "
                                 f"{type(getattr(self, name)).__name__}")
         object.__setattr__(self, "context_length", _check_length(self.context_length, self.tokens))
@@ -142,7 +139,7 @@ class Grids:
         if self.context_length is None:
             raise ValueError("these grids have no context_length; positions p(x) = L x - 1/2 need "
                              "the model's reference length L (pass context_length=...)")
-        if getattr(self.tokens, "atoms", 0):
+        if self.tokens.atoms:
             raise ValueError(f"positions p(x) = L x - 1/2 are defined for tokens without atoms, "
                              f"not on {self.tokens!r}")
         nodes = np.asarray(self.tokens.quadrature_nodes, dtype=np.float64)
@@ -159,11 +156,7 @@ class Grids:
     @property
     def is_nodal(self) -> bool:
         """True when stored values are point values on both axes (no change of representation)."""
-        return self._nodal(self.tokens) and self._nodal(self.features)
-
-    @staticmethod
-    def _nodal(disc) -> bool:
-        return getattr(disc, "kind", "quadrature") != "galerkin"
+        return self.tokens.nodal and self.features.nodal
 
     def replace(self, **changes) -> "Grids":
         """A copy with some discretizations replaced (``head_features``/``hidden`` kept)."""

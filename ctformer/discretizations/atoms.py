@@ -77,7 +77,7 @@ class WithAtoms(Discretization):
             raise TypeError(f"WithAtoms: base must be a Discretization, got {type(base).__name__}")
         if isinstance(base, WithAtoms):
             raise TypeError("WithAtoms: base already has atoms; give count instead")
-        if base.kind == "galerkin":
+        if not base.nodal:
             raise TypeError("WithAtoms needs a nodal base (point values); got a Galerkin one")
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
             raise ValueError(f"count must be a positive integer, got {count!r}")
@@ -88,7 +88,7 @@ class WithAtoms(Discretization):
                                  f"(the measure of the token domain), got {weight!r}")
             weight = float(weight)
         self.base, self.atoms, self.weight = base, int(count), weight
-        self.dimension = getattr(base, "dimension", 1)
+        self.dimension = base.dimension
         self.locations = self._check_locations(locations)
         self.n = base.n + self.atoms
         self.domain = base.domain
@@ -126,7 +126,7 @@ class WithAtoms(Discretization):
     @property
     def label(self) -> str:
         """A short name for tables and plots, e.g. ``"midpoint x midpoint + 1 atom"``."""
-        base = getattr(self.base, "label", self.base.name)
+        base = self.base.label
         mass = "" if self.weight is None else f" of mass {self.weight:g}"
         return f"{base} + {self.atoms} atom{'s' if self.atoms > 1 else ''}{mass}"
 

@@ -313,7 +313,21 @@ class Discretization(abc.ABC):
 
     Subclasses set the class attributes ``name`` (registry key), ``order`` (expected order of
     accuracy on smooth data, ``math.inf`` for spectral methods), ``min_n``, and implement
-    :meth:`_nodes`, :meth:`_weights` and :meth:`interpolate`.
+    :meth:`_nodes`, :meth:`_weights` and :meth:`interpolation_matrix`.
+
+    What the rest of ctformer reads from a discretization is declared here, with a default
+    that fits an interval rule with point values; a subclass overrides what differs:
+
+    - :attr:`dimension` (int): the dimension of the domain, 1 for an interval, 2 for a
+      product of two intervals (:class:`~ctformer.discretizations.Product`); nodes have shape
+      ``(n,)`` in one dimension and ``(n, dimension)`` otherwise;
+    - :attr:`nodal` (bool): True when the stored values are point values :math:`f(x_j)`
+      (quadrature and spectral rules), False when they are coefficients of a Galerkin
+      expansion :math:`f_h = \sum_j c_j \phi_j` (then :meth:`to_quadrature` evaluates and
+      :meth:`from_quadrature` projects);
+    - :attr:`atoms` (int): the number of point masses in the measure (class tokens,
+      :class:`~ctformer.discretizations.WithAtoms`), 0 for a plain domain;
+    - :attr:`label` (str): a short name for tables and plots, :attr:`name` by default.
 
     Parameters
     ----------
@@ -333,9 +347,15 @@ class Discretization(abc.ABC):
 
     name: ClassVar[str]
     order: ClassVar[float]
-    kind: ClassVar[str] = "quadrature"  # "quadrature", "spectral" or "galerkin"
+    kind: ClassVar[str] = "quadrature"  # "quadrature", "spectral" or "galerkin": a display name
     min_n: ClassVar[int] = 1
     periodic: ClassVar[bool] = False
+    #: Dimension of the domain: 1 for an interval (a product of two intervals: 2).
+    dimension: ClassVar[int] = 1
+    #: True when stored values are point values; False for Galerkin coefficients.
+    nodal: ClassVar[bool] = True
+    #: Number of point masses (atoms) in the measure; 0 for a plain domain.
+    atoms: ClassVar[int] = 0
 
     def __init__(self, n: int, domain=(0.0, 1.0)):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
@@ -355,6 +375,11 @@ class Discretization(abc.ABC):
     _bytes_per_value: ClassVar[float] = 16.0
 
     # -- geometry ------------------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        """A short name for tables and plots (the registry :attr:`name` for an interval rule)."""
+        return self.name
+
     @property
     def length(self) -> float:
         """Length :math:`b - a` of the interval."""

@@ -58,6 +58,7 @@ class _LagrangeElements(Discretization):
     """Continuous piecewise polynomials of degree ``degree`` on a uniform mesh."""
 
     kind = "galerkin"
+    nodal = False  # stored values are element coefficients
     # nodes, weights, quadrature nodes and weights, sparse basis and mass matrix
     _bytes_per_value: ClassVar[float] = 160.0
     degree: ClassVar[int]

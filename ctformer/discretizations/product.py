@@ -35,10 +35,10 @@ __all__ = ["Product"]
 
 
 def _check_factor(disc, argname):
-    if not isinstance(disc, Discretization) or getattr(disc, "dimension", 1) != 1:
+    if not isinstance(disc, Discretization) or disc.dimension != 1:
         raise TypeError(f"Product: {argname} must be a discretization of an interval, got "
                         f"{type(disc).__name__}{' (a product)' if isinstance(disc, Product) else ''}")
-    if getattr(disc, "atoms", 0):
+    if disc.atoms:
         raise TypeError(f"Product: {argname} has atoms; put the atoms on the product instead "
                         "(WithAtoms(Product(...)))")
     return disc
@@ -116,6 +116,11 @@ class Product(Discretization):
         return "galerkin" if "galerkin" in kinds else kinds[0]
 
     @property
+    def nodal(self) -> bool:  # type: ignore[override]
+        """True when both factors store point values (False as soon as one is Galerkin)."""
+        return self.first.nodal and self.second.nodal
+
+    @property
     def length(self) -> float:
         """The measure (area) of the rectangle."""
         return self.first.length * self.second.length
@@ -169,7 +174,7 @@ class Product(Discretization):
 
     def to_quadrature(self, values, axis: int = -1):
         """Values at :attr:`quadrature_nodes` (the identity for nodal factors)."""
-        if self.kind != "galerkin":
+        if self.nodal:
             return values
         return self._factorwise(values, axis, self.first.n, self.second.n,
                                 lambda v, a: self.first.to_quadrature(v, axis=a),
@@ -177,7 +182,7 @@ class Product(Discretization):
 
     def from_quadrature(self, values, axis: int = -1):
         """The :math:`L^2` projection :math:`\\Pi_1 \\otimes \\Pi_2` back to stored values."""
-        if self.kind != "galerkin":
+        if self.nodal:
             return values
         q1, q2 = len(self.first.quadrature_nodes), len(self.second.quadrature_nodes)
         return self._factorwise(values, axis, q1, q2,
