@@ -196,9 +196,11 @@ class Block:
         ----------
         grids : ctformer.Grids
             Discretizations of tokens, features, head features and the hidden variable.
-        padding_mask : bool array of shape (..., N), optional
+        padding_mask : bool array of shape (..., N) or ctformer.operators.Padding, optional
             Tokens that are real (True) in padded batches; validated by the caller
             (:meth:`ContinuousTransformer.solve`). Only for nodal token discretizations.
+            Combined with the attention's mask here, once
+            (:meth:`ctformer.operators.Attention.discretize`): the flows build no mask.
 
         Returns
         -------
@@ -212,9 +214,8 @@ class Block:
             raise TypeError(f"grids must be a ctformer.Grids, got {type(grids).__name__}")
         attention = None
         if self.attention is not None:
-            attention = self.attention.discretize(grids)
-            if padding_mask is not None:
-                attention = _with_padding(attention, padding_mask)
+            attention = self.attention.discretize(grids) if padding_mask is None else \
+                self.attention.discretize(grids, padding_mask=padding_mask)
         feedforward = self.feedforward.discretize(grids) if self.feedforward is not None else None
         flows, projections = [], []
         for op, normalization in ((attention, self.normalization1), (feedforward, self.normalization2)):
@@ -226,13 +227,6 @@ class Block:
         flows = [grids.lift(f) for f in flows]
         projections = [grids.lift(p) for p in projections] if any(p is not None for p in projections) else []
         return solvers.SplitProblem(flows, projections)
-
-
-def _with_padding(attention: Callable, padding_mask) -> Callable:
-    def masked(u):
-        return attention(u, padding_mask=padding_mask)
-
-    return masked
 
 
 def _compose(op: Callable, normalization: Callable) -> Callable:

@@ -142,7 +142,7 @@ def test_query_without_keys_gets_zero_attention(kind, kv_heads):
     expected = _reference(u, ref, padding)
     empty = ~_allowed(kind, 6, padding).any(-1)
     assert empty.sum() >= 2
-    for got in (att(u, grids, padding_mask=padding), att.discretize(grids)(u, padding_mask=padding)):
+    for got in (att(u, grids, padding_mask=padding), att.discretize(grids, padding_mask=padding)(u)):
         assert np.all(np.isfinite(got))
         assert _rel(got, expected) < 1e-13
         assert np.abs(got[empty] - ref["biases"]["O"]).max() < 1e-15

@@ -10,7 +10,7 @@ import pytest
 from ctformer.discretizations import GaussLegendre, Midpoint
 from ctformer.kernels import PiecewiseConstant, SmoothRandom
 from ctformer.model import ContinuousTransformer
-from ctformer.operators import (Attention, GatedFeedForward, Grids, LayerNormProjection, RMSNorm,
+from ctformer.operators import (Attention, Causal, GatedFeedForward, Grids, LayerNormProjection, RMSNorm,
                                 SphereProjection, quadrature_attention)
 
 from .conftest import require
@@ -149,7 +149,7 @@ def _gqa_reference(att, u, d_h):
         g = h * att.kv_heads // att.heads
         q, k, v = u @ mats["Q"][h].T, u @ mats["K"][g].T, u @ mats["V"][g].T
         s = att.beta[h] * q @ k.swapaxes(-1, -2) / d_h
-        if att.mask == "causal":
+        if att.mask == Causal():
             s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
         out = out + (p / p.sum(-1, keepdims=True)) @ v @ w_o[h].T
@@ -179,9 +179,9 @@ def test_attention_option_errors():
         Attention([k] * 4, [k] * 2, [k] * 2, [k] * 4)
     with pytest.raises(ValueError, match="window .* needs mask='causal'"):
         Attention([k], [k], [k], [k], window=4)
-    with pytest.raises(ValueError, match="window must be a finite number"):
+    with pytest.raises(ValueError, match=r"window \(sliding-window attention, in positions\) must be a finite positive"):
         Attention([k], [k], [k], [k], mask="causal", window=-1)
-    with pytest.raises(ValueError, match="positions must be None, a RoPE or an ALiBi"):
+    with pytest.raises(ValueError, match="positions must be None or a PositionEncoding .RoPE, AxialRoPE, ALiBi"):
         Attention([k], [k], [k], [k], positions="rope")
 
 

@@ -67,7 +67,7 @@ def test_attention_equals_torch_multihead_attention(e, heads, n, batch, mask):
 
 
 @pytest.mark.parametrize("mask", [None, "causal"])
-def test_attention_key_mask_equals_torch_key_padding_mask(mask):
+def test_attention_padding_mask_equals_torch_key_padding_mask(mask):
     torch = require("torch")
     e, heads, n = 12, 2, 6
     mha = _torch_mha(torch, e, heads, seed=5)
@@ -79,8 +79,8 @@ def test_attention_key_mask_equals_torch_key_padding_mask(mask):
     with torch.no_grad():
         padding = torch.zeros(2, n, dtype=torch.float64).masked_fill(torch.tensor(~keep), float("-inf"))
         reference = mha(x, x, x, attn_mask=causal, key_padding_mask=padding, need_weights=False)[0].numpy()
-    got = _attention_from_torch(mha, heads, mask).discretize(_midpoint_grids(n, e, e // heads, e))(
-        x.numpy(), padding_mask=keep)
+    got = _attention_from_torch(mha, heads, mask).discretize(_midpoint_grids(n, e, e // heads, e),
+                                                            padding_mask=keep)(x.numpy())
     assert _rel(got, reference) < 1e-12
 
 
@@ -392,7 +392,7 @@ def test_operator_errors():
         Attention(k, k, k, k, beta=[1.0, np.inf])
     with pytest.raises(ValueError, match="one value per head"):
         Attention(k, k, k, k, beta=[1.0, 2.0, 3.0])
-    with pytest.raises(ValueError, match="mask must be None or 'causal'"):
+    with pytest.raises(ValueError, match="mask must be None, 'causal' or a Mask"):
         Attention(k, k, k, k, mask="future")
     with pytest.raises(ValueError, match="diagonal='half' only applies"):
         Attention(k, k, k, k, diagonal="half")

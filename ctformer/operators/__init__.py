@@ -10,8 +10,10 @@ from .attention import Attention
 from .feature import (ACTIVATIONS, FeatureMap, FeedForward, GatedFeedForward, gelu, gelu_tanh,
                       get_activation, relu, silu)
 from .normalization import LayerNormProjection, RMSNorm, SphereProjection
-from .positions import ALiBi, RoPE, alibi_slopes, interpolate_table, sinusoidal_encoding
-from .local_attention import local_attention, window_pattern
+from .positions import (ALiBi, AxialRoPE, NoPositions, PositionEncoding, RoPE, alibi_slopes,
+                        interpolate_table, sinusoidal_encoding)
+from .masks import Causal, Intersection, Mask, Padding, SlidingWindow
+from .local_attention import local_attention, mask_pattern, window_pattern
 
 __all__ = [
     "quadrature_attention",
@@ -32,11 +34,20 @@ __all__ = [
     "LayerNormProjection",
     "SphereProjection",
     "RMSNorm",
+    "PositionEncoding",
+    "NoPositions",
     "RoPE",
+    "AxialRoPE",
     "ALiBi",
+    "Mask",
+    "Causal",
+    "SlidingWindow",
+    "Padding",
+    "Intersection",
     "alibi_slopes",
     "sinusoidal_encoding",
     "interpolate_table",
     "local_attention",
     "window_pattern",
+    "mask_pattern",
 ]

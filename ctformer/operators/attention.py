@@ -19,34 +19,37 @@ weights. With midpoint grids, :math:`\beta_h = \sqrt{d_h}` and :class:`~ctformer
 kernels from the blocks of torch's in- and out-projections, this is exactly
 ``torch.nn.MultiheadAttention`` (design notes, section 2).
 
-Components of current Transformers (design notes, section 10):
+Components of current Transformers:
 
 * grouped-query attention: :math:`H` query heads share :math:`H_{kv}` key/value heads, head
   :math:`h` reading key/value head :math:`\lfloor h H_{kv} / H \rfloor` (``kv_heads``);
-* positions :math:`p(x) = L s(x) - 1/2` (:meth:`ctformer.Grids.positions`) enter through
-  :class:`~ctformer.operators.positions.RoPE` (queries and keys rotated in :math:`\sigma`) or
-  :class:`~ctformer.operators.positions.ALiBi` (:math:`-m_h |p(x) - p(x')|` added to the
-  exponent);
-* a sliding window :math:`m(x, x') = 1\{0 \le p(x) - p(x') < W\}` (``window``), computed by
-  :func:`~ctformer.operators.local_attention.local_attention` in :math:`O(N W)`.
+* positions :math:`p(x) = L s(x) - 1/2` (:meth:`ctformer.Grids.positions`) enter through a
+  :class:`~ctformer.operators.positions.PositionEncoding` (``positions``):
+  :class:`~ctformer.operators.positions.RoPE` and
+  :class:`~ctformer.operators.positions.AxialRoPE` rotate queries and keys in :math:`\sigma`,
+  :class:`~ctformer.operators.positions.ALiBi` adds :math:`-m_h |p(x) - p(x')|` to the
+  exponent;
+* the mask :math:`m(x, x')` is a :class:`~ctformer.operators.masks.Mask` (``mask``):
+  :class:`~ctformer.operators.masks.Causal`, :class:`~ctformer.operators.masks.SlidingWindow`
+  and their products, ``Causal() & SlidingWindow(W)`` keeping :math:`0 \le p(x) - p(x') < W`;
+  a mask with a finite band is computed by the banded engine in :math:`O(N W)`
+  (:mod:`ctformer.operators.attention_flow`).
 """
 from __future__ import annotations
 
-import math
 from numbers import Real
 
 import array_api_compat
 import numpy as np
 
-from ..backend import matmul_rows, namespace, plus_bias
+from .. import validation
+from ..backend import namespace
 from ..kernels import Kernel, is_host
-from ..model_inputs import renamed_keyword
+from .attention_flow import DiscretizedAttention, Layout, plan_engine
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
-from .local_attention import local_attention, window_pattern
-from .positions import ALiBi, RoPE, rotate
-from .quadrature_attention import quadrature_attention
-from .threads import by_row_blocks
+from .masks import DIAGONALS, Causal, Intersection, Mask, Padding, SlidingWindow
+from .positions import NoPositions, PositionEncoding
 
 __all__ = ["Attention"]
 
@@ -85,21 +88,35 @@ class Attention(Operator):
         Output bias on :math:`Y`.
     beta : float or sequence of float
         Inverse temperature :math:`\beta_h`, one number for all heads or one per head; finite.
-    mask : {None, "causal"}
-        ``"causal"`` keeps :math:`x' \le x`.
+    mask : None, "causal" or Mask
+        The mask :math:`m(x, x')`: ``"causal"`` is ``Causal(diagonal)``; a
+        :class:`~ctformer.operators.masks.Mask` (``Causal()``, ``SlidingWindow(W)``, products
+        with ``&``, or a subclass) is used as given.
     diagonal : {"full", "half"}
-        With a causal mask, the weight of the diagonal cell: ``"full"`` (the standard causal
-        mask, first order) or ``"half"`` (second order on midpoint grids).
+        With ``mask="causal"``, the weight of the diagonal cell: ``"full"`` (the standard
+        causal mask, first order) or ``"half"`` (second order on midpoint grids).
     kv_heads : int, optional
         Number :math:`H_{kv}` of key/value heads (grouped-query attention); it must divide
         ``heads``, and ``W_K``, ``W_V``, ``b_K``, ``b_V`` then have :math:`H_{kv}` entries.
         Default: ``heads`` (one key/value head per query head).
-    positions : RoPE, ALiBi or None
-        How token positions enter the scores (:mod:`ctformer.operators.positions`). The grids
-        must then have a ``context_length``.
+    positions : PositionEncoding or None
+        How token positions enter the scores: ``RoPE(...)``, ``AxialRoPE(...)``,
+        ``ALiBi(...)``, a subclass of :class:`~ctformer.operators.positions.PositionEncoding`,
+        or ``None`` (:class:`~ctformer.operators.positions.NoPositions`). The grids must then
+        have a ``context_length``.
     window : float, optional
-        Sliding window :math:`W` (in positions): keys with :math:`0 \le p(x) - p(x') < W`.
-        Needs ``mask="causal"`` and ``diagonal="full"``.
+        With ``mask="causal"`` and ``diagonal="full"``: the sliding window :math:`W` (in
+        positions), i.e. ``mask=Causal() & SlidingWindow(W)``.
+
+    Attributes
+    ----------
+    mask : Mask or None
+        The composed mask (``Causal()``, ``Causal() & SlidingWindow(4.0)``, ...).
+    positions : PositionEncoding
+    diagonal : str
+        ``mask.diagonal`` (read-only).
+    window : float or None
+        The width of the mask's sliding window (read-only).
 
     Raises
     ------
@@ -108,19 +125,20 @@ class Attention(Operator):
     ValueError
         If the lists have different lengths, ``beta`` is not finite or has the wrong length,
         ``mask`` or ``diagonal`` is not one of the allowed values, a bias list has the wrong
-        length, ``kv_heads`` does not divide ``heads``, ``positions`` is of an unknown kind, or
-        ``window`` is not a positive number or lacks the causal mask.
+        length, ``kv_heads`` does not divide ``heads``, ``positions`` is not a position
+        encoding, or ``window`` is not a positive number or lacks the causal mask.
 
     Notes
     -----
-    ``discretize(grids)`` returns ``f(u, padding_mask=None, *, check=False)``: ``u`` has shape
-    ``(..., Nq_tokens, Nq_features)``; ``padding_mask`` is an optional boolean array
-    ``(..., N)`` (True = a real token, kept as a key), combined with the causal mask (and the
-    window). A query that keeps no key (left padding with the causal mask) gets attention
-    output zero, the integral over an empty set of keys, in every path (dense, streamed,
-    windowed, ALiBi, grouped-query; NumPy and torch); no real token reads it. ``f`` trusts
-    ``u`` (a solve validates its state once, where it enters); ``check=True``, what
-    :meth:`__call__` passes, evaluates it scale-safely and reports overflow by name.
+    ``discretize(grids, padding_mask=None)`` returns ``f(u, *, check=False)``: ``u`` has shape
+    ``(..., Nq_tokens, Nq_features)``; the optional boolean ``padding_mask`` ``(..., N)`` (True
+    = a real token, kept as a key) is combined with the mask there, once (a solve does it
+    when it builds its split problem), so that evaluating ``f`` builds and checks no mask. A
+    query that keeps no key (left padding with the causal mask) gets attention output zero,
+    the integral over an empty set of keys, in every path (dense, streamed, banded, ALiBi,
+    grouped-query; NumPy and torch); no real token reads it. ``f`` trusts ``u`` (a solve
+    validates its state once, where it enters); ``check=True``, what :meth:`__call__`
+    passes, evaluates it scale-safely and reports overflow by name.
 
     The scores use the head-feature quadrature,
     :math:`s_{ij} = \beta_h \sum_\sigma w_\sigma q_{i\sigma} k_{j\sigma}`: the query kernel is
@@ -138,8 +156,7 @@ class Attention(Operator):
         if kv_heads is None:
             self.kv_heads = self.heads
         else:
-            if isinstance(kv_heads, bool) or not isinstance(kv_heads, (int, np.integer)) or kv_heads < 1:
-                raise ValueError(f"kv_heads must be a positive integer, got {kv_heads!r}")
+            kv_heads = validation.integer(kv_heads, "kv_heads")
             if self.heads % kv_heads:
                 raise ValueError(f"kv_heads={kv_heads} must divide the number of heads {self.heads}")
             self.kv_heads = int(kv_heads)
@@ -168,26 +185,20 @@ class Attention(Operator):
             setattr(self, name, bs)
         self.b_O = as_feature_function(b_O, "b_O")
         self.beta = self._check_beta(beta)
-        if mask not in (None, "causal"):
-            raise ValueError(f"mask must be None or 'causal', got {mask!r}")
-        if diagonal not in ("full", "half"):
-            raise ValueError(f"diagonal must be 'full' or 'half', got {diagonal!r}")
-        if diagonal == "half" and mask is None:
-            raise ValueError("diagonal='half' only applies with mask='causal'")
-        self.mask, self.diagonal = mask, diagonal
-        if positions is not None and not isinstance(positions, (RoPE, ALiBi)):
-            raise ValueError(f"positions must be None, a RoPE or an ALiBi object, got {positions!r}")
-        if isinstance(positions, ALiBi):
-            positions.slopes_for(self.heads)  # one slope per head
-        self.positions = positions
-        if window is not None:
-            if isinstance(window, bool) or not isinstance(window, Real) or not np.isfinite(window) or window <= 0:
-                raise ValueError(f"window must be a finite number > 0 (in positions), got {window!r}")
-            if mask != "causal" or diagonal != "full":
-                raise ValueError("window (sliding-window attention, 0 <= p(x) - p(x') < W) needs "
-                                 "mask='causal' and diagonal='full'")
-            window = float(window)
-        self.window = window
+        self.mask = _compose_mask(mask, diagonal, window)
+        self.positions = _position(positions, self.heads)
+
+    @property
+    def diagonal(self) -> str:
+        """The weight rule of the diagonal cell: ``"half"`` with ``Causal(diagonal="half")``."""
+        return "full" if self.mask is None else self.mask.diagonal
+
+    @property
+    def window(self):
+        """The width :math:`W` of the mask's :class:`SlidingWindow`, or None."""
+        parts = () if self.mask is None else self.mask.parts()
+        widths = [m.width for m in parts if isinstance(m, SlidingWindow)]
+        return min(widths) if widths else None
 
     def _check_beta(self, beta) -> np.ndarray:
         if isinstance(beta, Real) and not isinstance(beta, (bool, np.bool_)):
@@ -213,14 +224,11 @@ class Attention(Operator):
         extra = ""
         if self.kv_heads != self.heads:
             extra += f", kv_heads={self.kv_heads}"
-        if self.positions is not None:
+        if not isinstance(self.positions, NoPositions):
             extra += f", positions={self.positions!r}"
-        if self.window is not None:
-            extra += f", window={self.window!r}"
-        return (f"Attention(heads={self.heads}, beta={self.beta.tolist()}, mask={self.mask!r}, "
-                f"diagonal={self.diagonal!r}{extra})")
+        return f"Attention(heads={self.heads}, beta={self.beta.tolist()}, mask={self.mask!r}{extra})"
 
-    def __call__(self, u, grids: Grids, padding_mask=None, *, key_mask=None):
+    def __call__(self, u, grids: Grids, padding_mask=None):
         r"""Apply the operator to point values ``u`` on ``grids``: validated, scale-safe.
 
         Parameters
@@ -229,7 +237,7 @@ class Attention(Operator):
             Real, floating and finite (checked here, once).
         grids : Grids
         padding_mask : bool array ``(..., N)``, optional
-            True = a real token: only those are keys (``key_mask`` is its deprecated name).
+            True = a real token: only those are keys.
             A query left without any key (with left padding and the causal mask, a padding
             token before the first real one) gets attention output zero, the integral over
             an empty set of keys; the padding tokens never reach the real ones.
@@ -254,8 +262,12 @@ class Attention(Operator):
         powers of two, so ``1e300 * u`` or ``beta=1e308`` give the finite hard-max limit
         (plain, causal, windowed, ALiBi, grouped-query), never NaN.
         """
-        padding_mask = renamed_keyword("key_mask", key_mask, "padding_mask", padding_mask)
-        return super().__call__(u, grids, padding_mask=padding_mask, check=True)
+        if not isinstance(grids, Grids):
+            raise TypeError(f"grids must be a ctformer.Grids, got {type(grids).__name__}")
+        grids.validate(u, "u", points=True)
+        if padding_mask is not None:
+            padding_mask = _padding_for(u, padding_mask, grids.shape[0])
+        return self.discretize(grids, padding_mask=padding_mask)(u, check=True)
 
     def parameters(self) -> dict:
         """Named arrays of the kernels and biases (``W_Q.<head>.<kernel parameter>``, ...)."""
@@ -299,7 +311,7 @@ class Attention(Operator):
         """The host constants of the discretized operator: one packed projection matrix
         (queries pre-scaled by the head-feature weights; rows (H + 2 H_kv, nq_h), as torch's
         packed in-projection), its bias, the output matrix, the temperatures (grouped by
-        key/value head), the token weights, the RoPE tables and the ALiBi slopes."""
+        key/value head), the token weights and the rotation tables of the position encoding."""
         heads, kv_heads = self.heads, self.kv_heads
         xp, on = _assembly(self.parameters())
         n_sigma, groups = host["Q"].shape[1], heads // kv_heads
@@ -312,136 +324,115 @@ class Attention(Operator):
                       for b, count in zip(biases, (heads, kv_heads, kv_heads))]
             biases[0] = biases[0] * w_sigma
             bias = xp.reshape(xp.concat(biases), (-1,))
-        rope = self.positions.tables(grids) if isinstance(self.positions, RoPE) else (None, None)
-        alibi = None
-        if isinstance(self.positions, ALiBi):
-            alibi = self.positions.slopes_for(heads)
-            alibi = alibi if groups == 1 else alibi.reshape(kv_heads, groups)
+        rotation = self.positions.rotation(grids)
+        cos, sin = (None, None) if rotation is None else rotation
         qkv_t = xp.matrix_transpose(xp.reshape(stacked, (-1, stacked.shape[-1])))
         return Constants(
             QKV_t=np.ascontiguousarray(qkv_t) if isinstance(qkv_t, np.ndarray) else qkv_t,
             b_QKV=bias, O=host["O"], b_O=host["b_O"], w_tokens=host["w_tokens"],
             beta=host["beta"] if groups == 1 else host["beta"].reshape(kv_heads, groups),
-            cos=rope[0], sin=rope[1], slopes=alibi,
+            cos=cos, sin=sin,
         )
 
-    def _discretize(self, grids: Grids):
-        if self.mask == "causal" and getattr(grids.tokens, "dimension", 1) != 1:
-            raise ValueError(f"mask='causal' orders tokens on an interval; the token domain "
-                             f"{grids.tokens!r} is two-dimensional and has no causal order (and no "
-                             "convergence order for it): use mask=None")
+    def _discretize(self, grids: Grids) -> DiscretizedAttention:
         host = self.host_arrays(grids)
-        heads, kv_heads, n_tokens = self.heads, self.kv_heads, grids.shape[0]
-        n_sigma = host["Q"].shape[1]
-        groups = heads // kv_heads
-        positions = grids.positions() if self.positions is not None or self.window is not None else None
+        layout = Layout(self.heads, self.kv_heads, grids.shape[0], host["Q"].shape[1])
+        engine = plan_engine(self.mask, self.positions, grids, layout, host["w_tokens"])
         constants = self._constants(host, grids)
-        rope = constants.host["cos"] is not None
-        alibi = constants.host["slopes"]
-        mask, diagonal, window = self.mask, self.diagonal, self.window
-        pattern = None if window is None else window_pattern(positions, window)
-        local = window is not None or alibi is not None
-        w_tokens_host = host["w_tokens"]
+        flow = DiscretizedAttention(constants, layout, constants.host["cos"] is not None, engine)
+        keys = None if self.mask is None else self.mask.keys()
+        return flow if keys is None else flow.with_padding(_check_keys(keys, layout.n_tokens))
 
-        # the two projections are token-wise: large NumPy states run them by row blocks
-        project_qkv = by_row_blocks(
-            lambda v: plus_bias(matmul_rows(v, constants("QKV_t", v)), constants("b_QKV", v)),
-            width=constants.host["QKV_t"].shape[-1])
-        project_out = by_row_blocks(
-            lambda v: plus_bias(matmul_rows(v, constants("O", v)), constants("b_O", v)),
-            width=constants.host["O"].shape[-1])
+    def discretize(self, grids: Grids, padding_mask=None) -> DiscretizedAttention:
+        r"""The discretized operator on ``grids``, with a padding mask composed once.
 
-        def attention(u, padding_mask=None, *, check=False):
-            if not check:
-                return attend(u, padding_mask, False)
-            with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported by name
-                return attend(u, padding_mask, True)
+        Parameters
+        ----------
+        grids : Grids
+        padding_mask : bool array ``(..., N)`` or Padding, optional
+            The real tokens of a padded batch (True = a real token, kept as a key), combined
+            here with the operator's mask: the returned callable builds no mask per call.
 
-        def attend(u, padding_mask, check):
-            xp = namespace(u)
-            qkv = project_qkv(u)
-            lead = tuple(u.shape[:-2])
-            # one reshape and one axis move for all projections: (..., H + 2 H_kv, N, d_h)
-            qkv = _swap_heads_tokens(xp, xp.reshape(qkv, (*lead, n_tokens, heads + 2 * kv_heads, n_sigma)))
-            q, k, v = qkv[..., :heads, :, :], qkv[..., heads:heads + kv_heads, :, :], \
-                qkv[..., heads + kv_heads:, :, :]
-            if rope:
-                cos, sin = constants("cos", u), constants("sin", u)
-                q, k = rotate(xp, q, cos, sin), rotate(xp, k, cos, sin)
-            if check:
-                for name, a in (("query", q), ("key", k), ("value", v)):
-                    _refuse_overflow(xp, a, u, f"the {name} projection")
-            if groups > 1:  # head h = g * groups + r reads key/value head g (no copies)
-                q = xp.reshape(q, (*lead, kv_heads, groups, n_tokens, n_sigma))
-                k, v = k[..., None, :, :], v[..., None, :, :]
-            extra_axes = 1 if groups > 1 else 0
-            if local:
-                km = _padding(xp, padding_mask, u, n_tokens, diagonal)
-                if km is not None:
-                    km = xp.reshape(km, (*km.shape[:-1], *([1] * (1 + extra_axes)), n_tokens))
-                attended = local_attention(
-                    q, k, v, beta=constants("beta", u), pattern=pattern, weights=w_tokens_host,
-                    key_mask=km, slopes=constants("slopes", u), positions=positions,
-                    causal=mask == "causal" and pattern is None, diagonal=diagonal, check=check)
-            else:
-                keep = _key_mask(xp, padding_mask, u, n_tokens, mask, diagonal)
-                if keep is not None and extra_axes:
-                    keep = keep[..., None, :, :, :]
-                attended = quadrature_attention(   # a solve's state was validated where it entered
-                    q, k, v, beta=constants("beta", u), weights=constants("w_tokens", u),
-                    mask=mask if keep is None else keep,
-                    diagonal=diagonal if keep is None else "full", check=check,
-                )
-            if groups > 1:
-                attended = xp.reshape(attended, (*attended.shape[:-4], heads, n_tokens, n_sigma))
-            # concatenate heads along the features and contract with the stacked W_O
-            concat = xp.reshape(_swap_heads_tokens(xp, attended), (*attended.shape[:-3], n_tokens, -1))
-            out = project_out(concat)
-            if check:
-                _refuse_overflow(xp, out, u, "the output projection")
-            return out
+        Returns
+        -------
+        DiscretizedAttention
+            ``f(u, *, check=False)``; the operator without padding is built once per grids
+            and cached (see :meth:`Operator.discretize`), the padded one per call of this
+            method (a solve calls it once per block).
 
-        return attention
+        Raises
+        ------
+        TypeError, ValueError
+            For a padding mask that is not boolean or not of shape ``(..., N)``, or with
+            ``Causal(diagonal="half")``.
+        """
+        flow = super().discretize(grids)
+        if padding_mask is None:
+            return flow
+        padding = padding_mask if isinstance(padding_mask, Padding) else Padding(padding_mask)
+        combined = padding if self.mask is None else Intersection(self.mask, padding)
+        return flow.with_padding(_check_keys(combined.keys(), grids.shape[0]))
 
 
-def _refuse_overflow(xp, a, u, what: str) -> None:
-    """FloatingPointError when ``a`` (computed from the finite ``u``) is not finite: the
-    exact values exceed the dtype's range, a property of the inputs and the weights."""
-    if bool(xp.all(xp.isfinite(a))):
-        return
-    scale = float(xp.max(xp.abs(u))) if math.prod(u.shape) else 0.0
-    wider = "" if "float64" in str(u.dtype) else " or compute in float64"
-    raise FloatingPointError(
-        f"{what} of u overflow {u.dtype}: max |u| = {scale:.3g} times the kernels exceeds the "
-        f"largest {u.dtype} number, so the result is not representable; scale u down{wider}")
+def _compose_mask(mask, diagonal, window):
+    """The operator's mask from the keywords (``"causal"``, ``diagonal``, ``window``) or a Mask."""
+    diagonal = validation.one_of(diagonal, "diagonal", DIAGONALS)
+    if isinstance(mask, Mask):
+        if diagonal != "full" or window is not None:
+            raise ValueError(f"diagonal= and window= build the mask from mask='causal'; with "
+                             f"mask={mask!r} write them into it (Causal(diagonal='half'), "
+                             "& SlidingWindow(W))")
+        return mask if isinstance(mask, Intersection) or mask.keys() is None else Intersection(mask)
+    if mask is not None and not (isinstance(mask, str) and mask == "causal"):
+        raise ValueError(f"mask must be None, 'causal' or a Mask (Causal(), SlidingWindow(W), their "
+                         f"product with &, or a subclass), got {mask!r}")
+    if diagonal == "half" and mask is None:
+        raise ValueError("diagonal='half' only applies with mask='causal'")
+    if window is not None:
+        validation.real(window, "window (sliding-window attention, in positions)", positive=True)
+        if mask != "causal" or diagonal != "full":
+            raise ValueError("window (sliding-window attention, 0 <= p(x) - p(x') < W) needs "
+                             "mask='causal' and diagonal='full' (or pass mask=Causal() & "
+                             "SlidingWindow(W))")
+        return Causal() & SlidingWindow(window)
+    return None if mask is None else Causal(diagonal)
 
 
-def _swap_heads_tokens(xp, a):
-    """Swap the axes -3 and -2 ((..., N, H, d) <-> (..., H, N, d)); a view for NumPy."""
-    if type(a) is np.ndarray:
-        return a.swapaxes(-3, -2)  # 10x cheaper than moveaxis's axis normalization
-    return xp.moveaxis(a, -2, -3)
+def _position(positions, heads: int) -> PositionEncoding:
+    """The position encoding (``None``: :class:`NoPositions`), checked against the heads."""
+    if positions is None:
+        return NoPositions()
+    if not isinstance(positions, PositionEncoding):
+        raise ValueError(f"positions must be None or a PositionEncoding (RoPE, AxialRoPE, ALiBi, "
+                         f"NoPositions or a subclass), got {positions!r}")
+    positions.check_heads(heads)
+    return positions
 
 
-def _padding(xp, key_mask, u, n_tokens, diagonal):
-    """Validate a padding mask (..., N) of booleans; None stays None."""
-    if key_mask is None:
-        return None
-    km = xp.asarray(key_mask)
-    if km.dtype != xp.bool:
-        raise TypeError(f"padding_mask must be a boolean array (True = a real token), got dtype {km.dtype}")
-    if km.ndim < 1 or km.shape[-1] != n_tokens:
-        raise ValueError(f"padding_mask must have shape (..., {n_tokens}) (one flag per token), got {tuple(km.shape)}")
+def _check_keys(keys, n_tokens: int):
+    """A padding mask ``(..., N)`` checked once: boolean, one flag per token."""
+    xp = namespace(keys)
+    if keys.dtype != xp.bool:
+        raise TypeError(f"padding_mask must be a boolean array (True = a real token), got dtype {keys.dtype}")
+    if keys.ndim < 1 or keys.shape[-1] != n_tokens:
+        raise ValueError(f"padding_mask must have shape (..., {n_tokens}) (one flag per token), "
+                         f"got {tuple(keys.shape)}")
+    return keys
+
+
+def _padding_for(u, padding_mask, n_tokens: int):
+    """A padding mask handed to :meth:`Attention.__call__`: in ``u``'s namespace, checked,
+    its leading axes broadcasting with ``u``'s batch axes."""
+    xp = namespace(u)
+    keys = _check_keys(xp.asarray(padding_mask), n_tokens)
     try:
-        xp.broadcast_shapes(tuple(km.shape[:-1]), tuple(u.shape[:-2]))
+        xp.broadcast_shapes(tuple(keys.shape[:-1]), tuple(u.shape[:-2]))
     except ValueError:
         raise ValueError(
-            f"padding_mask leading axes {tuple(km.shape[:-1])} do not broadcast with the batch axes "
+            f"padding_mask leading axes {tuple(keys.shape[:-1])} do not broadcast with the batch axes "
             f"{tuple(u.shape[:-2])} of u"
         ) from None
-    if diagonal == "half":
-        raise ValueError("padding_mask cannot be combined with diagonal='half'; use diagonal='full'")
-    return km
+    return keys
 
 
 def _assembly(parameters: dict):
@@ -460,16 +451,3 @@ def _assembly(parameters: dict):
         return xp.asarray(np.asarray(a), dtype=like.dtype, device=device) if is_host(a) else a
 
     return xp, on
-
-
-def _key_mask(xp, key_mask, u, n_tokens, mask, diagonal):
-    """Combine a padding mask (..., N) with the causal mask into a bool (..., 1, N, N) array."""
-    km = _padding(xp, key_mask, u, n_tokens, diagonal)
-    if km is None:
-        return None
-    lead = xp.broadcast_shapes(tuple(km.shape[:-1]), tuple(u.shape[:-2]))
-    keep = xp.broadcast_to(km[..., None, None, :], (*lead, 1, n_tokens, n_tokens))
-    if mask == "causal":
-        rows = xp.arange(n_tokens)
-        keep = keep & (rows[None, :] <= rows[:, None])
-    return keep

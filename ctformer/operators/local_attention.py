@@ -34,9 +34,10 @@ import math
 import array_api_compat
 import numpy as np
 
+from .. import validation
 from .quadrature_attention import quadrature_attention, scale_safe_inputs, times_pow2
 
-__all__ = ["window_pattern", "local_attention", "window_block_rows"]
+__all__ = ["window_pattern", "local_attention", "window_block_rows", "BandedAttention", "mask_pattern"]
 
 # Score entries of one block (rows x slab columns x leading axes) for the ALiBi kernel and the
 # default block size: about 32 MiB of float64 scores on the host.
@@ -56,10 +57,7 @@ def _check_positions(positions, name: str) -> np.ndarray:
 
 
 def _check_window(window) -> float:
-    if isinstance(window, bool) or not isinstance(window, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(window) or window <= 0:
-        raise ValueError(f"window must be a finite number > 0 (a length in positions), got {window!r}")
-    return float(window)
+    return validation.real(window, "window (a length in positions)", positive=True)
 
 
 def window_pattern(positions, window, key_positions=None):
@@ -107,6 +105,46 @@ def window_pattern(positions, window, key_positions=None):
     cols = np.arange(rows.size) + starts
     coords = np.stack([rows, cols])
     return sparse.COO(coords, np.ones(rows.size, dtype=bool), shape=(p.size, pk.size),
+                      has_duplicates=False, sorted=True, fill_value=False)
+
+
+def mask_pattern(mask, positions, key_positions=None):
+    r"""The entries that a :class:`~ctformer.operators.masks.Mask` keeps, as a sparse boolean array.
+
+    The candidates of row :math:`i` are the columns of the mask's band (:meth:`Mask.band`),
+    or every column when it has none; of those, the pairs with ``mask.keep(p_i, p'_j)`` are
+    kept. ``Causal() & SlidingWindow(W)`` gives exactly :func:`window_pattern` on a grid's
+    positions.
+
+    Parameters
+    ----------
+    mask : Mask
+        Its :meth:`~ctformer.operators.masks.Mask.keys` (padding) are ignored here.
+    positions, key_positions : ndarray (N,), (M,) of float64
+        Increasing query and key positions (``key_positions`` defaults to ``positions``).
+
+    Returns
+    -------
+    sparse.COO of shape (N, M), dtype bool
+    """
+    import sparse
+
+    p = np.asarray(positions, dtype=np.float64)
+    pk = p if key_positions is None else np.asarray(key_positions, dtype=np.float64)
+    band = mask.band(p, pk)
+    if band is None:
+        lo, hi = np.zeros(p.size, dtype=np.intp), np.full(p.size, pk.size, dtype=np.intp)
+    else:
+        lo, hi = (np.asarray(b, dtype=np.intp) for b in band)
+    counts = np.maximum(hi - lo, 0)
+    rows = np.repeat(np.arange(p.size), counts)
+    cols = np.arange(rows.size) + np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+    kept = np.asarray(mask.keep(p[rows], pk[cols]), dtype=bool)
+    if kept.shape != rows.shape:
+        raise ValueError(f"{mask!r}.keep(p, p_key) must return one boolean per pair (broadcasting "
+                         f"its arguments), got shape {kept.shape} for {rows.size} pairs")
+    coords = np.stack([rows[kept], cols[kept]])
+    return sparse.COO(coords, np.ones(coords.shape[1], dtype=bool), shape=(p.size, pk.size),
                       has_duplicates=False, sorted=True, fill_value=False)
 
 
@@ -160,7 +198,7 @@ class _RowIndex:
 
 def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None, slopes=None,
                     positions=None, key_positions=None, causal=False, diagonal="full",
-                    block=None, fallback_to_self=False, check=False):
+                    block=None, fallback_to_self=False, check=False, bias=None):
     r"""Softmax attention restricted to a sparse pattern and/or with an ALiBi bias, by blocks.
 
     .. math::
@@ -185,8 +223,8 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
         ALiBi slopes :math:`m_h \ge 0`, broadcasting against the leading axes like ``beta``;
         needs ``positions``.
     positions, key_positions : array of shape (N,) and (M,), optional
-        :math:`p_i` and :math:`p'_j` for the ALiBi term (``key_positions`` defaults to
-        ``positions``).
+        :math:`p_i` and :math:`p'_j` for the ALiBi term or ``bias`` (``key_positions``
+        defaults to ``positions``).
     causal : bool
         Keep only :math:`j \le i` (needs N == M).
     diagonal : {"full", "half"}
@@ -205,6 +243,11 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
         ``quadrature_attention(..., check=True)`` does (any finite input then gives a finite
         answer, e.g. ``1e300 * q`` or ``beta=1e308``: the hard-max limit). Off for the
         states of a solve, which were validated where they entered.
+    bias : callable, optional
+        A general additive score term of the positions (instead of ``slopes``):
+        ``bias(difference)`` gets :math:`p_i - p'_j` of a block (an array ``(rows, cols)`` in the
+        namespace and dtype of ``q``) and returns the term, broadcasting against the leading
+        axes (e.g. ``(H, rows, cols)``); needs ``positions``.
 
     Returns
     -------
@@ -222,88 +265,148 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
     """
     xp = array_api_compat.array_namespace(q, k, v)
     n, m = q.shape[-2], k.shape[-2]
-    if diagonal not in ("full", "half"):
-        raise ValueError(f"diagonal must be 'full' or 'half', got {diagonal!r}")
+    diagonal = validation.one_of(diagonal, "diagonal", ("full", "half"))
     if diagonal == "half" and (not causal or pattern is not None):
         raise ValueError("diagonal='half' only applies with causal=True and no pattern")
     if (causal or fallback_to_self) and n != m:
         raise ValueError(f"causal=True and fallback_to_self need as many queries as keys, got {n} and {m}")
-    index = None
-    if pattern is not None:
-        index = _RowIndex(pattern)
-        if index.shape[-2:] != (n, m):
-            raise ValueError(f"pattern must have shape (..., {n}, {m}), got {index.shape}")
+    if slopes is not None and bias is not None:
+        raise ValueError("pass slopes (ALiBi) or bias, not both")
     p = pk = None
-    if slopes is not None:
+    if slopes is not None or bias is not None:
         if positions is None:
-            raise ValueError("slopes (ALiBi) need positions=...")
+            raise ValueError(f"{'slopes (ALiBi)' if bias is None else 'bias'} need positions=...")
         p = _check_positions(positions, "positions")
         pk = p if key_positions is None else _check_positions(key_positions, "key_positions")
         if p.size != n or pk.size != m:
             raise ValueError(f"positions must have {n} entries and key_positions {m}, got {p.size} and {pk.size}")
+    if slopes is not None:
+        bias = slopes_bias(slopes)
     km = None
     if key_mask is not None:
         km = xp.asarray(key_mask)
         if km.dtype != xp.bool or km.ndim < 1 or km.shape[-1] != m:
             raise ValueError(f"key_mask must be a boolean array of shape (..., {m}), got {tuple(km.shape)}")
-    lead = math.prod(np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]))) or 1
-    if block is None:
-        width = index.max_row if index is not None else m
-        block = window_block_rows(width, lead)
-    elif isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
-        raise ValueError(f"block must be a positive integer, got {block!r}")
-    block = int(min(block, n)) if n else 1
-
+    if block is not None:
+        block = validation.integer(block, "block")
     w_host = None if weights is None else np.asarray(weights, dtype=np.float64)
     if w_host is not None and (w_host.shape != (m,) or not np.all(w_host > 0) or not np.all(np.isfinite(w_host))):
         raise ValueError(f"weights must be {m} positive finite numbers")
-    dtype = q.dtype
-    v_scale = None
-    if check:
-        leading = _leading(xp, beta, dtype)
-        q, scaled, k, v, v_scale = scale_safe_inputs(xp, q, k, v, leading)
-        beta = beta if scaled is leading else scaled  # rescaled: beta is folded into q
-    out = []
-    for a in range(0, n, block):
-        b = min(n, a + block)
-        if index is not None:
-            lo, hi, keep = index.slab(a, b)
+    engine = BandedAttention(n, m, pattern=pattern, weights=w_host, bias=bias, positions=(p, pk),
+                             causal=causal, diagonal=diagonal, block=block,
+                             fallback_to_self=fallback_to_self)
+    return engine(q, k, v, beta, key_mask=km, check=check)
+
+
+def slopes_bias(slopes):
+    r"""The ALiBi score term :math:`-m_h |p - p'|` as a ``bias`` for :class:`BandedAttention`:
+    ``slopes`` broadcast against the leading axes like ``beta``."""
+    def bias(difference):
+        xp = array_api_compat.array_namespace(difference)
+        return -(_leading(xp, slopes, difference.dtype) * xp.abs(difference))
+    return bias
+
+
+class BandedAttention:
+    r"""The banded engine, prepared once: a pattern's row index, weights, positions and bias.
+
+    Calls (``engine(q, k, v, beta, key_mask=None, check=False)``) run the blocks of
+    :func:`local_attention` without validating anything: the caller (a discretized attention
+    operator, or :func:`local_attention`) has checked the arguments once.
+
+    Parameters
+    ----------
+    n, m : int
+        Numbers of queries and keys.
+    pattern : sparse.COO of shape (..., n, m), optional
+        Kept entries; default every key (with ``causal``, keys :math:`j \le i`).
+    weights : ndarray (m,) of float64, optional
+        Positive key weights.
+    bias : callable, optional
+        ``bias(difference)``: the additive score term for the positions' differences
+        :math:`p_i - p'_j` (an array ``(rows, cols)`` in the namespace and dtype of ``q``),
+        broadcasting against the leading axes; needs ``positions``.
+    positions : tuple of two ndarrays (n,), (m,) or None
+    causal, diagonal, block, fallback_to_self
+        As in :func:`local_attention`.
+    """
+
+    def __init__(self, n, m, *, pattern=None, weights=None, bias=None, positions=(None, None),
+                 causal=False, diagonal="full", block=None, fallback_to_self=False):
+        self.index = None
+        if pattern is not None:
+            self.index = _RowIndex(pattern)
+            if self.index.shape[-2:] != (n, m):
+                raise ValueError(f"pattern must have shape (..., {n}, {m}), got {self.index.shape}")
+        self.n, self.m, self.weights, self.bias = n, m, weights, bias
+        self.p, self.pk = positions
+        self.causal, self.half, self.block = causal, diagonal == "half", block
+        self.fallback_to_self = fallback_to_self
+
+    def _block_rows(self, q, k) -> int:
+        if not self.n:
+            return 1
+        if self.block is not None:
+            return int(min(self.block, self.n))
+        lead = math.prod(np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]))) or 1
+        width = self.index.max_row if self.index is not None else self.m
+        return int(min(window_block_rows(width, lead), self.n))
+
+    def __call__(self, q, k, v, beta, key_mask=None, check=False):
+        xp = array_api_compat.array_namespace(q, k, v)
+        block, v_scale = self._block_rows(q, k), None
+        if check:
+            leading = _leading(xp, beta, q.dtype)
+            q, scaled, k, v, v_scale = scale_safe_inputs(xp, q, k, v, leading)
+            beta = beta if scaled is leading else scaled  # rescaled: beta is folded into q
+        out = [self._rows(xp, q, k, v, beta, key_mask, a, min(self.n, a + block))
+               for a in range(0, self.n, block)]
+        if not out:
+            return xp.zeros((*np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2])), 0, v.shape[-1]),
+                            dtype=q.dtype)
+        return times_pow2(xp, xp.concat(out, axis=-2) if len(out) > 1 else out[0], v_scale)
+
+    def _keep(self, xp, key_mask, a, b):
+        """``(lo, hi, keep)``: the key columns of rows [a, b) and their kept entries (or None)."""
+        causal = self.causal
+        if self.index is not None:
+            lo, hi, keep = self.index.slab(a, b)
         else:
-            lo, hi, keep = 0, (b if causal else m), None
+            lo, hi, keep = 0, (b if causal else self.m), None
         rows = np.arange(a, b)[:, None]
         cols = np.arange(lo, hi)[None, :]
-        if causal and index is not None:
+        if causal and self.index is not None:
             keep = keep & (cols <= rows)
         keep_x = None if keep is None else xp.asarray(keep)
-        if km is not None:
-            pad = km[..., None, lo:hi]
+        if key_mask is not None:
+            pad = key_mask[..., None, lo:hi]
             keep_x = pad if keep_x is None else (keep_x & pad)
-        if keep_x is not None and fallback_to_self:
+        if keep_x is not None and self.fallback_to_self:
             empty = ~xp.any(keep_x, axis=-1)
             if bool(xp.any(empty)):
                 inside = (rows >= lo) & (rows < hi)
                 if not bool(np.all(inside)):
                     raise ValueError("fallback_to_self needs each query's own key inside its slab")
                 keep_x = keep_x | (xp.asarray(cols == rows) & empty[..., None])
-        w = None if w_host is None else xp.asarray(w_host[lo:hi], dtype=dtype)
+        return lo, hi, keep_x
+
+    def _rows(self, xp, q, k, v, beta, key_mask, a, b):
+        """The attention output of the query rows [a, b)."""
+        lo, hi, keep_x = self._keep(xp, key_mask, a, b)
+        dtype = q.dtype
+        w = None if self.weights is None else xp.asarray(self.weights[lo:hi], dtype=dtype)
         qb, kb, vb = q[..., a:b, :], k[..., lo:hi, :], v[..., lo:hi, :]
-        if slopes is None:
-            if keep_x is None and causal:
-                out.append(quadrature_attention(qb, kb, vb, beta=beta, weights=w, mask=_causal_block(xp, a, b),
-                                                diagonal="full", **_QA_SKIP_CHECKS)
-                           if diagonal == "full" else
-                           _scored(xp, qb, kb, vb, beta, w, None, None, causal_rows=(a, lo), half=True))
-            else:
-                out.append(quadrature_attention(qb, kb, vb, beta=beta, weights=w, mask=keep_x,
-                                                **_QA_SKIP_CHECKS))
-        else:
-            distance = xp.asarray(np.abs(p[a:b, None] - pk[None, lo:hi]), dtype=dtype)
-            out.append(_scored(xp, qb, kb, vb, beta, w, keep_x, (slopes, distance),
-                               causal_rows=(a, lo) if causal else None, half=diagonal == "half"))
-    if not out:
-        return xp.zeros((*np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2])), 0, v.shape[-1]),
-                        dtype=dtype)
-    return times_pow2(xp, xp.concat(out, axis=-2) if len(out) > 1 else out[0], v_scale)
+        causal_rows = (a, lo) if self.causal else None
+        if self.bias is not None:
+            difference = xp.asarray(self.p[a:b, None] - self.pk[None, lo:hi], dtype=dtype)
+            return _scored(xp, qb, kb, vb, beta, w, keep_x, self.bias(difference),
+                           causal_rows=causal_rows, half=self.half)
+        if keep_x is None and self.causal:
+            if self.half:
+                return _scored(xp, qb, kb, vb, beta, w, None, None, causal_rows=causal_rows, half=True)
+            return quadrature_attention(qb, kb, vb, beta=beta, weights=w, mask=_causal_block(xp, a, b),
+                                        diagonal="full", **_QA_SKIP_CHECKS)
+        return quadrature_attention(qb, kb, vb, beta=beta, weights=w, mask=keep_x, **_QA_SKIP_CHECKS)
 
 
 def _causal_block(xp, a, b):
@@ -311,16 +414,16 @@ def _causal_block(xp, a, b):
     return xp.asarray(np.arange(b)[None, :] <= np.arange(a, b)[:, None])
 
 
-def _scored(xp, q, k, v, beta, w, keep, alibi, causal_rows=None, half=False):
-    """One block of softmax attention with an additive exponent term, rows normalized by their max."""
+def _scored(xp, q, k, v, beta, w, keep, bias, causal_rows=None, half=False):
+    """One block of softmax attention with an additive exponent term ``bias``, rows normalized
+    by their max."""
     dtype = q.dtype
     beta = _leading(xp, beta, dtype)
     s = (q * beta) @ xp.matrix_transpose(k)
     if w is not None:
         s = s + xp.log(w)
-    if alibi is not None:
-        slopes, distance = alibi
-        s = s - _leading(xp, slopes, dtype) * distance
+    if bias is not None:
+        s = s + bias
     if causal_rows is not None:
         a, lo = causal_rows
         r, c = s.shape[-2], s.shape[-1]

@@ -41,28 +41,97 @@ ALiBi (:class:`ALiBi`) adds :math:`-m_h |p(x) - p(x')|` to the exponent of head 
 kink on the diagonal :math:`x = x'`. The default slopes are the geometric sequence of the ALiBi
 paper, :math:`m_h = 2^{-8 (h + 1) / H}` for :math:`H` a power of two.
 
+Every relative encoding is a :class:`PositionEncoding`, which says what it contributes to the
+score :math:`s(x, x')`: a rotation of the queries and keys in the head-feature variable
+(:meth:`PositionEncoding.rotation`: :class:`RoPE`, :class:`AxialRoPE`) or an additive term in
+:math:`p(x) - p(x')` (:meth:`PositionEncoding.score_bias`: :class:`ALiBi`); :class:`NoPositions`
+contributes nothing. The attention operator asks the object, never its type, so a new encoding
+is one subclass.
+
 Absolute encodings are part of the input :math:`u_0`: :func:`sinusoidal_encoding` evaluates the
 sinusoidal table at any real position, and :func:`interpolate_table` evaluates a learned table
-between its integer rows by piecewise-linear interpolation.
+between its integer rows by piecewise-linear interpolation
+(:mod:`ctformer.operators.absolute_positions`).
 """
 from __future__ import annotations
 
 import hashlib
 import math
-from numbers import Real
 
+import array_api_compat
 import numpy as np
 
+from .. import validation
 from ..kernels import _to_host, cell_index
+from .absolute_positions import interpolate_table, sinusoidal_encoding
 
-__all__ = ["RoPE", "ALiBi", "alibi_slopes", "sinusoidal_encoding", "interpolate_table",
-           "check_paired_head_features"]
+__all__ = ["PositionEncoding", "NoPositions", "RoPE", "AxialRoPE", "ALiBi", "alibi_slopes",
+           "sinusoidal_encoding", "interpolate_table", "check_paired_head_features"]
+
+
+class PositionEncoding:
+    r"""How token positions enter the attention score (subclass to add an encoding).
+
+    An encoding contributes to :math:`s^h(x, x')` in one or both of two ways, and the attention
+    operator asks for each:
+
+    * :meth:`rotation`: tables :math:`(\cos\theta, \sin\theta)` that rotate the pairs
+      :math:`(\sigma, \sigma + 1/2)` of queries and keys in the head-feature variable before the
+      score (RoPE);
+    * :meth:`score_bias`: an additive term :math:`b_h(p(x) - p(x'))` of the exponent (ALiBi).
+      The banded engine evaluates it block by block, so a model with one is computed by
+      :func:`~ctformer.operators.local_attention.local_attention`.
+
+    Attributes
+    ----------
+    needs_positions : bool
+        Whether the grids must have a ``context_length`` (class attribute, default True).
+    """
+
+    needs_positions = True
+
+    def parameters(self) -> dict:
+        """Trainable arrays of the encoding: none by default (frequencies and slopes are
+        structure, pickled with the model)."""
+        return {}
+
+    def check_heads(self, heads: int) -> None:
+        """Refuse an attention of ``heads`` heads this encoding cannot serve (checked when the
+        attention operator is built); the default accepts any."""
+
+    def rotation(self, grids):
+        r"""``(cos, sin)``, each ``(N, d_h / 2)`` (host float64), rotating query and key pairs by
+        the angles :math:`\theta` at the token and pair nodes of ``grids``; ``None`` (the
+        default): no rotation."""
+        return None
+
+    def score_bias(self, heads: int):
+        r"""A callable ``bias(difference)`` for :math:`b_h(p(x) - p(x'))`, or ``None`` (the default).
+
+        ``difference`` is an array ``(rows, cols)`` of :math:`p(x_i) - p(x'_j)` in the namespace
+        and dtype of the state; the result broadcasts to ``(heads, rows, cols)`` (one term per
+        head) in that namespace and dtype.
+        """
+        return None
+
+
+class NoPositions(PositionEncoding):
+    r"""No relative positions: the score is :math:`\beta \int q k\, d\sigma` alone."""
+
+    needs_positions = False
+
+    def __repr__(self) -> str:
+        return "NoPositions()"
+
+    def __eq__(self, other):
+        return type(other) is NoPositions
+
+    def __hash__(self):
+        return hash(NoPositions)
 
 
 def _positive_number(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
+    return validation.real(value, name, positive=True)
 
 
 class _GeometricFrequencies:
@@ -119,7 +188,7 @@ def check_paired_head_features(disc, what: str = "RoPE") -> int:
     return half
 
 
-class RoPE:
+class RoPE(PositionEncoding):
     r"""Rotary positions: rotate query and key pairs :math:`(\sigma, \sigma + 1/2)` by :math:`\omega p`.
 
     Parameters
@@ -190,6 +259,8 @@ class RoPE:
     def tables(self, grids) -> tuple[np.ndarray, np.ndarray]:
         r"""``(cos, sin)`` of the angles :math:`\omega(\tau_i) p(x_n)`, shape ``(N, d_h / 2)``.
 
+        On a two-dimensional token domain the angles are those of :class:`AxialRoPE`.
+
         Raises
         ------
         ValueError
@@ -200,15 +271,40 @@ class RoPE:
         a, b = disc.domain
         tau = 2.0 * (np.asarray(disc.quadrature_nodes[:half], dtype=np.float64) - a) / (b - a)
         p = grids.positions()
-        if p.ndim == 1:
-            angles = p[:, None] * self.omega(tau)[None, :]
-        else:
-            # axial: pairs with tau < 1/2 turn with x1, the others with x2, each half of tau
-            # stretched to [0, 1) so that both axes see the whole frequency range
-            first = tau < 0.5
-            omega = self.omega(np.where(first, 2.0 * tau, 2.0 * tau - 1.0))
-            angles = np.where(first[None, :], p[:, :1], p[:, 1:]) * omega[None, :]
+        angles = self._angles(p, tau) if p.ndim == 1 else _axial_angles(self, p, tau)
         return np.cos(angles), np.sin(angles)
+
+    def _angles(self, p, tau):
+        return p[:, None] * self.omega(tau)[None, :]
+
+    def rotation(self, grids):
+        """The rotation tables on ``grids`` (:meth:`tables`)."""
+        return self.tables(grids)
+
+
+def _axial_angles(rope, p, tau):
+    """Axial angles: pairs with tau < 1/2 turn with x1, the others with x2, each half of tau
+    stretched to [0, 1) so that both axes see the whole frequency range."""
+    first = tau < 0.5
+    omega = rope.omega(np.where(first, 2.0 * tau, 2.0 * tau - 1.0))
+    return np.where(first[None, :], p[:, :1], p[:, 1:]) * omega[None, :]
+
+
+class AxialRoPE(RoPE):
+    r"""Two-dimensional (axial) RoPE of image patches, :math:`x = (x_1, x_2)`.
+
+    Pairs with :math:`\tau < 1/2` turn by :math:`\omega(2\tau)\, p_1(x)`, the others by
+    :math:`\omega(2\tau - 1)\, p_2(x)`, so the score depends on :math:`p_1 - p_1'` and
+    :math:`p_2 - p_2'`. The same as :class:`RoPE` on a two-dimensional token domain, and
+    refused on an interval. Parameters as :class:`RoPE`.
+    """
+
+    def __repr__(self) -> str:
+        return "Axial" + super().__repr__()
+
+    def _angles(self, p, tau):
+        raise ValueError("AxialRoPE rotates with the two positions of a two-dimensional token "
+                         "domain (image patches); these grids have one: use RoPE")
 
 
 def rotate(xp, q, cos, sin):
@@ -228,8 +324,7 @@ def alibi_slopes(heads: int) -> np.ndarray:
     For :math:`H` a power of two, :math:`m_h = 2^{-8 (h + 1) / H}`; otherwise the slopes of the
     largest power of two :math:`P < H`, followed by every other slope of :math:`2P` heads.
     """
-    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1:
-        raise ValueError(f"heads must be a positive integer, got {heads!r}")
+    heads = validation.integer(heads, "heads")
 
     def geometric(n):
         return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
@@ -241,7 +336,7 @@ def alibi_slopes(heads: int) -> np.ndarray:
     return np.array(slopes, dtype=np.float64)
 
 
-class ALiBi:
+class ALiBi(PositionEncoding):
     r"""ALiBi: add :math:`-m_h |p(x) - p(x')|` to the attention exponent of head :math:`h`.
 
     Parameters
@@ -286,75 +381,27 @@ class ALiBi:
             raise ValueError(f"ALiBi has {self.slopes.size} slopes; the attention has {heads} heads")
         return np.asarray(self.slopes)
 
+    def check_heads(self, heads: int) -> None:
+        """One slope per head (explicit slopes must match ``heads``)."""
+        self.slopes_for(heads)
 
-def sinusoidal_encoding(positions, features: int, base: float = 10000.0) -> np.ndarray:
-    r"""Sinusoidal position encodings at real positions (Vaswani et al. 2017).
-
-    .. math::  e(p)_{2i} = \sin(p\, \Theta^{-2i/d}), \qquad e(p)_{2i+1} = \cos(p\, \Theta^{-2i/d}),
-
-    an entire function of :math:`p`, so it can be evaluated at the positions of any token
-    discretization (e.g. ``grids.positions()``) and added to :math:`u_0`.
-
-    Parameters
-    ----------
-    positions : array_like of float
-        Positions :math:`p`, any shape.
-    features : int
-        :math:`d`, the number of encoding features (even or odd).
-    base : float
-        :math:`\Theta`, default 10000.
-
-    Returns
-    -------
-    ndarray of shape ``(*positions.shape, features)``
-    """
-    if isinstance(features, bool) or not isinstance(features, (int, np.integer)) or features < 1:
-        raise ValueError(f"features must be a positive integer, got {features!r}")
-    base = _positive_number(base, "base")
-    p = np.asarray(positions, dtype=np.float64)
-    if not np.all(np.isfinite(p)):
-        raise ValueError("positions must be finite")
-    i = np.arange(features) // 2
-    angles = p[..., None] * np.power(base, -2.0 * i / features)
-    return np.where(np.arange(features) % 2 == 0, np.sin(angles), np.cos(angles))
+    def score_bias(self, heads: int):
+        r""":math:`-m_h |p(x) - p(x')|` for the ``heads`` slopes."""
+        return _ALiBiBias(self.slopes_for(heads))
 
 
-def interpolate_table(table, positions) -> np.ndarray:
-    r"""A learned position table evaluated between its rows, by piecewise-linear interpolation.
+class _ALiBiBias:
+    """``bias(difference) = -m_h |difference|`` as an array (heads, rows, cols)."""
 
-    Row :math:`j` of the table is the encoding at the integer position :math:`j`. At a real
-    :math:`p \in [-1/2, P - 1/2]` (:math:`P` rows: the positions :math:`p(x)` of
-    :math:`X = [0, 1]` with :math:`L = P`) the value is the linear interpolant of the two
-    neighbouring rows, extended linearly over the half cells beyond the first and last rows.
+    def __init__(self, slopes):
+        self.slopes = slopes
+        self._cache = {}   # (namespace, dtype, device) -> slopes (heads, 1, 1)
 
-    The interpolant is continuous with kinks at the integers, so it is second-order accurate
-    for a smooth underlying function, and any token refinement that uses it converges at
-    order at most 2 (the kinks limit Gauss-Legendre as well as the midpoint rule).
-
-    Parameters
-    ----------
-    table : array_like of shape (P, d)
-        The learned rows (e.g. GPT-2 ``wpe.weight``), ``P >= 2``.
-    positions : array_like of float
-        Positions, any shape, within :math:`[-1/2, P - 1/2]`.
-
-    Returns
-    -------
-    ndarray of shape ``(*positions.shape, d)``
-
-    Raises
-    ------
-    ValueError
-        If the table has fewer than two rows or non-finite values, or a position lies outside
-        :math:`[-1/2, P - 1/2]`.
-    """
-    table = np.asarray(_to_host(table), dtype=np.float64)
-    if table.ndim != 2 or table.shape[0] < 2 or not np.all(np.isfinite(table)):
-        raise ValueError(f"table must be a finite (P, d) array with P >= 2 rows, got shape {table.shape}")
-    p = np.asarray(positions, dtype=np.float64)
-    rows = table.shape[0]
-    if not np.all(np.isfinite(p)) or p.size and (p.min() < -0.5 or p.max() > rows - 0.5):
-        raise ValueError(f"positions must lie in [-1/2, {rows - 0.5}] for a table of {rows} rows")
-    left = np.clip(np.floor(p), 0, rows - 2).astype(np.intp)
-    t = (p - left)[..., None]
-    return (1.0 - t) * table[left] + t * table[left + 1]
+    def __call__(self, difference):
+        xp = array_api_compat.array_namespace(difference)
+        device = array_api_compat.device(difference)
+        key = (xp.__name__, str(difference.dtype), str(device))
+        slopes = self._cache.get(key)
+        if slopes is None:
+            slopes = self._cache[key] = xp.asarray(self.slopes, dtype=difference.dtype, device=device)[:, None, None]
+        return -(slopes * xp.abs(difference))

@@ -1,0 +1,246 @@
+r"""The discretized attention operator: projections, positions and one attention engine.
+
+:meth:`ctformer.operators.Attention.discretize` builds, once per grids, what a flow
+evaluation needs: the packed projection matrices (:class:`~ctformer.operators.base.Constants`),
+the rotation tables of the position encoding, and the engine that the composed mask and the
+position encoding call for:
+
+* the **dense** engine, :func:`~ctformer.operators.quadrature_attention.quadrature_attention`
+  (batched or streamed), for no mask, the causal mask (only the lower triangle is computed) or
+  an explicit boolean pattern;
+* the **banded** engine, :class:`~ctformer.operators.local_attention.BandedAttention`, when
+  the mask has a finite band (:meth:`Mask.band`: only the columns inside it are visited) or
+  the position encoding adds a score term (:meth:`PositionEncoding.score_bias`, evaluated
+  block by block).
+
+A padding mask is composed with the operator's mask once, when a solve builds its split
+problem (:meth:`DiscretizedAttention.with_padding`); evaluating the flow then validates
+nothing and builds no mask.
+"""
+from __future__ import annotations
+
+import math
+
+import array_api_compat
+import numpy as np
+
+from ..backend import matmul_rows, namespace, plus_bias
+from .local_attention import BandedAttention, mask_pattern
+from .masks import Intersection
+from .positions import rotate
+from .quadrature_attention import quadrature_attention
+from .threads import by_row_blocks
+
+__all__ = ["DiscretizedAttention", "Layout", "plan_engine"]
+
+
+class Layout:
+    """The head layout of one discretized attention: heads, key/value heads, tokens, pair size."""
+
+    __slots__ = ("heads", "kv_heads", "groups", "n_tokens", "n_sigma")
+
+    def __init__(self, heads, kv_heads, n_tokens, n_sigma):
+        self.heads, self.kv_heads, self.groups = heads, kv_heads, heads // kv_heads
+        self.n_tokens, self.n_sigma = n_tokens, n_sigma
+
+    @property
+    def extra_axes(self) -> int:
+        """1 when grouped-query heads are laid out as (kv_heads, groups), else 0."""
+        return 1 if self.groups > 1 else 0
+
+
+def _structure(mask):
+    """``(causal, diagonal, explicit)`` of a mask without its padding: whether it orders the
+    tokens, its diagonal rule, and the product of its other parts (None when there are none)."""
+    parts = [] if mask is None else [m for m in mask.parts() if m.keys() is None]
+    causal = any(m.causal for m in parts)
+    diagonal = "half" if any(m.diagonal == "half" for m in parts) else "full"
+    explicit = [m for m in parts if not m.causal]
+    return causal, diagonal, (Intersection(*parts) if explicit else None)
+
+
+def _coordinates(grids, needs_positions: bool):
+    """The positions p(x) of the tokens, or their indices when only the order matters."""
+    if needs_positions:
+        return np.asarray(grids.positions(), dtype=np.float64)
+    return np.arange(grids.shape[0], dtype=np.float64)
+
+
+def plan_engine(mask, position, grids, layout: Layout, weights):
+    """The engine for a mask (without padding) and a position encoding on ``grids``.
+
+    Returns
+    -------
+    _DenseEngine or _BandedEngine
+    """
+    causal, diagonal, explicit = _structure(mask)
+    if causal and grids.tokens.dimension != 1:
+        raise ValueError(f"mask='causal' orders tokens on an interval; the token domain "
+                         f"{grids.tokens!r} is two-dimensional and has no causal order (and no "
+                         "convergence order for it): use mask=None")
+    bias = position.score_bias(layout.heads)
+    p = _coordinates(grids, bias is not None or (explicit is not None and explicit.needs_positions))
+    band = None if explicit is None else explicit.band(p, p)
+    if band is None and bias is None:
+        pattern = None if explicit is None else \
+            np.asarray(explicit.keep(p[:, None], p[None, :]), dtype=bool)
+        return _DenseEngine(causal, diagonal, pattern, layout)
+    pattern = None if explicit is None else mask_pattern(explicit, p)
+    if bias is not None and layout.groups > 1:
+        bias = _grouped(bias, layout)
+    engine = BandedAttention(layout.n_tokens, layout.n_tokens, pattern=pattern, weights=weights,
+                             bias=bias, positions=(p, p), causal=causal and pattern is None,
+                             diagonal=diagonal)
+    return _BandedEngine(engine, layout)
+
+
+def _grouped(bias, layout):
+    """A score term (heads, r, c) laid out as (kv_heads, groups, r, c)."""
+    def grouped(difference):
+        b = bias(difference)
+        return b.reshape(layout.kv_heads, layout.groups, *b.shape[-2:])
+    return grouped
+
+
+class _DenseEngine:
+    """quadrature_attention with the causal flag, an explicit pattern and/or padding keys."""
+
+    def __init__(self, causal, diagonal, pattern, layout, keep=None):
+        self.causal, self.diagonal, self.pattern, self.layout = causal, diagonal, pattern, layout
+        self.keep = keep   # the combined boolean mask (with padding), or None
+        self._converted = {}   # (array type, device) -> the pattern there
+
+    def _pattern_like(self, a):
+        """The explicit pattern in the namespace and on the device of ``a`` (converted once)."""
+        if type(a) is np.ndarray:
+            return self.pattern
+        device = array_api_compat.device(a)
+        key = (type(a), str(device))
+        found = self._converted.get(key)
+        if found is None:
+            found = self._converted[key] = namespace(a).asarray(self.pattern, device=device)
+        return found
+
+    def with_keys(self, real):
+        """The engine with the padding keys ``real`` (..., N) combined into one boolean mask."""
+        xp = namespace(real)
+        n = self.layout.n_tokens
+        keep = real[..., None, None, :]
+        if self.pattern is not None:
+            keep = keep & self._pattern_like(real)
+        elif self.causal:
+            rows = xp.arange(n, device=array_api_compat.device(real))
+            keep = keep & (rows[None, :] <= rows[:, None])
+        else:
+            keep = xp.broadcast_to(keep, (*keep.shape[:-2], n, n))
+        if self.layout.extra_axes:
+            keep = keep[..., None, :, :, :]
+        return _DenseEngine(self.causal, self.diagonal, self.pattern, self.layout, keep)
+
+    def __call__(self, q, k, v, beta, weights, check):
+        if self.keep is not None:
+            mask, diagonal = self.keep, "full"
+        elif self.pattern is not None:
+            mask, diagonal = self._pattern_like(q), "full"
+        else:
+            mask, diagonal = ("causal" if self.causal else None), self.diagonal
+        return quadrature_attention(q, k, v, beta=beta, weights=weights, mask=mask,
+                                    diagonal=diagonal, check=check)
+
+
+class _BandedEngine:
+    """BandedAttention with padding keys laid out against the head axes."""
+
+    def __init__(self, engine, layout, keys=None):
+        self.engine, self.layout, self.keys = engine, layout, keys
+
+    def with_keys(self, real):
+        """The engine with the padding keys ``real`` (..., N), reshaped once."""
+        xp = namespace(real)
+        keys = xp.reshape(real, (*real.shape[:-1], *([1] * (1 + self.layout.extra_axes)),
+                                 self.layout.n_tokens))
+        return _BandedEngine(self.engine, self.layout, keys)
+
+    def __call__(self, q, k, v, beta, weights, check):
+        return self.engine(q, k, v, beta, key_mask=self.keys, check=check)
+
+
+class DiscretizedAttention:
+    """``f(u, *, check=False)``: the attention operator on one grids, its mask composed.
+
+    ``u`` has shape ``(..., Nq_tokens, Nq_features)`` and is trusted (a solve validates its
+    state where it enters); ``check=True``, what :meth:`Attention.__call__` passes, evaluates
+    scale-safely and reports overflow by name. Holds the operator's constants, never the
+    operator.
+    """
+
+    __slots__ = ("constants", "layout", "rotation", "engine", "_project_qkv", "_project_out")
+
+    def __init__(self, constants, layout: Layout, rotation: bool, engine):
+        self.constants, self.layout, self.rotation, self.engine = constants, layout, rotation, engine
+        # the two projections are token-wise: large NumPy states run them by row blocks
+        self._project_qkv = by_row_blocks(
+            lambda v: plus_bias(matmul_rows(v, constants("QKV_t", v)), constants("b_QKV", v)),
+            width=constants.host["QKV_t"].shape[-1])
+        self._project_out = by_row_blocks(
+            lambda v: plus_bias(matmul_rows(v, constants("O", v)), constants("b_O", v)),
+            width=constants.host["O"].shape[-1])
+
+    def with_padding(self, real) -> "DiscretizedAttention":
+        """The same operator keeping only the keys ``real`` (bool ``(..., N)``, True = a real
+        token), combined with its mask here, once."""
+        return DiscretizedAttention(self.constants, self.layout, self.rotation,
+                                    self.engine.with_keys(real))
+
+    def __call__(self, u, *, check=False):
+        if not check:
+            return self._attend(u, False)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported by name
+            return self._attend(u, True)
+
+    def _attend(self, u, check):
+        xp, constants, L = namespace(u), self.constants, self.layout
+        heads, kv_heads, n_tokens, n_sigma = L.heads, L.kv_heads, L.n_tokens, L.n_sigma
+        qkv = self._project_qkv(u)
+        lead = tuple(u.shape[:-2])
+        # one reshape and one axis move for all projections: (..., H + 2 H_kv, N, d_h)
+        qkv = _swap_heads_tokens(xp, xp.reshape(qkv, (*lead, n_tokens, heads + 2 * kv_heads, n_sigma)))
+        q, k, v = qkv[..., :heads, :, :], qkv[..., heads:heads + kv_heads, :, :], \
+            qkv[..., heads + kv_heads:, :, :]
+        if self.rotation:
+            cos, sin = constants("cos", u), constants("sin", u)
+            q, k = rotate(xp, q, cos, sin), rotate(xp, k, cos, sin)
+        if check:
+            for name, a in (("query", q), ("key", k), ("value", v)):
+                _refuse_overflow(xp, a, u, f"the {name} projection")
+        if L.groups > 1:  # head h = g * groups + r reads key/value head g (no copies)
+            q = xp.reshape(q, (*lead, kv_heads, L.groups, n_tokens, n_sigma))
+            k, v = k[..., None, :, :], v[..., None, :, :]
+        attended = self.engine(q, k, v, constants("beta", u), constants("w_tokens", u), check)
+        if L.groups > 1:
+            attended = xp.reshape(attended, (*attended.shape[:-4], heads, n_tokens, n_sigma))
+        # concatenate heads along the features and contract with the stacked W_O
+        concat = xp.reshape(_swap_heads_tokens(xp, attended), (*attended.shape[:-3], n_tokens, -1))
+        out = self._project_out(concat)
+        if check:
+            _refuse_overflow(xp, out, u, "the output projection")
+        return out
+
+
+def _refuse_overflow(xp, a, u, what: str) -> None:
+    """FloatingPointError when ``a`` (computed from the finite ``u``) is not finite: the
+    exact values exceed the dtype's range, a property of the inputs and the weights."""
+    if bool(xp.all(xp.isfinite(a))):
+        return
+    scale = float(xp.max(xp.abs(u))) if math.prod(u.shape) else 0.0
+    wider = "" if "float64" in str(u.dtype) else " or compute in float64"
+    raise FloatingPointError(
+        f"{what} of u overflow {u.dtype}: max |u| = {scale:.3g} times the kernels exceeds the "
+        f"largest {u.dtype} number, so the result is not representable; scale u down{wider}")
+
+
+def _swap_heads_tokens(xp, a):
+    """Swap the axes -3 and -2 ((..., N, H, d) <-> (..., H, N, d)); a view for NumPy."""
+    if type(a) is np.ndarray:
+        return a.swapaxes(-3, -2)  # 10x cheaper than moveaxis's axis normalization
+    return xp.moveaxis(a, -2, -3)

@@ -1,0 +1,268 @@
+r"""Attention masks: which keys :math:`x'` a query :math:`x` keeps.
+
+Attention integrates over the keys a mask :math:`m(x, x') \in \{0, 1\}` keeps,
+
+.. math::  \gamma(x, x') = \frac{m(x, x')\, e^{s(x, x')}}{\int_X m(x, x'')\, e^{s(x, x'')}\, dx''}.
+
+A mask is a small value object (:class:`Mask`); masks combine with ``&`` (the product of
+their indicator functions, :class:`Intersection`):
+
+* :class:`Causal`: :math:`m = 1\{x' \le x\}` (tokens on an interval), with its rule for the
+  diagonal cell (``"full"``, or ``"half"``: weight :math:`w_i / 2`, second order on midpoint
+  nodes);
+* :class:`SlidingWindow`: :math:`m = 1\{|p(x) - p(x')| < W\}` with the positions :math:`p`
+  (:meth:`ctformer.Grids.positions`); ``Causal() & SlidingWindow(W)`` is the window of Mistral
+  and Qwen2, :math:`0 \le p(x) - p(x') < W`;
+* :class:`Padding`: the keys that are real tokens of a padded batch (data of one solve, not
+  structure of the model).
+
+A mask says what it keeps, :meth:`Mask.keep`, a function of the positions of a query and a key
+evaluated pairwise (broadcasting), and, where it has compact support, :meth:`Mask.band`: the
+range of key columns outside which a query keeps nothing. The attention operator combines its
+masks once per discretization (and the padding once per solve) and lets the combined mask pick
+the engine: a finite band is computed by the banded engine
+(:func:`~ctformer.operators.local_attention.local_attention`, :math:`O(N W)`), anything else by
+the dense or streamed quadrature kernel.
+
+Writing a new mask is one class: subclass :class:`Mask`, implement :meth:`~Mask.keep` (and
+:meth:`~Mask.band` if the mask has compact support), and pass it as
+``Attention(..., mask=MyMask() & Causal())``.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from .. import validation
+
+__all__ = ["Mask", "Causal", "SlidingWindow", "Padding", "Intersection"]
+
+DIAGONALS = ("full", "half")
+
+
+class Mask:
+    r"""A mask :math:`m(x, x') \in \{0, 1\}` of attention (subclass and implement :meth:`keep`).
+
+    Attributes
+    ----------
+    causal : bool
+        Whether the mask keeps only :math:`x' \le x` (class attribute; :class:`Causal`). The
+        engines then compute only the lower triangle, and the token domain must be an interval.
+    needs_positions : bool
+        Whether :meth:`keep` and :meth:`band` read the positions :math:`p(x)` (the grids then
+        need a ``context_length``). When False they receive the token indices, which order the
+        tokens as their positions do. Default True.
+    diagonal : {"full", "half"}
+        Weight of the diagonal cell with :class:`Causal`; ``"full"`` for every other mask.
+    """
+
+    causal: ClassVar[bool] = False
+    needs_positions: ClassVar[bool] = True
+    diagonal: str = "full"
+
+    def keep(self, p, p_key):
+        r"""Whether the query at ``p`` keeps the key at ``p_key`` (broadcasting, boolean).
+
+        Parameters
+        ----------
+        p, p_key : ndarray of float64
+            Query and key positions (or token indices when ``needs_positions`` is False),
+            shapes broadcasting against each other, e.g. ``(N, 1)`` and ``(1, M)``.
+
+        Returns
+        -------
+        bool ndarray of the broadcast shape
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement keep(p, p_key)")
+
+    def band(self, p, p_key):
+        """``(lo, hi)``: for each query, the key columns ``[lo, hi)`` outside which it keeps
+        nothing; ``None`` (the default): no such band, every key may be kept.
+
+        ``p`` (N,) and ``p_key`` (M,) are increasing. A mask with a band is computed by the
+        banded engine, visiting only those columns.
+        """
+        return None
+
+    def keys(self):
+        """Boolean array ``(..., M)`` of the keys every query may keep (a padding mask), or
+        ``None`` (the default: the mask acts only through :meth:`keep`)."""
+        return None
+
+    def parts(self) -> tuple:
+        """The masks whose product this mask is (itself, for a single mask)."""
+        return (self,)
+
+    def __and__(self, other):
+        if not isinstance(other, Mask):
+            return NotImplemented
+        return Intersection(*self.parts(), *other.parts())
+
+    def __eq__(self, other):
+        if type(self) is not type(other):
+            return False
+        try:
+            return bool(self.__dict__ == other.__dict__)
+        except (TypeError, ValueError):  # attributes that compare elementwise (arrays)
+            return self is other
+
+    def __hash__(self):
+        return hash(type(self))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable; build a new mask")
+
+
+class Causal(Mask):
+    r"""The causal mask :math:`m(x, x') = 1\{x' \le x\}`.
+
+    Parameters
+    ----------
+    diagonal : {"full", "half"}
+        Weight of the diagonal cell: ``"full"`` (the standard causal mask, a first-order
+        quadrature of :math:`\int_0^x`) or ``"half"`` (weight :math:`w_i / 2`, second order
+        on midpoint nodes). ``"half"`` combines with no other mask.
+    """
+
+    causal: ClassVar[bool] = True
+    needs_positions: ClassVar[bool] = False
+
+    def __init__(self, diagonal: str = "full"):
+        object.__setattr__(self, "diagonal", validation.one_of(diagonal, "diagonal", DIAGONALS))
+
+    def __repr__(self) -> str:
+        return "Causal()" if self.diagonal == "full" else f"Causal(diagonal={self.diagonal!r})"
+
+    def keep(self, p, p_key):
+        return np.asarray(p_key) <= np.asarray(p)
+
+
+class SlidingWindow(Mask):
+    r"""The window :math:`m(x, x') = 1\{|p(x) - p(x')| < W\}` of width :math:`W` in positions.
+
+    ``Causal() & SlidingWindow(W)`` keeps :math:`0 \le p(x) - p(x') < W` (HuggingFace
+    ``sliding_window``). Both ends are decided with a tolerance of 1000 units in the last
+    place of the largest position, so positions that are integers up to rounding select
+    exactly the discrete window.
+
+    Parameters
+    ----------
+    width : float
+        :math:`W > 0`, finite.
+    """
+
+    def __init__(self, width):
+        object.__setattr__(self, "width", validation.real(width, "width (of the sliding window)",
+                                                          positive=True))
+
+    def __repr__(self) -> str:
+        return f"SlidingWindow({self.width!r})"
+
+    def _tolerance(self, p, p_key) -> float:
+        largest = max(1.0, self.width, float(np.abs(p).max(initial=0.0)),
+                      float(np.abs(p_key).max(initial=0.0)))
+        return 1000 * np.finfo(np.float64).eps * largest
+
+    def keep(self, p, p_key):
+        p, p_key = np.asarray(p, dtype=np.float64), np.asarray(p_key, dtype=np.float64)
+        tol = self._tolerance(p, p_key)
+        return (p_key > p - self.width + tol) & (p_key < p + self.width - tol)
+
+    def band(self, p, p_key):
+        tol = self._tolerance(p, p_key)
+        return (np.searchsorted(p_key, p - self.width + tol, side="right"),
+                np.searchsorted(p_key, p + self.width - tol, side="left"))
+
+
+class Padding(Mask):
+    r"""The keys that are real tokens: :math:`m(x, x') = \mathrm{real}(x')` for each sequence.
+
+    Parameters
+    ----------
+    real : bool array of shape (..., N)
+        True for a real token (the HuggingFace ``attention_mask`` convention), in the namespace
+        and on the device of the state. Validated where it enters (a solve, or
+        :meth:`ctformer.operators.Attention.__call__`).
+    """
+
+    needs_positions: ClassVar[bool] = False
+
+    def __init__(self, real):
+        object.__setattr__(self, "real", real)
+
+    def __repr__(self) -> str:
+        return f"Padding(shape {tuple(self.real.shape)})"
+
+    def __eq__(self, other):
+        return self is other
+
+    __hash__ = object.__hash__
+
+    def keep(self, p, p_key):
+        return np.ones(np.broadcast_shapes(np.shape(p), np.shape(p_key)), dtype=bool)
+
+    def keys(self):
+        return self.real
+
+
+class Intersection(Mask):
+    r"""The product :math:`m = m_1 m_2 \cdots` of masks: ``Causal() & SlidingWindow(64)``.
+
+    Raises
+    ------
+    ValueError
+        With ``Causal(diagonal="half")`` and another mask (the half-weight diagonal belongs to
+        the plain causal integral).
+    """
+
+    def __init__(self, *masks):
+        flat = []
+        for m in masks:
+            if not isinstance(m, Mask):
+                raise TypeError(f"masks must be Mask objects, got {type(m).__name__}")
+            flat.extend(part for part in m.parts() if not any(part is f for f in flat))
+        half = [m for m in flat if m.diagonal == "half"]
+        if half and len(flat) > 1:
+            raise ValueError(f"{half[0]!r} combines with no other mask (got {flat!r}); use "
+                             "Causal() (diagonal='full')")
+        object.__setattr__(self, "masks", tuple(flat))
+
+    @property
+    def causal(self) -> bool:  # noqa: D401 - the contract attribute
+        return any(m.causal for m in self.masks)
+
+    @property
+    def needs_positions(self) -> bool:
+        return any(m.needs_positions for m in self.masks)
+
+    @property
+    def diagonal(self) -> str:
+        return "half" if any(m.diagonal == "half" for m in self.masks) else "full"
+
+    def __repr__(self) -> str:
+        return " & ".join(repr(m) for m in self.masks)
+
+    def parts(self) -> tuple:
+        return self.masks
+
+    def keep(self, p, p_key):
+        kept = np.ones(np.broadcast_shapes(np.shape(p), np.shape(p_key)), dtype=bool)
+        for m in self.masks:
+            kept &= m.keep(p, p_key)
+        return kept
+
+    def band(self, p, p_key):
+        bands = [b for b in (m.band(p, p_key) for m in self.masks) if b is not None]
+        if not bands:
+            return None
+        return (np.max([lo for lo, _ in bands], axis=0), np.min([hi for _, hi in bands], axis=0))
+
+    def keys(self):
+        real = [k for k in (m.keys() for m in self.masks) if k is not None]
+        if not real:
+            return None
+        keys = real[0]
+        for k in real[1:]:
+            keys = keys & k
+        return keys
