@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 import warnings
 
 import numpy as np
@@ -330,3 +331,37 @@ def test_limit_report_gpt2_and_albert():
         limit_report("t5")
     with pytest.raises(ValueError, match="pretrained=True"):
         limit_report("gpt2", pretrained=True)
+
+
+# -- the registry --------------------------------------------------------------------------------
+def test_a_bridge_added_to_the_registry_reaches_from_hf_and_its_refusal(monkeypatch):
+    """One entry of BRIDGES is a new family: from_hf converts it, its refusal lists it.
+
+    The new family is GPT-2 with its language-model head, converted through the base model:
+    the continuous model's discrete limit is the head model's last hidden state. A class the
+    installed transformers lacks is skipped in dispatch and message alike.
+    """
+    torch = require("torch")
+    t = require("transformers")
+    from ctformer.bridges import from_gpt2, from_hf, hf
+
+    config = t.GPT2Config(vocab_size=32, n_positions=16, n_embd=8, n_layer=2, n_head=2, n_inner=12,
+                          bos_token_id=0, eos_token_id=0)
+    lm = _randomize(torch, t.GPT2LMHeadModel(config).double().eval(), 3, conv1d=True)
+    old = ("BertModel, BertEncoder, GPT2Model, LlamaModel, MistralModel, Qwen2Model, AlbertModel, "
+           "ViTModel (base models")
+    with pytest.raises(TypeError, match=re.escape(old)):
+        from_hf(lm)
+    monkeypatch.setitem(hf.BRIDGES, "gpt2-lm", hf.Bridge(("GPT2LMHeadModel", "NoSuchModel"),
+                                                         lambda model: from_gpt2(model.transformer)))
+    x = np.random.default_rng(3).standard_normal((2, 6, 8))
+    mask = _padding(2, 6, 0)
+    with torch.no_grad():
+        out = lm(inputs_embeds=torch.from_numpy(x), attention_mask=torch.from_numpy(mask.astype(np.int64)),
+                 output_hidden_states=True)
+    hidden = [h.numpy() for h in out.hidden_states]
+    assert rel_err(from_hf(lm).run(hidden[0], padding_mask=mask), hidden[-1], mask) < TOL
+    with pytest.raises(TypeError, match=re.escape(old.replace("ViTModel", "ViTModel, GPT2LMHeadModel"))):
+        from_hf(torch.nn.Linear(2, 2))
+    assert "gpt2-lm" not in hf.small_models()  # no small network: not a limit_report choice
+    assert hf.small_models() == ("bert", "gpt2", "llama", "albert")

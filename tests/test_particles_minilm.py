@@ -85,11 +85,11 @@ def test_cluster_report(study):
 
 def test_continuous_model_depth_refinement_is_first_order():
     """Lie splitting is first order in dt = 1/k: successive differences halve."""
-    from ctformer.particles.minilm import _smooth_initial, continuous_model_clustering
+    from ctformer.particles.minilm import continuous_model_clustering
 
     runs = continuous_model_clustering((1, 2, 4, 8, 16), layers=2, n_tokens=12, n_features=12)
-    x, y = (np.arange(12) + 0.5) / 12, (np.arange(12) + 0.5) / 12
-    u0 = _smooth_initial(x[:, None], y[None, :])
+    x, y = (np.arange(12)[:, None] + 0.5) / 12, (np.arange(12)[None, :] + 0.5) / 12
+    u0 = np.cos(4 * y + 1.5 * np.sin(np.pi * x + 0.5)) + 0.3 * np.sin(np.pi * x * y)  # written out
     np.testing.assert_allclose(runs[1].states[0], u0 / np.linalg.norm(u0, axis=1, keepdims=True), atol=1e-15)
     ks = [1, 2, 4, 8]
     gaps = [np.abs(runs[k].states[-1] - runs[2 * k].states[-1]).max() for k in ks]

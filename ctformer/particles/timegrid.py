@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import array_api_compat
 import numpy as np
 
 from ..model_inputs import check_step_count
+from ..validation import integer, is_real
 
 __all__ = ["SolveInterrupted", "Trajectory", "check_finite", "saved_count", "available_bytes",
            "check_memory", "time_steps", "march"]
@@ -132,7 +132,7 @@ def check_memory(count: int, like, save_every: int, steps: int) -> None:
 
 
 def _real_number(value, name: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Real):
+    if not is_real(value):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     return float(value)
 
@@ -147,7 +147,7 @@ def time_steps(t1, dt, save_every) -> tuple[int, float]:
     Raises
     ------
     TypeError
-        If ``t1`` or ``dt`` is not a real number.
+        If ``t1`` or ``dt`` is not a real number, or ``save_every`` not an integer.
     ValueError
         If ``t1`` is not finite and >= 0, ``dt`` not finite and > 0, ``save_every`` not a
         positive integer, or :math:`t_1 / \Delta t` exceeds the step limit
@@ -159,8 +159,7 @@ def time_steps(t1, dt, save_every) -> tuple[int, float]:
         raise ValueError(f"t1 must be finite and >= 0, got {t1}")
     if not (math.isfinite(dt) and dt > 0):
         raise ValueError(f"dt must be finite and > 0, got {dt}")
-    if isinstance(save_every, (bool, np.bool_)) or not isinstance(save_every, Integral) or save_every < 1:
-        raise ValueError(f"save_every must be a positive integer, got {save_every!r}")
+    integer(save_every, "save_every")
     with np.errstate(over="ignore"):
         ratio = float(np.float64(t1) / np.float64(dt))  # inf when t1 / dt overflows
     check_step_count(ratio * (1 - 1e-12), f"t1 / dt = {t1:.6g} / {dt:.6g}")
