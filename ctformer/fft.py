@@ -41,6 +41,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .environment import positive_int
+from .validation import integer
 
 __all__ = ["PlannedFFT", "planner_effort", "fft_threads", "fft_engine"]
 
@@ -299,9 +300,7 @@ def _axis(axis, ndim):
 
 
 def _length(n):
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
-    return int(n)
+    return integer(n, "n")
 
 
 def _fit(x, length, axis):

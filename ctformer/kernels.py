@@ -34,16 +34,16 @@ from __future__ import annotations
 
 import abc
 import math
-from numbers import Integral, Real
 from typing import Callable
 
 import array_api_compat
 import numpy as np
 
+from . import validation
 from .backend import _cached, backend_of, constant, to_host
 
 __all__ = ["Kernel", "PiecewiseConstant", "Smooth", "SmoothRandom", "Convolution", "cell_index",
-           "read_only", "read_only_parameters"]
+           "read_only", "read_only_parameters", "callable_parameters"]
 
 
 def cell_index(points, domain, cells: int) -> np.ndarray:
@@ -107,6 +107,19 @@ def read_only(value):
 def read_only_parameters(parameters) -> dict:
     """A ``parameters()`` mapping with every host array a read-only view (:func:`read_only`)."""
     return {name: read_only(value) for name, value in dict(parameters).items()}
+
+
+def callable_parameters(function) -> dict:
+    """The numbers of a user's function: its own ``parameters()`` (read-only views) if it has
+    that method, else ``{}``.
+
+    A kernel's function, a convolution profile or a feature function may be a plain Python
+    function (no numbers of its own) or an object with a ``parameters()`` method returning a
+    mapping ``name -> array`` (a parametrized function, whose numbers ``with_parameters``
+    replaces); this is the one place that tells the two apart.
+    """
+    own = getattr(function, "parameters", None)
+    return read_only_parameters(own()) if callable(own) else {}
 
 
 def _reference_points(disc) -> np.ndarray:
@@ -373,8 +386,7 @@ class Smooth(Kernel):
 
     def parameters(self) -> dict:
         """The function's own ``parameters()`` (read-only views), if it has any."""
-        own = getattr(self.function, "parameters", None)
-        return read_only_parameters(own()) if callable(own) else {}
+        return callable_parameters(self.function)
 
     def evaluate(self, s, t):
         from .discretizations.base import real_host_array
@@ -411,22 +423,17 @@ class SmoothRandom(Kernel):
 
     Raises
     ------
+    TypeError
+        For a seed or modes that is not an integer, a decay or scale that is not a real number.
     ValueError
-        For a negative or non-integer seed, a non-integer modes, modes < 1, negative or non-finite decay, or a
-        non-finite scale.
+        For a negative seed, modes < 1, a negative or non-finite decay, or a non-finite scale.
     """
 
     def __init__(self, seed: int, modes: int = 4, decay: float = 2.0, scale: float = 1.0):
-        if isinstance(seed, bool) or not isinstance(seed, Integral) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer (a seed of "
-                             f"numpy.random.default_rng), got {seed!r}")
-        if isinstance(modes, bool) or not isinstance(modes, Integral) or modes < 1:
-            raise ValueError(f"modes must be a positive integer, got {modes!r}")
-        if not isinstance(decay, Real) or not math.isfinite(decay) or decay < 0:
-            raise ValueError(f"decay must be a finite number >= 0, got {decay!r}")
-        if not isinstance(scale, Real) or not math.isfinite(scale):
-            raise ValueError(f"scale must be a finite number, got {scale!r}")
-        self.seed, self.modes, self.decay, self.scale = int(seed), int(modes), float(decay), float(scale)
+        self.seed = validation.integer(seed, "seed", minimum=0)
+        self.modes = validation.integer(modes, "modes")
+        self.decay = validation.real(decay, "decay", nonnegative=True)
+        self.scale = validation.real(scale, "scale")
         rng = np.random.default_rng(self.seed)
         p = np.arange(self.modes)
         coeffs = rng.standard_normal((self.modes, self.modes)) * (1.0 + p[:, None] + p[None, :]) ** -self.decay
@@ -519,8 +526,7 @@ class Convolution(Kernel):
 
     def parameters(self) -> dict:
         """The profile's own ``parameters()`` (read-only views), if it has any."""
-        own = getattr(self.profile, "parameters", None)
-        return read_only_parameters(own()) if callable(own) else {}
+        return callable_parameters(self.profile)
 
     def evaluate(self, s, t):
         z = np.asarray(s, dtype=np.float64) - np.asarray(t, dtype=np.float64)

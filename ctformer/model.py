@@ -34,10 +34,9 @@ import numpy as np
 from . import solvers
 from .discretizations import Discretization, Midpoint, as_discretization
 from .kernels import is_host
-from .operators.base import has_host_parameters
+from .operators.base import check_normalization, has_host_parameters
 from .operators.functions import assign_parameter, named_parameters
-from .model_inputs import (as_state_array, check_padding_mask, check_steps, renamed_keyword,
-                           warn_renamed)
+from .model_inputs import as_state_array, check_padding_mask, check_steps
 from .random_models import random_layers
 from .solvers import InconsistentDepthLimitWarning
 from .state import Grids
@@ -107,11 +106,6 @@ def _check_tensor_kinds(params: dict) -> None:
                 "device")
 
 
-def _is_projection(normalization) -> bool:
-    """Whether a normalization operator is idempotent (a true projection)."""
-    return normalization is None or bool(getattr(normalization, "is_projection", False))
-
-
 class Block:
     r"""One layer of the continuous Transformer: attention and feed-forward sub-flows.
 
@@ -121,11 +115,11 @@ class Block:
         The attention operator :math:`\mathrm{Attn}`; ``None`` drops the sub-flow.
     feedforward : ctformer.operators.FeedForward or None
         The feed-forward operator :math:`F`; ``None`` drops the sub-flow.
-    normalization1, normalization2 : normalization operator or None
-        :class:`ctformer.operators.LayerNormProjection`,
-        :class:`ctformer.operators.SphereProjection` or ``None`` (identity).
+    normalization1, normalization2 : ctformer.operators.Normalization or None
+        :class:`ctformer.operators.LayerNormProjection`, :class:`ctformer.operators.RMSNorm`,
+        :class:`ctformer.operators.SphereProjection`, a user's subclass of
+        :class:`ctformer.operators.Normalization`, or ``None`` (identity).
         ``normalization1`` belongs to attention, ``normalization2`` to the feed-forward.
-        (``norm1``/``norm2`` are deprecated names.)
     placement : {"pre", "post", "none"}
         Where the normalizations act:
 
@@ -140,12 +134,13 @@ class Block:
     ValueError
         For an unknown placement, a block without sub-flows, or normalizations with
         ``"none"``.
+    TypeError
+        For a normalization that is not a :class:`ctformer.operators.Normalization`, naming
+        the argument.
     """
 
     def __init__(self, attention=None, feedforward=None, normalization1=None, normalization2=None,
-                 placement="pre", *, norm1=None, norm2=None):
-        normalization1 = renamed_keyword("norm1", norm1, "normalization1", normalization1)
-        normalization2 = renamed_keyword("norm2", norm2, "normalization2", normalization2)
+                 placement="pre"):
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
         if attention is None and feedforward is None:
@@ -153,23 +148,13 @@ class Block:
         if placement == "none" and (normalization1 is not None or normalization2 is not None):
             raise ValueError("placement='none' takes no normalizations; pass normalization1=None "
                              "and normalization2=None")
+        normalization1 = check_normalization(normalization1, "normalization1")
+        normalization2 = check_normalization(normalization2, "normalization2")
         self.attention = attention
         self.feedforward = feedforward
         self.normalization1 = normalization1
         self.normalization2 = normalization2
         self.placement = placement
-
-    @property
-    def norm1(self):
-        """Deprecated name of :attr:`normalization1`."""
-        warn_renamed("Block.norm1", "Block.normalization1")
-        return self.normalization1
-
-    @property
-    def norm2(self):
-        """Deprecated name of :attr:`normalization2`."""
-        warn_renamed("Block.norm2", "Block.normalization2")
-        return self.normalization2
 
     def __repr__(self) -> str:
         return (f"Block(attention={self.attention!r}, feedforward={self.feedforward!r}, "
@@ -178,10 +163,11 @@ class Block:
 
     @property
     def is_consistent_in_depth(self) -> bool:
-        """False for a post-norm block whose normalizations are not idempotent projections."""
+        """False for a post-norm block with a normalization that is not idempotent
+        (:attr:`ctformer.operators.Normalization.is_idempotent`)."""
         if self.placement != "post":
             return True
-        return _is_projection(self.normalization1) and _is_projection(self.normalization2)
+        return all(n is None or n.is_idempotent for n in (self.normalization1, self.normalization2))
 
     def parameters(self) -> dict:
         """Named arrays of every parameter of the block (see :meth:`ContinuousTransformer.parameters`)."""
@@ -243,9 +229,8 @@ class ContinuousTransformer:
     ----------
     blocks : sequence of Block
         Layer :math:`l` (parameters constant on :math:`[l, l + 1)`).
-    final_normalization : normalization operator or None
+    final_normalization : ctformer.operators.Normalization or None
         Applied once at :math:`t = T` (pre-norm networks with a final LayerNorm).
-        (``final_norm`` is a deprecated name.)
     head_features, hidden : Discretization or None
         Default discretizations of the head-feature variable :math:`\sigma` and the FFN
         variable :math:`r` (a converted torch model stores ``Midpoint(d_h)`` and
@@ -266,9 +251,7 @@ class ContinuousTransformer:
     """
 
     def __init__(self, blocks: Sequence[Block], final_normalization=None, head_features=None,
-                 hidden=None, features=None, *, context_length=None, final_norm=None):
-        final_normalization = renamed_keyword("final_norm", final_norm, "final_normalization",
-                                              final_normalization)
+                 hidden=None, features=None, *, context_length=None):
         blocks = list(blocks)
         if not blocks:
             raise ValueError("blocks must contain at least one Block")
@@ -279,17 +262,11 @@ class ContinuousTransformer:
             if disc is not None and not isinstance(disc, Discretization):
                 raise TypeError(f"{name} must be a Discretization or None, got {type(disc).__name__}")
         self.blocks = blocks
-        self.final_normalization = final_normalization
+        self.final_normalization = check_normalization(final_normalization, "final_normalization")
         self.head_features = head_features
         self.hidden = hidden
         self.features = features
         self.context_length = context_length
-
-    @property
-    def final_norm(self):
-        """Deprecated name of :attr:`final_normalization`."""
-        warn_renamed("ContinuousTransformer.final_norm", "ContinuousTransformer.final_normalization")
-        return self.final_normalization
 
     def __repr__(self) -> str:
         placements = sorted({b.placement for b in self.blocks})
@@ -423,7 +400,7 @@ class ContinuousTransformer:
     # -- evolution -----------------------------------------------------------------------
     def solve(self, u0, *, tokens, features, head_features=None, hidden=None, scheme="lie",
               steps_per_layer=1, trajectory=False, padding_mask=None, context_length=None,
-              checkpoint=False, key_mask=None):
+              checkpoint=False):
         r"""Evolve :math:`u_0` from :math:`t = 0` to :math:`t = T`.
 
         Parameters
@@ -448,7 +425,6 @@ class ContinuousTransformer:
             only the final state. The final normalization (if any) is applied to the last entry.
         padding_mask : bool array of shape (..., N), optional
             Attention keeps only keys where True (padding masks of real batches).
-            (``key_mask`` is a deprecated name.)
         context_length : float, optional
             Overrides the model's reference length :math:`L` of positions.
         checkpoint : bool
@@ -480,7 +456,6 @@ class ContinuousTransformer:
         -----
         The state is validated once, here; the time loop checks finiteness once per layer.
         """
-        padding_mask = renamed_keyword("key_mask", key_mask, "padding_mask", padding_mask)
         steps = check_steps(steps_per_layer, len(self.blocks))
         integrator = solvers.get(scheme)
         if steps > 1 and self.warns_inconsistent_depth:
@@ -523,7 +498,7 @@ class ContinuousTransformer:
         grids.validate(u, "u0")
         return u, grids
 
-    def run(self, x, padding_mask=None, *, mask=None):
+    def run(self, x, padding_mask=None):
         r"""The discrete network: midpoint grids, ``lie``, one step per layer.
 
         Parameters
@@ -534,7 +509,6 @@ class ContinuousTransformer:
         padding_mask : array of shape (N,) or (B, N), optional
             Padding mask, boolean or 0/1, with 1 for a real token (the HuggingFace
             ``attention_mask`` convention; the opposite of torch's ``src_key_padding_mask``).
-            (``mask`` is a deprecated name.)
 
         Returns
         -------
@@ -553,8 +527,6 @@ class ContinuousTransformer:
         :math:`1/n`, so the kernel matrices are the torch weights, uniform token weights cancel
         in the softmax and one Lie step of size 1 is one block (design notes, section 2).
         """
-        padding_mask = renamed_keyword("mask", mask, "padding_mask", padding_mask,
-                                       where="run")
         x = as_state_array(x, "x")
         if x.ndim not in (2, 3):
             raise ValueError(f"x must have shape (N, d) or (B, N, d), got shape {tuple(x.shape)}")
@@ -566,16 +538,12 @@ class ContinuousTransformer:
 
     @classmethod
     def random_smooth(cls, seed=0, layers=2, heads=2, placement="pre", activation="gelu", mask=None,
-                      diagonal="full", beta=4.0, *, norm=None, **options):
+                      diagonal="full", beta=4.0, **options):
         """A model with smooth random parameters for convergence studies.
 
         See :func:`ctformer.random_models.random_layers` for the parameters (further keyword
-        ``options`` are passed on) and the construction (``norm`` is a deprecated name of
-        ``placement``).
+        ``options`` are passed on) and the construction.
         """
-        if norm is not None:
-            warn_renamed("random_smooth(norm=...)", "random_smooth(placement=...)")
-            placement = norm
         layout = random_layers(seed=seed, layers=layers, heads=heads, placement=placement,
                                activation=activation, mask=mask, diagonal=diagonal, beta=beta,
                                **options)

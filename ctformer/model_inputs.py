@@ -18,6 +18,7 @@ import array_api_compat
 import numpy as np
 
 from .backend import to_host
+from .validation import is_integer
 from .environment import positive_int
 
 __all__ = ["as_state_array", "check_padding_mask", "check_steps", "check_step_count", "max_steps",
@@ -101,8 +102,8 @@ def check_steps(steps_per_layer, layers: int = 1) -> int:
     ValueError
         If ``steps_per_layer`` is not a positive integer, or the total exceeds the limit.
     """
-    if isinstance(steps_per_layer, bool) or not isinstance(steps_per_layer, (int, np.integer)) \
-            or steps_per_layer < 1:
+    # a ValueError for every kind of bad value (1.5, True, "2" included), as documented
+    if not is_integer(steps_per_layer) or steps_per_layer < 1:
         raise ValueError(f"steps_per_layer must be a positive integer, got {steps_per_layer!r}")
     steps = int(steps_per_layer)
     check_step_count(steps * max(int(layers), 1),

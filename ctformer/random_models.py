@@ -20,6 +20,7 @@ import math
 import array_api_compat
 import numpy as np
 
+from . import validation
 from .discretizations import Midpoint
 from .kernels import SmoothRandom, is_host, read_only
 from .operators import ALiBi, Attention, FeedForward, GatedFeedForward, LayerNormProjection, RMSNorm, RoPE
@@ -148,27 +149,19 @@ def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu",
     :math:`k \in \{1, 2\}`. Feature variance must stay away from zero for LayerNorm to be
     smooth (design notes, section 1); choose the initial data accordingly.
     """
-    if placement not in PLACEMENTS:
-        raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
-    for name, value in (("layers", layers), ("heads", heads)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
-    if feedforward not in FEEDFORWARDS:
-        raise ValueError(f"feedforward must be one of {FEEDFORWARDS}, got {feedforward!r}")
-    if positions not in POSITIONS:
-        raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+    validation.one_of(placement, "placement", PLACEMENTS)
+    layers, heads = validation.integer(layers, "layers"), validation.integer(heads, "heads")
+    seed = validation.integer(seed, "seed", minimum=0)
+    validation.one_of(normalization, "normalization", NORMALIZATIONS)
+    validation.one_of(feedforward, "feedforward", FEEDFORWARDS)
+    validation.one_of(positions, "positions", POSITIONS)
     if (positions is not None or window is not None) and context_length is None:
         raise ValueError("positions and window need context_length=L, the reference length of "
                          "positions p(x) = L x - 1/2 (e.g. context_length=32)")
     if context_length is not None:
         pair = isinstance(context_length, (tuple, list)) and len(context_length) == 2
         for value in (context_length if pair else (context_length,)):
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                    or not math.isfinite(value) or value <= 0:
+            if not validation.is_real(value) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"context_length must be a positive number, or a pair of them for "
                                  f"axial positions on image patches, got {context_length!r}")
         if pair:
@@ -176,9 +169,7 @@ def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu",
                 raise ValueError("a pair context_length=(L1, L2) is for axial RoPE on a two-"
                                  "dimensional token domain (positions='rope')")
             context_length = tuple(float(v) for v in context_length)
-    n_kv = heads if kv_heads is None else kv_heads
-    if isinstance(n_kv, bool) or not isinstance(n_kv, (int, np.integer)) or n_kv < 1:
-        raise ValueError(f"kv_heads must be a positive integer, got {kv_heads!r}")
+    n_kv = heads if kv_heads is None else validation.integer(kv_heads, "kv_heads")
     if heads % n_kv:
         raise ValueError(f"kv_heads={kv_heads} must divide heads={heads}")
     position_op = None

@@ -35,6 +35,7 @@ import numpy as np
 
 from .backend import to_host
 from .discretizations.base import Discretization
+from .validation import is_real
 
 __all__ = ["Grids", "AXES"]
 
@@ -50,8 +51,7 @@ def _namespace(u, argname):
 
 
 def _positive(value) -> bool:
-    return (not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
-            and math.isfinite(value) and value > 0)
+    return is_real(value) and math.isfinite(value) and value > 0
 
 
 def _check_length(length, tokens):

@@ -15,10 +15,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "ctformer"
 
 LAYERS = {
-    "environment": -2, "fft": -1,
+    "environment": -2, "validation": -2, "fft": -1,
     "backend": 0, "atomic": 0,
-    "state": 1, "discretizations": 1, "solvers": 1, "model_inputs": 1,
-    "kernels": 2,
+    "discretizations": 1, "solvers": 1, "model_inputs": 1,
+    "state": 2, "kernels": 2,
     "operators": 3,
     "random_models": 4,
     "model": 5,

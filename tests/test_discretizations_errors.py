@@ -108,9 +108,10 @@ def test_points_outside_domain_or_malformed(name):
     np.testing.assert_allclose(disc.interpolate(v, [-1.0, 1.0]), [1.0, 1.0], atol=1e-13)
 
 
-@pytest.mark.parametrize("factor", [0, -2, 1.5, True])
-def test_bad_refine_factor(factor):
-    with pytest.raises(ValueError, match="refine factor"):
+@pytest.mark.parametrize("factor, error", [(0, ValueError), (-2, ValueError), (1.5, TypeError),
+                                           (True, TypeError)])
+def test_bad_refine_factor(factor, error):
+    with pytest.raises(error, match="refine factor must be a positive integer"):
         d.Chebyshev(5).refine(factor)
 
 

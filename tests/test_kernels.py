@@ -162,7 +162,7 @@ def test_kernel_errors():
         SmoothRandom(0, modes=0)
     with pytest.raises(ValueError, match="decay"):
         SmoothRandom(0, decay=np.inf)
-    with pytest.raises(ValueError, match="seed"):
+    with pytest.raises(TypeError, match="seed must be a non-negative integer, got 1.5"):
         SmoothRandom(1.5)
     with pytest.raises(ValueError, match="NaN or inf"):
         Smooth(lambda s, t: np.where(s == t, np.nan, s + t)).matrix(Midpoint(3), Midpoint(3))

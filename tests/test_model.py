@@ -205,31 +205,26 @@ def test_depth_refinement_against_solve_ivp_and_trajectory_against_layers():
     assert abs(fitted_order([1 / k for k in steps], errors) - 1.0) < 0.2, errors
 
 
-def test_renamed_keywords_warn_and_give_the_same_model():
-    """Old names (norm=, norm1=, final_norm=, run(mask=), solve(key_mask=)) keep working with a
-    DeprecationWarning and compute exactly what the new names compute."""
+def test_removed_keywords_are_type_errors_and_the_new_names_compute_the_model():
+    """The 0.1 names (random_smooth(norm=), Block(norm1=, norm2=), final_norm=, solve(key_mask=),
+    run(mask=), Block.norm1/norm2, .final_norm) are gone: each keyword is a TypeError naming
+    it, and the properties no longer exist."""
     u = u0(Midpoint(4).nodes[:, None], FEATURES.nodes[None, :])
     new = ContinuousTransformer.random_smooth(seed=2, placement="post")
-    with pytest.warns(DeprecationWarning, match="placement"):
-        old = ContinuousTransformer.random_smooth(seed=2, norm="post")
-    np.testing.assert_array_equal(old.solve(u, tokens=Midpoint(4), features=FEATURES),
-                                  new.solve(u, tokens=Midpoint(4), features=FEATURES))
     block = new.blocks[0]
-    with pytest.warns(DeprecationWarning, match="normalization1"), \
-            pytest.warns(DeprecationWarning, match="normalization2"):
-        same = Block(block.attention, block.feedforward, norm1=block.normalization1,
-                     norm2=block.normalization2, placement="post")
-    assert same.normalization1 is block.normalization1
-    with pytest.warns(DeprecationWarning, match="normalization2"):
-        assert same.norm2 is block.normalization2
-    with pytest.raises(TypeError, match="not both"):
-        Block(block.attention, norm1=block.normalization1, normalization1=block.normalization1)
+    with pytest.raises(TypeError, match="norm"):
+        ContinuousTransformer.random_smooth(seed=2, norm="post")
+    with pytest.raises(TypeError, match="norm1"):
+        Block(block.attention, block.feedforward, norm1=block.normalization1, placement="post")
+    with pytest.raises(TypeError, match="norm2"):
+        Block(block.attention, block.feedforward, norm2=block.normalization2, placement="post")
+    with pytest.raises(TypeError, match="final_norm"):
+        ContinuousTransformer(new.blocks, final_norm=None)
+    for old in ("norm1", "norm2"):
+        assert not hasattr(block, old)
+    assert not hasattr(new, "final_norm")
     keep = np.array([True, True, False, True])
-    expected = new.solve(u, tokens=Midpoint(4), features=FEATURES, padding_mask=keep)
-    with pytest.warns(DeprecationWarning, match="padding_mask"):
-        got = new.solve(u, tokens=Midpoint(4), features=FEATURES, key_mask=keep)
-    np.testing.assert_array_equal(got, expected)
-    x = u[None]
-    with pytest.warns(DeprecationWarning, match="padding_mask"):
-        got = new.run(x, mask=keep[None])
-    np.testing.assert_array_equal(got, new.run(x, padding_mask=keep[None]))
+    with pytest.raises(TypeError, match="key_mask"):
+        new.solve(u, tokens=Midpoint(4), features=FEATURES, key_mask=keep)
+    with pytest.raises(TypeError, match="mask"):
+        new.run(u[None], mask=keep[None])

@@ -25,13 +25,12 @@ lower corner) only so that initial data :math:`u_0(x, y)` can be sampled there.
 """
 from __future__ import annotations
 
-import math
 from functools import cached_property
-from numbers import Real
 from typing import Callable
 
 import numpy as np
 
+from .. import validation
 from ..backend import constant
 from .base import Discretization, check_values
 from .product import at_size
@@ -58,9 +57,10 @@ class WithAtoms(Discretization):
     Raises
     ------
     TypeError
-        For a Galerkin base (atoms need point values) or a base that has atoms already.
+        For a Galerkin base (atoms need point values), a base that has atoms already, or a
+        ``count`` that is not an integer.
     ValueError
-        For a bad ``count``, ``weight`` or ``locations``.
+        For a ``count`` below 1, a bad ``weight`` or ``locations``.
 
     Notes
     -----
@@ -79,11 +79,9 @@ class WithAtoms(Discretization):
             raise TypeError("WithAtoms: base already has atoms; give count instead")
         if not base.nodal:
             raise TypeError("WithAtoms needs a nodal base (point values); got a Galerkin one")
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
-            raise ValueError(f"count must be a positive integer, got {count!r}")
+        count = validation.integer(count, "count")
         if weight is not None:
-            if isinstance(weight, bool) or not isinstance(weight, Real) or not math.isfinite(weight) \
-                    or not 0.0 < float(weight) < base.length:
+            if not validation.is_real(weight) or not 0.0 < float(weight) < base.length:
                 raise ValueError(f"weight must be None or a total atom mass in (0, {base.length:g}) "
                                  f"(the measure of the token domain), got {weight!r}")
             weight = float(weight)

@@ -31,6 +31,7 @@ from typing import Callable, ClassVar
 import array_api_compat
 import numpy as np
 
+from .. import validation
 from ..backend import constant
 
 __all__ = [
@@ -358,9 +359,7 @@ class Discretization(abc.ABC):
     atoms: ClassVar[int] = 0
 
     def __init__(self, n: int, domain=(0.0, 1.0)):
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-            raise TypeError(f"n must be an integer, got {type(n).__name__}")
-        n = int(n)
+        n = validation.integer(n, "n", minimum=None)
         if n < self.min_n:
             raise ValueError(f"{type(self).__name__} needs n >= {self.min_n}, got n = {n}")
         self.n = n
@@ -591,6 +590,4 @@ def linear_matrix(nodes: np.ndarray, points: np.ndarray) -> np.ndarray:
 
 
 def _check_factor(factor) -> int:
-    if isinstance(factor, bool) or not isinstance(factor, (int, np.integer)) or factor < 1:
-        raise ValueError(f"refine factor must be a positive integer, got {factor!r}")
-    return int(factor)
+    return validation.integer(factor, "refine factor")

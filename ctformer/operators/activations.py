@@ -41,6 +41,20 @@ float32 by the paths above and rounded once to float16: over all 63488 finite fl
 the result is within 0.5002 float16 ulp of the exact value (float16 arithmetic would round at
 each step of a formula: SiLU computed in float16 was up to 8.5 ulps off, the tanh form of the
 tanh GELU up to 2000 ulps in its cancelling negative tail).
+
+The registry. :data:`ACTIVATIONS` maps each name a model, a bridge or the command line accepts
+(``FeedForward(..., activation="gelu")``, ``ctformer study --activation gelu``) to its
+function. A new activation is one function plus one call of :func:`register_activation`::
+
+    def softplus(z):
+        xp = array_api_compat.array_namespace(z)
+        return xp.logaddexp(z, xp.zeros_like(z))
+
+    register_activation("softplus", softplus)
+
+after which ``"softplus"`` is a valid name everywhere the registry is read (the command line's
+``--activation`` choices included). Its output must have its input's shape (a feed-forward
+operator refuses any other, naming the activation, when applied).
 """
 from __future__ import annotations
 
@@ -59,7 +73,8 @@ from . import threads as _threads
 from .normal_tail import ERFC_COEFFICIENTS as _ERFC_COEFFICIENTS
 from .normal_tail import TANH_GELU as _TANH_GELU
 
-__all__ = ["ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
+__all__ = ["ACTIVATIONS", "get_activation", "register_activation", "is_built_in", "relu", "gelu",
+           "gelu_tanh", "silu"]
 
 # Elements per block: 256-512 KiB, so the passes of a block stay in L2, and long enough that
 # two threads do not queue for the GIL between passes (smaller blocks were 2x slower threaded).
@@ -255,7 +270,51 @@ def silu(z):
     return z * xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
+#: The registry of activations by name (extend it with :func:`register_activation`).
 ACTIVATIONS: dict[str, Callable] = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
+_BUILT_IN = dict(ACTIVATIONS)
+
+
+def register_activation(name: str, function: Callable) -> Callable:
+    r"""Add the pointwise activation ``function`` to :data:`ACTIVATIONS` under ``name``.
+
+    Parameters
+    ----------
+    name : str
+        A new, non-empty name (models and studies record activations by name, so a name
+        stands for one function: a registered name is never rebound).
+    function : callable
+        :math:`\phi`, applied to arrays of any namespace; it must act elementwise and return
+        an array of its input's shape and dtype.
+
+    Returns
+    -------
+    callable
+        ``function`` itself.
+
+    Raises
+    ------
+    TypeError
+        If ``name`` is not a string or ``function`` is not callable.
+    ValueError
+        If ``name`` is empty or already registered (to a different function).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string, got {type(name).__name__}")
+    if not callable(function):
+        raise TypeError(f"function must be callable, got {type(function).__name__}")
+    if not name:
+        raise ValueError("name must be a non-empty string")
+    if ACTIVATIONS.get(name, function) is not function:
+        raise ValueError(f"activation {name!r} is already registered (to {ACTIVATIONS[name]!r}); "
+                         "choose another name")
+    ACTIVATIONS[name] = function
+    return function
+
+
+def is_built_in(name: str, function: Callable) -> bool:
+    """Whether ``function`` is the library's own activation ``name`` (elementwise by construction)."""
+    return _BUILT_IN.get(name) is function
 
 
 def get_activation(name) -> Callable:
@@ -264,7 +323,8 @@ def get_activation(name) -> Callable:
     Parameters
     ----------
     name : str or callable
-        One of ``"relu"``, ``"gelu"`` (erf), ``"gelu_tanh"``, ``"silu"``.
+        A name of :data:`ACTIVATIONS`: ``"relu"``, ``"gelu"`` (erf), ``"gelu_tanh"``,
+        ``"silu"``, or one added by :func:`register_activation`.
 
     Returns
     -------

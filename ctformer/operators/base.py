@@ -12,6 +12,16 @@ the operator; host matrices are built once, device copies once per namespace, de
 dtype (:func:`ctformer.backend.constant`). The discretized callable does not validate its
 input: states are validated where they enter a computation (a solve, or a direct call of the
 operator, :meth:`Operator.__call__`).
+
+What a model reads from an operator is declared here, not probed:
+
+- :meth:`Operator.parameters` (abstract): the operator's numbers as a flat mapping
+  ``name -> array``; the model's :meth:`~ctformer.ContinuousTransformer.parameters`,
+  ``with_parameters`` and the identity of a study are built from it.
+- :class:`Normalization`, the base of every normalization a block or a model accepts,
+  declares :attr:`Normalization.is_projection` and :attr:`Normalization.is_idempotent`; a
+  post-norm model is consistent in depth exactly when its normalizations are idempotent,
+  :math:`N(N(u)) = N(u)`.
 """
 from __future__ import annotations
 
@@ -25,7 +35,7 @@ from ..backend import constant
 from ..kernels import is_host
 from ..state import Grids
 
-__all__ = ["Grids", "Operator", "Constants"]
+__all__ = ["Grids", "Operator", "Normalization", "Constants", "check_normalization"]
 
 
 def check_state(u, grids: Grids, argname: str = "u"):
@@ -78,7 +88,23 @@ class Operator(abc.ABC):
     new operator, or use ``model.with_parameters``, to change values. The arrays that
     ``parameters()`` hands out are read-only views, so an edit through them raises
     :class:`ValueError` instead.
+
+    Subclasses also implement :meth:`parameters` (abstract: an operator without numbers
+    returns ``{}``).
     """
+
+    @abc.abstractmethod
+    def parameters(self) -> dict:
+        """The operator's numbers: a flat mapping ``name -> array`` (``{}`` when it has none).
+
+        Names are relative to the operator (``"gain"``, ``"W_Q.0.weight"``); a model prefixes
+        them with the operator's place (``"blocks.0.normalization1.gain"``). Host arrays are
+        read-only views of the operator's own arrays (:func:`ctformer.kernels.read_only`),
+        tensors handed in by ``with_parameters`` are returned as they are. Every number the
+        discretized operator depends on, apart from structural options (``eps``, an
+        activation, inverse temperatures), must be listed: the model's ``with_parameters``
+        replaces exactly these, and a study identifies a model by them.
+        """
 
     def discretize(self, grids: Grids) -> Callable:
         """The discretized operator on ``grids``: a callable ``f(u)``, built once per grids.
@@ -104,8 +130,7 @@ class Operator(abc.ABC):
         cache = _DISCRETIZED.get(self)
         if cache is None:
             # the parameters are walked once: an operator with a cache entry holds host arrays
-            parameters = getattr(self, "parameters", None)
-            if callable(parameters) and not all(is_host(v) for v in parameters().values()):
+            if not all(is_host(v) for v in self.parameters().values()):
                 return self._discretize(grids)   # tensors (with_parameters): rebuilt, never cached
             cache = _DISCRETIZED.setdefault(self, {})
         found = cache.get(grids)
@@ -132,6 +157,65 @@ class Operator(abc.ABC):
             raise TypeError(f"grids must be a ctformer.Grids, got {type(grids).__name__}")
         grids.validate(u, "u", points=True)
         return self.discretize(grids)(u, **kwargs)
+
+
+class Normalization(Operator):
+    r"""A normalization per token, :math:`u(x, \cdot) \mapsto N(u(x, \cdot))`: the contract.
+
+    Every normalization a :class:`~ctformer.model.Block` or a
+    :class:`~ctformer.ContinuousTransformer` takes derives from this class
+    (:class:`~ctformer.operators.LayerNormProjection`, :class:`~ctformer.operators.RMSNorm`,
+    :class:`~ctformer.operators.SphereProjection`, or a user's own). A subclass implements
+
+    - :meth:`_discretize`: for one :class:`Grids`, a function of point values
+      ``(..., Nq_tokens, Nq_features)`` that normalizes each token over the feature variable
+      (with the feature quadrature) and returns an array of the same shape, namespace and
+      dtype; it does not validate its input (the solve did);
+    - :meth:`parameters`: its numbers (``{}`` when it has none);
+
+    and declares, as properties or class attributes,
+
+    - :attr:`is_projection`: True when :math:`N` is the :math:`L^2(Y)` nearest-point
+      projection onto a set :math:`M` (:math:`N(u) \in M` is the point of :math:`M` closest
+      to :math:`u`); default False;
+    - :attr:`is_idempotent`: True when :math:`N(N(u)) = N(u)` for every :math:`u`; default
+      :attr:`is_projection` (a projection is idempotent).
+
+    What the model does with them: a post-norm step applies :math:`N` after every sub-step,
+    :math:`k` times per layer with ``steps_per_layer = k``. When :math:`N` is idempotent the
+    steps converge, as :math:`k \to \infty`, to the flow constrained to the image of
+    :math:`N`; when it is not (a per-feature gain, :math:`\varepsilon > 0`), applying it
+    :math:`k` times is a different map for each :math:`k`, so the post-norm model has no
+    limit in depth (:attr:`~ctformer.ContinuousTransformer.warns_inconsistent_depth`). Pre-norm
+    models read neither attribute. Declaring ``is_idempotent = True`` for a map that is not
+    idempotent is a silent wrong answer; the default (False) only costs a warning.
+    """
+
+    @property
+    def is_projection(self) -> bool:
+        """Whether :math:`N` is the :math:`L^2(Y)` nearest-point projection onto a set (default False)."""
+        return False
+
+    @property
+    def is_idempotent(self) -> bool:
+        """Whether :math:`N(N(u)) = N(u)` for every :math:`u` (default: :attr:`is_projection`)."""
+        return self.is_projection
+
+
+def check_normalization(normalization, argname: str):
+    """``normalization`` itself when it is ``None`` or a :class:`Normalization`.
+
+    Raises
+    ------
+    TypeError
+        Naming ``argname``, for anything else (a plain function, an attention operator).
+    """
+    if normalization is None or isinstance(normalization, Normalization):
+        return normalization
+    raise TypeError(f"{argname} must be a ctformer.operators.Normalization (LayerNormProjection, "
+                    f"RMSNorm, SphereProjection or a subclass of Normalization) or None, got "
+                    f"{type(normalization).__name__}; wrap your own normalization in a subclass "
+                    "of Normalization that implements _discretize and parameters")
 
 
 def has_host_parameters(operator) -> bool:

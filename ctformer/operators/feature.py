@@ -29,7 +29,7 @@ import numpy as np
 
 from ..backend import matmul_rows, plus_bias
 from ..kernels import Kernel
-from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, relu, silu
+from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, relu, silu
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
 from .threads import by_row_blocks
@@ -50,7 +50,7 @@ def _pointwise(op) -> "Callable":
     shape of its input; the built-in ones do by construction.
     """
     phi, name = op.phi, op.activation_name
-    if ACTIVATIONS.get(name) is phi:
+    if is_built_in(name, phi):
         return phi
 
     def checked(v):

@@ -27,7 +27,7 @@ import array_api_compat
 import numpy as np
 
 from ..discretizations.base import real_host_array
-from ..kernels import _to_host, cell_index, is_host, read_only, read_only_parameters
+from ..kernels import _to_host, callable_parameters, cell_index, is_host, read_only
 
 __all__ = ["FeatureFunction", "as_feature_function", "cell_index", "named_parameters",
            "assign_parameter"]
@@ -118,8 +118,7 @@ class FeatureFunction:
         if self.kind == "none":
             return {}
         if self.kind == "callable":
-            own = getattr(self.spec, "parameters", None)
-            return read_only_parameters(own()) if callable(own) else {}
+            return callable_parameters(self.spec)
         return {"": read_only(np.asarray(self.spec, dtype=np.float64)) if is_host(self.spec)
                 else self.spec}
 
@@ -164,8 +163,7 @@ class FeatureFunction:
             return self.spec[cell_index(nodes, disc.domain, self.spec.size)]
         a, b = disc.domain
         reference = (np.asarray(nodes, dtype=np.float64) - a) / (b - a)
-        if callable(getattr(self.spec, "parameters", None)) and not all(
-                is_host(v) for v in self.spec.parameters().values()):
+        if not all(is_host(v) for v in callable_parameters(self.spec).values()):
             return self.spec(reference)          # a parametrized function of tensors
         values = real_host_array(_to_host(self.spec(reference)), f"{self.name}: the callable")
         values = np.broadcast_to(values, nodes.shape).copy() if values.ndim == 0 else values

@@ -48,14 +48,14 @@ raises :class:`OverflowError` rather than becoming inf.
 from __future__ import annotations
 
 import math
-from numbers import Real
 
 import array_api_compat
 import numpy as np
 
+from .. import validation
 from ..backend import to_host
 from .activations import via_float32
-from .base import Constants, Grids, Operator
+from .base import Constants, Grids, Normalization
 from .functions import as_feature_function, named_parameters
 
 __all__ = ["LayerNormProjection", "SphereProjection", "RMSNorm"]
@@ -113,9 +113,7 @@ def _eps_over_square(xp, eps: float, s, dtype):
 
 
 def _check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, Real) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    return float(eps)
+    return validation.real(eps, "eps", nonnegative=True)
 
 
 def _feature_weights(grids: Grids) -> np.ndarray:
@@ -129,7 +127,7 @@ def _first_token(bad) -> tuple:
     return tuple(int(i) for i in np.unravel_index(int(np.argmax(host.reshape(-1))), host.shape))
 
 
-class LayerNormProjection(Operator):
+class LayerNormProjection(Normalization):
     r"""LayerNorm over the features, :math:`g (u - \mu) / \sqrt{\mathrm{var} + \varepsilon} + c`.
 
     Parameters
@@ -226,7 +224,7 @@ class LayerNormProjection(Operator):
         return layer_norm
 
 
-class SphereProjection(Operator):
+class SphereProjection(Normalization):
     r"""Projection onto the unit sphere of :math:`L^2(Y)`: :math:`N(u) = g\, u / \|u\|`.
 
     .. math::  \|u\|^2 = \frac{1}{|Y|} \int_Y u(x, y)^2\, dy  \quad (+ \varepsilon)
