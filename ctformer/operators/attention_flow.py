@@ -98,7 +98,9 @@ def _grouped(bias, layout):
     """A score term (heads, r, c) laid out as (kv_heads, groups, r, c)."""
     def grouped(difference):
         b = bias(difference)
-        return b.reshape(layout.kv_heads, layout.groups, *b.shape[-2:])
+        if b.ndim < 3:   # one term for every head
+            return b
+        return namespace(b).reshape(b, (layout.kv_heads, layout.groups, *b.shape[-2:]))
     return grouped
 
 

@@ -27,6 +27,7 @@ import math
 import array_api_compat
 import numpy as np
 
+from .. import validation
 from . import attention_numpy as _numpy_paths
 
 _NUMPY = array_api_compat.array_namespace(np.zeros(0))
@@ -150,8 +151,8 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     """
     if check:
         xp, q, k, v, beta, log_w, keep, diag_shift, lead, amax = _validate(q, k, v, beta, weights, mask, diagonal)
-        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1):
-            raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+        if chunk is not None:
+            chunk = validation.integer(chunk, "chunk")
     else:
         xp, beta, log_w, keep, diag_shift, lead = _trusted(q, k, v, beta, weights, mask, diagonal)
     causal = isinstance(mask, str)
@@ -489,8 +490,7 @@ def _log_weights(xp, weights, dtype, m):
 
 
 def _check_mask(xp, mask, diagonal, n, m, shapes):
-    if diagonal not in ("full", "half"):
-        raise ValueError(f"diagonal must be 'full' or 'half', got {diagonal!r}")
+    validation.one_of(diagonal, "diagonal", ("full", "half"))
     if mask is None:
         if diagonal == "half":
             raise ValueError("diagonal='half' only applies with mask='causal'")
