@@ -92,17 +92,22 @@ def _check_parameter_shape(what: str, got: tuple, shape: tuple) -> None:
         raise ValueError(f"{what} has shape {tuple(got)}, the parameter has shape {tuple(shape)}")
 
 
+def _device(array):
+    """The device of an array of any namespace (``"cpu"`` for NumPy)."""
+    return array_api_compat.device(array)
+
+
 def _check_tensor_kinds(params: dict) -> None:
     """Tensor parameters must share one type, device and dtype (TypeError naming the odd one)."""
     tensors = [(name, v) for name, v in params.items() if not is_host(v)]
     for name, value in tensors[1:]:
         first, like = tensors[0]
-        same = type(value) is type(like) and getattr(value, "device", None) == getattr(like, "device", None)
+        same = type(value) is type(like) and _device(value) == _device(like)
         if not same or value.dtype != like.dtype:
             raise TypeError(
                 f"params[{name!r}] is a {type(value).__name__} of dtype {value.dtype} on "
-                f"{getattr(value, 'device', 'cpu')}, params[{first!r}] one of dtype {like.dtype} "
-                f"on {getattr(like, 'device', 'cpu')}: give every tensor parameter one dtype and "
+                f"{_device(value)}, params[{first!r}] one of dtype {like.dtype} "
+                f"on {_device(like)}: give every tensor parameter one dtype and "
                 "device")
 
 
@@ -365,11 +370,11 @@ class ContinuousTransformer:
         if not tensors:
             return
         like = tensors[0]
-        if type(u) is not type(like) or getattr(u, "device", None) != getattr(like, "device", None):
+        if type(u) is not type(like) or _device(u) != _device(like):
             raise TypeError(
                 f"the state is a {type(u).__module__}.{type(u).__name__} on "
-                f"{getattr(u, 'device', 'cpu')}, the parameters are {type(like).__module__}."
-                f"{type(like).__name__} on {getattr(like, 'device', 'cpu')}: pass u0 in the "
+                f"{_device(u)}, the parameters are {type(like).__module__}."
+                f"{type(like).__name__} on {_device(like)}: pass u0 in the "
                 "parameters' namespace and on their device")
         if u.dtype != like.dtype:
             name = next(k for k, v in self.parameters().items() if v is like)

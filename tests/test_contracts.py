@@ -1,5 +1,6 @@
 """The contracts declared on the base classes: what the rest of ctformer reads from a
 discretization, an operator and a normalization, checked against closed forms."""
+import textwrap
 import warnings
 
 import numpy as np
@@ -321,3 +322,21 @@ def test_a_registered_activation_that_is_not_pointwise_is_refused_when_applied()
             op(RNG.normal(size=(N, D)), Grids(Midpoint(N), Midpoint(D), hidden=Midpoint(M)))
     finally:
         del activations.ACTIVATIONS["total"]
+
+
+def test_the_normalization_of_the_design_notes_runs_and_is_the_centring():
+    """The code block of docs/design.rst, section 10: its Centring has mean zero on Gauss
+    features (integral to 1e-15), is idempotent, and makes a post-norm model consistent."""
+    from tests.test_docs_pages import python_blocks
+
+    namespace = {}
+    for block in python_blocks("design.rst"):
+        exec(textwrap.dedent(block), namespace)
+    centring = namespace["Centring"]()
+    grids = Grids(Midpoint(N), get("gauss-legendre", 7))
+    u = np.cos(np.add.outer(np.arange(N), 3.0 * grids.features.nodes))
+    v = centring(u, grids)
+    assert np.abs(grids.features.integrate(v)).max() < 1e-15
+    np.testing.assert_allclose(v, u - grids.features.integrate(u)[:, None], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(centring(v, grids), v, rtol=0, atol=1e-15)   # idempotent
+    assert Block(feedforward=_feedforward(), normalization2=centring, placement="post").is_consistent_in_depth
