@@ -271,3 +271,27 @@ def test_positions_page_blocks_run():
     assert len(blocks) == 2
     for block in blocks:
         exec(compile(block, "docs/positions.rst", "exec"), namespace)
+
+
+class _FirstAxisOnly:
+    """omega(tau) = 100^(-2 tau) on the x1 pairs (tau < 1/2), 0 on the x2 pairs."""
+
+    def __call__(self, tau):
+        tau = np.asarray(tau, dtype=np.float64)
+        return np.where(tau < 0.5, 100.0 ** (-2.0 * tau), 0.0)
+
+
+def test_axial_rope_on_patches_with_one_column_is_rope_on_the_first_axis():
+    """On n x 1 patches every token has the same x2 position, so the x2 rotations cancel in the
+    scores: AxialRoPE equals one-dimensional RoPE whose x2 pairs do not turn."""
+    from ctformer.discretizations import Product
+
+    weights = _weights(np.random.default_rng(12))
+    u = np.random.default_rng(13).standard_normal((2, 6, D))
+    axial = _attention(weights, positions=AxialRoPE(theta=100.0))(
+        u, Grids(Product(Midpoint(6), Midpoint(1)), Midpoint(D), Midpoint(D_H), context_length=(6, 3)))
+    line = _attention(weights, positions=RoPE(frequencies=_FirstAxisOnly()))(
+        u, Grids(Midpoint(6), Midpoint(D), Midpoint(D_H), context_length=6))
+    assert _rel(axial, line) < 1e-13
+    plain = _attention(weights)(u, Grids(Midpoint(6), Midpoint(D), Midpoint(D_H)))
+    assert _rel(axial, plain) > 1e-3    # the rotation does something

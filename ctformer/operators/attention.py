@@ -37,8 +37,6 @@ Components of current Transformers:
 """
 from __future__ import annotations
 
-from numbers import Real
-
 import array_api_compat
 import numpy as np
 
@@ -201,7 +199,7 @@ class Attention(Operator):
         return min(widths) if widths else None
 
     def _check_beta(self, beta) -> np.ndarray:
-        if isinstance(beta, Real) and not isinstance(beta, (bool, np.bool_)):
+        if validation.is_real(beta):
             beta = [float(beta)] * self.heads
         values = np.asarray(beta) if not isinstance(beta, (str, bytes)) else np.asarray([beta])
         if values.dtype.kind not in "iuf":   # strings, booleans, complex numbers, objects
@@ -224,7 +222,7 @@ class Attention(Operator):
         extra = ""
         if self.kv_heads != self.heads:
             extra += f", kv_heads={self.kv_heads}"
-        if not isinstance(self.positions, NoPositions):
+        if self.positions != NoPositions():
             extra += f", positions={self.positions!r}"
         return f"Attention(heads={self.heads}, beta={self.beta.tolist()}, mask={self.mask!r}{extra})"
 
@@ -382,7 +380,7 @@ def _compose_mask(mask, diagonal, window):
             raise ValueError(f"diagonal= and window= build the mask from mask='causal'; with "
                              f"mask={mask!r} write them into it (Causal(diagonal='half'), "
                              "& SlidingWindow(W))")
-        return mask if isinstance(mask, Intersection) or mask.keys() is None else Intersection(mask)
+        return mask
     if mask is not None and not (isinstance(mask, str) and mask == "causal"):
         raise ValueError(f"mask must be None, 'causal' or a Mask (Causal(), SlidingWindow(W), their "
                          f"product with &, or a subclass), got {mask!r}")
