@@ -28,6 +28,8 @@ from functools import cached_property
 import array_api_compat
 import numpy as np
 
+from .validation import one_of
+
 __all__ = ["Backend", "get_backend", "backend_of", "cupy_available", "constant", "to_host",
            "namespace", "matmul_rows", "plus_bias"]
 
@@ -312,8 +314,7 @@ def get_backend(name: str = "auto") -> Backend:
     -------
     Backend
     """
-    if not isinstance(name, str) or name not in ("auto", "numpy", "cupy"):
-        raise ValueError(f"backend name must be one of 'auto', 'numpy', 'cupy'; got {name!r}")
+    one_of(name, "backend name", ("auto", "numpy", "cupy"))
     if name == "auto":
         name = "cupy" if cupy_available() else "numpy"
     if name not in _BACKENDS:

@@ -41,7 +41,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .environment import positive_int
-from .validation import integer
+from .validation import integer, one_of
 
 __all__ = ["PlannedFFT", "planner_effort", "fft_threads", "fft_engine"]
 
@@ -99,12 +99,8 @@ class PlannedFFT:
         self._pyfftw = pyfftw
         self._interfaces = pfft
         self.threads = fft_threads() if threads is None else max(1, int(threads))
-        self.planner_effort = planner_effort() if effort is None else effort
-        if self.planner_effort not in _EFFORTS:
-            raise ValueError(f"effort must be one of {', '.join(_EFFORTS)}, got {self.planner_effort!r}")
-        self.engine = fft_engine() if engine is None else engine
-        if self.engine not in _ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(_ENGINES)}, got {self.engine!r}")
+        self.planner_effort = planner_effort() if effort is None else one_of(effort, "effort", _EFFORTS)
+        self.engine = fft_engine() if engine is None else one_of(engine, "engine", _ENGINES)
         self._alignment = pyfftw.simd_alignment
         self._plans: OrderedDict = OrderedDict()
         self._ready: dict = {}  # (kind, type, shape, dtype, axis, n) of a call -> its plan entry

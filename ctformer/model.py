@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import array_api_compat
 import numpy as np
 
-from . import solvers
+from . import solvers, validation
 from .discretizations import Discretization, Midpoint, as_discretization
 from .kernels import is_host
 from .operators.base import check_normalization, has_host_parameters
@@ -146,8 +146,7 @@ class Block:
 
     def __init__(self, attention=None, feedforward=None, normalization1=None, normalization2=None,
                  placement="pre"):
-        if placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        validation.one_of(placement, "placement", PLACEMENTS)
         if attention is None and feedforward is None:
             raise ValueError("a Block needs an attention or a feedforward operator (both are None)")
         if placement == "none" and (normalization1 is not None or normalization2 is not None):

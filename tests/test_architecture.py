@@ -22,9 +22,10 @@ LAYERS = {
     "operators": 3,
     "random_models": 4,
     "model": 5,
-    "bridges": 6, "studies": 6, "adjoint": 6,
-    "particles": 7,
-    "cli": 8, "__main__": 9, "ctformer": 10,
+    "studies": 6, "adjoint": 6,
+    "bridges": 7,   # a bridge's study fits its order with the studies' one fitter
+    "particles": 8,
+    "cli": 9, "__main__": 10, "ctformer": 11,
 }
 
 

@@ -50,6 +50,8 @@ import math
 import numpy as np
 import scipy.special
 
+from .. import validation
+
 __all__ = ["gauss_legendre", "SMALL_N", "RECURRENCE_N"]
 
 #: Up to this ``n`` NumPy's ``leggauss`` is used (bit-compatible with earlier versions).
@@ -177,9 +179,7 @@ def gauss_legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
         memory, :math:`O(n)` time for ``n > RECURRENCE_N`` and :math:`O(n)` plus a loop of
         ``n`` vectorized steps over a few boundary nodes below.
     """
-    n = int(n)
-    if n < 1:
-        raise ValueError(f"n must be a positive integer, got {n}")
+    n = validation.integer(n, "n")
     if n <= SMALL_N:
         return np.polynomial.legendre.leggauss(n)
     m = (n + 1) // 2  # nodes with theta in (0, pi/2], from t = 1 inwards
