@@ -19,7 +19,9 @@ from .solvers import InconsistentDepthLimitWarning
 from .model import Block, ContinuousTransformer
 from . import bridges
 
-__version__ = "0.1.0"
+#: The release (the one place it is written: pyproject.toml reads it; CHANGELOG.md lists the
+#: changes of each release).
+__version__ = "0.2.0"
 __all__ = [
     "backend", "discretizations", "kernels", "operators", "solvers", "bridges", "adjoint",
     "get_backend", "Grids", "Block", "ContinuousTransformer", "InconsistentDepthLimitWarning",
