@@ -46,7 +46,8 @@ from ..kernels import Kernel, is_host
 from .attention_flow import DiscretizedAttention, Layout, plan_engine
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
-from .masks import DIAGONALS, Causal, Intersection, Mask, Padding, SlidingWindow
+from .masks import (DIAGONALS, Causal, Intersection, Mask, Padding, SlidingWindow, check_padding,
+                    padding_for)
 from .positions import NoPositions, PositionEncoding
 
 __all__ = ["Attention"]
@@ -264,7 +265,7 @@ class Attention(Operator):
             raise TypeError(f"grids must be a ctformer.Grids, got {type(grids).__name__}")
         grids.validate(u, "u", points=True)
         if padding_mask is not None:
-            padding_mask = _padding_for(u, padding_mask, grids.shape[0])
+            padding_mask = padding_for(u, padding_mask, grids.shape[0])
         return self.discretize(grids, padding_mask=padding_mask)(u, check=True)
 
     def parameters(self) -> dict:
@@ -339,7 +340,7 @@ class Attention(Operator):
         constants = self._constants(host, grids)
         flow = DiscretizedAttention(constants, layout, constants.host["cos"] is not None, engine)
         keys = None if self.mask is None else self.mask.keys()
-        return flow if keys is None else flow.with_padding(_check_keys(keys, layout.n_tokens))
+        return flow if keys is None else flow.with_padding(check_padding(keys, layout.n_tokens))
 
     def discretize(self, grids: Grids, padding_mask=None) -> DiscretizedAttention:
         r"""The discretized operator on ``grids``, with a padding mask composed once.
@@ -369,7 +370,7 @@ class Attention(Operator):
             return flow
         padding = padding_mask if isinstance(padding_mask, Padding) else Padding(padding_mask)
         combined = padding if self.mask is None else Intersection(self.mask, padding)
-        return flow.with_padding(_check_keys(combined.keys(), grids.shape[0]))
+        return flow.with_padding(check_padding(combined.keys(), grids.shape[0]))
 
 
 def _compose_mask(mask, diagonal, window):
@@ -405,32 +406,6 @@ def _position(positions, heads: int) -> PositionEncoding:
                          f"NoPositions or a subclass), got {positions!r}")
     positions.check_heads(heads)
     return positions
-
-
-def _check_keys(keys, n_tokens: int):
-    """A padding mask ``(..., N)`` checked once: boolean, one flag per token."""
-    xp = namespace(keys)
-    if keys.dtype != xp.bool:
-        raise TypeError(f"padding_mask must be a boolean array (True = a real token), got dtype {keys.dtype}")
-    if keys.ndim < 1 or keys.shape[-1] != n_tokens:
-        raise ValueError(f"padding_mask must have shape (..., {n_tokens}) (one flag per token), "
-                         f"got {tuple(keys.shape)}")
-    return keys
-
-
-def _padding_for(u, padding_mask, n_tokens: int):
-    """A padding mask handed to :meth:`Attention.__call__`: in ``u``'s namespace, checked,
-    its leading axes broadcasting with ``u``'s batch axes."""
-    xp = namespace(u)
-    keys = _check_keys(xp.asarray(padding_mask), n_tokens)
-    try:
-        xp.broadcast_shapes(tuple(keys.shape[:-1]), tuple(u.shape[:-2]))
-    except ValueError:
-        raise ValueError(
-            f"padding_mask leading axes {tuple(keys.shape[:-1])} do not broadcast with the batch axes "
-            f"{tuple(u.shape[:-2])} of u"
-        ) from None
-    return keys
 
 
 def _assembly(parameters: dict):

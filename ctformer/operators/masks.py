@@ -35,6 +35,7 @@ from typing import ClassVar
 import numpy as np
 
 from .. import validation
+from ..backend import namespace
 
 __all__ = ["Mask", "Causal", "SlidingWindow", "Padding", "Intersection"]
 
@@ -266,3 +267,29 @@ class Intersection(Mask):
         for k in real[1:]:
             keys = keys & k
         return keys
+
+
+def check_padding(keys, n_tokens: int):
+    """A padding mask ``(..., N)`` checked once: boolean, one flag per token."""
+    xp = namespace(keys)
+    if keys.dtype != xp.bool:
+        raise TypeError(f"padding_mask must be a boolean array (True = a real token), got dtype {keys.dtype}")
+    if keys.ndim < 1 or keys.shape[-1] != n_tokens:
+        raise ValueError(f"padding_mask must have shape (..., {n_tokens}) (one flag per token), "
+                         f"got {tuple(keys.shape)}")
+    return keys
+
+
+def padding_for(u, padding_mask, n_tokens: int):
+    """A padding mask handed to :meth:`Attention.__call__`: in ``u``'s namespace, checked,
+    its leading axes broadcasting with ``u``'s batch axes."""
+    xp = namespace(u)
+    keys = check_padding(xp.asarray(padding_mask), n_tokens)
+    try:
+        xp.broadcast_shapes(tuple(keys.shape[:-1]), tuple(u.shape[:-2]))
+    except ValueError:
+        raise ValueError(
+            f"padding_mask leading axes {tuple(keys.shape[:-1])} do not broadcast with the batch axes "
+            f"{tuple(u.shape[:-2])} of u"
+        ) from None
+    return keys
