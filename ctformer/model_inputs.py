@@ -1,18 +1,15 @@
-r"""Where data enters a model: states, padding masks, step counts, renamed keywords.
+r"""Where data enters a model: states, padding masks, step counts.
 
 - :func:`as_state_array` accepts arrays of the supported namespaces (NumPy, CuPy, torch: kept
   where they live, so a torch state computes in torch and autograd sees every operation) and
   anything NumPy can read (lists);
 - :func:`check_padding_mask` validates a padding mask (1 = real token);
 - :func:`check_steps` validates a number of steps per layer; :func:`check_step_count` refuses
-  more than :func:`max_steps` steps in one solve (default :data:`MAX_STEPS` = 10**8);
-- :func:`renamed_keyword` / :func:`warn_renamed` keep an old keyword working with a
-  :class:`DeprecationWarning`.
+  more than :func:`max_steps` steps in one solve (default :data:`MAX_STEPS` = 10**8).
 """
 from __future__ import annotations
 
 import math
-import warnings
 
 import array_api_compat
 import numpy as np
@@ -22,29 +19,7 @@ from .validation import is_integer
 from .environment import positive_int
 
 __all__ = ["as_state_array", "check_padding_mask", "check_steps", "check_step_count", "max_steps",
-           "MAX_STEPS", "renamed_keyword", "warn_renamed"]
-
-
-def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
-    """Emit the :class:`DeprecationWarning` of a renamed name."""
-    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=stacklevel)
-
-
-def renamed_keyword(old: str, old_value, new: str, new_value, where: str | None = None):
-    """The value of keyword ``new``, accepting its deprecated name ``old`` with a warning.
-
-    Raises
-    ------
-    TypeError
-        If both names are given.
-    """
-    if old_value is None:
-        return new_value
-    prefix = f"{where}({old}=...)" if where else f"{old}=..."
-    if new_value is not None:
-        raise TypeError(f"pass {new} only ({old} is its deprecated name), not both")
-    warn_renamed(prefix, f"{new}=...", stacklevel=4)
-    return old_value
+           "MAX_STEPS"]
 
 
 #: Most time steps one solve may take (all layers together); ``CTFORMER_MAX_STEPS`` overrides.
