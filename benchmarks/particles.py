@@ -101,7 +101,7 @@ def scheme_orders(seed=20251003):
     x16 /= np.linalg.norm(x16, axis=1, keepdims=True)
     small = SelfAttentionDynamics(1.0)
     for name in solvers.available():
-        order = solvers.get(name).order
+        order = solvers.get(name).order()
         p_err = [np.abs(dyn.solve(x0, 1.0, dt, scheme=name).final - exact).max() for dt in dts]
         m_err = [np.abs(mf.solve(rho0, 1.0, dt, scheme=name).density[-1] - mf_exact).max() for dt in mf_dts]
         start = time.perf_counter()

@@ -39,6 +39,7 @@ import numpy as np
 
 from . import solvers
 from .model_inputs import as_state_array, check_steps
+from .validation import boolean, one_of
 
 __all__ = ["gradient"]
 
@@ -183,7 +184,8 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     ------
     TypeError
         If ``u0`` is neither a torch tensor nor a NumPy array (or list), ``loss`` is not
-        callable, or ``loss`` returns something other than a torch tensor.
+        callable, ``parameters`` is not ``True`` or ``False``, or ``loss`` returns something
+        other than a torch tensor.
     ValueError
         For an unknown ``route`` or ``scheme``, a ``steps_per_layer`` that is not a positive
         integer, a post-norm model on the adjoint route (its projections have no adjoint
@@ -195,8 +197,8 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     discrete solve) by :math:`O(\Delta t^p)`, :math:`p` the scheme's order.
     """
     torch = _torch()
-    if route not in ("adjoint", "autograd"):
-        raise ValueError(f"route must be 'adjoint' or 'autograd', got {route!r}")
+    one_of(route, "route", ("adjoint", "autograd"))
+    parameters = boolean(parameters, "parameters")
     if not callable(loss):
         raise TypeError(f"loss must be a callable loss(u_T) -> scalar torch tensor, got "
                         f"{type(loss).__name__}")
@@ -217,7 +219,7 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
 
     grids = model.grids(tokens, features, head_features, hidden)
     problems = [block.split_problem(grids) for block in model.blocks]
-    if any(p.has_projections for p in problems):
+    if solvers.projects(problems):
         raise ValueError("route='adjoint' needs a model without projections after sub-steps "
                          "(pre-norm or no normalization); use route='autograd' for post-norm")
     grids.validate(u0, "u0")

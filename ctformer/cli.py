@@ -384,7 +384,7 @@ def _run_list(args) -> int:
         s = solvers.get(name)
         doc = (type(s).__doc__ or "").strip().splitlines()[0]
         doc = re.sub(r":math:`([^`]*)`", r"\1", doc).replace("\\Delta ", "d")
-        print(f"  {name:<16} {s.order:<11g} {doc}")
+        print(f"  {name:<16} {s.order():<11g} {doc}")
     return 0
 
 

@@ -169,7 +169,7 @@ def test_adjoint_agrees_with_autograd_within_the_scheme_order(torch, gradient, s
     divides the difference by at least 2^(p - 0.3), and it is small at dt = 1/4."""
     model = ContinuousTransformer.random_smooth(seed=seed, layers=layers)
     u0 = torch.tensor(_start())
-    order = solvers.get(scheme).order
+    order = solvers.get(scheme).order()
     differences = []
     for k in (4, 8):
         kw = dict(scheme=scheme, steps_per_layer=k, **GRIDS)

@@ -35,7 +35,7 @@ class Theta(Scheme):
     """
 
     name = "theta"
-    order = 1.0
+    nominal_order = 1.0
 
     def __init__(self, theta):
         self.theta = theta

@@ -30,7 +30,7 @@ ORDERS = {"euler": 1, "lie": 1, "parallel": 1, "heun": 2, "strang": 2, "rk4": 4}
 def test_every_scheme_is_covered():
     assert set(solvers.available()) == set(ORDERS)
     for name, order in ORDERS.items():
-        assert solvers.get(name).order == order
+        assert solvers.get(name).order() == order
 
 
 # -- observed orders ---------------------------------------------------------------------------
@@ -45,7 +45,7 @@ def test_particle_order_is_the_scheme_order(rng, scheme):
     dts = [1 / 4, 1 / 8, 1 / 16, 1 / 32, 1 / 64]
     errors = [np.abs(dyn.solve(x0, t1, dt, scheme=scheme).final - exact).max() for dt in dts]
     assert min(errors) > 1e-12
-    assert abs(fitted_order(dts, errors) - solvers.get(scheme).order) < 0.3, errors
+    assert abs(fitted_order(dts, errors) - solvers.get(scheme).order()) < 0.3, errors
 
 
 def galerkin_reference(mf, rho0, t1):
@@ -74,7 +74,7 @@ def test_mean_field_order_is_the_scheme_order(scheme):
     dts = [1 / 5, 1 / 10, 1 / 20, 1 / 40]
     errors = [np.abs(mf.solve(rho0, t1, dt, scheme=scheme).density[-1] - exact).max() for dt in dts]
     assert min(errors) > 1e-12
-    assert abs(fitted_order(dts, errors) - solvers.get(scheme).order) < 0.25, errors
+    assert abs(fitted_order(dts, errors) - solvers.get(scheme).order()) < 0.25, errors
 
 
 def test_mean_field_tracers_follow_the_same_scheme():

@@ -45,7 +45,7 @@ SCHEMES = [
 def test_order_on_noncommuting_linear_flows(linear_pair, name, kwargs, order):
     A, B, u0 = linear_pair
     scheme = solvers.get(name, **kwargs)
-    assert scheme.order == order
+    assert scheme.order() == order
     problem = SplitProblem([lambda u: A @ u, lambda u: B @ u])
     exact = scipy.linalg.expm(A + B) @ u0
     errors = [np.linalg.norm(integrate(scheme, problem, u0, k) - exact) for k in STEPS]
@@ -235,3 +235,53 @@ def test_post_norm_affine_refinement_warns(grids_and_start):
         model.solve(_initial, tokens=tokens, features=features, scheme="strang", steps_per_layer=1)
     with pytest.warns(InconsistentDepthLimitWarning, match="no consistent"):
         model.solve(_initial, tokens=tokens, features=features, scheme="strang", steps_per_layer=2)
+
+
+# -- a new Runge-Kutta method is one tableau and one registration ------------------------------
+NEW_TABLEAUS = [
+    # Ralston's second-order method and the three-stage strong-stability-preserving method
+    solvers.ButcherTableau("ralston", a=((), (2.0 / 3.0,)), b=(0.25, 0.75), order=2.0),
+    solvers.ButcherTableau("ssprk3", a=((), (1.0,), (0.25, 0.25)), b=(1 / 6, 1 / 6, 2 / 3),
+                           order=3.0),
+]
+
+
+@pytest.fixture(params=NEW_TABLEAUS, ids=lambda t: t.name)
+def new_tableau(request):
+    from ctformer.solvers import base
+
+    tableau = request.param
+    solvers.register_tableau(tableau)
+    try:
+        yield tableau
+    finally:
+        del solvers.TABLEAUS[tableau.name], base._REGISTRY[tableau.name]
+
+
+def test_a_registered_tableau_is_a_scheme_and_a_substep(linear_pair, new_tableau):
+    A, B, u0 = linear_pair
+    name, p = new_tableau.name, new_tableau.order
+    assert solvers.available()[-1] == name and solvers.SUBSTEPS[name] is new_tableau
+    scheme, strang = solvers.get(name), solvers.get("strang", substep=name)
+    assert scheme.order() == p and strang.order() == min(2.0, p)
+    assert solvers.get("lie", substep=name).order() == 1.0
+    assert scheme.order(SplitProblem([lambda u: u], [lambda u: u / 2])) == 1.0
+    problem = SplitProblem([lambda u: A @ u, lambda u: B @ u])
+    exact = scipy.linalg.expm(A + B) @ u0
+    for method, order in ((scheme, p), (strang, min(2.0, p))):
+        errors = [np.linalg.norm(integrate(method, problem, u0, k) - exact) for k in STEPS]
+        assert abs(fitted_order(1.0 / np.array(STEPS), errors) - order) < 0.15, (method, errors)
+
+
+def test_register_tableau_refuses_a_duplicate_or_a_non_tableau():
+    with pytest.raises(ValueError, match="a tableau named 'rk4' is registered already"):
+        solvers.register_tableau(solvers.ButcherTableau("rk4", a=((),), b=(1.0,), order=1.0))
+    with pytest.raises(TypeError, match="tableau must be a ButcherTableau, got dict"):
+        solvers.register_tableau({"name": "x"})
+
+
+def test_tableaus_and_schemes_have_one_name_each():
+    assert solvers.RK4 is solvers.runge_kutta.RK4 and isinstance(solvers.get("rk4"), solvers.RK4)
+    assert solvers.RK4.tableau is solvers.RK4_TABLEAU is solvers.TABLEAUS["rk4"]
+    assert sorted(solvers.TABLEAUS) == ["euler", "heun", "rk4"]
+    assert not hasattr(solvers, "ClassicalRK4") and not hasattr(solvers.runge_kutta, "EULER")

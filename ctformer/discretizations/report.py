@@ -8,7 +8,10 @@ For a function :math:`f` on :math:`[a, b]` and each discretization ``D`` with ``
     e_{\infty} = \max_p \big| \texttt{D.interpolate}(\texttt{D.sample}(f), x_p) - f(x_p) \big|,
 
 with :math:`x_p` uniform check points including both ends. Between consecutive rows the
-observed rate :math:`\log(e_{k-1}/e_k) / \log(h_{k-1}/h_k)` estimates the order.
+observed rate :math:`\log(e_{k-1}/e_k) / \log(h_{k-1}/h_k)` estimates the order
+(:func:`neighbour_orders`); :func:`fit_order` is the least-squares slope over many rows.
+These two are the library's one order fitter: convergence studies
+(:mod:`ctformer.studies.orders`) and the bridge reports use them too.
 """
 from __future__ import annotations
 
@@ -17,9 +20,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..validation import is_integer
 from .base import available, get
 
-__all__ = ["error_table", "format_error_table"]
+__all__ = ["error_table", "format_error_table", "neighbour_orders", "fit_order"]
 
 
 def _valid_n(name: str, n: int) -> int:
@@ -29,10 +33,58 @@ def _valid_n(name: str, n: int) -> int:
     return n
 
 
-def _rate(e_prev: float, e: float, h_prev: float, h: float) -> float:
-    if e_prev <= 0.0 or e <= 0.0:
-        return math.nan
-    return math.log(e_prev / e) / math.log(h_prev / h)
+def neighbour_orders(h, errors) -> list:
+    """Orders :math:`\\log(e_{i-1}/e_i) / \\log(h_{i-1}/h_i)` (``None`` where undefined)."""
+    out = [None]
+    for i in range(1, len(h)):
+        e0, e1 = errors[i - 1], errors[i]
+        if e0 is None or e1 is None or e0 <= 0 or e1 <= 0 or h[i - 1] == h[i]:
+            out.append(None)
+        else:
+            out.append(math.log(e0 / e1) / math.log(h[i - 1] / h[i]))
+    return out
+
+
+def fit_order(h, errors, floor: float = 0.0, fit_levels: int | None = None) -> float:
+    """Least-squares slope of ``log(error)`` against ``log(h)`` over the asymptotic levels.
+
+    Parameters
+    ----------
+    h, errors : sequence of float
+        Mesh widths and errors (``None`` errors are skipped).
+    floor : float
+        Errors at or below it are rounding noise and are left out.
+    fit_levels : int, optional
+        Use only this many of the finest remaining levels.
+
+    Returns
+    -------
+    float
+        The slope, or NaN when fewer than two levels remain (a study reports it as "-").
+
+    Raises
+    ------
+    ValueError
+        If ``h`` and ``errors`` differ in length, a mesh width is not finite and > 0, an error
+        is negative, NaN or inf (an error is a norm), or ``fit_levels`` is not a positive integer.
+    """
+    h, errors = list(h), list(errors)
+    if len(h) != len(errors):
+        raise ValueError(f"h and errors must have the same length, got {len(h)} mesh widths and "
+                         f"{len(errors)} errors")
+    if not all(math.isfinite(hi) and hi > 0 for hi in map(float, h)):
+        raise ValueError(f"h must hold finite mesh widths > 0, got {h}")
+    if any(ei is not None and not 0 <= float(ei) < math.inf for ei in errors):
+        raise ValueError(f"errors must be norms (finite, >= 0; None to skip a level), got {errors}")
+    if fit_levels is not None and not (is_integer(fit_levels) and fit_levels >= 1):
+        raise ValueError(f"fit_levels must be a positive integer or None, got {fit_levels!r}")
+    pts = [(hi, ei) for hi, ei in zip(h, errors) if ei is not None and ei > floor]
+    if fit_levels is not None:
+        pts = pts[-fit_levels:]
+    if len(pts) < 2:
+        return float("nan")
+    hh, ee = np.log(np.array(pts, dtype=float)).T
+    return float(np.polyfit(hh, ee, 1)[0])
 
 
 def error_table(
@@ -80,28 +132,22 @@ def error_table(
     reference = np.asarray(f(points), dtype=np.float64)
     rows: list[dict] = []
     for name in names:
-        previous = None
+        block = []
         for n in ns:
             disc = get(name, _valid_n(name, int(n)), domain=domain)
             values = disc.sample(f)
-            e_int = abs(float(disc.integrate(values)) - float(exact_integral))
-            e_interp = float(np.max(np.abs(disc.interpolate(values, points) - reference)))
-            row = {
-                "name": name,
-                "n": disc.n,
-                "h": disc.h,
-                "integration_error": e_int,
-                "interpolation_error": e_interp,
-                "integration_rate": math.nan,
-                "interpolation_rate": math.nan,
-            }
-            if previous is not None:
-                row["integration_rate"] = _rate(previous["integration_error"], e_int, previous["h"], disc.h)
-                row["interpolation_rate"] = _rate(
-                    previous["interpolation_error"], e_interp, previous["h"], disc.h
-                )
-            rows.append(row)
-            previous = row
+            block.append({
+                "name": name, "n": disc.n, "h": disc.h,
+                "integration_error": abs(float(disc.integrate(values)) - float(exact_integral)),
+                "interpolation_error": float(np.max(np.abs(disc.interpolate(values, points)
+                                                           - reference))),
+            })
+        h = [row["h"] for row in block]
+        for kind in ("integration", "interpolation"):
+            rates = neighbour_orders(h, [row[f"{kind}_error"] for row in block])
+            for row, rate in zip(block, rates):
+                row[f"{kind}_rate"] = math.nan if rate is None else rate
+        rows += block
     return rows
 
 

@@ -3,16 +3,20 @@
 >>> import ctformer.solvers as s
 >>> s.available()
 ['lie', 'strang', 'parallel', 'euler', 'heun', 'rk4']
+>>> s.get("rk4").order(), s.get("strang").order()
+(4.0, 2.0)
+
+``order(problem)`` is the order on that problem: 1 for every scheme on a post-norm model.
+A Runge-Kutta method is one :class:`ButcherTableau` and :func:`register_tableau`.
 """
 from .base import (InconsistentDepthLimitWarning, Scheme, SplitProblem, available, check_dt, get,
-                   integrate, warn_inconsistent_depth)
+                   integrate, projects, warn_inconsistent_depth)
 from .splitting import Lie, Parallel, Strang
-from .runge_kutta import TABLEAUS, ButcherTableau, ClassicalRK4, Euler, Heun, RungeKutta
+from .runge_kutta import (EULER_TABLEAU, HEUN_TABLEAU, RK4, RK4_TABLEAU, TABLEAUS, ButcherTableau,
+                          Euler, Heun, RungeKutta, register_tableau)
 from .substeps import SUBSTEPS
 
-#: The classical Runge-Kutta scheme (the class behind ``get("rk4")``).
-RK4 = ClassicalRK4
-
-__all__ = ["Scheme", "SplitProblem", "available", "get", "integrate", "check_dt", "Euler", "Heun", "RK4",
-           "Lie", "Strang", "Parallel", "RungeKutta", "ButcherTableau", "TABLEAUS", "SUBSTEPS",
-           "InconsistentDepthLimitWarning", "warn_inconsistent_depth"]
+__all__ = ["Scheme", "SplitProblem", "available", "get", "integrate", "check_dt", "projects",
+           "Euler", "Heun", "RK4", "Lie", "Strang", "Parallel", "RungeKutta", "ButcherTableau",
+           "TABLEAUS", "EULER_TABLEAU", "HEUN_TABLEAU", "RK4_TABLEAU", "register_tableau",
+           "SUBSTEPS", "InconsistentDepthLimitWarning", "warn_inconsistent_depth"]

@@ -15,14 +15,16 @@ from __future__ import annotations
 import abc
 import warnings
 from dataclasses import dataclass, field
-from numbers import Real
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
 import array_api_compat
 import numpy as np
 
+from ..validation import is_real
+
 __all__ = ["SplitProblem", "Scheme", "register", "get", "available", "check_dt", "integrate",
-           "InconsistentDepthLimitWarning", "warn_inconsistent_depth"]
+           "projects", "LayeredModel", "NormalizedBlock", "InconsistentDepthLimitWarning",
+           "warn_inconsistent_depth"]
 
 
 class InconsistentDepthLimitWarning(UserWarning):
@@ -45,7 +47,7 @@ def warn_inconsistent_depth(what: str, stacklevel: int = 2) -> None:
 
 def check_dt(dt) -> float:
     """Validate a time step: a finite positive real number."""
-    if isinstance(dt, bool) or not isinstance(dt, Real):
+    if not is_real(dt):
         raise TypeError(f"dt must be a real number, got {type(dt).__name__}")
     value = float(dt)
     if not value > 0.0 or value == float("inf"):
@@ -133,15 +135,104 @@ def get(name, **kwargs) -> "Scheme":
     return _REGISTRY[name](**kwargs)
 
 
+@runtime_checkable
+class LayeredModel(Protocol):
+    """What :func:`projects` reads of a model: its layers (:class:`ctformer.ContinuousTransformer`)."""
+
+    blocks: Sequence
+
+
+@runtime_checkable
+class NormalizedBlock(Protocol):
+    """What :func:`projects` reads of a layer (:class:`ctformer.Block`): its sub-flows, their
+    normalizations and where the normalizations act (``"pre"``, ``"post"`` or ``"none"``)."""
+
+    attention: object
+    feedforward: object
+    normalization1: object
+    normalization2: object
+    placement: str
+
+
+def projects(problem) -> bool:
+    r"""Whether ``problem`` projects after its sub-steps with a projection that is not the identity.
+
+    Parameters
+    ----------
+    problem : None, SplitProblem, Block, ContinuousTransformer or a sequence of them
+        ``None`` stands for a problem without projections. A
+        :class:`ctformer.ContinuousTransformer` (a :class:`LayeredModel`) projects when one
+        of its blocks does; a :class:`ctformer.Block` (a :class:`NormalizedBlock`) projects
+        when it is post-norm (``placement="post"``) with a normalization after one of its
+        sub-flows: its split problem carries those normalizations as ``projections``.
+
+    Returns
+    -------
+    bool
+
+    Raises
+    ------
+    TypeError
+        For anything else, naming what is accepted.
+    """
+    if problem is None:
+        return False
+    if isinstance(problem, SplitProblem):
+        return problem.has_projections
+    if isinstance(problem, (list, tuple)):
+        return any(projects(p) for p in problem)
+    if isinstance(problem, NormalizedBlock):
+        pairs = ((problem.attention, problem.normalization1),
+                 (problem.feedforward, problem.normalization2))
+        return problem.placement == "post" and any(op is not None and n is not None for op, n in pairs)
+    if isinstance(problem, LayeredModel):
+        return any(projects(block) for block in problem.blocks)
+    raise TypeError(f"problem must be None, a SplitProblem, a Block, a ContinuousTransformer or a "
+                    f"list or tuple of them, got {type(problem).__name__}")
+
+
 class Scheme(abc.ABC):
-    """One step ``u -> u(t + dt)`` of a :class:`SplitProblem`; ``order`` is its order in dt."""
+    r"""One step ``u -> u(t + dt)`` of a :class:`SplitProblem`; :meth:`order` is its order in dt.
+
+    A scheme declares ``name`` (its registry name) and ``nominal_order``, its order on
+    problems whose projections are the identity (pre-norm models, or no normalization).
+    """
 
     name: ClassVar[str]
-    order: ClassVar[float]
+    nominal_order: ClassVar[float]
 
     @abc.abstractmethod
     def step(self, problem: SplitProblem, u, dt: float):
         """Advance ``u`` by ``dt``."""
+
+    def order(self, problem=None) -> float:
+        r"""The order in :math:`\Delta t` of this scheme on ``problem``.
+
+        .. math::  p(\text{problem}) = \begin{cases} p_{\text{nominal}} & \text{projections
+                   are the identity,} \\ \min(1, p_{\text{nominal}}) & \text{otherwise.}
+                   \end{cases}
+
+        Projecting after sub-steps is a first-order approximation of the projected flow
+        :math:`u' = P_{T_u S} \sum_k f_k(u)` whatever the sub-step method, so on a post-norm
+        model every scheme is first order (:mod:`ctformer.solvers.splitting`).
+
+        Parameters
+        ----------
+        problem : None, SplitProblem, Block, ContinuousTransformer or a sequence of them, optional
+            The problem the scheme solves (see :func:`projects`); ``None``, the default, gives
+            the nominal order.
+
+        Returns
+        -------
+        float
+        """
+        nominal = float(self.nominal_order)
+        return min(1.0, nominal) if projects(problem) else nominal
+
+    @property
+    def label(self) -> str:
+        """A short name for tables and plots: :attr:`name`, with the sub-step method if any."""
+        return self.name
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

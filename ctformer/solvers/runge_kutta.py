@@ -8,20 +8,28 @@ An explicit :math:`s`-stage method for :math:`u' = F(u)` with tableau
     k_i = F\Big(u + h \sum_{j < i} a_{ij} k_j\Big), \qquad
     u \leftarrow u + h \sum_i b_i k_i .
 
-The library has one of each method: :data:`EULER` (order 1), :data:`HEUN` (order 2) and
-:data:`RK4` (the classical method, order 4). They serve as the sub-step method of the
-splitting schemes (``substep=``) and, on the unsplit right-hand side
+The library has one of each method: :data:`EULER_TABLEAU` (order 1), :data:`HEUN_TABLEAU`
+(order 2) and :data:`RK4_TABLEAU` (the classical method, order 4). They serve as the sub-step
+method of the splitting schemes (``substep=``) and, on the unsplit right-hand side
 :math:`F = \sum_k f_k`, as the schemes ``euler``, ``heun`` and ``rk4``.
+
+A new explicit method is one tableau and one call: :func:`register_tableau` adds it to
+:data:`TABLEAUS` (so every splitting scheme accepts it as ``substep=``) and registers the
+scheme that applies it to the unsplit right-hand side (so :func:`ctformer.solvers.get` and
+:func:`ctformer.solvers.available` list it, with the tableau's order)::
+
+    RALSTON_TABLEAU = register_tableau(ButcherTableau(
+        "ralston", a=((), (2 / 3,)), b=(1 / 4, 3 / 4), order=2.0))
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ClassVar
 
 from .base import Scheme, SplitProblem, check_dt, register
 
-__all__ = ["ButcherTableau", "EULER", "HEUN", "RK4", "TABLEAUS", "RungeKutta", "Euler", "Heun",
-           "ClassicalRK4"]
+__all__ = ["ButcherTableau", "EULER_TABLEAU", "HEUN_TABLEAU", "RK4_TABLEAU", "TABLEAUS",
+           "register_tableau", "RungeKutta", "Euler", "Heun", "RK4"]
 
 
 @dataclass(frozen=True)
@@ -71,13 +79,8 @@ class ButcherTableau:
         return out
 
 
-EULER = ButcherTableau("euler", a=((),), b=(1.0,), order=1.0)
-HEUN = ButcherTableau("heun", a=((), (1.0,)), b=(0.5, 0.5), order=2.0)
-RK4 = ButcherTableau("rk4", a=((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)),
-                     b=(1.0 / 6.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 6.0), order=4.0)
-
 #: The tableaus by name: the sub-step methods of the splitting schemes.
-TABLEAUS = {t.name: t for t in (EULER, HEUN, RK4)}
+TABLEAUS: dict[str, ButcherTableau] = {}
 
 
 class RungeKutta(Scheme):
@@ -88,17 +91,59 @@ class RungeKutta(Scheme):
 
     Order: the tableau's on pre-norm problems whose parameters are constant over each step (a
     converted network: steps never straddle a layer boundary when ``steps_per_layer`` is an
-    integer); 1 with projections that are not the identity.
+    integer); 1 with projections that are not the identity (:meth:`Scheme.order`).
     """
 
-    tableau: ButcherTableau
+    tableau: ClassVar[ButcherTableau]
+
+    @property
+    def nominal_order(self) -> float:
+        """The tableau's order."""
+        return self.tableau.order
 
     def step(self, problem: SplitProblem, u, dt: float):
         dt = check_dt(dt)
         return problem.project_all(self.tableau.step(problem.rhs, u, dt))
 
 
-@register
+def register_tableau(tableau: ButcherTableau, scheme: type | None = None) -> ButcherTableau:
+    """Make ``tableau`` a sub-step method and a scheme of the same name.
+
+    Parameters
+    ----------
+    tableau : ButcherTableau
+        Added to :data:`TABLEAUS` under ``tableau.name``.
+    scheme : subclass of RungeKutta, optional
+        The scheme class registered for ``tableau.name`` (its ``tableau`` is set); default a
+        new :class:`RungeKutta` subclass named after the tableau.
+
+    Returns
+    -------
+    ButcherTableau
+        ``tableau`` itself.
+
+    Raises
+    ------
+    TypeError
+        If ``tableau`` is not a :class:`ButcherTableau`.
+    ValueError
+        If a tableau of that name is registered already.
+    """
+    if not isinstance(tableau, ButcherTableau):
+        raise TypeError(f"tableau must be a ButcherTableau, got {type(tableau).__name__}")
+    if tableau.name in TABLEAUS:
+        raise ValueError(f"a tableau named {tableau.name!r} is registered already; choose another "
+                         "name")
+    if scheme is None:
+        scheme = type(tableau.name.capitalize(), (RungeKutta,),
+                      {"__doc__": f"The Runge-Kutta method {tableau.name!r} on the full right-hand "
+                                  f"side. Order {tableau.order:g}.", "__module__": __name__})
+    scheme.name, scheme.tableau = tableau.name, tableau
+    TABLEAUS[tableau.name] = tableau
+    register(scheme)
+    return tableau
+
+
 class Euler(RungeKutta):
     r"""Explicit Euler on the full right-hand side, :math:`u \leftarrow P(u + \Delta t \sum_k f_k(u))`.
 
@@ -106,22 +151,12 @@ class Euler(RungeKutta):
     (attention and FFN read the same input). Order 1.
     """
 
-    name = "euler"
-    tableau = EULER
-    order = EULER.order
 
-
-@register
 class Heun(RungeKutta):
     r"""Heun's method (explicit trapezoid) on the full right-hand side. Order 2."""
 
-    name = "heun"
-    tableau = HEUN
-    order = HEUN.order
 
-
-@register
-class ClassicalRK4(RungeKutta):
+class RK4(RungeKutta):
     r"""The classical four-stage Runge-Kutta method on the full right-hand side. Order 4.
 
     .. math::
@@ -132,6 +167,9 @@ class ClassicalRK4(RungeKutta):
         u \leftarrow P\Big(u + \tfrac{\Delta t}{6}(k_1 + 2 k_2 + 2 k_3 + k_4)\Big).
     """
 
-    name = "rk4"
-    tableau = RK4
-    order = RK4.order
+
+EULER_TABLEAU = register_tableau(ButcherTableau("euler", a=((),), b=(1.0,), order=1.0), Euler)
+HEUN_TABLEAU = register_tableau(ButcherTableau("heun", a=((), (1.0,)), b=(0.5, 0.5), order=2.0), Heun)
+RK4_TABLEAU = register_tableau(ButcherTableau(
+    "rk4", a=((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)),
+    b=(1.0 / 6.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 6.0), order=4.0), RK4)

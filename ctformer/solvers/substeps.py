@@ -9,6 +9,8 @@ name        step :math:`u \mapsto u_{\text{new}}`                           orde
 ``heun``    :math:`u + \tfrac{h}{2}\big(f(u) + f(u + h f(u))\big)`          2
 ``rk4``     classical four-stage Runge-Kutta                                4
 ==========  ==============================================================  =====
+
+and any tableau added by :func:`ctformer.solvers.runge_kutta.register_tableau`.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from .runge_kutta import TABLEAUS
 
 __all__ = ["SUBSTEPS", "substep_order", "check_substep", "advance"]
 
-#: Sub-step methods by name (the Butcher tableaus).
+#: Sub-step methods by name: the registry of Butcher tableaus itself (not a copy), so a
+#: registered tableau is a sub-step method at once.
 SUBSTEPS = TABLEAUS
 
 

@@ -12,21 +12,13 @@ import numpy as np
 from ..discretizations import Discretization, GaussLegendre, available, get
 from ..discretizations.product import at_size
 from ..state import AXES
+from ..validation import is_integer
 
 __all__ = ["fixed_discretization", "refined_family", "check_levels", "check_window",
-           "evaluation_points", "check_positive_int", "level_discretization",
-           "DEFAULT_FIXED", "DEFAULT_REFINED"]
+           "evaluation_points", "level_discretization", "DEFAULT_FIXED", "DEFAULT_REFINED"]
 
 DEFAULT_FIXED = {"tokens": ("gauss-legendre", 16), "features": ("gauss-legendre", 12)}
 DEFAULT_REFINED = "gauss-legendre"
-
-
-def check_positive_int(value, argname: str, minimum: int = 1) -> int:
-    """An integer >= ``minimum`` (booleans refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        qualifier = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{argname} must be {qualifier}, got {value!r}")
-    return int(value)
 
 
 def fixed_discretization(spec, argname: str, default):
@@ -87,15 +79,15 @@ def refined_family(spec, argname: str):
 
 
 def check_levels(levels) -> list[int]:
+    """At least two strictly increasing positive integers."""
     try:
         values = list(levels)
     except TypeError:
         raise TypeError(f"levels must be a sequence of positive integers, got {levels!r}") from None
     if len(values) < 2:
         raise ValueError(f"levels needs at least two values, got {values!r}")
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"levels must be positive integers, got {values!r}")
+    if not all(is_integer(v) and v >= 1 for v in values):
+        raise ValueError(f"levels must be positive integers, got {values!r}")
     values = [int(v) for v in values]
     if any(b <= a for a, b in zip(values, values[1:])):
         raise ValueError(f"levels must be strictly increasing, got {values!r}")
@@ -103,6 +95,7 @@ def check_levels(levels) -> list[int]:
 
 
 def check_window(window, refine):
+    """A finite interval ``(a, b)``, ``a < b``, for a refined token or feature axis, or None."""
     if window is None:
         return None
     if refine not in AXES:
@@ -146,9 +139,9 @@ def _composite_points(family, coarsest, fine, window, evaluate):
     if window is not None or evaluate != "interpolate":
         raise ValueError(f"window and evaluate='coarsest-nodes' apply to interval discretizations, "
                          f"not to {family!r}")
-    atoms = getattr(family, "atoms", 0)
+    atoms = family.atoms
     base = family.base if atoms else family
-    if getattr(base, "dimension", 1) == 2:
+    if base.dimension == 2:
         per_axis = max(2, int(round(math.sqrt(fine))))
         (d1, d2) = base.domain
         g1, g2 = GaussLegendre(per_axis, domain=d1), GaussLegendre(per_axis, domain=d2)

@@ -21,12 +21,10 @@ import numpy as np
 from ..backend import to_host
 from ..solvers import InconsistentDepthLimitWarning
 from ..state import AXES, Grids
-from .arguments import level_discretization
 from .identity import array_identity
+from .refinement import VARIABLES, Refinement
 
 __all__ = ["StudyCase", "compute_case", "VARIABLES"]
-
-VARIABLES = ("tokens", "features", "hidden", "time")
 
 
 @dataclass
@@ -42,7 +40,7 @@ class StudyCase:
     model: object
     u0: object
     scheme: object
-    refine: str
+    refinement: Refinement
     family: tuple | None
     fixed: dict
     steps_per_layer: int
@@ -51,14 +49,20 @@ class StudyCase:
 
     def discretizations(self, level: int) -> dict:
         """The four discretizations of ``level`` (``None``: the model's default)."""
-        chosen = dict(self.fixed)
-        if self.refine != "time":
-            chosen[self.refine] = level_discretization(self.family, level)
-        return chosen
+        return self.refinement.discretizations(self.fixed, self.family, level)
 
     def steps(self, level: int) -> int:
         """Steps per layer of ``level``."""
-        return level if self.refine == "time" else self.steps_per_layer
+        return self.refinement.steps(level, self.steps_per_layer)
+
+    def h(self, level: int) -> float:
+        """The mesh width or time step of ``level``."""
+        return self.refinement.h(level, self.discretizations(level))
+
+    @property
+    def refine(self) -> str:
+        """The refined variable's name."""
+        return self.refinement.variable
 
     def grids(self, level: int) -> Grids:
         """The state space of ``level`` (through ``model.grids`` when the model has it)."""

@@ -8,6 +8,10 @@ A study solves the same model from the same initial state :math:`u_0(x, y)` on a
 * ``refine="hidden"``: the size of the FFN hidden variable :math:`r`;
 * ``refine="time"``: the number of steps per layer :math:`k`, :math:`\Delta t = 1/k`.
 
+The names become :class:`~ctformer.studies.TimeRefinement` and
+:class:`~ctformer.studies.SpaceRefinement` objects (:mod:`ctformer.studies.refinement`), which
+may also be passed as ``refine``.
+
 Every solution :math:`u_h(T)` is brought to a common evaluation grid by
 :meth:`ctformer.Grids.evaluate`: along a refined spatial variable, each discretization's
 ``interpolate`` evaluates its reconstruction at ``fine`` Gauss-Legendre points; along the fixed
@@ -25,8 +29,9 @@ level, the Richardson extrapolation
 :math:`u_f + (u_f - u_c)/((h_c/h_f)^p - 1)` of the two finest levels with the expected order
 :math:`p`, or a callable exact solution :math:`u(T, x, y)`.
 
-A study is four steps, one function each: the arguments are checked
-(:mod:`ctformer.studies.arguments`), the cases are built with their identities
+A study is four steps, one function each: the arguments are checked once into a frozen
+:class:`~ctformer.studies.StudySpec` (:mod:`ctformer.studies.spec`), the cases are built with
+their identities
 (:func:`_build`), run (:func:`ctformer.studies.execution.run_cases`), and measured
 (:func:`_measure`).
 """
@@ -40,37 +45,16 @@ import numpy as np
 
 from .. import solvers
 from ..backend import to_host
-from ..model_inputs import renamed_keyword
-from .arguments import (DEFAULT_FIXED, check_levels, check_positive_int, check_window,
-                        evaluation_points, fixed_discretization, level_discretization,
-                        refined_family)
-from .cases import VARIABLES, StudyCase, compute_case
+from .arguments import DEFAULT_FIXED, fixed_discretization
+from .cases import StudyCase, compute_case
 from .execution import case_key, finite_or_none, run_cases
 from .identity import array_identity, describe, model_identity
-from .results import ConvergenceResult, Row, fit_order, neighbour_orders
+from .orders import fit_order, neighbour_orders
+from .refinement import VARIABLES, scheme_problem
+from .results import ConvergenceResult, Row
+from .spec import NORMS, StudySpec, smooth_initial_state
 
-__all__ = ["convergence", "smooth_initial_state", "VARIABLES"]
-
-NORMS = ("l2", "max")
-
-
-def smooth_initial_state(x, y):
-    r"""The default initial state of studies (design notes, section 1).
-
-    .. math::  u_0(x, y) = \cos\big(4 y + 1.5 \sin(\pi x + 0.5)\big) + 0.3 \sin(\pi x y).
-
-    Its feature variance is bounded below uniformly in :math:`x`, so LayerNorm stays smooth.
-    """
-    return np.cos(4.0 * y + 1.5 * np.sin(np.pi * x + 0.5)) + 0.3 * np.sin(np.pi * x * y)
-
-
-def _disc_spec(d):
-    return None if d is None else describe(d)
-
-
-def _scheme_label(scheme) -> str:
-    substep = getattr(scheme, "substep", None)
-    return scheme.name if substep is None else f"{scheme.name} ({substep})"
+__all__ = ["convergence", "smooth_initial_state", "VARIABLES", "NORMS"]
 
 
 def convergence(model, *, refine: str, levels, tokens=None, features=None, head_features=None,
@@ -78,7 +62,7 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
                 reference="finest", error_norm: str | None = None, fine: int = 200, window=None,
                 evaluate: str = "interpolate", expected_order=None,
                 fit_levels: int | None = None, executor=None, store=None,
-                progress: bool = True, norm: str | None = None) -> ConvergenceResult:
+                progress: bool = True) -> ConvergenceResult:
     r"""Refine one variable of ``model`` and measure the error and the observed order.
 
     Parameters
@@ -87,8 +71,10 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
         Anything with ``solve(u0, *, tokens, features, head_features, hidden, scheme,
         steps_per_layer, trajectory)`` returning the layer-boundary states; ``grids(...)`` and
         ``parameters()`` are used when present.
-    refine : {"tokens", "features", "hidden", "time"}
-        The variable to refine.
+    refine : {"tokens", "features", "hidden", "time"} or Refinement
+        The variable to refine: a name, or :class:`TimeRefinement()
+        <ctformer.studies.TimeRefinement>` / :class:`SpaceRefinement(variable)
+        <ctformer.studies.SpaceRefinement>`.
     levels : sequence of int
         Strictly increasing sizes :math:`n` of the refined variable, or steps per layer for
         ``refine="time"``; at least two (four or more for a meaningful fitted order).
@@ -113,8 +99,7 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
         levels with the expected order, or the exact :math:`u(T, x, y)` (broadcasting; it
         must return finite values).
     error_norm : {"l2", "max"}, optional
-        Continuous :math:`L^2` norm or maximum over the evaluation grid (default ``"l2"``;
-        ``norm`` is a deprecated name).
+        Continuous :math:`L^2` norm or maximum over the evaluation grid (default ``"l2"``).
     fine : int, optional
         Gauss-Legendre points along a refined token or feature axis (default 200).
     evaluate : {"interpolate", "coarsest-nodes"}, optional
@@ -129,9 +114,10 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
         normalizes by :math:`\int_0^x`, so quadrature errors near :math:`x = 0` are divided
         by :math:`x`; ``window=(0.25, 1)`` shows the interior order.
     expected_order : float, optional
-        Theoretical order for Richardson and the plot; default the discretization's or
-        scheme's ``order`` (give it for causal attention, whose full-diagonal rule is first
-        order whatever the discretization).
+        Theoretical order for Richardson and the plot; default the refined discretization's
+        ``order``, or ``scheme.order(model)`` when refining time: the scheme's order on this
+        model, 1 for every scheme on a post-norm model (give it for causal attention, whose
+        full-diagonal rule is first order whatever the discretization).
     fit_levels : int, optional
         Fit the observed order over only this many finest asymptotic levels.
     executor : None, concurrent.futures.Executor or dask.distributed.Client, optional
@@ -166,107 +152,93 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
     InconsistentDepthLimitWarning
         When refining time in a post-norm model with per-feature affine LayerNorm.
     """
-    error_norm = renamed_keyword("norm", norm, "error_norm", error_norm, where="convergence")
-    study, keys, expected, options = _build(
-        model, refine=refine, levels=levels, tokens=tokens, features=features,
+    spec = StudySpec.checked(
+        refine=refine, levels=levels, tokens=tokens, features=features,
         head_features=head_features, hidden=hidden, scheme=scheme, steps_per_layer=steps_per_layer,
-        u0=u0, reference=reference, error_norm="l2" if error_norm is None else error_norm,
-        fine=fine, window=window, evaluate=evaluate, expected_order=expected_order,
-        fit_levels=fit_levels, store=store)
+        u0=u0, reference=reference, error_norm=error_norm, fine=fine, window=window,
+        evaluate=evaluate, expected_order=expected_order, fit_levels=fit_levels)
+    study, keys, summary = _build(model, spec, store)
     start = time.perf_counter()
     records = run_cases(compute_case, study, keys, executor=executor, store=store,
-                        progress=progress, description=f"{refine} study")
-    return _measure(study, keys, records, expected, options, time.perf_counter() - start)
+                        progress=progress, description=f"{spec.refinement.variable} study")
+    return _measure(study, keys, records, spec, summary, time.perf_counter() - start)
 
 
-def _build(model, *, refine, levels, tokens, features, head_features, hidden, scheme,
-           steps_per_layer, u0, reference, error_norm, fine, window, evaluate, expected_order,
-           fit_levels, store):
-    """Check the arguments; return the shared case, the keyed levels and the options."""
-    if refine not in VARIABLES:
-        raise ValueError(f"refine must be one of {', '.join(VARIABLES)}, got {refine!r}")
-    levels = check_levels(levels)
-    if error_norm not in NORMS:
-        raise ValueError(f"error_norm must be 'l2' or 'max', got {error_norm!r}")
-    if not (callable(reference) or reference in ("finest", "richardson")):
-        raise ValueError(f"reference must be 'finest', 'richardson' or a callable u(x, y), got {reference!r}")
-    fine = check_positive_int(fine, "fine", minimum=2)
-    steps_per_layer = check_positive_int(steps_per_layer, "steps_per_layer")
-    if fit_levels is not None:
-        fit_levels = check_positive_int(fit_levels, "fit_levels", minimum=2)
-    scheme = solvers.get(scheme)
-    window = check_window(window, refine)
-    if evaluate not in ("interpolate", "coarsest-nodes"):
-        raise ValueError(f"evaluate must be 'interpolate' or 'coarsest-nodes', got {evaluate!r}")
-    u0 = smooth_initial_state if u0 is None else u0
-    if not callable(u0) and refine in ("tokens", "features"):
-        raise ValueError("u0 must be a callable u0(x, y) when refining tokens or features "
-                         "(it is sampled on every grid)")
-
-    fixed, family = {}, None
-    for var, spec in (("tokens", tokens), ("features", features),
-                      ("head_features", head_features), ("hidden", hidden)):
-        if var == refine:
-            family, fixed[var] = refined_family(spec, var), None
-        else:
-            fixed[var] = fixed_discretization(spec, var, DEFAULT_FIXED.get(var))
-    if expected_order is not None:
-        expected = float(expected_order)
-    else:
-        expected = float(scheme.order) if refine == "time" else \
-            float(level_discretization(family, levels[0]).order)
-    if reference == "richardson" and math.isinf(expected):
+def _build(model, spec: StudySpec, store):
+    """The shared case, the keyed levels, and what the result carries (expected order, ...)."""
+    refinement, levels = spec.refinement, spec.levels
+    fixed, family = {}, refinement.family(spec.specs)
+    for var, given in spec.specs.items():
+        fixed[var] = None if var == refinement.variable else \
+            fixed_discretization(given, var, DEFAULT_FIXED.get(var))
+    expected = spec.expected_order
+    if expected is None:
+        expected = refinement.expected_order(spec.scheme, model, family, levels[0])
+    if spec.reference == "richardson" and math.isinf(expected):
         raise ValueError("reference='richardson' needs a finite expected order; the refined "
                          "method is spectral, use reference='finest' or pass expected_order")
-    consistent = not (refine == "time" and getattr(model, "warns_inconsistent_depth", False))
+    consistent = not (refinement.refines_depth and _warns_inconsistent_depth(model))
     if not consistent:
         solvers.warn_inconsistent_depth("refining time in a post-norm model whose LayerNorm has "
                                         "per-feature affine parameters", stacklevel=4)
 
-    points, weights = evaluation_points(refine, family, levels[0], fine, window, evaluate)
-    study = StudyCase(model, u0, scheme, refine, family, fixed, steps_per_layer, points, weights)
+    points, weights = refinement.evaluation_points(family, levels[0], spec.fine, spec.window,
+                                                   spec.evaluate)
+    study = StudyCase(model, spec.u0, spec.scheme, refinement, family, fixed, spec.steps_per_layer,
+                      points, weights)
+    identified = store is not None
     shared = {
-        "model": model_identity(model) if store is not None else None, "refine": refine,
+        "model": model_identity(model) if identified else None, "refine": refinement.variable,
         "family": None if family is None else describe(family),
-        "fixed": {k: _disc_spec(v) for k, v in fixed.items()}, "scheme": repr(scheme),
+        "fixed": {k: None if v is None else describe(v) for k, v in fixed.items()},
+        "scheme": repr(spec.scheme),
         # the scheme's full state, not its repr (a parameter its repr leaves out)
-        "scheme_state": describe(scheme, "the scheme") if store is not None else None,
-        "steps_per_layer": steps_per_layer, "fine": fine,
-        "window": None if window is None else list(window), "evaluate": evaluate,
+        "scheme_state": describe(spec.scheme, "the scheme") if identified else None,
+        "steps_per_layer": spec.steps_per_layer, "fine": spec.fine,
+        "window": None if spec.window is None else list(spec.window), "evaluate": spec.evaluate,
         "points": None if points is None else array_identity(points),
     }
     keys = [(case_key({**shared, "level": n,
-                       "u0": study.initial_identity(n) if store is not None else None}), n)
+                       "u0": study.initial_identity(n) if identified else None}), n)
             for n in levels]
-    options = {"reference": reference, "error_norm": error_norm, "fit_levels": fit_levels,
-               "consistent": consistent, "parameters": shared}
-    return study, keys, expected, options
+    summary = {"expected": expected, "consistent": consistent,
+               "gauss_points": refinement.gauss_points(family, levels[0]),
+               "method": refinement.method(spec.scheme, family),
+               "parameters": dict(shared, scheme_order=spec.scheme.order(scheme_problem(model)))}
+    return study, keys, summary
 
 
-def _measure(study, keys, records, expected, options, wall) -> ConvergenceResult:
-    """Errors against the reference, neighbour and fitted orders, the result table."""
-    levels = [n for _, n in keys]
-    values = [np.asarray(records[key]["values"], dtype=np.float64) for key, _ in keys]
-    grids = study.grids(levels[-1])
-    (x, w_x), (y, w_y) = study.evaluation_axes(grids)
-    h = [1.0 / n for n in levels] if study.refine == "time" else \
-        [study.discretizations(n)[study.refine].h for n in levels]
+def _warns_inconsistent_depth(model) -> bool:
+    model = scheme_problem(model)
+    return model is not None and model.warns_inconsistent_depth
 
-    reference = options["reference"]
+
+def _reference(spec, summary, values, h, x, y):
+    """The reference values, the index of the level that is the reference (or None), its name."""
+    reference = spec.reference
     if callable(reference):
         ref = to_host(reference(x[:, None], y[None, :]), np.float64)
         if not np.all(np.isfinite(ref)):
             raise ValueError("reference(x, y) returned NaN or inf; it must be the exact solution "
                              "u(T, x, y), finite on the evaluation grid")
-        ref, skip, reference_name = np.broadcast_to(ref, values[-1].shape), None, "exact"
-    elif reference == "richardson":
-        ratio = (h[-2] / h[-1]) ** expected
-        ref, skip, reference_name = values[-1] + (values[-1] - values[-2]) / (ratio - 1.0), None, "richardson"
-    else:
-        ref, skip, reference_name = values[-1], len(levels) - 1, "finest"
+        return np.broadcast_to(ref, values[-1].shape), None, "exact"
+    if reference == "richardson":
+        ratio = (h[-2] / h[-1]) ** summary["expected"]
+        return values[-1] + (values[-1] - values[-2]) / (ratio - 1.0), None, "richardson"
+    return values[-1], len(values) - 1, "finest"
+
+
+def _measure(study, keys, records, spec, summary, wall) -> ConvergenceResult:
+    """Errors against the reference, neighbour and fitted orders, the result table."""
+    levels = [n for _, n in keys]
+    values = [np.asarray(records[key]["values"], dtype=np.float64) for key, _ in keys]
+    grids = study.grids(levels[-1])
+    (x, w_x), (y, w_y) = study.evaluation_axes(grids)
+    h = [study.h(n) for n in levels]
+    ref, skip, reference_name = _reference(spec, summary, values, h, x, y)
 
     def measure(diff):
-        if options["error_norm"] == "max":
+        if spec.error_norm == "max":
             return float(np.max(np.abs(diff)))
         return float(np.sqrt(np.einsum("...ij,i,j->", diff ** 2, w_x, w_y)))
 
@@ -275,15 +247,11 @@ def _measure(study, keys, records, expected, options, wall) -> ConvergenceResult
     table = [Row(level=i, n=n, h=float(h[i]), error=finite_or_none(errors[i]),
                  order=finite_or_none(orders[i]), seconds=float(records[key]["seconds"]))
              for i, (key, n) in enumerate(keys)]
-    if study.refine == "time":
-        method = _scheme_label(study.scheme)
-    else:
-        method = study.family[0] if isinstance(study.family, tuple) else study.family.label
-    parameters = dict(options["parameters"], scheme_order=float(study.scheme.order))
     floor = 1e-12 * max(1.0, measure(ref))
     return ConvergenceResult(
-        table=table, observed_order=fit_order(h, errors, floor, options["fit_levels"]),
-        expected_order=expected, refine=study.refine, method=method, reference=reference_name,
-        norm=options["error_norm"],
+        table=table, observed_order=fit_order(h, errors, floor, spec.fit_levels),
+        expected_order=summary["expected"], refine=spec.refinement.variable,
+        method=summary["method"], reference=reference_name, norm=spec.error_norm,
         min_feature_std=min(float(records[key]["min_feature_std"]) for key, _ in keys),
-        wall_seconds=wall, parameters=parameters, consistent_limit=options["consistent"])
+        wall_seconds=wall, parameters=summary["parameters"],
+        consistent_limit=summary["consistent"], gauss_points=summary["gauss_points"])

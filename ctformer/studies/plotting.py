@@ -104,8 +104,8 @@ def plot_convergence(results, path=None, *, ax=None, title=None, slopes=True):
             hs = np.array([h[keep][0], h0])
             ax.loglog(hs, e0 * (hs / h0) ** p, "--", color=line.get_color(), alpha=0.7,
                       label=f"slope {p:g}")
-    unit = "time step" if all(r.refine == "time" for r in results) else "h"
-    ax.set_xlabel(r"$\Delta t$" if unit == "time step" else "$h$")
+    in_time = all(r.refinement.refines_depth for r in results)
+    ax.set_xlabel(r"$\Delta t$" if in_time else "$h$")
     ax.set_ylabel(f"error ({results[0].norm})")
     if title:
         ax.set_title(title)

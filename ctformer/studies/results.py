@@ -34,8 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .orders import composite_gauss_points as _composite_gauss_points
-from .orders import effective_order
+from .orders import effective_order, fit_order, neighbour_orders
 
 __all__ = ["Row", "ConvergenceResult", "fit_order", "neighbour_orders", "comparison_table",
            "effective_order"]
@@ -69,61 +68,6 @@ class Row:
     error: float | None
     order: float | None
     seconds: float
-
-
-def neighbour_orders(h, errors) -> list:
-    """Orders :math:`\\log(e_{i-1}/e_i) / \\log(h_{i-1}/h_i)` (``None`` where undefined)."""
-    out = [None]
-    for i in range(1, len(h)):
-        e0, e1 = errors[i - 1], errors[i]
-        if e0 is None or e1 is None or e0 <= 0 or e1 <= 0 or h[i - 1] == h[i]:
-            out.append(None)
-        else:
-            out.append(math.log(e0 / e1) / math.log(h[i - 1] / h[i]))
-    return out
-
-
-def fit_order(h, errors, floor: float = 0.0, fit_levels: int | None = None) -> float:
-    """Least-squares slope of ``log(error)`` against ``log(h)`` over the asymptotic levels.
-
-    Parameters
-    ----------
-    h, errors : sequence of float
-        Mesh widths and errors (``None`` errors are skipped).
-    floor : float
-        Errors at or below it are rounding noise and are left out.
-    fit_levels : int, optional
-        Use only this many of the finest remaining levels.
-
-    Returns
-    -------
-    float
-        The slope, or NaN when fewer than two levels remain (a study reports it as "-").
-
-    Raises
-    ------
-    ValueError
-        If ``h`` and ``errors`` differ in length, a mesh width is not finite and > 0, an error
-        is negative, NaN or inf (an error is a norm), or ``fit_levels`` is not a positive integer.
-    """
-    h, errors = list(h), list(errors)
-    if len(h) != len(errors):
-        raise ValueError(f"h and errors must have the same length, got {len(h)} mesh widths and "
-                         f"{len(errors)} errors")
-    if not all(math.isfinite(hi) and hi > 0 for hi in map(float, h)):
-        raise ValueError(f"h must hold finite mesh widths > 0, got {h}")
-    if any(ei is not None and not 0 <= float(ei) < math.inf for ei in errors):
-        raise ValueError(f"errors must be norms (finite, >= 0; None to skip a level), got {errors}")
-    if fit_levels is not None and (isinstance(fit_levels, bool)
-                                   or not isinstance(fit_levels, (int, np.integer)) or fit_levels < 1):
-        raise ValueError(f"fit_levels must be a positive integer or None, got {fit_levels!r}")
-    pts = [(hi, ei) for hi, ei in zip(h, errors) if ei is not None and ei > floor]
-    if fit_levels is not None:
-        pts = pts[-fit_levels:]
-    if len(pts) < 2:
-        return float("nan")
-    hh, ee = np.log(np.array(pts, dtype=float)).T
-    return float(np.polyfit(hh, ee, 1)[0])
 
 
 def _fmt(value, spec):
@@ -173,6 +117,10 @@ class ConvergenceResult:
         False when the refined model has no consistent limit (refining depth in a post-norm
         model whose LayerNorm has per-feature affine parameters): no expected order is
         reported then.
+    gauss_points : int or None
+        :math:`q` when the levels act as composite Gauss rules of order :math:`2q` (Galerkin
+        elements refined in the FFN hidden variable), else None; computed once by the study
+        from the refined discretization.
     """
 
     table: list
@@ -186,6 +134,7 @@ class ConvergenceResult:
     wall_seconds: float
     parameters: dict = field(default_factory=dict)
     consistent_limit: bool = True
+    gauss_points: int | None = None
 
     # -- views ------------------------------------------------------------------------
     @property
@@ -220,6 +169,13 @@ class ConvergenceResult:
         return self.norm
 
     @property
+    def refinement(self):
+        """The refined variable as a :class:`ctformer.studies.Refinement`."""
+        from .refinement import as_refinement
+
+        return as_refinement(self.refine)
+
+    @property
     def label(self) -> str:
         """A short legend entry, e.g. ``"tokens: gauss-legendre"``."""
         return f"{self.refine}: {self.method}"
@@ -234,7 +190,7 @@ class ConvergenceResult:
             "refine": self.refine, "method": self.method, "reference": self.reference,
             "norm": self.norm, "observed_order": clean(self.observed_order),
             "expected_order": clean(self.expected_order),
-            "consistent_limit": self.consistent_limit,
+            "consistent_limit": self.consistent_limit, "gauss_points": self.gauss_points,
             "min_feature_std": clean(self.min_feature_std), "wall_seconds": self.wall_seconds,
             "parameters": self.parameters, "table": [asdict(r) for r in self.table],
         }
@@ -266,8 +222,7 @@ class ConvergenceResult:
 
     # -- printing ---------------------------------------------------------------------
     def __str__(self) -> str:
-        step = "dt" if self.refine == "time" else "h"
-        size = "steps" if self.refine == "time" else "n"
+        size, step = self.refinement.size_name, self.refinement.step_name
         head = (f"convergence in {self.refine} ({self.method}), reference {self.reference}, "
                 f"{self.norm} norm")
         lines = [head, f"{'level':>5} {size:>6} {step:>10} {'error':>10} {'order':>6} {'seconds':>8}"]
@@ -297,22 +252,19 @@ class ConvergenceResult:
                     "per-feature gain or shift), so the order means nothing")
         if math.isinf(self.expected_order):
             return (f"error reduction per refinement {_reductions_text(self.reductions())} "
-                    f"(spectral: the error falls faster than any power of {self._step()}, so an "
+                    f"(spectral: the error falls faster than any power of {self.refinement.step_name}, so an "
                     f"algebraic order - fitted slope {observed} - means nothing)")
         if not math.isfinite(self.observed_order):
             why = ("no order: an order needs errors at two levels at least"
                    + (" (the finest level is the reference)" if self.reference == "finest" else ""))
             return f"{why}; expected {self.expected_order:g}"
-        q = _composite_gauss_points(self.refine, self.method)
+        q = self.gauss_points
         if q:
             return (f"observed order {observed} (expected {2 * q}: the hidden variable carries no "
                     f"state and enters only the FFN integral, which {self.method} evaluates at {q} "
                     f"Gauss points per element - a composite Gauss rule of order {2 * q}; the "
                     f"element order {self.expected_order:g} holds for stored states)")
         return f"observed order {observed} (expected {self.expected_order:g})"
-
-    def _step(self) -> str:
-        return "dt" if self.refine == "time" else "h"
 
     def __repr__(self) -> str:
         return (f"ConvergenceResult(refine={self.refine!r}, method={self.method!r}, "
@@ -347,7 +299,7 @@ def comparison_table(results, title: str | None = None) -> str:
     if any([r.n for r in res.table] != ns for res in results):
         raise ValueError("comparison_table needs studies with the same levels")
     refine = results[0].refine
-    size, step = ("steps", "dt") if refine == "time" else ("n", "h")
+    size, step = results[0].refinement.size_name, results[0].refinement.step_name
     width = max(18, *(len(res.method) + 2 for res in results))
     lines = [title or f"convergence in {refine} ({results[0].norm} error, reference "
                       f"{results[0].reference})",
@@ -381,7 +333,7 @@ def comparison_table(results, title: str | None = None) -> str:
         notes.append("spectral rules have no algebraic order: read the error reduction per "
                      "refinement (last reduction: error of the second-finest measured level over "
                      "the finest)")
-    if any(_composite_gauss_points(res.refine, res.method) for res in results):
+    if any(res.gauss_points for res in results):
         notes.append("Galerkin elements in the hidden variable act as composite Gauss rules "
                      "(order 2q with q Gauss points per element)")
     if not all(res.consistent_limit for res in results):

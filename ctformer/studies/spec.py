@@ -1,0 +1,119 @@
+r"""The arguments of a convergence study as one checked, frozen value.
+
+:func:`ctformer.studies.convergence` takes its arguments as keywords (the public signature)
+and turns them into a :class:`StudySpec` once, where they enter: every check happens in
+:meth:`StudySpec.checked`, and the steps after it (building the cases, measuring) read the
+spec instead of passing the keywords on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .. import solvers
+from ..validation import integer, one_of, real
+from .arguments import check_levels
+from .refinement import Refinement, as_refinement
+
+__all__ = ["StudySpec", "smooth_initial_state", "NORMS", "REFERENCES", "EVALUATIONS"]
+
+NORMS = ("l2", "max")
+REFERENCES = ("finest", "richardson")
+EVALUATIONS = ("interpolate", "coarsest-nodes")
+
+
+def smooth_initial_state(x, y):
+    r"""The default initial state of studies (design notes, section 1).
+
+    .. math::  u_0(x, y) = \cos\big(4 y + 1.5 \sin(\pi x + 0.5)\big) + 0.3 \sin(\pi x y).
+
+    Its feature variance is bounded below uniformly in :math:`x`, so LayerNorm stays smooth.
+    """
+    return np.cos(4.0 * y + 1.5 * np.sin(np.pi * x + 0.5)) + 0.3 * np.sin(np.pi * x * y)
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """A convergence study's checked arguments (see :func:`ctformer.studies.convergence`).
+
+    Attributes
+    ----------
+    refinement : Refinement
+        What the levels refine.
+    levels : tuple of int
+        Strictly increasing sizes, or steps per layer.
+    tokens, features, head_features, hidden : spec or None
+        The discretization specs as given; the refined one names its family.
+    scheme : Scheme
+    steps_per_layer : int
+    u0 : callable or array
+        Default :func:`ctformer.studies.smooth_initial_state`.
+    reference : {"finest", "richardson"} or callable
+    error_norm : {"l2", "max"}
+    fine : int
+    window : tuple of float or None
+    evaluate : {"interpolate", "coarsest-nodes"}
+    expected_order : float or None
+        Given by the user; ``None`` to take the refined method's order on the model.
+    fit_levels : int or None
+    """
+
+    refinement: Refinement
+    levels: tuple
+    tokens: object = None
+    features: object = None
+    head_features: object = None
+    hidden: object = None
+    scheme: solvers.Scheme = None
+    steps_per_layer: int = 1
+    u0: object = None
+    reference: object = "finest"
+    error_norm: str = "l2"
+    fine: int = 200
+    window: tuple | None = None
+    evaluate: str = "interpolate"
+    expected_order: float | None = None
+    fit_levels: int | None = None
+
+    @classmethod
+    def checked(cls, *, refine, levels, tokens=None, features=None, head_features=None,
+                hidden=None, scheme="lie", steps_per_layer=1, u0: Callable | None = None,
+                reference="finest", error_norm=None, fine=200, window=None,
+                evaluate="interpolate", expected_order=None, fit_levels=None) -> "StudySpec":
+        """Check every argument of a study once; raise naming the argument otherwise.
+
+        Raises
+        ------
+        ValueError, TypeError
+            As documented by :func:`ctformer.studies.convergence`.
+        """
+        refinement = as_refinement(refine)
+        levels = tuple(check_levels(levels))
+        error_norm = one_of("l2" if error_norm is None else error_norm, "error_norm", NORMS)
+        if not (callable(reference) or (isinstance(reference, str) and reference in REFERENCES)):
+            raise ValueError(f"reference must be 'finest', 'richardson' or a callable u(x, y), "
+                             f"got {reference!r}")
+        fine = integer(fine, "fine", minimum=2)
+        steps_per_layer = integer(steps_per_layer, "steps_per_layer")
+        if fit_levels is not None:
+            fit_levels = integer(fit_levels, "fit_levels", minimum=2)
+        scheme = solvers.get(scheme)
+        window = refinement.check_window(window)
+        evaluate = one_of(evaluate, "evaluate", EVALUATIONS)
+        u0 = smooth_initial_state if u0 is None else u0
+        if not callable(u0) and refinement.variable in ("tokens", "features"):
+            raise ValueError("u0 must be a callable u0(x, y) when refining tokens or features "
+                             "(it is sampled on every grid)")
+        if expected_order is not None:
+            expected_order = real(expected_order, "expected_order", positive=True)
+        return cls(refinement, levels, tokens, features, head_features, hidden, scheme,
+                   steps_per_layer, u0, reference, error_norm, fine, window, evaluate,
+                   expected_order, fit_levels)
+
+    @property
+    def specs(self) -> dict:
+        """The four discretization specs by variable."""
+        return {"tokens": self.tokens, "features": self.features,
+                "head_features": self.head_features, "hidden": self.hidden}
