@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..validation import is_integer
+from ..validation import integer, is_integer, real
 from .base import available, get
 
 __all__ = ["error_table", "format_error_table", "neighbour_orders", "fit_order"]
@@ -122,19 +122,23 @@ def error_table(
     Raises
     ------
     ValueError
-        For an unknown name, an ``n`` below a method's minimum, or a non-finite
-        ``exact_integral``.
+        For an unknown name, an ``n`` below a method's minimum, a non-finite
+        ``exact_integral`` or fewer than two ``check_points``.
+    TypeError
+        For an ``exact_integral`` that is not a real number, or an ``n`` or ``check_points``
+        that is not an integer.
     """
-    if not math.isfinite(float(exact_integral)):
-        raise ValueError(f"exact_integral must be finite, got {exact_integral!r}")
+    exact_integral = real(exact_integral, "exact_integral")
+    check_points = integer(check_points, "check_points", minimum=2)
+    ns = [integer(n, "every n of ns") for n in ns]
     names = available() if names is None else list(names)
-    points = np.linspace(float(domain[0]), float(domain[1]), int(check_points))
+    points = np.linspace(float(domain[0]), float(domain[1]), check_points)
     reference = np.asarray(f(points), dtype=np.float64)
     rows: list[dict] = []
     for name in names:
         block = []
         for n in ns:
-            disc = get(name, _valid_n(name, int(n)), domain=domain)
+            disc = get(name, _valid_n(name, n), domain=domain)
             values = disc.sample(f)
             block.append({
                 "name": name, "n": disc.n, "h": disc.h,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..validation import one_of
 from .runge_kutta import TABLEAUS
 
 __all__ = ["SUBSTEPS", "substep_order", "check_substep", "advance"]
@@ -27,9 +28,7 @@ SUBSTEPS = TABLEAUS
 
 def check_substep(name) -> str:
     """Validate a sub-step method name; raise ``ValueError`` listing the known ones."""
-    if not isinstance(name, str) or name not in SUBSTEPS:
-        raise ValueError(f"substep must be one of {', '.join(map(repr, SUBSTEPS))}, got {name!r}")
-    return name
+    return one_of(name, "substep", SUBSTEPS)
 
 
 def substep_order(name: str) -> float:
