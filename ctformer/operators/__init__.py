@@ -4,7 +4,7 @@ Every operator acts on values at quadrature points, arrays shaped
 ``(..., Nq_tokens, Nq_features)`` on a :class:`Grids`, and is discretized once per grids.
 """
 from .quadrature_attention import quadrature_attention
-from .base import Grids, Operator, check_state  # noqa: F401  (check_state stays importable)
+from .base import Grids, Normalization, Operator, check_state  # noqa: F401  (check_state stays importable)
 from .functions import FeatureFunction, as_feature_function
 from .attention import Attention
 from .feature import (ACTIVATIONS, FeatureMap, FeedForward, GatedFeedForward, gelu, gelu_tanh,
@@ -19,6 +19,7 @@ __all__ = [
     "quadrature_attention",
     "Grids",
     "Operator",
+    "Normalization",
     "FeatureFunction",
     "as_feature_function",
     "Attention",
