@@ -23,12 +23,14 @@ Behaviour shared by all commands:
 - Ctrl-C prints one line (how many cases are stored and where; rerunning the same command
   resumes) and exits with status 130, also while a compiled kernel is being built on first
   use (the compile, at most a second or two, finishes first: LLVM cannot be stopped midway);
-- progress bars are drawn only when standard error is a terminal.
+- progress bars are drawn only when standard error is a terminal;
+- the choices of ``--scheme``, ``--substep``, ``--activation``, ``--placement``, ``--refine``,
+  ``--error-norm``, ``--reference``, ``--evaluate`` and ``limit --model`` are read from the
+  library's registries when the parser is built (:func:`build_parser`), never listed here.
 """
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import re
 import sys
@@ -129,6 +131,29 @@ def _out_directory(text: str, option: str = "--out") -> Path:
 
 # -- the parser -----------------------------------------------------------------------------
 
+def _choices(option: str) -> list[str]:
+    """The accepted values of ``option``, read from its registry each time a parser is built.
+
+    So a scheme registered with ``ctformer.solvers.base.register``, a tableau registered with
+    :func:`ctformer.solvers.register_tableau`, an activation added to
+    :data:`ctformer.operators.activations.ACTIVATIONS` or a bridge added to
+    :data:`ctformer.bridges.hf.BRIDGES` is a choice of ``ctformer`` without an edit here.
+    """
+    from . import solvers
+    from .bridges.hf import small_models
+    from .operators.activations import ACTIVATIONS
+    from .random_models import PLACEMENTS
+    from .studies import VARIABLES
+    from .studies.spec import EVALUATIONS, NORMS, REFERENCES
+
+    registries = {"scheme": solvers.available, "substep": lambda: sorted(solvers.TABLEAUS),
+                  "activation": lambda: ACTIVATIONS, "placement": lambda: PLACEMENTS,
+                  "refine": lambda: VARIABLES, "error_norm": lambda: NORMS,
+                  "reference": lambda: REFERENCES, "evaluate": lambda: EVALUATIONS,
+                  "model": small_models}
+    return list(registries[option]())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``ctformer`` command."""
     parser = _Parser(prog="ctformer", description="The Transformer as a discretized "
@@ -142,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "error table and the observed order, write CSV, JSON and a plot to "
                            "--out. Finished cases are kept in OUT/cases: rerunning the same "
                            "command resumes an interrupted study.")
-    study.add_argument("--refine", required=True, choices=["tokens", "features", "hidden", "time"],
+    study.add_argument("--refine", required=True, choices=_choices("refine"),
                        help="the variable to refine")
     study.add_argument("--levels", required=True, type=str,
                        help="comma-separated increasing sizes n (steps per layer for --refine "
@@ -150,8 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--discretization", default=None,
                        help="discretization of the refined variable (default gauss-legendre; "
                        "see 'ctformer list')")
-    study.add_argument("--scheme", default="lie", help="time scheme (see 'ctformer list')")
-    study.add_argument("--substep", default=None, choices=["euler", "heun", "rk4"],
+    study.add_argument("--scheme", default="lie", choices=_choices("scheme"),
+                       help="time scheme (see 'ctformer list')")
+    study.add_argument("--substep", default=None, choices=_choices("substep"),
                        help="sub-step method of lie, strang or parallel (default: the scheme's)")
     study.add_argument("--steps-per-layer", type=int, default=1,
                        help="time steps per layer when time is not refined")
@@ -161,21 +187,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fixed feature discretization NAME:N (default gauss-legendre:12)")
     study.add_argument("--hidden", default=None,
                        help="fixed FFN hidden discretization NAME:N (default: as the features)")
-    study.add_argument("--reference", default="finest", choices=["finest", "richardson"],
+    study.add_argument("--reference", default="finest", choices=_choices("reference"),
                        help="the finest level, or Richardson extrapolation of the two finest")
-    study.add_argument("--error-norm", default="l2", choices=["l2", "max"],
+    study.add_argument("--error-norm", default="l2", choices=_choices("error_norm"),
                        help="norm of the error")
-    study.add_argument("--evaluate", default="interpolate", choices=["interpolate", "coarsest-nodes"],
+    study.add_argument("--evaluate", default="interpolate", choices=_choices("evaluate"),
                        help="compare on a fine interpolation grid, or at the coarsest level's nodes")
     study.add_argument("--window", default=None, help="measure the error on 'a,b' only")
     study.add_argument("--model-seed", type=int, default=0, help="seed of the random model")
     study.add_argument("--layers", type=int, default=2, help="number of layers (depth T)")
     study.add_argument("--heads", type=int, default=2, help="attention heads")
-    study.add_argument("--placement", default="pre", choices=["pre", "post", "post-projection", "none"],
+    study.add_argument("--placement", default="pre", choices=_choices("placement"),
                        help="where the normalizations sit in a block")
-    study.add_argument("--norm", default=None, choices=["pre", "post", "post-projection", "none"],
-                       dest="norm_deprecated", help="deprecated alias of --placement")
-    study.add_argument("--activation", default="gelu", choices=["relu", "gelu", "gelu_tanh", "silu"],
+    study.add_argument("--activation", default="gelu", choices=_choices("activation"),
                        help="feed-forward activation")
     study.add_argument("--mask", default=None, choices=["causal"],
                        help="causal attention (default: none)")
@@ -199,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "sentences. With --model: a small random float64 network of that "
                            "HuggingFace class, its per-layer discrete-limit error and, for "
                            "pre-norm networks, the continuous-depth refinement.")
-    limit.add_argument("--model", choices=("bert", "gpt2", "llama", "albert"), default=None,
+    limit.add_argument("--model", choices=_choices("model"), default=None,
                        help="network class (default: the pretrained MiniLM check)")
     limit.add_argument("--pretrained", action="store_true",
                        help="with --model bert: the pretrained MiniLM instead of random weights")
@@ -222,39 +246,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default=None, metavar="DIR",
                       help="write the tables (.txt, .csv, .json) and plots (.png) to DIR")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    for command in sub.choices.values():
+        command.set_defaults(**SHARED_DEFAULTS)
     return parser
+
+
+#: Options read by code that several commands share (``demo`` runs ``limit``), as a command
+#: without the option sees them: the same values as the options' own defaults.
+SHARED_DEFAULTS = {"no_progress": False, "model": None, "pretrained": False, "seed": 0, "out": None}
 
 
 # -- shared pieces --------------------------------------------------------------------------
 
 def _progress(args) -> bool:
     """Progress bars only on a terminal: captured logs get none."""
-    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
-
-
-def _keyword(function, new: str, old: str) -> str:
-    """``new`` if ``function`` accepts it, else its older name ``old``."""
-    try:
-        names = inspect.signature(function).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return new
-    return new if new in names or old not in names else old
-
-
-def _random_model(**options):
-    from .model import ContinuousTransformer
-
-    placement = options.pop("placement")
-    options[_keyword(ContinuousTransformer.random_smooth, "placement", "norm")] = placement
-    return ContinuousTransformer.random_smooth(**options)
-
-
-def _convergence(model, **options):
-    from .studies import convergence
-
-    error_norm = options.pop("error_norm", "l2")
-    options[_keyword(convergence, "error_norm", "norm")] = error_norm
-    return convergence(model, **options)
+    return not args.no_progress and sys.stderr.isatty()
 
 
 def _scheme(name, substep):
@@ -265,7 +271,8 @@ def _scheme(name, substep):
     try:
         return solvers.get(name, substep=substep)
     except TypeError:
-        raise UserError(f"--substep applies to lie, strang and parallel, not {name!r}") from None
+        raise UserError(f"--substep applies to a splitting scheme (one whose sub-flows take a "
+                        f"sub-step method, such as lie or strang), not {name!r}") from None
 
 
 def _connect(address: str, timeout: float):
@@ -333,21 +340,20 @@ def _study_spec(args):
 
 
 def _run_study(args) -> int:
+    from .model import ContinuousTransformer
+    from .studies import convergence
+
     levels = _levels(args.levels, args.reference)
     spec = _study_spec(args)
-    placement = args.placement
-    if args.norm_deprecated is not None:
-        print("ctformer: warning: --norm is deprecated; use --placement", file=sys.stderr)
-        placement = args.norm_deprecated
     scheme = _scheme(args.scheme, args.substep)
     window = _window(args.window)
     out = _out_directory(args.out)
-    model = _random_model(seed=args.model_seed, layers=args.layers, heads=args.heads,
-                          placement=placement, activation=args.activation, mask=args.mask,
-                          diagonal=args.diagonal, beta=args.beta)
+    model = ContinuousTransformer.random_smooth(
+        seed=args.model_seed, layers=args.layers, heads=args.heads, placement=args.placement,
+        activation=args.activation, mask=args.mask, diagonal=args.diagonal, beta=args.beta)
     client = _connect(args.scheduler, args.connect_timeout) if args.scheduler else None
     try:
-        result = _convergence(
+        result = convergence(
             model, refine=args.refine, levels=levels, tokens=spec["tokens"],
             features=spec["features"], hidden=spec["hidden"], scheme=scheme,
             steps_per_layer=args.steps_per_layer, reference=args.reference,
@@ -413,25 +419,26 @@ def _docs_hint() -> str:
 
 
 def _run_demo(args) -> int:
-    from .studies import comparison_table, plot_convergence
+    from .model import ContinuousTransformer
+    from .studies import comparison_table, convergence, plot_convergence
 
     out = None if args.out is None else _out_directory(args.out)
     store = None if out is None else out / "cases"
     start = time.perf_counter()
-    model = _random_model(seed=0, layers=2, placement="pre")
+    model = ContinuousTransformer.random_smooth(seed=0, layers=2, placement="pre")
     progress = _progress(args)
     print("ctformer demo: a 2-layer pre-norm random_smooth model, u0(x, y) = cos(4y + 1.5 sin(pi x"
           " + 0.5)) + 0.3 sin(pi x y)\n")
-    tokens = [_convergence(model, refine="tokens", levels=DEMO_TOKENS, tokens=name,
-                           features="gauss-legendre:12", progress=progress, store=store)
+    tokens = [convergence(model, refine="tokens", levels=DEMO_TOKENS, tokens=name,
+                          features="gauss-legendre:12", progress=progress, store=store)
               for name in ("midpoint", "gauss-legendre")]
     token_table = comparison_table(tokens, "refining tokens (features: 12 Gauss-Legendre points; "
                                            "lie, 1 step per layer; L2 error against n = 256)")
     print(token_table)
     print()
-    depth = [_convergence(model, refine="time", levels=DEMO_STEPS, scheme=name,
-                          tokens="gauss-legendre:16", features="gauss-legendre:12",
-                          progress=progress, store=store)
+    depth = [convergence(model, refine="time", levels=DEMO_STEPS, scheme=name,
+                         tokens="gauss-legendre:16", features="gauss-legendre:12",
+                         progress=progress, store=store)
              for name in ("lie", "strang")]
     depth_table = comparison_table(depth, "refining depth (16 x 12 Gauss-Legendre grid; L2 error "
                                           "against 64 steps per layer)")
@@ -479,8 +486,8 @@ def _hf_progress(args) -> None:
 
 def _run_limit(args) -> int:
     _hf_progress(args)
-    model = getattr(args, "model", None)
-    if getattr(args, "pretrained", False) and model not in (None, "bert"):
+    model = args.model
+    if args.pretrained and model not in (None, "bert"):
         raise UserError(f"--pretrained applies to --model bert (MiniLM), not to --model {model}")
     try:
         from .bridges.minilm import discrete_limit_report
@@ -583,17 +590,16 @@ COMMANDS = {"study": _run_study, "limit": _run_limit, "cluster": _run_cluster,
 
 
 def _interrupted(exc: KeyboardInterrupt, args) -> str:
-    stored, total = getattr(exc, "stored", None), getattr(exc, "total", None)
-    directory = getattr(exc, "directory", None)
-    if stored is not None and total is not None:
-        if directory:
-            return (f"interrupted; {stored} of {total} cases stored in {directory}; rerun the "
-                    "same command to resume")
-        return f"interrupted; {stored} of {total} cases finished (none stored: no --out)"
-    out = getattr(args, "out", None)
-    if getattr(args, "command", None) in ("study", "demo") and out:
-        return (f"interrupted; finished cases are stored in {Path(out) / 'cases'}; rerun the "
-                "same command to resume")
+    from .studies import StudyInterrupted
+
+    if isinstance(exc, StudyInterrupted):
+        if exc.directory:
+            return (f"interrupted; {exc.stored} of {exc.total} cases stored in {exc.directory}; "
+                    "rerun the same command to resume")
+        return f"interrupted; {exc.stored} of {exc.total} cases finished (none stored: no --out)"
+    if args is not None and args.command in ("study", "demo") and args.out:
+        return (f"interrupted; finished cases are stored in {Path(args.out) / 'cases'}; rerun "
+                "the same command to resume")
     return "interrupted"
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ctformer import cli
+from ctformer import cli, solvers
 
 from .conftest import require
 
@@ -152,17 +152,65 @@ def test_inconsistent_depth_limit_is_one_warning_line_and_no_expected_order(tmp_
     assert data["consistent_limit"] is False
 
 
-def test_deprecated_norm_option_prints_one_note(tmp_path):
-    proc = run_module("study", "--refine", "time", "--norm", "pre", "--levels", "1,2,8",
-                      *SMALL, "--out", str(tmp_path / "old"))
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        "ctformer: warning: --norm is deprecated; use --placement"]
-    new = run_module("study", "--refine", "time", "--placement", "pre", "--levels", "1,2,8",
-                     *SMALL, "--out", str(tmp_path / "new"))
-    old_table, new_table = (json.loads((tmp_path / d / "convergence.json").read_text())["table"]
-                            for d in ("old", "new"))
-    assert new.stderr == "" and old_table[0]["error"] == new_table[0]["error"]
+def test_removed_norm_option_is_refused_in_one_line(tmp_path, capsys):
+    """``--norm`` (deprecated in 0.1) is gone: one error line, and ``--placement`` works."""
+    assert cli.main(["study", "--refine", "time", "--norm", "pre", "--levels", "1,2,8", *SMALL,
+                     "--out", str(tmp_path / "old")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["ctformer: error: unrecognized arguments: --norm pre"]
+    assert not (tmp_path / "old").exists()
+
+
+class TwinEuler(solvers.Euler):
+    """Explicit Euler under another name (module level: a stored study describes it by name)."""
+
+    name = "test-twin-euler"
+
+
+def _study_help() -> str:
+    """``ctformer study --help`` of a parser built now, on one line."""
+    study = cli.build_parser()._subparsers._group_actions[0].choices["study"]
+    return " ".join(study.format_help().split())
+
+
+def _registry_study(tmp_path, name, *options):
+    """Run a small time-refinement study in this process; return the errors of its table."""
+    out = tmp_path / name
+    assert cli.main(["study", "--refine", "time", "--levels", "1,2,4,8,64", *SMALL,
+                     *options, "--out", str(out)]) == 0
+    return [row["error"] for row in json.loads((out / "convergence.json").read_text())["table"]]
+
+
+def test_a_registered_scheme_and_tableau_reach_the_study_command(tmp_path, capsys):
+    """Registering is all it takes: no edit of cli.py.
+
+    A copy of explicit Euler registered under a new name gives Euler's errors bit for bit;
+    Ralston's second-order tableau (a = 2/3, b = (1/4, 3/4)) as Strang's sub-step gives
+    observed order 2 on the pre-norm model (design notes, section 4).
+    """
+    from ctformer import solvers
+    from ctformer.solvers import base
+
+    ralston = solvers.ButcherTableau("test-ralston", a=((), (2.0 / 3.0,)), b=(0.25, 0.75),
+                                     order=2.0)
+    base.register(TwinEuler)
+    solvers.register_tableau(ralston)
+    try:
+        help_text = _study_help()
+        assert "test-twin-euler" in help_text and "test-ralston" in help_text
+        twin = _registry_study(tmp_path, "twin", "--scheme", "test-twin-euler")
+        assert twin == _registry_study(tmp_path, "euler", "--scheme", "euler")
+        errors = _registry_study(tmp_path, "ralston", "--scheme", "strang", "--substep", "test-ralston")
+        heun = _registry_study(tmp_path, "heun", "--scheme", "strang", "--substep", "heun")
+    finally:  # the registries as they were (register_tableau also registers a scheme)
+        for name in ("test-twin-euler", "test-ralston"):
+            base._REGISTRY.pop(name, None)
+        solvers.TABLEAUS.pop("test-ralston", None)
+    capsys.readouterr()
+    order = math.log2(errors[2] / errors[3])  # k = 4 -> 8 steps per layer, against 64
+    assert abs(order - 2.0) < 0.2, errors
+    assert errors != heun  # another method, the same order
+    assert "test-twin-euler" not in _study_help() and "test-ralston" not in _study_help()
 
 
 def test_ctrl_c_prints_one_line_exits_130_and_resumes(tmp_path):
@@ -296,7 +344,8 @@ def test_help_shows_defaults_and_every_option_is_explained():
     text = " ".join(proc.stdout.split())
     for option, default in [("--layers LAYERS", "2"), ("--heads HEADS", "2"),
                             ("--placement {pre,post,post-projection,none}", "pre"),
-                            ("--beta BETA", "4.0"), ("--scheme SCHEME", "lie"),
+                            ("--beta BETA", "4.0"),
+                            ("--scheme {lie,strang,parallel,euler,heun,rk4}", "lie"),
                             ("--error-norm {l2,max}", "l2")]:
         assert re.search(re.escape(option) + r" [^-]*\(default: " + re.escape(default) + r"\)",
                          text), option
@@ -330,7 +379,7 @@ def test_bare_command_prints_usage_and_the_commands():
     (["study", "--refine", "tokens", "--discretization", "simpson", "--levels", "4,8,16",
       "--out", "OUT"], "unknown discretization 'simpson'"),
     (["study", "--refine", "time", "--scheme", "leapfrog", "--levels", "1,2,4", "--out", "OUT"],
-     "unknown scheme 'leapfrog'"),
+     "argument --scheme: invalid choice: 'leapfrog' (choose from "),
     (["study", "--refine", "tokens", "--features", "midpoint", "--levels", "4,8,16", "--out", "OUT"],
      "needs a size"),
     (["study", "--refine", "depth", "--levels", "1,2,4", "--out", "OUT"], "invalid choice"),
@@ -361,6 +410,23 @@ def test_entry_points_report_user_errors_without_traceback():
             "ctformer: error: --levels must be a comma-separated list of positive integers, "
             "got '4,x'"]
         assert "Traceback" not in proc.stderr and not Path(ROOT / "unused").exists()
+
+
+def test_a_bridge_added_to_the_registry_is_a_limit_model(monkeypatch, capsys):
+    """``ctformer limit --model NAME`` reads the bridge registry: a copy of the GPT-2 entry under
+    another name is a choice, and its report is GPT-2's, number for number."""
+    require("torch")
+    require("transformers")
+    from ctformer.bridges import hf
+
+    monkeypatch.setitem(hf.BRIDGES, "test-gpt2", hf.BRIDGES["gpt2"])
+    assert "test-gpt2" in " ".join(cli.build_parser()._subparsers._group_actions[0]
+                                   .choices["limit"].format_help().split())
+    assert cli.main(["limit", "--model", "test-gpt2"]) == 0
+    report = capsys.readouterr().out.strip()
+    assert report == hf.limit_report("gpt2")
+    errors = [float(e) for e in re.findall(r"layer \d+: max relative error ([0-9.e+-]+)", report)]
+    assert len(errors) == 3 and max(errors) < 1e-12
 
 
 def test_limit_for_a_network_class_reports_exactness_and_depth_orders():
