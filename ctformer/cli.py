@@ -135,8 +135,8 @@ def _choices(option: str) -> list[str]:
     """The accepted values of ``option``, read from its registry each time a parser is built.
 
     So a scheme registered with ``ctformer.solvers.base.register``, a tableau registered with
-    :func:`ctformer.solvers.register_tableau`, an activation added to
-    :data:`ctformer.operators.activations.ACTIVATIONS` or a bridge added to
+    :func:`ctformer.solvers.register_tableau`, an activation registered with
+    :func:`ctformer.operators.activations.register_activation` or a bridge added to
     :data:`ctformer.bridges.hf.BRIDGES` is a choice of ``ctformer`` without an edit here.
     """
     from . import solvers
