@@ -64,7 +64,8 @@ def limits(dtype, chunk_bytes):
 def phases(n, d, dtype, engine):
     """Seconds per phase for one chunk, the chunk's rows, and one whole call's seconds."""
     os.environ["CTFORMER_LOOP_ENGINE"] = engine
-    from ctformer.operators import attention_numpy, compiled, quadrature_attention
+    from ctformer._numerics import compiled, streamed as attention_numpy
+    from ctformer.operators import quadrature_attention
 
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((n, d)).astype(dtype) for _ in range(3))

@@ -19,6 +19,7 @@ LAYERS = {
     "backend": 0, "atomic": 0,
     "discretizations": 1, "solvers": 1, "model_inputs": 1,
     "state": 2, "kernels": 2,
+    "_numerics": 2.5,  # the fast kernels: below the operators that call them
     "operators": 3,
     "random_models": 4,
     "model": 5,
@@ -141,7 +142,7 @@ def test_no_import_cycle_between_modules():
 
 def test_cycle_detection_sees_imports_inside_functions_and_inside_a_package(tmp_path):
     """The detector itself, on a made-up package: ``a`` imports ``b`` at module level, ``b``
-    imports ``a`` inside a function (the form of the cycles operators._loops <-> compiled and
+    imports ``a`` inside a function (the form of the cycles _numerics.loops <-> compiled and
     studies.plotting <-> results), ``c`` <-> ``d`` through ``from . import`` in methods and an
     absolute import under ``if``; ``e`` imports only downward."""
     package = tmp_path / "pkg"

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from ctformer.operators import compiled, normal_tail
+from ctformer._numerics import compiled, normal_tail
 
 from .conftest import require
 
@@ -59,7 +59,7 @@ def test_generic_exp_keeps_the_precision_in_python_and_in_compiled_code(made):
     """exp_ is exp32 / exp64 inside kernels and NumPy's exp when called from Python: the same
     values to rounding (each within 1.5 ulp of the exact value, so at most 2.5 apart), in the
     argument's precision."""
-    loops = importlib.import_module("ctformer.operators._loops")
+    loops = importlib.import_module("ctformer._numerics.loops")
     for dtype in (np.float32, np.float64):
         x = np.linspace(-20, 20, 101).astype(dtype)
         compiled_out = np.empty_like(x)
@@ -165,7 +165,7 @@ def test_gelu64_is_relatively_accurate_to_3_ulp_over_the_whole_range(made):
 
 _CALL_EVERY_KERNEL = """
 import json, numpy as np
-from ctformer.operators import compiled
+from ctformer._numerics import compiled
 made = compiled.kernels()
 for dtype in (np.float32, np.float64):
     z = np.linspace(-3, 3, 11).astype(dtype)

@@ -19,9 +19,9 @@ from ctformer.operators import quadrature_attention
 from .conftest import require
 
 # the package re-exports the function under the module's name, so fetch the module itself
-qa_module = importlib.import_module("ctformer.operators.quadrature_attention")
-numpy_paths = importlib.import_module("ctformer.operators.attention_numpy")
-threads_module = importlib.import_module("ctformer.operators.threads")
+qa_module = importlib.import_module("ctformer._numerics.dense")  # the engine holds the path thresholds
+numpy_paths = importlib.import_module("ctformer._numerics.streamed")
+threads_module = importlib.import_module("ctformer._numerics.threads")
 
 
 @pytest.fixture(params=["small", "small-numpy-loops", "stream", "stream-numpy-loops"])

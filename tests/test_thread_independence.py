@@ -83,7 +83,7 @@ def test_row_blocks_run_single_threaded_blas_for_every_worker_count(dtype, monke
     result has the same bits for every count. The map's product has transposed operands, a
     layout for which OpenBLAS's threaded and single-threaded products round differently."""
     threadpoolctl = require("threadpoolctl")
-    from ctformer.operators.threads import by_row_blocks
+    from ctformer._numerics.threads import by_row_blocks
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((512, 128)).astype(dtype) / 10

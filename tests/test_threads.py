@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-threads_module = importlib.import_module("ctformer.operators.threads")
+threads_module = importlib.import_module("ctformer._numerics.threads")
 threadpoolctl = pytest.importorskip("threadpoolctl")
 
 

@@ -29,10 +29,10 @@ each element being computed alone). On NumPy:
 * ``gelu_tanh`` and ``silu`` use the logistic forms above: one ``exp`` and no ``tanh``, and
   relatively accurate in both tails (the tanh form cancels for large negative ``z``).
 
-Where Numba is installed (``CTFORMER_LOOP_ENGINE``, :mod:`ctformer.operators.compiled`) the
+Where Numba is installed (``CTFORMER_LOOP_ENGINE``, :mod:`ctformer._numerics.compiled`) the
 same formulas run as one compiled pass per element, with a vectorized ``exp``: ``gelu_tanh``
 and ``silu`` in both precisions and float32 GELU. Float64 GELU then uses
-:math:`\Phi(-a) = e^{-a^2/2} t\, G(x(a))` of :mod:`ctformer.operators.normal_tail`, a
+:math:`\Phi(-a) = e^{-a^2/2} t\, G(x(a))` of :mod:`ctformer._numerics.normal_tail`, a
 degree-23 polynomial in a rational function of :math:`a` (relative error below 3 ulp over the
 whole range, against SciPy's ``ndtr`` on the NumPy path; about 10x faster).
 
@@ -68,10 +68,10 @@ from scipy.special import erf as _scipy_erf
 from scipy.special import ndtr as _scipy_ndtr
 
 from ..backend import namespace
-from . import compiled as _compiled
-from . import threads as _threads
-from .normal_tail import ERFC_COEFFICIENTS as _ERFC_COEFFICIENTS
-from .normal_tail import TANH_GELU as _TANH_GELU
+from .._numerics import compiled as _compiled
+from .._numerics import threads as _threads
+from .._numerics.normal_tail import ERFC_COEFFICIENTS as _ERFC_COEFFICIENTS
+from .._numerics.normal_tail import TANH_GELU as _TANH_GELU
 
 __all__ = ["ACTIVATIONS", "get_activation", "register_activation", "is_built_in", "relu", "gelu",
            "gelu_tanh", "silu"]

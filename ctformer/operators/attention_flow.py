@@ -29,7 +29,7 @@ from .local_attention import BandedAttention, mask_pattern
 from .masks import Intersection
 from .positions import rotate
 from .quadrature_attention import quadrature_attention
-from .threads import by_row_blocks
+from .._numerics.threads import by_row_blocks
 
 __all__ = ["DiscretizedAttention", "Layout", "plan_engine"]
 

@@ -32,7 +32,7 @@ from ..kernels import Kernel
 from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, relu, silu
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
-from .threads import by_row_blocks
+from .._numerics.threads import by_row_blocks
 
 __all__ = ["FeatureMap", "FeedForward", "GatedFeedForward", "ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
 

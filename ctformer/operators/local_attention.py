@@ -29,7 +29,7 @@ powers of two where the scores could overflow, as in ``quadrature_attention``.
 
 :func:`mask_pattern` gives the pattern of any :class:`~ctformer.operators.masks.Mask`; the
 blocks are computed by the prepared engine
-:class:`~ctformer.operators.banded_attention.BandedAttention`, which the attention operator
+:class:`~ctformer._numerics.banded.BandedAttention`, which the attention operator
 builds once per discretization and :func:`local_attention` once per call.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ import array_api_compat
 import numpy as np
 
 from .. import validation
-from .banded_attention import BandedAttention, slopes_bias, window_block_rows
+from .._numerics.banded import BandedAttention, slopes_bias, window_block_rows
 
 __all__ = ["window_pattern", "mask_pattern", "local_attention", "window_block_rows", "BandedAttention"]
 

@@ -4,7 +4,7 @@ r"""The banded attention engine: softmax attention over the columns a pattern re
 positions and an additive score term) and then evaluated without checks: for each block of
 query rows :math:`[a, b)` it densifies the slab of key columns :math:`[lo, hi)` spanned by the
 pattern's entries in those rows and either passes it as a boolean mask to
-:func:`~ctformer.operators.quadrature_attention.quadrature_attention`, or, with a score term
+the dense engine (:func:`~ctformer._numerics.dense.attend_trusted`), or, with a score term
 :math:`b(p_i - p'_j)` (ALiBi), evaluates the exponent itself with the row maximum subtracted,
 
 .. math::
@@ -23,7 +23,7 @@ import math
 import array_api_compat
 import numpy as np
 
-from .quadrature_attention import quadrature_attention, scale_safe_inputs, times_pow2
+from .dense import attend_trusted, scale_safe_inputs, times_pow2
 
 __all__ = ["BandedAttention", "slopes_bias", "window_block_rows"]
 
@@ -31,8 +31,6 @@ __all__ = ["BandedAttention", "slopes_bias", "window_block_rows"]
 # the default block size: about 32 MiB of float64 scores on the host.
 _BLOCK_ELEMENTS = 1 << 22
 
-# blocks of a validated state: quadrature_attention need not check them again
-_QA_SKIP_CHECKS = {"check": False}
 
 
 def window_block_rows(pattern_width: int, lead: int = 1) -> int:
@@ -189,9 +187,9 @@ class BandedAttention:
         if keep_x is None and self.causal:
             if self.half:
                 return _scored(xp, qb, kb, vb, beta, w, None, None, causal_rows=causal_rows, half=True)
-            return quadrature_attention(qb, kb, vb, beta=beta, weights=w, mask=_causal_block(xp, a, b),
-                                        diagonal="full", **_QA_SKIP_CHECKS)
-        return quadrature_attention(qb, kb, vb, beta=beta, weights=w, mask=keep_x, **_QA_SKIP_CHECKS)
+            # blocks of a validated state: the dense engine's unchecked entry
+            return attend_trusted(qb, kb, vb, beta, w, _causal_block(xp, a, b), "full")
+        return attend_trusted(qb, kb, vb, beta, w, keep_x, "full")
 
 
 def _causal_block(xp, a, b):

@@ -1,13 +1,13 @@
-"""The Numba kernels of :mod:`ctformer.operators.compiled` (imported only when they are used).
+"""The Numba kernels of :mod:`ctformer._numerics.compiled` (imported only when they are used).
 
 Every kernel is a module-level function, or a closure over plain numbers, that calls other
 kernels through module globals: Numba's on-disk cache keys a function by its code and the
 values it closes over, and a compiled function held in a closure would give a new key in
 every process (recompiling each time and leaving a new cache file behind).
 
-This module imports nothing from :mod:`ctformer.operators.compiled` (which imports it when a
+This module imports nothing from :mod:`ctformer._numerics.compiled` (which imports it when a
 kernel is first needed): the constants shared with the NumPy path of the activations live in
-:mod:`ctformer.operators.normal_tail`.
+:mod:`ctformer._numerics.normal_tail`.
 """
 from __future__ import annotations
 
@@ -225,7 +225,7 @@ def gelu32(z, out):
         out[i] = max(x, f32(0)) - a * tail
 
 
-# float64 GELU: Phi(-a) = exp(-a^2/2) t G(x), G a polynomial in x (ctformer.operators.normal_tail)
+# float64 GELU: Phi(-a) = exp(-a^2/2) t G(x), G a polynomial in x (ctformer._numerics.normal_tail)
 _POWER = _normal_tail.POWER[::-1]          # highest first
 _G_TOP, _G1, _G2, _G3 = _POWER[0], _POWER[1:9], _POWER[9:17], _POWER[17:]
 _C, _A, _GAMMA = _normal_tail.C, _normal_tail.A, _normal_tail.GAMMA

@@ -18,7 +18,7 @@ arithmetic in one pass per element, in SIMD registers. Two pieces make that poss
   :math:`p_{ij} = \exp(s_{ij} + \log w_j - \max_l (s_{il} + \log w_l))`, with the causal mask
   applied by the loop bounds, and its row sums :math:`\sum_j p_{ij}` (eight partial sums);
   the activations of :mod:`ctformer.operators.activations` with the same formulas as its
-  NumPy path (float64 GELU by :mod:`ctformer.operators.normal_tail`).
+  NumPy path (float64 GELU by :mod:`ctformer._numerics.normal_tail`).
 
 ``CTFORMER_LOOP_ENGINE`` chooses: ``auto`` (the default: Numba when it is installed, else
 NumPy), ``numba`` (required: an ImportError if it is missing) or ``numpy``. The two engines
@@ -26,7 +26,7 @@ agree to rounding (a few ulps), not bit for bit. Each kernel is compiled on firs
 seconds for all of them, the first time on a machine; then loaded from Numba's cache in
 ``__pycache__``, a fraction of a second) and releases the GIL, so the callers' worker threads
 run it in parallel; results never depend on the thread count. The kernels live in
-:mod:`ctformer.operators._loops`, imported (with Numba) only when one is used. Ctrl-C while
+:mod:`ctformer._numerics.loops`, imported (with Numba) only when one is used. Ctrl-C while
 a kernel compiles takes effect when that compile ends (at most a second or two): LLVM cannot
 be interrupted cleanly (:func:`sigint_deferred`).
 """
@@ -73,7 +73,7 @@ _KERNELS = ("exp_array", "exp_rows", "silu32", "silu64", "gelu_tanh32", "gelu_ta
 def _build() -> SimpleNamespace:
     """The compiled kernels (Numba compiles, or loads from its cache, per signature on first
     call, with Ctrl-C held back until that compile ends: :func:`sigint_deferred`)."""
-    from . import _loops
+    from . import loops as _loops
 
     return SimpleNamespace(**{name: _compiling_uninterrupted(getattr(_loops, name)) for name in _KERNELS})
 

@@ -32,7 +32,7 @@ multiply-add when compiled, Veltkamp's splitting in NumPy), so that the rounding
 :math:`a^2`, which would cost :math:`a^2/2` ulps, does not enter.
 
 Every step is a multiply-add, one division or one exponential, with no branch:
-:mod:`ctformer.operators.compiled` uses it for the float64 GELU,
+:mod:`ctformer._numerics.compiled` uses it for the float64 GELU,
 :math:`z \Phi(z) = \max(z, 0) - |z| \Phi(-|z|)`. :func:`lower_tail` is the same formula in
 NumPy, the reference for the compiled loop.
 

@@ -6,7 +6,7 @@ Both compute, for each query row :math:`i`, the numerator weights
 :math:`s_{ij} = \beta q_i \cdot k_j + \log w_j` (masked entries 0), then
 :math:`\mathrm{out}_i = \sum_j p_{ij} v_j / \sum_j p_{ij}`. The exponentials and the row
 sums run in one fused pass per row when the Numba loops are available
-(:mod:`ctformer.operators.compiled`), else as NumPy passes over cache-sized row blocks. The
+(:mod:`ctformer._numerics.compiled`), else as NumPy passes over cache-sized row blocks. The
 streamed path keeps only the output and, per worker, one block of scores and one of scaled
 queries: no copy of ``q``, ``k`` or ``v``.
 

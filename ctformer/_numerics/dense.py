@@ -1,0 +1,287 @@
+r"""The dense attention engine: every path of a validated quadrature-attention call.
+
+Given checked arrays (one namespace, one real floating dtype, finite), the log-weights
+:math:`\log w_j`, a boolean keep mask or a causal flag, this computes, row by row,
+
+.. math::
+
+    \mathrm{out}_i = \frac{\sum_j m_{ij} e^{s_{ij} - \mu_i} v_j}{\sum_j m_{ij} e^{s_{ij} - \mu_i}},
+    \qquad s_{ij} = \beta q_i \cdot k_j + \log w_j, \quad \mu_i = \max_{j: m_{ij} = 1} s_{ij},
+
+choosing the path by size and namespace: a batched NumPy pass for small problems, the
+threaded streamed engine (:mod:`ctformer._numerics.streamed`) for large NumPy ones, query
+chunks of array-API operations elsewhere. It also owns the power-of-two rescaling that keeps
+scores and weighted sums below overflow (scale safety) and the rule that a query without keys
+gets output zero. The mathematics and the validation live in
+:func:`ctformer.operators.quadrature_attention`.
+"""
+from __future__ import annotations
+
+import math
+
+import array_api_compat
+import numpy as np
+
+from . import streamed as _numpy_paths
+
+_NUMPY = array_api_compat.array_namespace(np.zeros(0))
+
+# Scores per chunk (elements of one (chunk, M) block) for the generic path: ~8 MiB in
+# float64 on the host; on a GPU larger blocks amortize the kernel launches.
+_CHUNK_ELEMENTS = 1 << 20
+_CHUNK_ELEMENTS_DEVICE = 1 << 27
+# Problems with fewer score entries per (batch, head) than this are done batched in one go.
+_STREAM_MIN_ENTRIES = 1 << 16
+# Scores and weighted sums are kept below finfo.max / _HEADROOM (room for the log-weights,
+# the row-maximum subtraction and the sum over keys).
+_HEADROOM = 8.0
+
+
+def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
+    """The path for the problem's size and namespace; every row of ``keep`` keeps a key."""
+    n, m = q.shape[-2], k.shape[-2]
+    numpy = isinstance(q, np.ndarray)
+    if numpy and q.dtype in (np.float32, np.float64) and n * m >= _STREAM_MIN_ENTRIES:
+        # beta scales each query chunk inside the workers
+        return _numpy_paths.stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk)
+    qs = q * beta  # beta folded into the queries: O(N d), cheaper than scaling every score
+    if numpy and chunk is None and n * m * math.prod(lead) <= _CHUNK_ELEMENTS and n * m < _STREAM_MIN_ENTRIES:
+        out = _numpy_paths.small(qs, k, v, log_w, keep, causal, diag_shift,
+                                 out=_numpy_paths.output_array(lead, n, v.shape[-1], np.result_type(qs, k, v)))
+    elif numpy and chunk is None and n * m < _STREAM_MIN_ENTRIES and keep is None:
+        out = _numpy_paths.small_blocks(qs, k, v, log_w, causal, diag_shift, lead)
+    else:
+        if chunk is None:
+            target = _CHUNK_ELEMENTS_DEVICE if array_api_compat.is_cupy_array(q) else _CHUNK_ELEMENTS
+            chunk = max(1, min(n, target // max(1, m * (math.prod(lead) or 1))))
+        out = _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, int(chunk))
+    return out
+
+
+# -- queries without keys -------------------------------------------------------------------------
+def admissible_rows(xp, keep):
+    r"""``(keep, empty)``: a mask in which every query keeps a key, and the queries that kept none.
+
+    A query :math:`i` with :math:`m_{ij} = 0` for every key attends to an empty set: its
+    output is the integral over that empty set, zero. Such rows are given every key here (any
+    finite softmax will do) and :func:`zero_rows` sets their output to zero afterwards; ``empty``
+    is None (and ``keep`` unchanged) when there is no such row, the usual case.
+    """
+    if keep is None:
+        return None, None
+    empty = ~xp.any(keep, axis=-1)
+    if not bool(xp.any(empty)):
+        return keep, None
+    return keep | empty[..., None], empty
+
+
+def zero_rows(xp, out, empty):
+    """``out`` (..., N, e) with the rows ``empty`` (..., N or 1) set to zero (in place for NumPy)."""
+    if empty is None:
+        return out
+    if isinstance(out, np.ndarray) and out.flags.writeable:
+        np.copyto(out, 0, where=np.broadcast_to(empty[..., None], out.shape))
+        return out
+    zero = xp.zeros((), dtype=out.dtype, device=array_api_compat.device(out))
+    return xp.where(empty[..., None], zero, out)
+
+
+# -- generic path (any array namespace) ----------------------------------------------------------
+def _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, chunk):
+    """Query chunks with functional array-API operations; returns (..., N, e)."""
+    n, e = qs.shape[-2], v.shape[-1]
+    # the column of ones gives the denominator from the same product as the numerator
+    ones = xp.ones((*v.shape[:-1], 1), dtype=v.dtype)
+    v1 = xp.concat([v, ones], axis=-1)
+    blocks = []
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        cols = stop if causal else k.shape[-2]  # causal: keys after the chunk never count
+        s = qs[..., start:stop, :] @ xp.matrix_transpose(k[..., :cols, :])
+        if log_w is not None:
+            s = s + log_w[:cols]
+        if causal:
+            s = _mask_diagonal_block(xp, s, start, stop, diag_shift)
+        elif keep is not None:
+            rows = keep[..., start:stop, :] if keep.shape[-2] > 1 else keep
+            s = xp.where(rows, s, -xp.inf)
+        p = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+        num = p @ v1[..., :cols, :]
+        blocks.append(num[..., :e] / num[..., e:])
+    return xp.concat(blocks, axis=-2) if len(blocks) > 1 else blocks[0]
+
+
+def _mask_diagonal_block(xp, s, start, stop, diag_shift):
+    """Mask keys j > i inside the diagonal block s[..., :, start:stop] (and halve j == i)."""
+    r = stop - start
+    i = xp.arange(r)[:, None]
+    j = xp.arange(r)[None, :]
+    block = xp.where(j <= i, s[..., start:], -xp.inf)
+    if diag_shift is not None:
+        block = block + xp.astype(j == i, s.dtype) * diag_shift
+    return xp.concat([s[..., :start], block], axis=-1) if start else block
+
+
+# -- scale safety ---------------------------------------------------------------------------------
+def scale_safe_inputs(xp, q, k, v, beta):
+    """``(q, beta, k, v, e_v)`` as :func:`~ctformer.operators.quadrature_attention` computes with ``check=True``:
+    the inputs unchanged, or rescaled by powers of two so that no score or weighted sum
+    overflows; the output is then to be multiplied by ``2^e_v`` (:func:`times_pow2`; ``e_v``
+    None: nothing to do). ``beta`` is a float or an array broadcasting as ``(..., 1, 1)``.
+
+    Raises
+    ------
+    ValueError
+        If ``q``, ``k`` or ``v`` holds NaN or inf (the message names it).
+    """
+    return scaled_inputs(xp, q, k, v, beta, finite_abs_max(xp, q, k, v))
+
+
+def times_pow2(xp, out, e):
+    """``out * 2^e`` per leading index (exact); ``e`` None returns ``out``."""
+    return out if e is None else _pow2(xp, out, e)
+
+
+def finite_abs_max(xp, q, k, v):
+    """(max|q|, max|k|, max|v|) as Python floats, one reduction per array; ValueError naming
+    the array that holds NaN or inf (they propagate through the maximum)."""
+    amax = tuple(global_abs_max(xp, a) for a in (q, k, v))
+    for name, a in zip("qkv", amax):
+        if not math.isfinite(a):
+            raise ValueError(f"{name} must be finite; it contains NaN or inf")
+    return amax
+
+
+def scaled_inputs(xp, q, k, v, beta, amax):
+    """(q, beta, k, v, None), or power-of-two rescaled inputs (scaled queries and beta = 1)
+    and the output's exponent.
+
+    ``amax`` holds max |q|, max |k|, max |v| over all entries (Python floats): when they bound
+    everything well below overflow (the usual case) nothing else is computed. Otherwise the
+    maxima of each (batch, head) problem are taken and the inputs of each problem rescaled
+    on their own. See the Notes of :func:`~ctformer.operators.quadrature_attention`.
+    """
+    big = float(xp.finfo(q.dtype).max) / _HEADROOM
+    d, m = max(1, q.shape[-1]), k.shape[-2]
+    aq, ak, av = amax
+    b = abs(beta) if isinstance(beta, float) else global_abs_max(xp, beta)
+    # |beta q| and every partial sum of (beta q) . k stay below finfo.max / 8 (Python floats
+    # overflow to inf, which fails the test)
+    score_ok = b * aq * max(ak, 1.0) * d <= big
+    sum_ok = av * m <= big
+    if score_ok and sum_ok:
+        return q, beta, k, v, None
+    if score_ok:
+        qs = q * beta
+    else:
+        eq, ek = _exponent(_abs_max(xp, q)), _exponent(_abs_max(xp, k))
+        beta_np = np.asarray(_to_numpy(beta), dtype=np.float64)
+        beta_np = beta_np[..., 0, 0] if beta_np.ndim else beta_np
+        # c = beta 2^(eq + ek), clamped where it would exceed finfo.max / (8 d)
+        with np.errstate(over="ignore"):
+            c = np.ldexp(np.abs(beta_np), eq + ek)
+        c = np.copysign(np.minimum(c, big / d), beta_np)
+        qs = _pow2(xp, q, -eq) * _lead_array(xp, c, q)
+        k = _pow2(xp, k, -ek)
+    v_scale = None
+    if not sum_ok:
+        ev = _exponent(_abs_max(xp, v))
+        v = _pow2(xp, v, -ev)
+        v_scale = ev  # the output is scaled back by 2^ev
+    return qs, 1.0, k, v, v_scale
+
+
+def _to_numpy(a):
+    """Host NumPy view of a (small) array of any namespace; Python floats pass through."""
+    if isinstance(a, (float, np.ndarray)):
+        return a
+    if array_api_compat.is_cupy_array(a):
+        return a.get()
+    try:
+        return np.from_dlpack(a)
+    except Exception:  # pragma: no cover - namespaces without DLPack
+        return np.asarray(a)
+
+
+def _abs_max(xp, a):
+    """max |a| over the last two axes, as float64 NumPy (shape a.shape[:-2]); NaN propagates."""
+    if math.prod(a.shape[-2:]) == 0:
+        return np.zeros(a.shape[:-2])
+    if isinstance(a, np.ndarray):  # two passes, no temporary of a's size
+        return np.maximum(np.max(a, axis=(-2, -1)), -np.min(a, axis=(-2, -1))).astype(np.float64)
+    return np.asarray(_to_numpy(xp.max(xp.abs(a), axis=(-2, -1))), dtype=np.float64)
+
+
+def _exponent(a):
+    """Integer e with a <= 2^e (0 where a == 0), elementwise on float64 NumPy values."""
+    mant, e = np.frexp(a)
+    return np.where(a > 0, e, 0).astype(np.int64)
+
+
+def _pow2(xp, a, e):
+    """a * 2^e per leading index (exact: two power-of-two factors, each representable)."""
+    e = np.asarray(e)
+    half = e // 2
+    f1 = _lead_array(xp, np.ldexp(np.ones(e.shape), half), a)
+    f2 = _lead_array(xp, np.ldexp(np.ones(e.shape), e - half), a)
+    return (a * f1) * f2
+
+
+def _lead_array(xp, values, like):
+    """Per-leading-index float64 NumPy values as an array (..., 1, 1) of like's namespace/dtype."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim:
+        values = values[..., None, None]
+    if isinstance(like, np.ndarray):
+        return values.astype(like.dtype)
+    return xp.asarray(values.tolist(), dtype=like.dtype, device=array_api_compat.device(like))
+
+
+def global_abs_max(xp, a) -> float:
+    """max |a| as a Python float (0 for an empty array; NaN if a holds a NaN)."""
+    if math.prod(a.shape) == 0:
+        return 0.0
+    if isinstance(a, np.ndarray):
+        return max(float(a.max()), -float(a.min()))
+    return float(xp.max(xp.abs(a)))
+
+def attend_trusted(q, k, v, beta, weights, mask, diagonal, chunk=None):
+    """Quadrature attention on inputs already known to be valid (no check, no rescaling).
+
+    ``mask`` is None, ``"causal"`` or a boolean keep array; ``weights`` positive or None.
+    """
+    xp, beta, log_w, keep, diag_shift, lead = trusted(q, k, v, beta, weights, mask, diagonal)
+    return attend_rows(xp, q, k, v, beta, log_w, keep, isinstance(mask, str), diag_shift, lead, chunk)
+
+
+def attend_rows(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
+    """:func:`attend` after giving queries without keys every key, then zeroing their rows."""
+    n = q.shape[-2]
+    if n == 0:
+        return xp.zeros((*lead, 0, v.shape[-1]), dtype=q.dtype)
+    keep, empty = admissible_rows(xp, keep)
+    return zero_rows(xp, attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk), empty)
+
+
+def trusted(q, k, v, beta, weights, mask, diagonal):
+    """The few derived values a validated call needs (``check=False``): nothing is verified."""
+    xp = _NUMPY if type(q) is np.ndarray else array_api_compat.array_namespace(q, k, v)
+    lead = q.shape[:-2]
+    if k.shape[:-2] != lead or v.shape[:-2] != lead:
+        lead = np.broadcast_shapes(lead, k.shape[:-2], v.shape[:-2])
+    if not isinstance(beta, (int, float)):
+        if beta.ndim == 0:
+            beta = float(beta)
+        else:
+            if len(beta.shape) > len(lead) or lead[len(lead) - len(beta.shape):] != beta.shape:
+                lead = np.broadcast_shapes(lead, beta.shape)
+            beta = beta[..., None, None]
+    log_w = None if weights is None else xp.log(weights)
+    keep = diag_shift = None
+    if isinstance(mask, str):
+        if diagonal == "half":
+            diag_shift = math.log(0.5)
+    elif mask is not None:
+        keep = mask
+        lead = np.broadcast_shapes(lead, mask.shape[:-2])
+    return xp, beta, log_w, keep, diag_shift, tuple(lead)
