@@ -134,7 +134,7 @@ def _out_directory(text: str, option: str = "--out") -> Path:
 def _choices(option: str) -> list[str]:
     """The accepted values of ``option``, read from its registry each time a parser is built.
 
-    So a scheme registered with ``ctformer.solvers.base.register``, a tableau registered with
+    So a scheme registered with ``ctformer.solvers.register``, a tableau registered with
     :func:`ctformer.solvers.register_tableau`, an activation registered with
     :func:`ctformer.operators.activations.register_activation` or a bridge added to
     :data:`ctformer.bridges.hf.BRIDGES` is a choice of ``ctformer`` without an edit here.

@@ -13,7 +13,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 project = "ctformer"
 author = "the ctformer developers"
 copyright = "2026, the ctformer developers"
-release = version = "0.1.0"
+import ctformer  # noqa: E402  (the version is written once, in the package)
+
+release = version = ctformer.__version__
 
 extensions = [
     "sphinx.ext.autodoc",

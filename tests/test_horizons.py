@@ -91,7 +91,7 @@ class _Counting(solvers.Scheme):
     """Euler that counts its steps (and the step sizes)."""
 
     name = "counting"
-    order = 1.0
+    nominal_order = 1.0
 
     def __init__(self):
         self.sizes = []

@@ -275,7 +275,7 @@ class _Interrupting(solvers.Scheme):
     """RK4 that raises KeyboardInterrupt (as Ctrl-C would) when step ``at`` starts, or NaN."""
 
     name = "rk4"
-    order = 4
+    nominal_order = 4.0
 
     def __init__(self, at, nan=False):
         self.at, self.nan, self.calls, self.inner = at, nan, 0, solvers.get("rk4")

@@ -71,3 +71,13 @@ def test_order_reads_split_problems_blocks_and_sequences(post_norm, pre_norm):
     assert not projects(bare) and rk4.order(bare) == 4.0
     with pytest.raises(TypeError, match="problem must be None, a SplitProblem"):
         rk4.order("post")
+
+
+def test_a_scheme_declaring_the_old_order_attribute_is_refused_at_definition():
+    with pytest.raises(TypeError, match=r"_Old sets order = 2; declare nominal_order = 2 instead"):
+        class _Old(solvers.Scheme):
+            name = "old"
+            order = 2
+
+            def step(self, problem, u, dt):
+                return u

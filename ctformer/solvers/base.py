@@ -201,6 +201,14 @@ class Scheme(abc.ABC):
     name: ClassVar[str]
     nominal_order: ClassVar[float]
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # 0.1 schemes declared ``order = p``; that would hide the method and fail far away
+        if "order" in vars(cls) and not callable(vars(cls)["order"]):
+            raise TypeError(f"{cls.__name__} sets order = {vars(cls)['order']!r}; declare "
+                            f"nominal_order = {vars(cls)['order']!r} instead (order(problem) is a "
+                            f"method since ctformer 0.2)")
+
     @abc.abstractmethod
     def step(self, problem: SplitProblem, u, dt: float):
         """Advance ``u`` by ``dt``."""
