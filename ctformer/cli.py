@@ -327,15 +327,18 @@ _WARNINGS = _Warnings()
 # -- study ----------------------------------------------------------------------------------
 
 def _study_spec(args):
-    if args.refine == "time" and args.discretization is not None:
+    from .studies import as_refinement
+
+    refinement = as_refinement(args.refine)
+    if refinement.refines_depth and args.discretization is not None:
         raise UserError("--discretization names the refined spatial variable; with --refine time "
                         "choose the scheme with --scheme")
     spec = {"tokens": args.tokens, "features": args.features, "hidden": args.hidden}
-    if args.refine != "time":
-        if spec[args.refine] is not None:
-            raise UserError(f"--{args.refine} fixes a variable; the refined one is chosen by "
-                            "--discretization")
-        spec[args.refine] = args.discretization or "gauss-legendre"
+    if not refinement.refines_depth:
+        if spec[refinement.variable] is not None:
+            raise UserError(f"--{refinement.variable} fixes a variable; the refined one is chosen "
+                            "by --discretization")
+        spec[refinement.variable] = args.discretization or "gauss-legendre"
     return spec
 
 
