@@ -119,7 +119,8 @@ def test_projected_lie_and_euler_are_first_order():
 def test_registry_and_bad_input(linear_pair):
     A, B, u0 = linear_pair
     problem = SplitProblem([lambda u: A @ u, lambda u: B @ u])
-    assert solvers.available() == ["lie", "strang", "parallel", "euler", "heun", "rk4"]
+    assert solvers.available() == ["lie", "strang", "parallel", "euler", "heun", "rk4", "bosh3",
+                                   "dopri5", "tsit5"]
     with pytest.raises(ValueError, match="unknown scheme 'midpoint'"):
         solvers.get("midpoint")
     with pytest.raises(ValueError, match="substep must be one of"):
@@ -283,5 +284,5 @@ def test_register_tableau_refuses_a_duplicate_or_a_non_tableau():
 def test_tableaus_and_schemes_have_one_name_each():
     assert solvers.RK4 is solvers.runge_kutta.RK4 and isinstance(solvers.get("rk4"), solvers.RK4)
     assert solvers.RK4.tableau is solvers.RK4_TABLEAU is solvers.TABLEAUS["rk4"]
-    assert sorted(solvers.TABLEAUS) == ["euler", "heun", "rk4"]
+    assert sorted(solvers.TABLEAUS) == ["bosh3", "dopri5", "euler", "heun", "rk4", "tsit5"]
     assert not hasattr(solvers, "ClassicalRK4") and not hasattr(solvers.runge_kutta, "EULER")

@@ -2,21 +2,25 @@
 
 >>> import ctformer.solvers as s
 >>> s.available()
-['lie', 'strang', 'parallel', 'euler', 'heun', 'rk4']
+['lie', 'strang', 'parallel', 'euler', 'heun', 'rk4', 'bosh3', 'dopri5', 'tsit5']
 >>> s.get("rk4").order(), s.get("strang").order()
 (4.0, 2.0)
 
 ``order(problem)`` is the order on that problem: 1 for every scheme on a post-norm model.
-A Runge-Kutta method is one :class:`ButcherTableau` and :func:`register_tableau`.
+A Runge-Kutta method is one :class:`ButcherTableau` and :func:`register_tableau`; the embedded
+pairs ``bosh3``, ``dopri5`` and ``tsit5`` (:mod:`ctformer.solvers.tableaus`) carry their error
+weights and dense output.
 """
 from .base import (InconsistentDepthLimitWarning, Scheme, SplitProblem, available, check_dt, get,
                    integrate, projects, register, warn_inconsistent_depth)
 from .splitting import Lie, Parallel, Strang
 from .runge_kutta import (EULER_TABLEAU, HEUN_TABLEAU, RK4, RK4_TABLEAU, TABLEAUS, ButcherTableau,
                           Euler, Heun, RungeKutta, register_tableau)
+from .tableaus import BOSH3_TABLEAU, DOPRI5_TABLEAU, TSIT5_TABLEAU
 from .substeps import SUBSTEPS
 
 __all__ = ["Scheme", "SplitProblem", "available", "get", "register", "integrate", "check_dt", "projects",
            "Euler", "Heun", "RK4", "Lie", "Strang", "Parallel", "RungeKutta", "ButcherTableau",
            "TABLEAUS", "EULER_TABLEAU", "HEUN_TABLEAU", "RK4_TABLEAU", "register_tableau",
+           "BOSH3_TABLEAU", "DOPRI5_TABLEAU", "TSIT5_TABLEAU",
            "SUBSTEPS", "InconsistentDepthLimitWarning", "warn_inconsistent_depth"]

@@ -8,6 +8,9 @@ name        step :math:`u \mapsto u_{\text{new}}`                           orde
 ``euler``   :math:`u + h f(u)`                                              1
 ``heun``    :math:`u + \tfrac{h}{2}\big(f(u) + f(u + h f(u))\big)`          2
 ``rk4``     classical four-stage Runge-Kutta                                4
+``bosh3``   Bogacki-Shampine 3(2), four stages (FSAL)                       3
+``dopri5``  Dormand-Prince 5(4), seven stages (FSAL)                        5
+``tsit5``   Tsitouras 5(4), seven stages (FSAL)                             5
 ==========  ==============================================================  =====
 
 and any tableau added by :func:`ctformer.solvers.runge_kutta.register_tableau`.
