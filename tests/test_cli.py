@@ -345,7 +345,7 @@ def test_help_shows_defaults_and_every_option_is_explained():
     for option, default in [("--layers LAYERS", "2"), ("--heads HEADS", "2"),
                             ("--placement {pre,post,post-projection,none}", "pre"),
                             ("--beta BETA", "4.0"),
-                            ("--scheme {lie,strang,parallel,euler,heun,rk4}", "lie"),
+                            ("--scheme {lie,strang,parallel,euler,heun,rk4,bosh3,dopri5,tsit5}", "lie"),
                             ("--error-norm {l2,max}", "l2")]:
         assert re.search(re.escape(option) + r" [^-]*\(default: " + re.escape(default) + r"\)",
                          text), option

@@ -18,9 +18,12 @@ from .runge_kutta import (EULER_TABLEAU, HEUN_TABLEAU, RK4, RK4_TABLEAU, TABLEAU
                           Euler, Heun, RungeKutta, register_tableau)
 from .tableaus import BOSH3_TABLEAU, DOPRI5_TABLEAU, TSIT5_TABLEAU
 from .substeps import SUBSTEPS
+from .controller import ControllerState, PIController
+from .norms import grid_weights, rms, weighted_rms
 
 __all__ = ["Scheme", "SplitProblem", "available", "get", "register", "integrate", "check_dt", "projects",
            "Euler", "Heun", "RK4", "Lie", "Strang", "Parallel", "RungeKutta", "ButcherTableau",
            "TABLEAUS", "EULER_TABLEAU", "HEUN_TABLEAU", "RK4_TABLEAU", "register_tableau",
            "BOSH3_TABLEAU", "DOPRI5_TABLEAU", "TSIT5_TABLEAU",
-           "SUBSTEPS", "InconsistentDepthLimitWarning", "warn_inconsistent_depth"]
+           "SUBSTEPS", "InconsistentDepthLimitWarning", "warn_inconsistent_depth",
+           "PIController", "ControllerState", "weighted_rms", "rms", "grid_weights"]
