@@ -87,10 +87,15 @@ def test_transformers_4_config_rope_theta_attribute():
     cfg = types.SimpleNamespace(rope_theta=500.0, rope_scaling=None, hidden_size=24, num_attention_heads=4)
     exact = 500.0 ** (-np.arange(0, 6, 2) / 6.0)
     assert np.all(np.abs(rope_frequencies(cfg) - exact) <= np.spacing(exact))
-    scaled = types.SimpleNamespace(rope_theta=500.0, rope_scaling={"rope_type": "yarn", "factor": 2.0},
+    # transformers 4 spelled the kind "type"; linear scaling divides the frequencies by the factor
+    scaled = types.SimpleNamespace(rope_theta=500.0, rope_scaling={"type": "linear", "factor": 2.0},
                                    hidden_size=24, num_attention_heads=4)
-    with pytest.raises(ValueError, match="rope scaling 'yarn'.*not modelled"):
-        rope_frequencies(scaled)
+    assert np.all(np.abs(rope_frequencies(scaled) - exact / 2.0) <= np.spacing(exact / 2.0))
+    unknown = types.SimpleNamespace(rope_theta=500.0, rope_scaling={"rope_type": "su", "factor": 2.0},
+                                    hidden_size=24, num_attention_heads=4)
+    with pytest.raises(ValueError, match=r"rope_type='su' is not modelled; supported rope types: \['default', "
+                                         r"'linear', 'dynamic', 'yarn', 'llama3', 'longrope'\]"):
+        rope_frequencies(unknown)
 
 
 def test_buffers_rounded_by_a_cast_are_accepted_and_edited_buffers_refused():
@@ -122,8 +127,11 @@ def test_unmodelled_rope_options_are_still_refused_by_name():
     from ctformer.bridges import from_hf
 
     model = _stock(t, torch, "Llama")
-    model.config.rope_parameters = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
-    with pytest.raises(ValueError, match="rope_type='linear' is not modelled"):
+    model.config.rope_parameters = {"rope_type": "proportional", "rope_theta": 10000.0, "factor": 2.0}
+    with pytest.raises(ValueError, match="rope_type='proportional' is not modelled; supported rope types"):
+        from_hf(model)
+    model.config.rope_parameters = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0, "beta_fast": 3}
+    with pytest.raises(ValueError, match=r"keys \['beta_fast'\] are not modelled for rope_type='linear'"):
         from_hf(model)
     model.config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
     with pytest.raises(ValueError, match="partial_rotary_factor=0.5 is not modelled"):

@@ -33,6 +33,8 @@ frequencies); the converted model keeps the configuration's frequencies.
 """
 from __future__ import annotations
 
+import functools
+import math
 import types
 
 import numpy as np
@@ -40,8 +42,10 @@ import numpy as np
 from ..discretizations import Midpoint
 from ..model import Block, ContinuousTransformer
 from ..operators import RoPE
+from ..operators.positions import LengthFrequencies
 from .common import gated_feedforward_from_weights, grouped_attention_from_weights, rms_norm_from_weights, to_numpy
 from .huggingface import HF_ACTIVATIONS
+from .rope_scaling import DynamicNTK, LongRoPE, RopeScaling, rope_parameters, rope_scaling
 
 __all__ = ["from_llama", "float64_reference", "rope_frequencies", "SUPPORTED_LLAMA"]
 
@@ -56,29 +60,15 @@ def _classes():
     return tuple(getattr(transformers, name) for name in SUPPORTED_LLAMA if hasattr(transformers, name))
 
 
-def _check_rope(cfg) -> float:
-    params = getattr(cfg, "rope_parameters", None)
-    if params is None:  # transformers 4: rope_theta and rope_scaling
-        scaling = getattr(cfg, "rope_scaling", None)
-        if scaling:
-            kind = scaling.get("rope_type", scaling.get("type"))
-            raise ValueError(f"rope scaling {kind!r} (rope_scaling) is not modelled; only the default RoPE is")
-        return float(getattr(cfg, "rope_theta", 10000.0))
-    params = dict(params)
-    kind = params.get("rope_type", "default")
-    if kind != "default":
-        raise ValueError(f"rope_type={kind!r} is not modelled; only rope_type='default' (plain RoPE with "
-                         "rope_theta) is supported")
-    factor = params.get("partial_rotary_factor", 1.0)
-    if factor not in (None, 1, 1.0):
-        raise ValueError(f"partial_rotary_factor={factor!r} is not modelled; only 1.0 (every head feature rotated)")
-    unknown = sorted(set(params) - {"rope_type", "rope_theta", "partial_rotary_factor"})
-    if unknown:
-        raise ValueError(f"rope_parameters keys {unknown} are not modelled (only rope_type='default', rope_theta)")
-    if "rope_theta" not in params:
-        raise ValueError("rope_parameters has no 'rope_theta': the RoPE base is needed to compute the "
-                         "frequencies; set config.rope_parameters['rope_theta']")
-    return float(params["rope_theta"])
+def _scaling(cfg) -> RopeScaling:
+    """The configuration's float64 RoPE (:func:`~ctformer.bridges.rope_scaling.rope_scaling`), with
+    every head feature rotated (HuggingFace's Llama rotates them all)."""
+    scaling = rope_scaling(cfg)
+    if scaling.rotary_dim != scaling.head_dim:
+        factor = rope_parameters(cfg).get("partial_rotary_factor")
+        raise ValueError(f"partial_rotary_factor={factor!r} is not modelled for the Llama family: HuggingFace's "
+                         "Llama rotates every head feature (apply_rotary_pos_emb); set it to 1.0")
+    return scaling
 
 
 def _head_dim(cfg) -> int:
@@ -86,8 +76,10 @@ def _head_dim(cfg) -> int:
     return int(getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // int(cfg.num_attention_heads))
 
 
-def rope_frequencies(cfg) -> np.ndarray:
+def rope_frequencies(cfg, length=None) -> np.ndarray:
     r"""The RoPE frequencies of a Llama-family configuration, computed in float64.
+
+    Without scaling (``rope_type='default'``)
 
     .. math::
 
@@ -95,14 +87,19 @@ def rope_frequencies(cfg) -> np.ndarray:
 
     with :math:`\Theta` = ``rope_theta`` (transformers 5: ``config.rope_parameters``; 4:
     ``config.rope_theta``) and :math:`d_h` = ``head_dim`` (default ``hidden_size /
-    num_attention_heads``). HuggingFace's ``rotary_emb.inv_freq`` holds the same numbers
-    computed in float32 (relative error :math:`7 \cdot 10^{-8}` for :math:`\Theta = 10^4`, which
-    moves the angles at position 511 by up to :math:`1.5 \cdot 10^{-5}` rad with
-    :math:`d_h = 128`): it is never read for the frequencies.
+    num_attention_heads``); a ``rope_type`` of :data:`~ctformer.bridges.rope_scaling.SUPPORTED_ROPE_TYPES`
+    gives its scaled frequencies (:mod:`ctformer.bridges.rope_scaling`). HuggingFace's
+    ``rotary_emb.inv_freq`` holds the same numbers computed in float32 (relative error
+    :math:`7 \cdot 10^{-8}` for :math:`\Theta = 10^4`, which moves the angles at position 511 by
+    up to :math:`1.5 \cdot 10^{-5}` rad with :math:`d_h = 128`): it is never read for the
+    frequencies.
 
     Parameters
     ----------
     cfg : transformers LlamaConfig, MistralConfig or Qwen2Config
+    length : int, optional
+        The sequence length, for ``rope_type`` ``dynamic`` and ``longrope`` only (default: the
+        frequencies HuggingFace holds after initialization, at :math:`L_0`).
 
     Returns
     -------
@@ -111,13 +108,18 @@ def rope_frequencies(cfg) -> np.ndarray:
     Raises
     ------
     ValueError
-        For a RoPE scaling that is not modelled (named in the message), or an odd ``head_dim``.
+        For a RoPE type that is not modelled (named in the message, with the supported ones),
+        ``partial_rotary_factor != 1``, or an odd ``head_dim``.
     """
-    theta = _check_rope(cfg)
-    head_dim = _head_dim(cfg)
-    if head_dim % 2:
-        raise ValueError(f"head_dim={head_dim} is odd; RoPE rotates pairs of head features")
-    return native_frequencies(theta, head_dim)
+    scaling = _scaling(cfg)
+    if isinstance(scaling.frequencies, LengthFrequencies):
+        return scaling.frequencies.at(_initial_length(scaling) if length is None else length)
+    return np.array(scaling.frequencies)
+
+
+def _initial_length(scaling) -> float:
+    """The length at which HuggingFace initializes a length-dependent RoPE (``L_0``)."""
+    return scaling.frequencies.original_length
 
 
 #: Relative and absolute rounding an ``inv_freq`` buffer may carry: that of a bfloat16 cast
@@ -125,28 +127,50 @@ def rope_frequencies(cfg) -> np.ndarray:
 _BUFFER_RTOL, _BUFFER_ATOL = 2.0 ** -8, 2.0 ** -24
 
 
-def _check_inv_freq(buffer, frequencies, theta: float) -> None:
-    r"""Refuse a model whose ``inv_freq`` buffer is not its configuration's frequencies.
+def _buffer_tables(scaling, rotary) -> list:
+    """The frequency tables HuggingFace's rotary module may hold: the fixed table, the dynamic
+    table at the longest length it has seen, or LongRoPE's short or long table."""
+    frequencies = scaling.frequencies
+    if isinstance(frequencies, DynamicNTK):
+        return [frequencies.at(float(rotary.max_seq_len_cached))]
+    if isinstance(frequencies, LongRoPE):
+        return [frequencies.at(frequencies.original_length), frequencies.at(frequencies.original_length + 1)]
+    return [np.asarray(frequencies)]
+
+
+def _check_rotary(rotary, scaling) -> None:
+    r"""Refuse a rotary module whose ``inv_freq`` or ``attention_scaling`` is not the configuration's.
 
     The buffer carries float32 rounding (HuggingFace computes it in float32) and, after a cast
     such as ``model.to(torch.bfloat16)`` (even one followed by ``.double()``), the rounding of
     half precision: it is accepted where
     :math:`|\texttt{inv\_freq}_i - \omega_i| \le 2^{-8} \omega_i + 2^{-24}`. A buffer
     further off (edited in place, e.g. a hand-made position interpolation) belongs to a network
-    that the configuration does not describe.
+    that the configuration does not describe. ``attention_scaling`` (a Python float computed by
+    HuggingFace with the same formula) must agree to :math:`10^{-12}`.
     """
     name = "rotary_emb.inv_freq"
-    table = to_numpy(buffer, name)
-    if table.shape != frequencies.shape:
-        raise ValueError(f"{name} has shape {table.shape}, expected {frequencies.shape} (head_dim / 2)")
-    error = np.abs(table - frequencies)
-    if np.any(error > _BUFFER_RTOL * frequencies + _BUFFER_ATOL):
+    table = to_numpy(rotary.inv_freq, name)
+    errors = []
+    for frequencies in _buffer_tables(scaling, rotary):
+        if table.shape != frequencies.shape:
+            raise ValueError(f"{name} has shape {table.shape}, expected {frequencies.shape} (head_dim / 2)")
+        error = np.abs(table - frequencies)
+        if np.all(error <= _BUFFER_RTOL * frequencies + _BUFFER_ATOL):
+            break
+        errors.append(float(np.max(error / frequencies)))
+    else:
         raise ValueError(
-            f"{name} differs from the configuration's frequencies rope_theta^(-2i/head_dim) "
-            f"(rope_theta={theta:g}) by up to {float(np.max(error / frequencies)):.2e} relative, more "
+            f"{name} differs from the configuration's frequencies (rope_type={scaling.kind!r}, "
+            f"rope_theta={scaling.theta:g}) by up to {min(errors):.2e} relative, more "
             "than the rounding of a bfloat16 cast (2^-8): the frequencies are computed from the "
             "configuration, so describe the model's RoPE in config.rope_parameters (or restore "
             "inv_freq) before converting")
+    held = float(rotary.attention_scaling)
+    if abs(held - scaling.attention_scaling) > 1e-12 * scaling.attention_scaling:
+        raise ValueError(f"rotary_emb.attention_scaling={held!r} differs from the configuration's "
+                         f"{scaling.attention_scaling!r} (rope_type={scaling.kind!r}): restore it or describe "
+                         "the model's RoPE in config.rope_parameters")
 
 
 def _layer_windows(cfg, n_layers):
@@ -173,7 +197,11 @@ def from_llama(model) -> ContinuousTransformer:
     model : transformers LlamaModel, MistralModel or Qwen2Model
         In memory, with float16, bfloat16, float32 or float64 weights (copied to float64
         exactly). The RoPE frequencies are computed in float64 from the configuration
-        (:func:`rope_frequencies`), not copied from the float32 ``rotary_emb.inv_freq``.
+        (:func:`rope_frequencies`, with any RoPE scaling of
+        :mod:`ctformer.bridges.rope_scaling`), not copied from the float32
+        ``rotary_emb.inv_freq``; the rotary ``attention_scaling`` :math:`a` becomes the score
+        temperature :math:`\beta_h = a^2 \sqrt{d_h}`; ``dynamic`` and ``longrope`` take their
+        frequencies at the context length (``N`` in ``run``).
 
     Returns
     -------
@@ -190,10 +218,10 @@ def from_llama(model) -> ContinuousTransformer:
         If ``model`` is not one of the supported classes.
     ValueError
         For configuration options that are not modelled, named in the message: a RoPE type
-        other than ``"default"`` (rope scaling), ``partial_rotary_factor != 1``, a rotary
-        ``attention_scaling != 1``, an unknown activation or layer type, or an odd
-        ``head_dim``; an ``inv_freq`` buffer that differs from the configuration's frequencies
-        by more than rounding (edited in place).
+        not in :data:`~ctformer.bridges.rope_scaling.SUPPORTED_ROPE_TYPES` (listed),
+        ``partial_rotary_factor != 1``, an unknown activation or layer type, or an odd
+        ``head_dim``; an ``inv_freq`` buffer or ``attention_scaling`` that differs from the
+        configuration's by more than rounding (edited in place).
     TypeError
         For weights of another dtype (integer or quantized), named in the message.
     """
@@ -202,20 +230,17 @@ def from_llama(model) -> ContinuousTransformer:
         raise TypeError(f"from_llama supports {', '.join(c.__name__ for c in classes)}; "
                         f"got {type(model).__qualname__}")
     cfg = model.config
-    frequencies = rope_frequencies(cfg)
-    rotary = model.rotary_emb
-    theta = _check_rope(cfg)
-    _check_inv_freq(rotary.inv_freq, frequencies, theta)
-    scaling = float(getattr(rotary, "attention_scaling", 1.0))
-    if scaling != 1.0:
-        raise ValueError(f"rotary attention_scaling={scaling} is not modelled (only 1.0)")
+    scaling = _scaling(cfg)
+    _check_rotary(model.rotary_emb, scaling)
     act = cfg.hidden_act
     if not isinstance(act, str) or act not in HF_ACTIVATIONS:
         raise ValueError(f"hidden_act={act!r} is not modelled; supported: {sorted(HF_ACTIVATIONS)}")
     d, heads = int(cfg.hidden_size), int(cfg.num_attention_heads)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
     head_dim = _head_dim(cfg)
-    positions = RoPE(theta=theta, frequencies=frequencies)
+    positions = RoPE(theta=scaling.theta, frequencies=scaling.frequencies)
+    # HuggingFace multiplies cos and sin by a: every score q.k by a^2, the temperature a^2 beta
+    beta = math.sqrt(head_dim) * scaling.attention_scaling ** 2
     eps = float(cfg.rms_norm_eps)
     state = model.state_dict()
     n_layers = len(model.layers)
@@ -236,7 +261,7 @@ def from_llama(model) -> ContinuousTransformer:
             weight(a + "q_proj.weight"), weight(a + "k_proj.weight"), weight(a + "v_proj.weight"),
             weight(a + "o_proj.weight"), weight(a + "q_proj.bias", True), weight(a + "k_proj.bias", True),
             weight(a + "v_proj.bias", True), weight(a + "o_proj.bias", True),
-            heads=heads, kv_heads=kv_heads, head_dim=head_dim, mask="causal", positions=positions,
+            heads=heads, kv_heads=kv_heads, head_dim=head_dim, beta=beta, mask="causal", positions=positions,
             window=windows[i])
         m = p + "mlp."
         feedforward = gated_feedforward_from_weights(
@@ -258,12 +283,19 @@ def _rms_norm_float64(self, hidden_states):
     return self.weight * (hidden_states * (variance + self.variance_epsilon).rsqrt())
 
 
-def _rotary_float64(self, x, position_ids):
+def _rotary_float64(self, x, position_ids, scaling=None):
+    """HuggingFace's rotary forward with float64 angles; a length-dependent RoPE takes its table at
+    ``max(position_ids) + 1`` (what HuggingFace's ``dynamic_rope_update`` does for a fresh module),
+    and cos and sin are multiplied by the attention scaling."""
     import torch
 
-    angles = position_ids[..., None].to(self.inv_freq.dtype) * self.inv_freq
+    inv_freq = self.inv_freq
+    if isinstance(scaling.frequencies, LengthFrequencies):
+        inv_freq = torch.from_numpy(scaling.frequencies.at(int(position_ids.max()) + 1))
+    angles = position_ids[..., None].to(inv_freq.dtype) * inv_freq
     both = torch.cat((angles, angles), dim=-1)
-    return both.cos().to(x.dtype), both.sin().to(x.dtype)
+    a = scaling.attention_scaling
+    return (both.cos() * a).to(x.dtype), (both.sin() * a).to(x.dtype)
 
 
 def float64_reference(model):
@@ -271,8 +303,11 @@ def float64_reference(model):
 
     The model is cast to float64 and put in evaluation mode; the attention runs through
     PyTorch's SDPA (float64 softmax instead of the eager path's float32 one); the rotary
-    embedding's ``inv_freq`` is recomputed in float64, :math:`\Theta^{-2i/d_h}`, and its
-    angles are formed in float64; every RMSNorm computes its variance in float64.
+    embedding's ``inv_freq`` is recomputed in float64 (:func:`rope_frequencies`, with the
+    configuration's RoPE scaling), its angles are formed in float64 and cos and sin are
+    multiplied by the float64 attention scaling; for ``dynamic`` and ``longrope`` the table is
+    taken at the call's ``max(position_ids) + 1``, as a fresh HuggingFace module does; every
+    RMSNorm computes its variance in float64.
 
     Parameters
     ----------
@@ -287,8 +322,8 @@ def float64_reference(model):
     TypeError
         If ``model`` is not one of the supported classes.
     ValueError
-        If its RoPE type is not ``"default"``, or its ``inv_freq`` buffer is not the
-        configuration's frequencies (edited in place).
+        If its RoPE type is not modelled, or its ``inv_freq`` buffer or ``attention_scaling``
+        is not the configuration's (edited in place).
     """
     import torch
 
@@ -296,8 +331,9 @@ def float64_reference(model):
     if not isinstance(model, classes):
         raise TypeError(f"float64_reference supports {', '.join(c.__name__ for c in classes)}; "
                         f"got {type(model).__qualname__}")
+    scaling = _scaling(model.config)
+    _check_rotary(model.rotary_emb, scaling)
     frequencies = rope_frequencies(model.config)
-    _check_inv_freq(model.rotary_emb.inv_freq, frequencies, _check_rope(model.config))
     model.double().eval()
     if hasattr(model, "set_attn_implementation"):
         model.set_attn_implementation("sdpa")
@@ -305,7 +341,7 @@ def float64_reference(model):
         model.config._attn_implementation = "sdpa"
     rotary = model.rotary_emb
     rotary.inv_freq = torch.from_numpy(frequencies)
-    rotary.forward = types.MethodType(_rotary_float64, rotary)
+    rotary.forward = types.MethodType(functools.partial(_rotary_float64, scaling=scaling), rotary)
     norm_class = type(model.norm)
     for module in model.modules():
         if isinstance(module, norm_class):

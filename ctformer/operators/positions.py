@@ -65,8 +65,8 @@ from .. import validation
 from ..kernels import _to_host, cell_index
 from .absolute_positions import interpolate_table, sinusoidal_encoding
 
-__all__ = ["PositionEncoding", "NoPositions", "RoPE", "AxialRoPE", "ALiBi", "alibi_slopes",
-           "sinusoidal_encoding", "interpolate_table", "check_paired_head_features"]
+__all__ = ["PositionEncoding", "NoPositions", "RoPE", "AxialRoPE", "LengthFrequencies", "ALiBi",
+           "alibi_slopes", "sinusoidal_encoding", "interpolate_table", "check_paired_head_features"]
 
 
 class PositionEncoding:
@@ -147,6 +147,21 @@ class _GeometricFrequencies:
         return f"theta**(-tau), theta={self.theta!r}"
 
 
+class LengthFrequencies:
+    r"""RoPE frequencies that depend on the context length: :math:`\omega(\tau; L)` (subclass).
+
+    Dynamic NTK scaling and LongRoPE choose their frequencies from the length of the sequence;
+    in the continuum that length is the grids' ``context_length`` :math:`L` (``N`` in
+    ``run`` on ``N`` tokens), so token refinement at fixed :math:`L` keeps the frequencies.
+    :meth:`at` returns the table of the :math:`d_h/2` frequencies at one length, read by
+    :class:`RoPE` as piecewise constant on equal cells of :math:`\tau`.
+    """
+
+    def at(self, length: float) -> np.ndarray:
+        """The float64 frequency table, shape ``(d_h / 2,)``, at context length ``length``."""
+        raise NotImplementedError
+
+
 def check_paired_head_features(disc, what: str = "RoPE") -> int:
     """Check that a head-feature discretization respects the pairing sigma <-> sigma + 1/2.
 
@@ -196,11 +211,12 @@ class RoPE(PositionEncoding):
     theta : float, optional
         The base :math:`\Theta` of the default frequencies :math:`\omega(\tau) = \Theta^{-\tau}`
         (HuggingFace ``rope_theta``), default 10000.
-    frequencies : None, callable or 1-D array_like, optional
+    frequencies : None, callable, 1-D array_like or LengthFrequencies, optional
         :math:`\omega(\tau)` on the pair variable :math:`\tau = 2\sigma \in [0, 1)`: a
         vectorized callable, or the table of a network's native frequencies (``inv_freq``,
-        length :math:`d_h / 2`), read as piecewise constant on equal cells of :math:`\tau`.
-        Default: :math:`\Theta^{-\tau}`.
+        length :math:`d_h / 2`), read as piecewise constant on equal cells of :math:`\tau`, or
+        a :class:`LengthFrequencies` whose table depends on the grids' ``context_length``
+        (dynamic NTK, LongRoPE). Default: :math:`\Theta^{-\tau}`.
 
     Raises
     ------
@@ -222,6 +238,8 @@ class RoPE(PositionEncoding):
         self.theta = _positive_number(theta, "theta")
         if frequencies is None:
             self.frequencies = _GeometricFrequencies(self.theta)
+        elif isinstance(frequencies, LengthFrequencies):
+            self.frequencies = frequencies
         elif callable(frequencies) and not hasattr(frequencies, "__array__"):
             self.frequencies = frequencies
         else:
@@ -246,11 +264,21 @@ class RoPE(PositionEncoding):
         """Nothing: the frequencies are structure (pickled with the model), not weights."""
         return {}
 
-    def omega(self, tau) -> np.ndarray:
-        r""":math:`\omega(\tau)` at pair coordinates ``tau`` in :math:`[0, 1)` (host float64)."""
+    def omega(self, tau, length=None) -> np.ndarray:
+        r""":math:`\omega(\tau)` at pair coordinates ``tau`` in :math:`[0, 1)` (host float64).
+
+        ``length`` is the context length :math:`L`, needed (and only read) when the frequencies
+        are :class:`LengthFrequencies`.
+        """
         tau = np.asarray(tau, dtype=np.float64)
-        if isinstance(self.frequencies, np.ndarray):
-            return self.frequencies[cell_index(tau, (0.0, 1.0), self.frequencies.size)]
+        table = self.frequencies
+        if isinstance(table, LengthFrequencies):
+            if not validation.is_real(length):
+                raise ValueError(f"{table!r} depends on the context length: omega(tau, length) needs a "
+                                 f"real length (the grids' context_length), got {length!r}")
+            table = np.asarray(table.at(float(length)), dtype=np.float64)
+        if isinstance(table, np.ndarray):
+            return table[cell_index(tau, (0.0, 1.0), table.size)]
         values = np.asarray(_to_host(self.frequencies(tau)), dtype=np.float64)
         if values.shape != tau.shape or not np.all(np.isfinite(values)):
             raise ValueError("frequencies(tau) must return one finite value per point (vectorized)")
@@ -271,22 +299,23 @@ class RoPE(PositionEncoding):
         a, b = disc.domain
         tau = 2.0 * (np.asarray(disc.quadrature_nodes[:half], dtype=np.float64) - a) / (b - a)
         p = grids.positions()
-        angles = self._angles(p, tau) if p.ndim == 1 else _axial_angles(self, p, tau)
+        length = grids.context_length
+        angles = self._angles(p, tau, length) if p.ndim == 1 else _axial_angles(self, p, tau, length)
         return np.cos(angles), np.sin(angles)
 
-    def _angles(self, p, tau):
-        return p[:, None] * self.omega(tau)[None, :]
+    def _angles(self, p, tau, length):
+        return p[:, None] * self.omega(tau, length)[None, :]
 
     def rotation(self, grids):
         """The rotation tables on ``grids`` (:meth:`tables`)."""
         return self.tables(grids)
 
 
-def _axial_angles(rope, p, tau):
+def _axial_angles(rope, p, tau, length):
     """Axial angles: pairs with tau < 1/2 turn with x1, the others with x2, each half of tau
     stretched to [0, 1) so that both axes see the whole frequency range."""
     first = tau < 0.5
-    omega = rope.omega(np.where(first, 2.0 * tau, 2.0 * tau - 1.0))
+    omega = rope.omega(np.where(first, 2.0 * tau, 2.0 * tau - 1.0), length)
     return np.where(first[None, :], p[:, :1], p[:, 1:]) * omega[None, :]
 
 
@@ -302,7 +331,7 @@ class AxialRoPE(RoPE):
     def __repr__(self) -> str:
         return "Axial" + super().__repr__()
 
-    def _angles(self, p, tau):
+    def _angles(self, p, tau, length):
         raise ValueError("AxialRoPE rotates with the two positions of a two-dimensional token "
                          "domain (image patches); these grids have one: use RoPE")
 
