@@ -9,7 +9,7 @@
   class-specific converters (:func:`patch_position_table` evaluates a ViT's learned position
   table on another patch grid);
 - :func:`rope_frequencies`: the RoPE frequencies of a Llama-family configuration, in float64;
-- :func:`rope_scaling`, :func:`scaled_frequencies`: every HuggingFace RoPE scaling
+- :func:`rope_from_config`, :func:`scaled_frequencies`: every HuggingFace RoPE scaling
   (:data:`SUPPORTED_ROPE_TYPES`: linear, dynamic, yarn, llama3, longrope) as float64
   frequencies and an attention temperature (:mod:`ctformer.bridges.rope_scaling`);
 - :mod:`ctformer.bridges.minilm`: the packaged all-MiniLM-L6-v2 and ``discrete_limit_report``;
@@ -23,10 +23,10 @@ from .gpt2 import from_gpt2
 from .hf import from_hf, limit_report
 from .huggingface import from_hf_bert
 from .llama import float64_reference, from_llama, rope_frequencies
-from .rope_scaling import SUPPORTED_ROPE_TYPES, rope_scaling, scaled_frequencies
+from .rope_scaling import SUPPORTED_ROPE_TYPES, rope_from_config, scaled_frequencies
 from .torch import from_torch
 from .vit import from_hf_vit, patch_position_table
 
 __all__ = ["from_torch", "from_hf", "from_hf_bert", "from_gpt2", "from_llama", "from_albert",
            "from_hf_vit", "patch_position_table", "float64_reference", "rope_frequencies", "limit_report",
-           "rope_scaling", "scaled_frequencies", "SUPPORTED_ROPE_TYPES"]
+           "rope_from_config", "scaled_frequencies", "SUPPORTED_ROPE_TYPES"]

@@ -45,7 +45,7 @@ from ..operators import RoPE
 from ..operators.positions import LengthFrequencies
 from .common import gated_feedforward_from_weights, grouped_attention_from_weights, rms_norm_from_weights, to_numpy
 from .huggingface import HF_ACTIVATIONS
-from .rope_scaling import DynamicNTK, LongRoPE, RopeScaling, rope_parameters, rope_scaling
+from .rope_scaling import DynamicNTK, LongRoPE, RopeScaling, rope_from_config, rope_parameters
 
 __all__ = ["from_llama", "float64_reference", "rope_frequencies", "SUPPORTED_LLAMA"]
 
@@ -61,9 +61,9 @@ def _classes():
 
 
 def _scaling(cfg) -> RopeScaling:
-    """The configuration's float64 RoPE (:func:`~ctformer.bridges.rope_scaling.rope_scaling`), with
+    """The configuration's float64 RoPE (:func:`~ctformer.bridges.rope_scaling.rope_from_config`), with
     every head feature rotated (HuggingFace's Llama rotates them all)."""
-    scaling = rope_scaling(cfg)
+    scaling = rope_from_config(cfg)
     if scaling.rotary_dim != scaling.head_dim:
         factor = rope_parameters(cfg).get("partial_rotary_factor")
         raise ValueError(f"partial_rotary_factor={factor!r} is not modelled for the Llama family: HuggingFace's "

@@ -46,7 +46,7 @@ from .. import validation
 from ..operators.positions import LengthFrequencies
 
 __all__ = ["SUPPORTED_ROPE_TYPES", "RopeScaling", "DynamicNTK", "LongRoPE", "rope_parameters",
-           "rope_scaling", "scaled_frequencies"]
+           "rope_from_config", "scaled_frequencies"]
 
 #: The keys each ``rope_type`` may carry beside ``rope_type``, ``rope_theta`` and ``partial_rotary_factor``.
 _KEYS = {
@@ -220,7 +220,7 @@ def _longrope(params, cfg, theta, dim):
     return LongRoPE(tables[0], tables[1], original), float(attention)
 
 
-def rope_scaling(cfg) -> RopeScaling:
+def rope_from_config(cfg) -> RopeScaling:
     r"""The float64 RoPE of a HuggingFace configuration: frequencies and attention scaling.
 
     Computed in float64 NumPy from the configuration (module docstring for the formulas);
@@ -261,5 +261,5 @@ def scaled_frequencies(cfg, length=None) -> tuple[np.ndarray, float]:
     ``longrope`` (for ``dynamic`` at :math:`L \le L_0` and ``longrope`` at :math:`L \le L_0`
     the frequencies are those HuggingFace holds after initialization).
     """
-    scaling = rope_scaling(cfg)
+    scaling = rope_from_config(cfg)
     return np.asarray(scaling.table(length), dtype=np.float64), scaling.attention_scaling
