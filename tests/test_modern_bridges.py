@@ -308,7 +308,8 @@ def test_unsupported_class_and_unmodelled_options_are_refused_by_name():
                                         eos_token_id=0, pad_token_id=0,
                                         rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
                                                          "factor": 2.0}))
-    with pytest.raises(ValueError, match="rope_type='linear'"):
+    scaled.config.rope_parameters = {"rope_type": "proportional", "rope_theta": 10000.0, "factor": 2.0}
+    with pytest.raises(ValueError, match="rope_type='proportional' is not modelled"):
         from_hf(scaled)
     cross = t.GPT2Model(t.GPT2Config(vocab_size=32, n_positions=16, n_embd=8, n_layer=1, n_head=2,
                                      add_cross_attention=True, bos_token_id=0, eos_token_id=0))

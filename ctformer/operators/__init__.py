@@ -10,7 +10,7 @@ from .attention import Attention
 from .feature import (ACTIVATIONS, FeatureMap, FeedForward, GatedFeedForward, gelu, gelu_tanh,
                       get_activation, relu, silu)
 from .normalization import LayerNormProjection, RMSNorm, SphereProjection
-from .positions import (ALiBi, AxialRoPE, NoPositions, PositionEncoding, RoPE, alibi_slopes,
+from .positions import (ALiBi, AxialRoPE, LengthFrequencies, NoPositions, PositionEncoding, RoPE, alibi_slopes,
                         interpolate_table, sinusoidal_encoding)
 from .masks import Causal, Intersection, Mask, Padding, SlidingWindow
 from .local_attention import local_attention, mask_pattern, window_pattern
@@ -39,6 +39,7 @@ __all__ = [
     "NoPositions",
     "RoPE",
     "AxialRoPE",
+    "LengthFrequencies",
     "ALiBi",
     "Mask",
     "Causal",
