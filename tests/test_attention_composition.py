@@ -294,3 +294,19 @@ def test_axial_rope_on_patches_with_one_column_is_rope_on_the_first_axis():
     assert _rel(axial, line) < 1e-13
     plain = _attention(weights)(u, Grids(Midpoint(6), Midpoint(D), Midpoint(D_H)))
     assert _rel(axial, plain) > 1e-3    # the rotation does something
+
+
+def test_incomplete_mask_and_length_frequencies_are_refused_when_made():
+    """The contracts are abstract: a Mask without keep, or LengthFrequencies without at, cannot
+    be instantiated (instead of failing at the first solve)."""
+    from ctformer.operators import LengthFrequencies
+
+    class _NoKeep(Mask):
+        pass
+
+    class _NoTable(LengthFrequencies):
+        pass
+
+    for incomplete, method in ((_NoKeep, "keep"), (_NoTable, "at")):
+        with pytest.raises(TypeError, match=f"abstract method '?{method}'?"):
+            incomplete()

@@ -30,6 +30,7 @@ Writing a new mask is one class: subclass :class:`Mask`, implement :meth:`~Mask.
 """
 from __future__ import annotations
 
+import abc
 from typing import ClassVar
 
 import numpy as np
@@ -42,7 +43,7 @@ __all__ = ["Mask", "Causal", "SlidingWindow", "Padding", "Intersection"]
 DIAGONALS = ("full", "half")
 
 
-class Mask:
+class Mask(abc.ABC):
     r"""A mask :math:`m(x, x') \in \{0, 1\}` of attention (subclass and implement :meth:`keep`).
 
     Attributes
@@ -62,6 +63,7 @@ class Mask:
     needs_positions: ClassVar[bool] = True
     diagonal: str = "full"
 
+    @abc.abstractmethod
     def keep(self, p, p_key):
         r"""Whether the query at ``p`` keeps the key at ``p_key`` (broadcasting, boolean).
 
@@ -75,7 +77,6 @@ class Mask:
         -------
         bool ndarray of the broadcast shape
         """
-        raise NotImplementedError(f"{type(self).__name__} must implement keep(p, p_key)")
 
     def band(self, p, p_key):
         """``(lo, hi)``: for each query, the key columns ``[lo, hi)`` outside which it keeps

@@ -55,6 +55,7 @@ between its integer rows by piecewise-linear interpolation
 """
 from __future__ import annotations
 
+import abc
 import hashlib
 import math
 
@@ -147,7 +148,7 @@ class _GeometricFrequencies:
         return f"theta**(-tau), theta={self.theta!r}"
 
 
-class LengthFrequencies:
+class LengthFrequencies(abc.ABC):
     r"""RoPE frequencies that depend on the context length: :math:`\omega(\tau; L)` (subclass).
 
     Dynamic NTK scaling and LongRoPE choose their frequencies from the length of the sequence;
@@ -157,9 +158,9 @@ class LengthFrequencies:
     :class:`RoPE` as piecewise constant on equal cells of :math:`\tau`.
     """
 
+    @abc.abstractmethod
     def at(self, length: float) -> np.ndarray:
         """The float64 frequency table, shape ``(d_h / 2,)``, at context length ``length``."""
-        raise NotImplementedError
 
 
 def check_paired_head_features(disc, what: str = "RoPE") -> int:

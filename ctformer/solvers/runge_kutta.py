@@ -69,11 +69,18 @@ def _check_shape(t: "ButcherTableau") -> None:
                              f"{sum(row)!r}; the nodes must satisfy c_i = sum_j a_ij")
 
 
+def _paired(t: "ButcherTableau", field: str, partner: str) -> bool:
+    """Whether ``field`` is given; refuses ``partner`` given without it (both or neither)."""
+    if getattr(t, field) is not None:
+        return True
+    if getattr(t, partner) is not None:
+        raise ValueError(f"tableau {t.name!r}: {partner} is given without {field}; give both "
+                         "or neither")
+    return False
+
+
 def _check_error(t: "ButcherTableau") -> None:
-    if t.b_error is None:
-        if t.error_order is not None:
-            raise ValueError(f"tableau {t.name!r}: error_order is given without b_error; give "
-                             "both or neither")
+    if not _paired(t, "b_error", "error_order"):
         return
     if len(t.b_error) != len(t.b):
         raise ValueError(f"tableau {t.name!r}: b_error needs one entry per stage ({len(t.b)}), "
@@ -97,10 +104,7 @@ def _check_fsal(t: "ButcherTableau", declared) -> bool:
 
 
 def _check_dense(t: "ButcherTableau") -> None:
-    if t.dense is None:
-        if t.dense_order is not None:
-            raise ValueError(f"tableau {t.name!r}: dense_order is given without dense; give both "
-                             "or neither")
+    if not _paired(t, "dense", "dense_order"):
         return
     if len(t.dense) != len(t.b) or len({len(row) for row in t.dense}) != 1:
         raise ValueError(f"tableau {t.name!r}: dense needs one row of polynomial coefficients per "
