@@ -80,23 +80,34 @@ def truncated(encoder, layers):
     return out.eval()
 
 
-def layer_rhs(layer):
-    r"""The pre-norm right-hand side of one ``TransformerEncoderLayer`` on ``(N, d)`` arrays.
+def layer_rhs_torch(layer):
+    r"""The pre-norm right-hand side of one ``TransformerEncoderLayer`` on ``(N, d)`` tensors.
 
     :math:`f(u) = \mathrm{SA}(\mathrm{LN}_1 u) + W_2\,\mathrm{act}(W_1 \mathrm{LN}_2 u + b_1)
-    + b_2`, evaluated by the layer's own submodules in float64 without gradients.
+    + b_2`, evaluated by the layer's own submodules (``self_attn``, ``norm1``, ``linear1``,
+    ``activation``, ``linear2``, ``norm2``); dropout is off in eval mode.
     """
-    import torch
-
     def rhs(u):
-        with torch.no_grad():
-            x = torch.from_numpy(np.ascontiguousarray(u))[None]
-            h = layer.norm1(x)
-            attention = layer.self_attn(h, h, h, need_weights=False)[0]
-            feedforward = layer.linear2(layer.activation(layer.linear1(layer.norm2(x))))
-            return (attention + feedforward)[0].numpy()
+        x = u[None]
+        h = layer.norm1(x)
+        attention = layer.self_attn(h, h, h, need_weights=False)[0]
+        feedforward = layer.linear2(layer.activation(layer.linear1(layer.norm2(x))))
+        return (attention + feedforward)[0]
 
     return rhs
+
+
+def layer_rhs(layer):
+    """:func:`layer_rhs_torch` on NumPy ``(N, d)`` float64 arrays, without gradients."""
+    import torch
+
+    rhs = layer_rhs_torch(layer)
+
+    def numpy_rhs(u):
+        with torch.no_grad():
+            return rhs(torch.from_numpy(np.ascontiguousarray(u))).numpy()
+
+    return numpy_rhs
 
 
 def depth_rhs(encoder):
@@ -185,6 +196,14 @@ def sa_velocity(x, beta):
     w = np.exp(s - s.max(axis=1, keepdims=True))
     a = (w @ x) / w.sum(axis=1, keepdims=True)
     return a - np.sum(a * x, axis=1, keepdims=True) * x
+
+
+def sa_velocity_torch(x, beta):
+    """:func:`sa_velocity` in torch (for torchdiffeq), the same formula on an ``(n, d)`` tensor."""
+    s = beta * (x @ x.T)
+    w = (s - s.max(dim=1, keepdim=True).values).exp()
+    a = (w @ x) / w.sum(dim=1, keepdim=True)
+    return a - (a * x).sum(dim=1, keepdim=True) * x
 
 
 def sphere_points(n=32, d=3, seed=0):
