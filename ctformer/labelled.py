@@ -1,0 +1,348 @@
+r"""Labelled results: every result as an :class:`xarray.Dataset`, a netCDF file or a zarr store.
+
+A result of ctformer is a few arrays and the settings that made them. :func:`to_xarray` names
+the axes, attaches the grids' nodes as coordinates and their quadrature weights as data
+variables, and keeps the settings as attributes, so that a saved file says what it holds
+without ctformer:
+
+* a model solution (depth solve): ``state(depth, batch, token, feature)``, with
+  ``token_x, token_y`` in place of ``token`` on a product token domain; the stored values
+  (point values, or Galerkin coefficients at the element nodes: attribute ``tokens_nodal``),
+  ``token_weight`` and ``feature_weight`` such that
+  :math:`\int\!\!\int u \approx \sum_{ij} w^x_i w^y_j u_{ij}`;
+* particles: ``positions(time, batch, particle, dimension)``;
+* the mean field on the circle: ``density(time, angle)``, the Fourier coefficients
+  ``coefficients(time, wavenumber, part)`` with ``part = ("re", "im")``, the tracers;
+* a convergence study: ``n, h, error, order, seconds`` along ``level``.
+
+Attributes are netCDF-legal: strings, numbers and 1-D numeric arrays. ``None`` is left out
+(an absent ``rtol`` means a fixed-step solve), a boolean becomes the integer 0 or 1, and a
+nested value (a study's parameters) becomes JSON text in an attribute whose name ends in
+``_json``. Every dataset carries ``ctformer_result`` (the result's class) and
+``ctformer_version``.
+
+:func:`to_netcdf` (h5netcdf) and :func:`to_zarr` write atomically; :func:`from_xarray` and
+:func:`open_dataset` give back the arrays a restart needs, bit for bit
+(:mod:`ctformer.labelled_files`).
+
+Converters are registered by class (:func:`register`); :func:`to_xarray` uses the first
+class of the result's method resolution order that has one.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import numpy as np
+
+from .backend import to_host
+from .labelled_files import (INSTALL_HINT, PART, SavedResult, _xarray, from_xarray, join_parts,
+                             open_dataset, split_parts, to_netcdf, to_zarr)
+
+__all__ = ["to_xarray", "to_netcdf", "to_zarr", "from_xarray", "open_dataset", "register",
+           "converters", "SavedResult", "solution_to_xarray", "trajectory_to_xarray",
+           "mean_field_to_xarray", "convergence_to_xarray", "split_parts", "join_parts", "PART",
+           "INSTALL_HINT"]
+
+_CONVERTERS: dict = {}
+_BUILTINS_LOADED = [False]
+
+
+# -- the registry --------------------------------------------------------------------------------
+def register(cls, converter=None):
+    """Register ``converter(result, **options) -> xarray.Dataset`` for results of class ``cls``.
+
+    Use as ``register(Solution, solution_to_xarray)`` or as a decorator ``@register(Solution)``.
+    A later registration for the same class replaces the earlier one.
+
+    Raises
+    ------
+    TypeError
+        If ``cls`` is not a class or ``converter`` is not callable.
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"register: cls must be a class, got {type(cls).__name__} {cls!r}")
+
+    def add(fn):
+        if not callable(fn):
+            raise TypeError(f"register: the converter for {cls.__name__} must be callable, got "
+                            f"{type(fn).__name__}")
+        _CONVERTERS[cls] = fn
+        return fn
+
+    return add if converter is None else add(converter)
+
+
+def _load_builtins() -> None:
+    """Register the converters of ctformer's own results (imported on first use: no cycles)."""
+    if _BUILTINS_LOADED[0]:
+        return
+    _BUILTINS_LOADED[0] = True
+    from .particles.meanfield import MeanFieldSolution
+    from .particles.timegrid import Trajectory
+    from .studies.results import ConvergenceResult
+
+    for cls, fn in ((Trajectory, trajectory_to_xarray), (MeanFieldSolution, mean_field_to_xarray),
+                    (ConvergenceResult, convergence_to_xarray)):
+        _CONVERTERS.setdefault(cls, fn)
+    try:  # the adaptive depth solve's result, once it exists
+        from .solvers.solution import Solution
+    except ImportError:
+        return
+    _CONVERTERS.setdefault(Solution, solution_to_xarray)
+
+
+def converters() -> dict:
+    """A copy of the registry: ``{class: converter}``."""
+    _load_builtins()
+    return dict(_CONVERTERS)
+
+
+def to_xarray(result, **options):
+    """The result as a labelled :class:`xarray.Dataset` (layout: module notes and docs page).
+
+    Parameters
+    ----------
+    result : Solution, Trajectory, MeanFieldSolution or ConvergenceResult
+        Or any object whose class (or a base class) was :func:`register`-ed.
+    **options
+        Passed to the converter; every converter takes ``attrs`` (a dict of extra
+        attributes, made netCDF-legal as the others).
+
+    Raises
+    ------
+    TypeError
+        If no converter is registered for the result's class (the message lists those that are).
+    ImportError
+        If xarray is not installed (one line with the install command).
+    """
+    _load_builtins()
+    for cls in type(result).__mro__:
+        if cls in _CONVERTERS:
+            return _CONVERTERS[cls](result, **options)
+    known = ", ".join(sorted(c.__name__ for c in _CONVERTERS))
+    raise TypeError(f"to_xarray: no converter for {type(result).__name__}; results with one: "
+                    f"{known} (add one with ctformer.labelled.register)")
+
+
+# -- attributes --------------------------------------------------------------------------------
+def _jsonable(value):
+    """Plain JSON data: non-finite floats as strings, arrays as lists, other objects by repr."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else str(float(value))
+    return repr(value)
+
+
+def _json(value) -> str:
+    return json.dumps(_jsonable(value), sort_keys=True, allow_nan=False)
+
+
+def _set_attr(attrs: dict, name: str, value) -> None:
+    """Store ``value`` under ``name`` in netCDF-legal form (module notes); None is left out."""
+    if value is None:
+        return
+    if isinstance(value, (bool, np.bool_)):
+        attrs[name] = int(value)
+    elif isinstance(value, (str, int, float, np.integer, np.floating)):
+        attrs[name] = value.item() if isinstance(value, np.generic) else value
+    elif isinstance(value, (list, tuple, np.ndarray)) and np.asarray(value).dtype.kind in "iuf" \
+            and np.asarray(value).ndim == 1:
+        attrs[name] = np.asarray(value)
+    else:
+        attrs[f"{name}_json"] = _json(value)
+
+
+def _common_attrs(result, kind: str, extra) -> dict:
+    """Class, version, scheme, tolerances, event, step statistics, and the caller's ``attrs``."""
+    import ctformer
+
+    attrs = {"ctformer_result": kind, "ctformer_version": ctformer.__version__}
+    scheme = getattr(result, "scheme", None)
+    if scheme is not None:
+        attrs["scheme"] = scheme if isinstance(scheme, str) else getattr(scheme, "name", repr(scheme))
+    for name in ("rtol", "atol", "event_time", "dt", "beta", "normalized"):
+        _set_attr(attrs, name, getattr(result, name, None))
+    stats = getattr(result, "stats", None) or {}
+    for key, value in stats.items():
+        if key != "step_times":
+            _set_attr(attrs, f"stats_{key}", value)
+    for key, value in (extra or {}).items():
+        _set_attr(attrs, str(key), value)
+    return attrs
+
+
+def _grid_attrs(attrs: dict, grids) -> None:
+    """Each discretization by its repr, label and size; the context length."""
+    for name in ("tokens", "features", "head_features", "hidden"):
+        disc = getattr(grids, name)
+        attrs[name], attrs[f"{name}_label"], attrs[f"{name}_n"] = repr(disc), disc.label, disc.n
+        attrs[f"{name}_nodal"] = int(disc.nodal)
+    attrs["tokens_atoms"] = int(grids.tokens.atoms)
+    _set_attr(attrs, "context_length", grids.context_length)
+
+
+# -- arrays ----------------------------------------------------------------------------------------
+def _host(values) -> np.ndarray:
+    """A host NumPy copy of a NumPy, CuPy or torch array."""
+    return np.array(to_host(values), copy=True)
+
+
+def _batch_dims(count: int) -> tuple:
+    return ("batch",) if count == 1 else tuple(f"batch_{i}" for i in range(count))
+
+
+def _part_coord() -> np.ndarray:
+    return np.array(PART, dtype=object)
+
+
+def _token_space(grids, n_tokens: int):
+    """Token dims, their shape, coordinates and weight variable (see the module notes)."""
+    if grids is None:
+        return ("token",), (n_tokens,), {}, {}
+    tokens = grids.tokens
+    if tokens.n != n_tokens:
+        raise ValueError(f"the states have {n_tokens} values on the token axis but the grids' "
+                         f"tokens {tokens!r} have n = {tokens.n}; pass the grids of this solve")
+    nodes, weights = np.asarray(tokens.nodes), np.asarray(tokens.weights)
+    if tokens.dimension == 2 and not tokens.atoms and hasattr(tokens, "first"):
+        n1, n2 = tokens.shape
+        dims = ("token_x", "token_y")
+        coords = {"token_x": np.asarray(tokens.first.nodes), "token_y": np.asarray(tokens.second.nodes)}
+        return dims, (n1, n2), coords, {"token_weight": (dims, weights.reshape(n1, n2))}
+    if tokens.dimension == 2:  # atoms first, then the raster: one token axis, (x, y) per token
+        coords = {"token_x": ("token", nodes[:, 0]), "token_y": ("token", nodes[:, 1])}
+    else:
+        coords = {"token": nodes}
+    return ("token",), (n_tokens,), coords, {"token_weight": (("token",), weights)}
+
+
+def _feature_space(grids, n_features: int):
+    if grids is None:
+        return {}, {}
+    features = grids.features
+    if features.n != n_features:
+        raise ValueError(f"the states have {n_features} values on the feature axis but the "
+                         f"grids' features {features!r} have n = {features.n}")
+    return ({"feature": np.asarray(features.nodes)},
+            {"feature_weight": (("feature",), np.asarray(features.weights))})
+
+
+# -- converters --------------------------------------------------------------------------------------
+def solution_to_xarray(solution, *, attrs=None):
+    r"""A depth solve: ``state(depth, batch..., token | token_x, token_y, feature)``.
+
+    Reads ``times`` (saved depths), ``states`` (shape ``(T, ..., N, d)``), ``grids`` (or
+    None: then no coordinates or weights), ``scheme``, ``rtol``, ``atol``, ``event_time`` and
+    ``stats`` (``step_times`` becomes the variable ``step_times(step)``, the other entries
+    attributes ``stats_<name>``). One leading batch axis is ``batch``, several are
+    ``batch_0, batch_1, ...``.
+    """
+    xr = _xarray()
+    states, times = _host(solution.states), np.asarray(solution.times, dtype=np.float64)
+    if states.ndim < 3 or states.shape[0] != times.shape[0]:
+        raise ValueError(f"solution.states must have shape (T, ..., N, d) with T = {times.shape[0]} "
+                         f"saved depths, got {states.shape}")
+    grids = getattr(solution, "grids", None)
+    token_dims, token_shape, coords, data = _token_space(grids, states.shape[-2])
+    feature_coords, feature_data = _feature_space(grids, states.shape[-1])
+    coords.update(feature_coords)
+    data.update(feature_data)
+    batch = _batch_dims(states.ndim - 3)
+    values = states.reshape(states.shape[:-2] + token_shape + states.shape[-1:])
+    values, dims = split_parts(values, ("depth",) + batch + token_dims + ("feature",))
+    data["state"] = (dims, values)
+    step_times = (getattr(solution, "stats", None) or {}).get("step_times")
+    if step_times is not None:
+        data["step_times"] = (("step",), np.asarray(step_times, dtype=np.float64))
+    coords["depth"] = times
+    if "part" in dims:
+        coords["part"] = _part_coord()
+    out = _common_attrs(solution, "Solution", attrs)
+    if grids is not None:
+        _grid_attrs(out, grids)
+    return xr.Dataset(data, coords=coords, attrs=out)
+
+
+def trajectory_to_xarray(trajectory, *, attrs=None):
+    """Particles: ``positions(time, batch..., particle, dimension)`` (integer coordinates)."""
+    xr = _xarray()
+    positions, times = _host(trajectory.positions), np.asarray(trajectory.times, dtype=np.float64)
+    if positions.ndim < 3 or positions.shape[0] != times.shape[0]:
+        raise ValueError(f"trajectory.positions must have shape (T, ..., n, d) with T = "
+                         f"{times.shape[0]} saved times, got {positions.shape}")
+    dims = ("time",) + _batch_dims(positions.ndim - 3) + ("particle", "dimension")
+    coords = {"time": times, "particle": np.arange(positions.shape[-2]),
+              "dimension": np.arange(positions.shape[-1])}
+    return xr.Dataset({"positions": (dims, positions)}, coords=coords,
+                      attrs=_common_attrs(trajectory, "Trajectory", attrs))
+
+
+def mean_field_to_xarray(solution, *, attrs=None):
+    r"""The mean field: ``density(time, angle)``, ``coefficients(time, wavenumber, part)``.
+
+    ``angle_weight`` is the trapezoid weight :math:`2\pi/N` (so the mass is
+    ``(density * angle_weight).sum("angle")``); the coefficients are ``numpy.fft.rfft`` of the
+    density values, :math:`c_k = N \hat\rho_k`; ``tracers(time, tracer)`` when there are tracers.
+    """
+    xr = _xarray()
+    times, grid = np.asarray(solution.times, dtype=np.float64), np.asarray(solution.grid)
+    coefficients, dims = split_parts(_host(solution.coefficients), ("time", "wavenumber"))
+    n = grid.shape[0]
+    data = {"density": (("time", "angle"), _host(solution.density)),
+            "coefficients": (dims, coefficients),
+            "angle_weight": (("angle",), np.full(n, 2 * math.pi / n))}
+    coords = {"time": times, "angle": grid, "wavenumber": np.arange(coefficients.shape[1]),
+              "part": _part_coord()}
+    if solution.tracers is not None:
+        tracers = _host(solution.tracers)
+        data["tracers"] = (("time", "tracer"), tracers)
+        coords["tracer"] = np.arange(tracers.shape[1])
+    out = _common_attrs(solution, "MeanFieldSolution", attrs)
+    out.update(n_modes=n, max_wavenumber=coefficients.shape[1] - 1,
+               coefficient_normalization="numpy.fft.rfft of the density at the angles")
+    return xr.Dataset(data, coords=coords, attrs=out)
+
+
+def convergence_to_xarray(result, *, attrs=None):
+    """A study: ``n, h`` (coordinates), ``error, order, seconds`` along ``level``.
+
+    The reference level's error and the first order are NaN. Attributes: the study's summary
+    (``refine``, ``method``, ``reference``, ``norm``, orders, ``consistent_limit`` as 0/1,
+    ``gauss_points`` when set), ``study_parameters_json`` (discretizations, scheme, model
+    identity), ``study_identity`` (SHA-256 of that JSON text) and ``model_identity`` when the
+    study ran with a store.
+    """
+    xr = _xarray()
+    rows = result.table
+
+    def column(name, dtype=np.float64):
+        return np.array([np.nan if getattr(r, name) is None else getattr(r, name) for r in rows], dtype=dtype)
+
+    data = {"error": (("level",), column("error")), "order": (("level",), column("order")),
+            "seconds": (("level",), column("seconds"))}
+    coords = {"level": column("level", np.int64), "n": (("level",), column("n", np.int64)),
+              "h": (("level",), column("h"))}
+    out = _common_attrs(result, "ConvergenceResult", None)
+    for name in ("refine", "method", "reference", "norm", "observed_order", "expected_order",
+                 "consistent_limit", "gauss_points", "min_feature_std", "wall_seconds"):
+        _set_attr(out, name, getattr(result, name))
+    parameters = _json(result.parameters)
+    out["study_parameters_json"] = parameters
+    out["study_identity"] = hashlib.sha256(parameters.encode()).hexdigest()
+    _set_attr(out, "model_identity", result.parameters.get("model"))
+    for key, value in (attrs or {}).items():
+        _set_attr(out, str(key), value)
+    return xr.Dataset(data, coords=coords, attrs=out)

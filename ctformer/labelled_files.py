@@ -1,0 +1,242 @@
+r"""Files of labelled results: atomic netCDF and zarr writes, exact reading back.
+
+:func:`to_netcdf` (h5netcdf) and :func:`to_zarr` write atomically: to a temporary sibling,
+flushed to disk, then renamed over the target (a file by :func:`os.replace`; a store, a
+directory, by a rename, with the old store moved aside first and removed after). A reader
+sees the old result or the new one, never a part of one. :func:`from_xarray` and
+:func:`open_dataset` give back the arrays a restart needs (times, states, final state), bit
+for bit: floating-point data is written without a fill value, scale or compression that
+could change a bit, and complex values as their exact real and imaginary parts (the ``part``
+axis, :func:`join_parts`). The layout is that of :mod:`ctformer.labelled`, which re-exports
+everything here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["to_netcdf", "to_zarr", "from_xarray", "open_dataset", "SavedResult", "split_parts",
+           "join_parts", "PART", "INSTALL_HINT"]
+
+#: Labels of the ``part`` axis of complex values.
+PART = ("re", "im")
+INSTALL_HINT = "pip install xarray h5netcdf h5py zarr (the io extra: pip install 'ctformer[io]')"
+
+
+def _xarray():
+    try:
+        import xarray
+    except ImportError:
+        raise ImportError(f"labelled results need xarray: {INSTALL_HINT}") from None
+    return xarray
+
+
+def split_parts(values: np.ndarray, dims: tuple):
+    """Complex values as their exact real and imaginary parts on a trailing ``part`` axis."""
+    if np.iscomplexobj(values):
+        return np.stack([values.real, values.imag], axis=-1), dims + ("part",)
+    return values, dims
+
+
+def join_parts(values: np.ndarray, dims: tuple) -> np.ndarray:
+    """Inverse of :func:`split_parts`, bit for bit (a view of the pairs as complex numbers)."""
+    if "part" not in dims:
+        return values
+    if dims[-1] != "part":
+        values = np.moveaxis(values, dims.index("part"), -1)
+    pairs = np.ascontiguousarray(values)
+    return pairs.view(np.result_type(pairs.dtype, np.complex64))[..., 0]
+
+
+# -- files ----------------------------------------------------------------------------------------------
+def _dataset(result, options):
+    from .labelled import to_xarray
+
+    xr = _xarray()
+    return result if isinstance(result, xr.Dataset) and not options else to_xarray(result, **options)
+
+
+def _exact_encoding(ds) -> dict:
+    """No fill value on floating-point variables: nothing may change a bit on the way back."""
+    return {name: {"_FillValue": None} for name, var in ds.variables.items() if var.dtype.kind in "fc"}
+
+
+def to_netcdf(result, path, **options) -> Path:
+    """Write ``to_xarray(result, **options)`` (or a Dataset) to a netCDF-4 file (h5netcdf).
+
+    Atomic: written to a temporary file beside ``path``, flushed to disk, renamed over it.
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    ds, path = _dataset(result, options), Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        ds.to_netcdf(tmp, engine="h5netcdf", encoding=_exact_encoding(ds))
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes private files; these are plain results
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _is_zarr_store(path: Path) -> bool:
+    return path.is_dir() and any((path / name).exists() for name in ("zarr.json", ".zgroup", ".zattrs"))
+
+
+def _fsync_tree(root: Path) -> None:
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as handle:
+                os.fsync(handle.fileno())
+
+
+def to_zarr(result, path, *, zarr_format: int = 3, **options) -> Path:
+    """Write ``to_xarray(result, **options)`` (or a Dataset) to a zarr store (a directory).
+
+    Written to a temporary directory beside ``path`` with consolidated metadata (so that
+    ``xarray.open_zarr(path)`` reads it in one request), flushed, then renamed into place; an
+    existing store at ``path`` is moved aside first and removed after.
+
+    Raises
+    ------
+    FileExistsError
+        If ``path`` exists and is not a zarr store (nothing is replaced then).
+    """
+    ds, path = _dataset(result, options), Path(path)
+    if path.exists() and not _is_zarr_store(path):
+        raise FileExistsError(f"to_zarr: {path} exists and is not a zarr store; refusing to "
+                              "replace it (remove it or choose another path)")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    old = None
+    try:
+        with warnings.catch_warnings():  # zarr 3 notes that v3 consolidation is not in the spec
+            warnings.filterwarnings("ignore", message="Consolidated metadata")
+            ds.to_zarr(tmp, mode="w", encoding=_exact_encoding(ds), consolidated=True,
+                       zarr_format=zarr_format)
+        _fsync_tree(tmp)
+        os.chmod(tmp, 0o755)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.replace(path, old / "store")
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not path.exists():
+            os.replace(old / "store", path)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+# -- reading back ------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class SavedResult:
+    """The arrays of a saved result, as a restart needs them.
+
+    Attributes
+    ----------
+    kind : str
+        The result's class: ``"Solution"``, ``"Trajectory"``, ``"MeanFieldSolution"`` or
+        ``"ConvergenceResult"``.
+    times : numpy.ndarray or None
+        Saved depths or times (None for a study).
+    states : numpy.ndarray or None
+        The saved states in the solver's layout: ``(T, ..., N, d)`` for a solution (a product
+        token grid back in raster order), ``(T, ..., n, d)`` for particles, the complex
+        coefficients ``(T, K + 1)`` for the mean field; None for a study.
+    arrays : dict
+        The other variables and coordinates by name (``tracers``, ``density``, weights, the
+        study's columns, ...).
+    attrs : dict
+        The attributes, ``*_json`` ones parsed (under the name without the suffix).
+    dataset : xarray.Dataset
+        The dataset it was read from (in memory).
+    """
+
+    kind: str
+    times: np.ndarray | None
+    states: np.ndarray | None
+    arrays: dict = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+    dataset: object = None
+
+    @property
+    def final(self):
+        """The last saved state (None for a study)."""
+        return None if self.states is None else self.states[-1, ...]
+
+
+_STATE = {"Solution": ("state", "depth"), "Trajectory": ("positions", "time"),
+          "MeanFieldSolution": ("coefficients", "time"), "ConvergenceResult": (None, None)}
+
+
+def _decoded_attrs(attrs: dict) -> dict:
+    out = {}
+    for key, value in attrs.items():
+        if key.endswith("_json") and isinstance(value, str):
+            out[key[: -len("_json")]] = json.loads(value)
+        else:
+            out[key] = value
+    return out
+
+
+def _state_values(var) -> np.ndarray:
+    """A state variable in the solver's layout: complex parts joined, token_x, token_y merged."""
+    dims = tuple(var.dims)
+    values = join_parts(np.asarray(var.values), dims)
+    dims = tuple(d for d in dims if d != "part")
+    if "token_x" in dims:
+        i = dims.index("token_x")
+        values = values.reshape(values.shape[:i] + (-1,) + values.shape[i + 2:])
+    return values
+
+
+def from_xarray(ds) -> SavedResult:
+    """The arrays of a dataset made by :func:`to_xarray` (or read from a file), exactly.
+
+    Raises
+    ------
+    ValueError
+        If ``ds`` has no ``ctformer_result`` attribute naming a known result.
+    """
+    kind = ds.attrs.get("ctformer_result")
+    if kind not in _STATE:
+        raise ValueError(f"from_xarray: the dataset's attribute ctformer_result is {kind!r}, "
+                         f"expected one of {sorted(_STATE)} (a dataset written by ctformer.labelled)")
+    name, axis = _STATE[kind]
+    arrays = {key: join_parts(np.asarray(var.values), tuple(var.dims))
+              for key, var in ds.variables.items() if key not in (name, "part")}
+    states = None if name is None else _state_values(ds[name])
+    times = None if axis is None else np.asarray(ds[axis].values)
+    return SavedResult(kind=kind, times=times, states=states, arrays=arrays,
+                       attrs=_decoded_attrs(dict(ds.attrs)), dataset=ds)
+
+
+def open_dataset(path) -> SavedResult:
+    """Read a netCDF file or a zarr store written by :func:`to_netcdf` / :func:`to_zarr`.
+
+    The whole dataset is loaded and the file closed; see :func:`from_xarray`.
+    """
+    xr, path = _xarray(), Path(path)
+    if path.is_dir():
+        opened = xr.open_zarr(path)
+    else:
+        opened = xr.open_dataset(path, engine="h5netcdf")
+    with opened:
+        ds = opened.load()
+    return from_xarray(ds)
