@@ -26,12 +26,15 @@ from .diagnostics import (
 from .dynamics import (SelfAttentionDynamics, SolveInterrupted, Trajectory, log_partition, retract, sphere_tolerance,
                        tangent_projection)
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning, linear_growth_rate, stability_function
+from .zonal import ZonalMeanField, ZonalSolution
 
 __all__ = [
     "SelfAttentionDynamics",
     "Trajectory",
     "CircleMeanField",
     "MeanFieldSolution",
+    "ZonalMeanField",
+    "ZonalSolution",
     "SolveInterrupted",
     "ResolutionWarning",
     "linear_growth_rate",

@@ -1,0 +1,229 @@
+r"""Zonal functions on :math:`S^{d-1}`: Gegenbauer polynomials, Gauss nodes, Funk-Hecke coefficients.
+
+A function on the sphere :math:`S^{d-1} \subset \mathbb{R}^d` that depends only on
+:math:`s = \langle x, e\rangle` for a fixed axis :math:`e` is integrated against the surface
+measure through
+
+.. math::
+
+    \int_{S^{d-1}} f(\langle x, e\rangle)\, d\sigma(x) = |S^{d-2}| \int_{-1}^{1} f(s)\,
+    (1 - s^2)^{\alpha}\, ds, \qquad \alpha = \frac{d-3}{2},
+    \qquad |S^{k-1}| = \frac{2\pi^{k/2}}{\Gamma(k/2)} .
+
+The orthogonal polynomials of the weight :math:`(1-s^2)^{\alpha}` are the Gegenbauer
+polynomials :math:`C_l^{a}`, :math:`a = (d-2)/2` (Chebyshev for :math:`d = 2`, Legendre for
+:math:`d = 3`). :class:`GegenbauerBasis` holds them orthonormal for :math:`d\sigma`,
+:math:`\varphi_l(s)`, built by the three-term recurrence of the orthonormal Jacobi
+polynomials with :math:`\alpha = \beta`,
+
+.. math::
+
+    s\,p_l = b_{l+1} p_{l+1} + b_l p_{l-1}, \qquad b_1^2 = \frac{1}{2\alpha + 3}, \qquad
+    b_l^2 = \frac{l(l + 2\alpha)}{(2l + 2\alpha - 1)(2l + 2\alpha + 1)} \;(l \ge 2),
+
+on the Gauss-Jacobi nodes of :func:`scipy.special.roots_jacobi`.
+
+Funk-Hecke: :math:`\varphi_l(\langle\cdot, e\rangle)` is a spherical harmonic of degree
+:math:`l`, so :math:`\int e^{\beta\langle x, y\rangle}\varphi_l(\langle y, e\rangle)\,d\sigma(y) =
+\lambda_l(\beta)\varphi_l(\langle x, e\rangle)` with
+
+.. math::
+
+    \lambda_l(\beta) = (2\pi)^{d/2}\, |\beta|^{1 - d/2}\, I_{l + d/2 - 1}(|\beta|)\,
+    \operatorname{sign}(\beta)^l
+
+(for :math:`d = 2`, :math:`2\pi I_l(\beta)`, the circle's Fourier multiplier).
+:func:`funk_hecke` returns it times :math:`e^{-|\beta|}` (:func:`scipy.special.ive`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special
+
+from ..validation import integer, real
+from .dynamics import _check_beta
+
+__all__ = ["GegenbauerBasis", "sphere_area", "funk_hecke", "linear_growth_rate", "check_dimension",
+           "check_beta", "check_noise", "laplace_eigenvalues"]
+
+
+def check_dimension(dimension) -> int:
+    """The ambient dimension d >= 2 of the sphere S^{d-1}."""
+    if integer(dimension, "dimension", minimum=None) < 2:
+        raise ValueError(f"dimension must be an integer >= 2 (tokens on S^(d-1) in R^d; d = 2 is the "
+                         f"circle), got dimension={dimension!r}")
+    return int(dimension)
+
+
+def check_beta(beta) -> float:
+    """A finite, nonzero inverse temperature."""
+    beta = _check_beta(beta)
+    if beta == 0:
+        raise ValueError("beta must be finite and nonzero (at beta = 0 the attention kernel is constant "
+                         "and nothing moves), got beta=0")
+    return beta
+
+
+def check_noise(noise) -> float:
+    """A finite diffusion coefficient nu >= 0."""
+    return real(noise, "noise", nonnegative=True)
+
+
+def sphere_area(dimension) -> float:
+    r"""The surface area :math:`|S^{d-1}| = 2\pi^{d/2}/\Gamma(d/2)` of the unit sphere in :math:`\mathbb{R}^d`.
+
+    ``dimension = 1`` gives :math:`|S^0| = 2` (two points).
+    """
+    d = int(dimension)
+    return 2.0 * math.pi ** (d / 2) / math.gamma(d / 2)
+
+
+def laplace_eigenvalues(degrees, dimension) -> np.ndarray:
+    r"""The eigenvalues :math:`l(l + d - 2)` of :math:`-\Delta_S` on degree-:math:`l` harmonics of :math:`S^{d-1}`."""
+    degrees = np.asarray(degrees, dtype=np.float64)
+    return degrees * (degrees + dimension - 2)
+
+
+def funk_hecke(degrees, beta, dimension) -> np.ndarray:
+    r"""Funk-Hecke coefficients of :math:`e^{\beta\langle x, y\rangle}` on :math:`S^{d-1}`, times :math:`e^{-|\beta|}`.
+
+    .. math::  e^{-|\beta|}\lambda_l(\beta) = (2\pi)^{d/2} |\beta|^{1-d/2}\,
+               \mathrm{ive}(l + d/2 - 1, |\beta|)\, \operatorname{sign}(\beta)^l .
+
+    Parameters
+    ----------
+    degrees : array of int
+        Degrees :math:`l \ge 0`.
+    beta : float
+        Finite and nonzero.
+    dimension : int
+        :math:`d \ge 2`.
+
+    Returns
+    -------
+    numpy.ndarray of float
+    """
+    degrees = np.asarray(degrees)
+    b = abs(beta)
+    scale = (2 * math.pi) ** (dimension / 2) * b ** (1 - dimension / 2)
+    sign = np.where(degrees % 2 == 1, math.copysign(1.0, beta), 1.0)
+    return scale * special.ive(degrees + dimension / 2 - 1, b) * sign
+
+
+def linear_growth_rate(k, beta, normalized=True, dimension=2, noise=0.0):
+    r"""Growth rate of a degree-:math:`l` harmonic linearized about the uniform density on :math:`S^{d-1}`.
+
+    .. math::
+
+        \sigma_l = \frac{l(l+d-2)\,\lambda_l(\beta)}{\beta\,\lambda_0(\beta)} - \nu\, l(l+d-2)
+        \;\text{(SA)}, \qquad
+        \sigma_l = \frac{l(l+d-2)\,\lambda_l(\beta)}{\beta\,|S^{d-1}|} - \nu\, l(l+d-2)
+        \;\text{(USA, mass one)},
+
+    with the Funk-Hecke coefficients :math:`\lambda_l` (:func:`funk_hecke`); for SA
+    :math:`\lambda_l/\lambda_0 = I_{l+d/2-1}(\beta)/I_{d/2-1}(\beta)`. For :math:`d = 2` these
+    are the circle's :math:`k^2 I_k(\beta)/(\beta I_0(\beta))` and :math:`k^2 I_k(\beta)/\beta`.
+    The uniform state loses stability at :math:`l = 1` for
+    :math:`\nu_c = \lambda_1/(\beta\lambda_0) = I_{d/2}(\beta)/(\beta I_{d/2-1}(\beta))` (SA).
+
+    Parameters
+    ----------
+    k : int or array of int
+        Degrees :math:`l \ge 0`.
+    beta : float
+        Finite and nonzero (:math:`|\beta| \le 700` for USA).
+    normalized : bool
+        SA (True) or USA (False).
+    dimension : int
+        :math:`d \ge 2` (tokens on :math:`S^{d-1}`).
+    noise : float
+        :math:`\nu \ge 0`, the coefficient of :math:`\nu\Delta_S`.
+
+    Returns
+    -------
+    float or numpy.ndarray
+    """
+    from ..validation import boolean
+
+    beta, d, nu = check_beta(beta), check_dimension(dimension), check_noise(noise)
+    normalized = boolean(normalized, "normalized")
+    degrees = np.asarray(k)
+    if not np.issubdtype(degrees.dtype, np.integer) or np.any(degrees < 0):
+        raise ValueError(f"k must be non-negative integer degrees, got {k!r}")
+    ratio = funk_hecke(degrees, beta, d) / beta
+    if normalized:
+        ratio = ratio / funk_hecke(0, beta, d)
+    else:
+        if abs(beta) > 700:
+            raise ValueError(f"USA (normalized=False) needs |beta| <= 700: its rates carry exp(|beta|), got beta={beta}")
+        ratio = ratio * math.exp(abs(beta)) / sphere_area(d)
+    lap = laplace_eigenvalues(degrees, d)
+    rate = lap * ratio - nu * lap
+    return float(rate) if rate.ndim == 0 else rate
+
+
+@dataclass(frozen=True, eq=False)
+class GegenbauerBasis:
+    r"""Orthonormal zonal polynomials :math:`\varphi_0..\varphi_L` on Gauss-Jacobi nodes.
+
+    :math:`\int_{S^{d-1}} \varphi_l \varphi_m\, d\sigma = \delta_{lm}`; ``weights`` integrate
+    a zonal function against :math:`d\sigma`, exactly for polynomials in :math:`s` of degree up to
+    ``2 * len(nodes) - 1``.
+
+    Attributes
+    ----------
+    dimension, degree : int
+    nodes, weights : numpy.ndarray, shape (M,)
+    values, derivatives : numpy.ndarray, shape (M, L + 1)
+        :math:`\varphi_l(s_j)` and :math:`\varphi_l'(s_j)`.
+    """
+
+    dimension: int
+    degree: int
+    nodes: np.ndarray
+    weights: np.ndarray
+    values: np.ndarray
+    derivatives: np.ndarray
+
+    @classmethod
+    def build(cls, dimension: int, degree: int, n_nodes: int) -> "GegenbauerBasis":
+        """The basis of degree ``degree`` on ``n_nodes`` Gauss-Jacobi nodes (exact to degree 2 M - 1)."""
+        alpha = (dimension - 3) / 2
+        s, w = special.roots_jacobi(n_nodes, alpha, alpha)
+        weights = sphere_area(dimension - 1) * w
+        values, derivatives = _orthonormal(s, degree, alpha)
+        scale = 1.0 / math.sqrt(sphere_area(dimension - 1))
+        return cls(dimension, degree, s, weights, values * scale, derivatives * scale)
+
+    def evaluate(self, coefficients, s):
+        r""":math:`\sum_l c_l \varphi_l(s)` at arbitrary ``s`` in [-1, 1] (``coefficients`` shape (..., L + 1))."""
+        s = np.asarray(s, dtype=np.float64)
+        values, _ = _orthonormal(s.reshape(-1), self.degree, (self.dimension - 3) / 2)
+        values = values / math.sqrt(sphere_area(self.dimension - 1))
+        return (np.asarray(coefficients) @ values.T).reshape(np.shape(coefficients)[:-1] + s.shape)
+
+    def project(self, values):
+        r"""Coefficients :math:`c_l = \int \rho\,\varphi_l\,d\sigma` of values at the nodes (Gauss quadrature)."""
+        return (np.asarray(values) * self.weights) @ self.values
+
+
+def _orthonormal(s: np.ndarray, degree: int, alpha: float):
+    """Orthonormal Jacobi(alpha, alpha) polynomials for the weight (1 - s^2)^alpha and their derivatives."""
+    b = np.zeros(degree + 2)
+    b[1] = math.sqrt(1.0 / (2 * alpha + 3))
+    n = np.arange(2, degree + 2, dtype=np.float64)
+    b[2:] = np.sqrt(n * (n + 2 * alpha) / ((2 * n + 2 * alpha - 1) * (2 * n + 2 * alpha + 1)))
+    mu0 = 2 ** (2 * alpha + 1) * math.exp(2 * special.gammaln(alpha + 1) - special.gammaln(2 * alpha + 2))
+    p = np.zeros((s.shape[0], degree + 1))
+    dp = np.zeros_like(p)
+    p[:, 0] = 1.0 / math.sqrt(mu0)
+    if degree >= 1:
+        p[:, 1] = s * p[:, 0] / b[1]
+        dp[:, 1] = p[:, 0] / b[1]
+    for l in range(1, degree):
+        p[:, l + 1] = (s * p[:, l] - b[l] * p[:, l - 1]) / b[l + 1]
+        dp[:, l + 1] = (p[:, l] + s * dp[:, l] - b[l] * dp[:, l - 1]) / b[l + 1]
+    return p, dp

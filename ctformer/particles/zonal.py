@@ -1,0 +1,306 @@
+r"""The mean-field limit on :math:`S^{d-1}` for zonal densities: Gegenbauer-Galerkin in :math:`s = \langle x, e\rangle`.
+
+A token density :math:`\rho(t, x)` on :math:`S^{d-1}`, with respect to the surface measure and
+of total mass one (uniform: :math:`1/|S^{d-1}|`), solves the continuity equation with noise
+
+.. math::
+
+    \partial_t\rho + \operatorname{div}_S(\rho X[\rho]) = \nu\Delta_S\rho, \qquad
+    X[\rho] = \frac{\nabla_S G}{\beta G}\;\text{(SA)}, \quad X[\rho] = \frac{\nabla_S G}{\beta}\;\text{(USA)},
+    \qquad G(x) = \int e^{\beta\langle x, y\rangle}\rho(y)\,d\sigma(y).
+
+A density that depends only on :math:`s = \langle x, e\rangle` stays so. With the orthonormal
+zonal polynomials :math:`\varphi_l` (:class:`~ctformer.particles.sphere_basis.GegenbauerBasis`),
+:math:`\rho = \sum_{l \le L} c_l\varphi_l(s)`, Funk-Hecke gives
+:math:`G = \sum_l \lambda_l(\beta) c_l\varphi_l`, and since :math:`\nabla_S s = e - s x`,
+:math:`|\nabla_S s|^2 = 1 - s^2`, the Galerkin equations (the weak form against
+:math:`\varphi_l`) read
+
+.. math::
+
+    \dot c_l = \int_{S^{d-1}} \rho\, V\, \varphi_l'(s)\, d\sigma - \nu\, l(l+d-2)\, c_l,
+    \qquad V(s) = \frac{(1-s^2)\, G'(s)}{\beta G(s)} \;(= \dot s)\;\text{(SA)}, \quad
+    \frac{(1-s^2)\, G'(s)}{\beta}\;\text{(USA)} .
+
+Discretization:
+
+* the integral on :math:`M = \lceil (3L+1)/2 \rceil` Gauss-Jacobi nodes of the weight
+  :math:`(1-s^2)^{(d-3)/2}` (the 3/2 rule: exact when :math:`V` is a polynomial of degree
+  :math:`L + 1`, as for USA, so the flux is alias-free);
+* :math:`\varphi_0' = 0`, so :math:`\dot c_0 = 0` exactly and the mass
+  :math:`c_0\sqrt{|S^{d-1}|}` is conserved exactly in the coefficients;
+* :math:`\lambda_l` in closed form with :func:`scipy.special.ive` (the factor :math:`e^{|\beta|}`
+  cancels in SA and is put back for USA, :math:`|\beta| \le 700`);
+* the noise exactly, by an integrating factor (Lawson): the state is
+  :math:`(v, \tau)` with :math:`c = e^{-\nu\Lambda\tau} v`, :math:`\Lambda = \operatorname{diag}(l(l+d-2))`,
+  :math:`\dot v = e^{\nu\Lambda\tau} F(e^{-\nu\Lambda\tau} v)`, :math:`\dot\tau = 1`, and the
+  split problem's projection resets :math:`(v, \tau) \to (c, 0)` after every step. A
+  Runge-Kutta scheme then keeps its order, the diffusion does not limit the step, and each
+  diffusing mode decays by exactly :math:`e^{-\nu l(l+d-2)\Delta t}` per step.
+
+The stable step is the circle's (:meth:`CircleMeanField.stable_step`) for the :math:`L`
+retained degrees and the same velocity bound (1 for SA): in the angle
+:math:`\vartheta = \arccos s` the transport is the circle's, with degree-:math:`L` resolution.
+For :math:`d = 2` the solver is the circle's Fourier-Galerkin method restricted to even densities.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import solvers
+from ..backend import to_host
+from ..validation import boolean, integer
+from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning
+from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, funk_hecke,
+                           laplace_eigenvalues, linear_growth_rate, sphere_area)
+from .timegrid import check_memory, march, saved_count, time_steps
+
+__all__ = ["ZonalMeanField", "ZonalSolution", "linear_growth_rate"]
+
+_USA_BETA_MAX = 700.0
+_NEGATIVE_TOLERANCE = 1e-6  # below -this times the uniform density: not resolved
+_TAIL_TOLERANCE = 1e-6  # the top quarter of the degrees holding more of ||rho||^2: not resolved
+
+
+@dataclass
+class ZonalSolution(MeanFieldSolution):
+    r"""Saved states of :meth:`ZonalMeanField.solve` (a :class:`MeanFieldSolution`).
+
+    ``grid`` holds the Gauss-Jacobi nodes :math:`s_j`, ``density`` the density at them (one row
+    per saved time), ``coefficients`` the Gegenbauer coefficients :math:`c_l`
+    (:math:`\rho = \sum_l c_l\varphi_l(s)`, orthonormal in :math:`L^2(d\sigma)`), and
+    ``weights`` the quadrature weights of :math:`d\sigma` at the nodes.
+    """
+
+    weights: np.ndarray = None
+    dimension: int = 2
+
+    @property
+    def mass(self):
+        r"""Total mass :math:`\int\rho\,d\sigma = \sum_j q_j\rho(s_j)` per saved time."""
+        return np.asarray(self.density) @ self.weights
+
+
+class ZonalMeanField:
+    r"""Gegenbauer-Galerkin solver of the mean-field equation for zonal densities on :math:`S^{d-1}`.
+
+    Parameters
+    ----------
+    beta : float
+        Inverse temperature, finite and nonzero (:math:`|\beta| \le 700` for USA).
+    dimension : int
+        :math:`d \ge 2`: tokens on :math:`S^{d-1} \subset \mathbb{R}^d`.
+    degree : int
+        :math:`L \ge 1`, the highest retained degree.
+    normalized : bool
+        SA (True) or USA (False).
+    noise : float
+        :math:`\nu \ge 0`, the coefficient of :math:`\nu\Delta_S` (treated exactly).
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the argument: ``dimension`` < 2, ``degree`` < 1, ``beta`` not finite or zero,
+        ``noise`` negative or not finite.
+    """
+
+    def __init__(self, beta, dimension, degree, *, normalized=True, noise=0.0):
+        self.beta = check_beta(beta)
+        self.dimension = check_dimension(dimension)
+        self.degree = integer(degree, "degree")
+        self.normalized = boolean(normalized, "normalized")
+        self.noise = check_noise(noise)
+        if not self.normalized and abs(self.beta) > _USA_BETA_MAX:
+            raise ValueError(f"USA (normalized=False) needs |beta| <= {_USA_BETA_MAX}: its velocity carries "
+                             f"exp(|beta|), beyond the float64 range; got beta={self.beta}")
+        self.basis = GegenbauerBasis.build(self.dimension, self.degree, (3 * self.degree + 2) // 2)
+        l = np.arange(self.degree + 1)
+        factor = 1.0 if self.normalized else math.exp(abs(self.beta))
+        self._lambda = funk_hecke(l, self.beta, self.dimension) * factor
+        self._diffusion = self.noise * laplace_eigenvalues(l, self.dimension)
+        # the circle's stable-step analysis for L modes and the same velocity bound
+        self._circle = CircleMeanField(self.beta, 3 * self.degree + 1, normalized=self.normalized)
+
+    def __repr__(self) -> str:
+        kind = "SA" if self.normalized else "USA"
+        return (f"ZonalMeanField({kind}, beta={self.beta}, dimension={self.dimension}, "
+                f"degree={self.degree}, noise={self.noise})")
+
+    @property
+    def grid(self) -> np.ndarray:
+        """The Gauss-Jacobi nodes :math:`s_j` where densities are given and returned."""
+        return self.basis.nodes
+
+    @property
+    def uniform(self) -> float:
+        r"""The uniform density :math:`1/|S^{d-1}|`."""
+        return 1.0 / sphere_area(self.dimension)
+
+    def growth_rate(self, k):
+        """:func:`linear_growth_rate` of degrees ``k`` for this solver's parameters."""
+        return linear_growth_rate(k, self.beta, self.normalized, self.dimension, self.noise)
+
+    # -- the vector field ----------------------------------------------------------------------
+    def _velocity_of(self, c):
+        """ds/dt = V(s) at the nodes for coefficients ``c``."""
+        b = self.basis
+        weighted = self._lambda * c
+        g, dg = b.values @ weighted, b.derivatives @ weighted
+        speed = (1.0 - b.nodes ** 2) * dg / self.beta
+        return speed / g if self.normalized else speed
+
+    def transport(self, c):
+        r"""The Galerkin transport term :math:`\int\rho V\varphi_l'\,d\sigma` (without noise)."""
+        b = self.basis
+        return b.derivatives.T @ (b.weights * (b.values @ c) * self._velocity_of(c))
+
+    def velocity(self, rho):
+        r""":math:`\dot s = V(s)` at :attr:`grid` for the density ``rho`` (values at the grid or a callable of s).
+
+        The tangential velocity is :math:`X = V(s)\,(e - s x)/(1 - s^2)`, of length
+        :math:`|V|/\sqrt{1-s^2}`.
+        """
+        return self._velocity_of(self.coefficients_of(rho))
+
+    def problem(self) -> solvers.SplitProblem:
+        """The split problem of the coefficients (with noise: of ``(v, tau)``, see the module notes)."""
+        if not self.noise:
+            return solvers.SplitProblem(flows=(self.transport,))
+        lap = self._diffusion
+
+        def flow(u):
+            tau = u[-1]
+            c = np.exp(-lap * tau) * u[:-1]
+            return np.concatenate([np.exp(lap * tau) * self.transport(c), [1.0]])
+
+        def reset(u):
+            return np.concatenate([np.exp(-lap * u[-1]) * u[:-1], [0.0]])
+
+        return solvers.SplitProblem(flows=(flow,), projections=(reset,))
+
+    # -- diagnostics -----------------------------------------------------------------------------
+    def energy(self, coefficients):
+        r"""Interaction energy :math:`E = \frac{1}{2\beta}\iint e^{\beta\langle x, y\rangle}d\mu\,d\mu = \frac{1}{2\beta}\sum_l \lambda_l c_l^2`.
+
+        ``coefficients`` has shape (..., L + 1) (e.g. ``solution.coefficients``: one value per
+        saved time). Non-decreasing in time for USA without noise (a gradient flow of E).
+        """
+        c = np.asarray(coefficients)
+        lam = funk_hecke(np.arange(self.degree + 1), self.beta, self.dimension) * math.exp(abs(self.beta))
+        return (c * c) @ lam / (2 * self.beta)
+
+    def order_parameter(self, coefficients):
+        r""":math:`|\int x\,d\mu| = |\int s\,\rho\,d\sigma| = |c_1|\,\|s\|_{L^2(d\sigma)} = |c_1|\sqrt{|S^{d-1}|/d}`."""
+        c = np.asarray(coefficients)
+        return np.abs(c[..., 1]) * math.sqrt(sphere_area(self.dimension) / self.dimension)
+
+    def dominant_mode(self, coefficients):
+        r"""The degree :math:`l \ge 1` of largest :math:`|c_l|` (the largest :math:`L^2` component), per row."""
+        c = np.asarray(coefficients)
+        return 1 + np.argmax(np.abs(c[..., 1:]), axis=-1)
+
+    # -- input ---------------------------------------------------------------------------------
+    def coefficients_of(self, rho):
+        r"""Gegenbauer coefficients of a density: values at :attr:`grid` or a vectorized callable of s.
+
+        Raises
+        ------
+        ValueError
+            For NaN or infinite values, a wrong shape, negative values or zero mass.
+        TypeError
+            For complex or non-numeric values.
+        """
+        values = rho(self.grid) if callable(rho) else rho
+        values = to_host(values) if hasattr(values, "__array_namespace__") else np.asarray(values)
+        if np.iscomplexobj(values):
+            raise TypeError(f"rho0 must be real (a density), got a complex array of dtype {values.dtype}")
+        if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.integer)):
+            raise TypeError(f"rho0 must be a real numeric array, got dtype {values.dtype}")
+        values = np.broadcast_to(np.asarray(values, dtype=np.float64), np.shape(values))
+        if values.shape != self.grid.shape:
+            raise ValueError(f"rho0 must give {self.grid.shape[0]} values (one per node s_j of grid), "
+                             f"got shape {values.shape}")
+        if not np.all(np.isfinite(values)):
+            raise ValueError("rho0 has NaN or infinite values: it is not an integrable density")
+        if values.min() < 0 or values @ self.basis.weights <= 0:
+            raise ValueError("rho0 must be a nonnegative density with positive mass "
+                             f"(min {values.min():.3g}, mass {values @ self.basis.weights:.3g})")
+        return self.basis.project(values)
+
+    # -- stable steps --------------------------------------------------------------------------
+    def stable_step(self, t1, scheme="rk4", mass: float = 1.0) -> float:
+        r"""The largest stable step for a solve to ``t1``: :meth:`CircleMeanField.stable_step` with :math:`K = L`.
+
+        The noise does not enter (it is integrated exactly).
+        """
+        return self._circle.stable_step(t1, scheme, mass)
+
+    # -- time stepping ---------------------------------------------------------------------------
+    def solve(self, rho0, t1, dt, save_every=1, scheme="rk4"):
+        r"""Evolve the density from :math:`t = 0` to ``t1``.
+
+        Parameters
+        ----------
+        rho0 : callable or array, shape (M,)
+            A vectorized function of :math:`s`, or its values at :attr:`grid`; projected on
+            degrees :math:`\le L`. Mass one matches particles with weights :math:`1/n`.
+        t1, dt, save_every, scheme
+            As in :meth:`CircleMeanField.solve`; ``dt`` must not exceed :meth:`stable_step`.
+
+        Returns
+        -------
+        ZonalSolution
+
+        Raises
+        ------
+        ValueError, TypeError, FloatingPointError, SolveInterrupted
+            As :meth:`CircleMeanField.solve`. A :class:`ResolutionWarning` is issued (once) when
+            the density goes below :math:`-10^{-6}` times the uniform density or the top quarter
+            of the degrees holds more than :math:`10^{-6}` of :math:`\|\rho\|^2`.
+        """
+        scheme = solvers.get(scheme)
+        c = self.coefficients_of(rho0)
+        steps, h = time_steps(t1, dt, save_every)
+        mass = float(c[0] * math.sqrt(sphere_area(self.dimension)))
+        bound = self.stable_step(t1, scheme, mass)
+        if steps and h > bound:
+            raise ValueError(
+                f"dt={h:.6g} is above the stable step {bound:.4g} of scheme {scheme.name!r} for t1={float(t1):.6g} "
+                f"with degree={self.degree} (transport at up to L*V = {self.degree}*"
+                f"{self._circle.velocity_bound(mass):.4g}); use dt <= {bound:.4g} or a lower degree")
+        state = np.concatenate([c, [0.0]]) if self.noise else c
+        count = saved_count(steps, save_every)
+        check_memory(count, state, save_every, steps)
+        states = np.empty((count, state.shape[0]))
+        states[0] = state
+        resolved = [True]
+
+        def on_save(u, t_start, t_end):
+            if resolved[0]:
+                resolved[0] = self._check_resolved(u[: self.degree + 1], mass, t_start, t_end)
+
+        return march(scheme, self.problem(), state, steps, h, save_every, states, what="zonal mean-field",
+                     build=self._solution, hint="or the density under-resolved (raise degree)", on_save=on_save)
+
+    def _check_resolved(self, c, mass, t_start, t_end) -> bool:
+        """Warn once when the density goes negative or its top degrees stop decaying."""
+        lowest = float((self.basis.values @ c).min()) / (mass * self.uniform)
+        top = c[self.degree - self.degree // 4:] if self.degree >= 4 else c[-1:]
+        tail = float(top @ top) / float(c @ c)
+        if lowest >= -_NEGATIVE_TOLERANCE and tail <= _TAIL_TOLERANCE:
+            return True
+        why = (f"the density went negative (min {lowest:.3g} times the uniform density)" if lowest < -_NEGATIVE_TOLERANCE
+               else f"its top degrees stopped decaying (they hold {tail:.3g} of ||rho||^2)")
+        warnings.warn(f"between t={t_start:.6g} and t={t_end:.6g} {why}: the clusters are narrower than "
+                      f"degree {self.degree} resolves, and later times are not accurate; raise degree or "
+                      "shorten t1", ResolutionWarning, stacklevel=4)
+        return False
+
+    def _solution(self, times, states):
+        c = states[:, : self.degree + 1]
+        return ZonalSolution(times=np.asarray(times), grid=self.grid.copy(), density=c @ self.basis.values.T,
+                             coefficients=c, weights=self.basis.weights.copy(), dimension=self.dimension)
