@@ -6,7 +6,8 @@ The public entry points:
 - :mod:`ctformer.kernels` and :mod:`ctformer.operators`: feature kernels, attention, feed-forward
   layers, normalizations,
 - :class:`ContinuousTransformer` and :class:`Block`: the evolution equation in depth,
-- :mod:`ctformer.solvers`: splitting and Runge-Kutta schemes,
+- :mod:`ctformer.solvers`: splitting and Runge-Kutta schemes, error control in depth
+  (:class:`Solution`, :class:`SaveAt`, :class:`Event`),
 - :mod:`ctformer.bridges`: torch and HuggingFace networks as discretizations,
 - :mod:`ctformer.studies`: convergence studies,
 - :mod:`ctformer.particles`: tokens as particles on the sphere,
@@ -15,7 +16,7 @@ The public entry points:
 from . import adjoint, backend, discretizations, kernels, operators, solvers
 from .backend import get_backend
 from .state import Grids
-from .solvers import InconsistentDepthLimitWarning
+from .solvers import Event, InconsistentDepthLimitWarning, SaveAt, Solution
 from .model import Block, ContinuousTransformer
 from . import bridges
 
@@ -25,5 +26,6 @@ __version__ = "0.2.0"
 __all__ = [
     "backend", "discretizations", "kernels", "operators", "solvers", "bridges", "adjoint",
     "get_backend", "Grids", "Block", "ContinuousTransformer", "InconsistentDepthLimitWarning",
+    "Solution", "SaveAt", "Event",
     "__version__",
 ]

@@ -224,7 +224,8 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
                          "(pre-norm or no normalization); use route='autograd' for post-norm")
     grids.validate(u0, "u0")
     with torch.no_grad():   # the forward solve keeps no tape: only u(T) is needed
-        u_t = solvers.integrate(integrator, problems, u0.detach(), steps_per_layer)
+        u_t = solvers.integrate(solvers.Piecewise.layers(problems), u0.detach(), steps_per_layer,
+                                scheme=integrator).final
     final = model.final_normalization
     final = grids.lift(final.discretize(grids)) if final is not None else (lambda v: v)
     with torch.enable_grad():

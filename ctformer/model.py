@@ -36,6 +36,7 @@ from .discretizations import Discretization, Midpoint, as_discretization
 from .kernels import is_host
 from .operators.base import check_normalization, has_host_parameters
 from .operators.functions import assign_parameter, named_parameters
+from .evolution import evolve
 from .model_inputs import as_state_array, check_padding_mask, check_steps
 from .random_models import random_layers
 from .solvers import InconsistentDepthLimitWarning
@@ -404,7 +405,7 @@ class ContinuousTransformer:
     # -- evolution -----------------------------------------------------------------------
     def solve(self, u0, *, tokens, features, head_features=None, hidden=None, scheme="lie",
               steps_per_layer=1, trajectory=False, padding_mask=None, context_length=None,
-              checkpoint=False):
+              checkpoint=False, rtol=None, atol=None):
         r"""Evolve :math:`u_0` from :math:`t = 0` to :math:`t = T`.
 
         Parameters
@@ -435,6 +436,10 @@ class ContinuousTransformer:
             For a torch ``u0``: keep one state per layer for backpropagation and recompute
             the layer's steps in the backward pass (memory :math:`O(T)`, not
             :math:`O(T k)`).
+        rtol, atol : float, optional
+            Error control instead of fixed steps: the result is ``evolve(u0, ..., rtol=rtol,
+            atol=atol).final`` (after the final normalization); ``steps_per_layer`` must then
+            stay 1 (its default).
 
         Returns
         -------
@@ -460,28 +465,118 @@ class ContinuousTransformer:
         -----
         The state is validated once, here; the time loop checks finiteness once per layer.
         """
-        steps = check_steps(steps_per_layer, len(self.blocks))
-        integrator = solvers.get(scheme)
-        if steps > 1 and self.warns_inconsistent_depth:
-            solvers.warn_inconsistent_depth("steps_per_layer > 1 on a post-norm model whose "
-                                            "normalization is not a projection", stacklevel=2)
-        u, grids = self._initial_state(u0, tokens, features, head_features, hidden, context_length)
-        self._check_namespaces(u)
-        if padding_mask is not None:
-            if not grids.is_nodal:
-                raise ValueError("padding_mask needs nodal token and feature discretizations, "
-                                 "got a Galerkin one")
-            padding_mask = check_padding_mask(padding_mask, u)
-        problems = [block.split_problem(grids, padding_mask) for block in self.blocks]
-        states = solvers.integrate(integrator, problems, u, steps, trajectory=trajectory,
-                                   what="the state", checkpoint=checkpoint)
+        if rtol is not None or atol is not None:
+            return self._solve_controlled(u0, tokens, features, head_features, hidden, scheme,
+                                          steps_per_layer, trajectory, padding_mask,
+                                          context_length, checkpoint, rtol, atol)
+        save_at = solvers.SaveAt(layers=validation.boolean(trajectory, "trajectory"))
+        solution = evolve(self, u0, tokens=tokens, features=features, head_features=head_features,
+                          hidden=hidden, scheme=scheme, steps_per_layer=steps_per_layer,
+                          save_at=save_at, padding_mask=padding_mask,
+                          context_length=context_length,
+                          checkpoint=validation.boolean(checkpoint, "checkpoint"))
+        return self._readout(solution, trajectory)
+
+    def _solve_controlled(self, u0, tokens, features, head_features, hidden, scheme,
+                          steps_per_layer, trajectory, padding_mask, context_length, checkpoint,
+                          rtol, atol):
+        if steps_per_layer != 1:
+            raise ValueError(f"steps_per_layer={steps_per_layer!r} and rtol/atol both given: "
+                             "choose fixed steps or error control, not both")
+        if validation.boolean(checkpoint, "checkpoint"):
+            raise ValueError("checkpoint=True needs fixed steps (steps_per_layer), not rtol/atol")
+        save_at = solvers.SaveAt(layers=validation.boolean(trajectory, "trajectory"))
+        solution = evolve(self, u0, tokens=tokens, features=features, head_features=head_features,
+                          hidden=hidden, scheme=scheme,
+                          rtol=1e-6 if rtol is None else rtol, atol=1e-9 if atol is None else atol,
+                          save_at=save_at, padding_mask=padding_mask, context_length=context_length)
+        return self._readout(solution, trajectory)
+
+    def _readout(self, solution, trajectory):
+        """The final state after the final normalization (or the layer states, the last one so)."""
+        grids = solution.grids
         final = grids.lift(self.final_normalization.discretize(grids)) \
             if self.final_normalization is not None else None
         if trajectory:
+            states = [solution.states[i, ...] for i in range(len(solution.times))]
             if final is not None:
                 states[-1] = final(states[-1])
             return states
-        return states if final is None else final(states)
+        return solution.final if final is None else final(solution.final)
+
+    def evolve(self, u0, *, tokens, features, head_features=None, hidden=None, scheme="tsit5",
+               rtol=1e-6, atol=1e-9, steps_per_layer=None, save_at=None, events=(),
+               max_steps=100_000, padding_mask=None, context_length=None, controller=None):
+        r"""Evolve :math:`u_0` in depth with error control (or fixed steps), keeping a :class:`Solution`.
+
+        Inside layer :math:`l` the state obeys :math:`\partial_t u = \sum_k f^{(l)}_k(u)` on
+        :math:`[l, l + 1)`; the layer boundaries are jump times that no step crosses. Each step's
+        error estimate :math:`e` is measured in the grids' quadrature-weighted norm
+
+        .. math::  \|e\| = \Bigl(\sum_{ij} w^x_i w^y_j \Bigl(\frac{e_{ij}}{\mathrm{atol} +
+                   \mathrm{rtol} \max(|u_{ij}|, |u'_{ij}|)}\Bigr)^2 \Big/ \sum_{ij} w^x_i w^y_j
+                   \Bigr)^{1/2}
+
+        (a discrete :math:`L^2(X \times Y)` norm, so a tolerance means the same at every
+        resolution), and a step is accepted when :math:`\|e\| \le 1`.
+
+        Parameters
+        ----------
+        u0, tokens, features, head_features, hidden, padding_mask, context_length
+            As for :meth:`solve`.
+        scheme : str or ctformer.solvers.Scheme
+            Default ``"tsit5"``. The embedded pairs (``bosh3``, ``dopri5``, ``tsit5``) estimate
+            their error themselves; every other scheme by step doubling (one step of
+            :math:`h` against two of :math:`h/2`, Richardson's estimate with the scheme's
+            order on this model, :meth:`ctformer.solvers.Scheme.order`), three steps per
+            attempted step.
+        rtol, atol : float
+            Relative and absolute tolerances (:class:`ctformer.solvers.PIController`).
+        steps_per_layer : int, optional
+            Fixed steps instead of error control: ``k`` steps of :math:`1/k` per layer (the
+            same states as :meth:`solve`).
+        save_at : ctformer.SaveAt, optional
+            Which states to keep (default: the final one); ``SaveAt(dense=True)`` keeps the
+            interpolants for :meth:`Solution.evaluate`.
+        events : sequence of ctformer.Event
+            Located on the dense output of the step where they fire; a terminal one ends the
+            solve there.
+        max_steps : int
+            Most steps (accepted and rejected), default 100000.
+        controller : ctformer.solvers.PIController, optional
+            Full control of the step rule (PI coefficients, safety, bounds, ``dt0``,
+            ``norm="rms"`` for the unweighted norm of scipy, diffrax and torchdiffeq). Its
+            tolerances are used; ``rtol``/``atol``/``max_steps`` must then be left at their
+            defaults or agree with it.
+
+        Returns
+        -------
+        ctformer.Solution
+            ``times``, ``states`` (in the namespace, device and dtype of ``u0``), ``final``,
+            ``stats`` (``accepted``, ``rejected``, ``rhs_evaluations``, ``step_times``),
+            ``evaluate(t)``, ``event_time``/``event_state``. The states are :math:`u(t)`, before
+            the model's final normalization (which :meth:`solve` applies to its result).
+
+        Raises
+        ------
+        ValueError
+            For a bad tolerance (negative, NaN, both zero: the message names it), a
+            ``controller`` that contradicts ``rtol``/``atol``, tolerances on a post-norm model
+            without a continuous-depth limit (:attr:`warns_inconsistent_depth`), and the
+            input errors of :meth:`solve`.
+        ctformer.solvers.MaxStepsReached, ctformer.solvers.StepSizeTooSmall
+            With the solution so far as ``exc.solution``.
+
+        Notes
+        -----
+        On torch tensors the solve is differentiable through the accepted steps; step sizes
+        and accept/reject decisions are plain floats, not part of the graph (as in diffrax).
+        """
+        return evolve(self, u0, tokens=tokens, features=features, head_features=head_features,
+                      hidden=hidden, scheme=scheme, rtol=rtol, atol=atol,
+                      steps_per_layer=steps_per_layer, save_at=save_at, events=events,
+                      max_steps=max_steps, padding_mask=padding_mask,
+                      context_length=context_length, controller=controller)
 
     def _initial_state(self, u0, tokens, features, head_features, hidden, context_length):
         if callable(u0) and not hasattr(u0, "shape"):

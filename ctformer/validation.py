@@ -88,7 +88,7 @@ def boolean(value, name: str) -> bool:
         If ``value`` is anything else (``1``, ``"yes"``, ``None``), naming ``name``.
     """
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
     return bool(value)
 
 

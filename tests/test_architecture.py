@@ -22,6 +22,7 @@ LAYERS = {
     "_numerics": 2.5,  # the fast kernels: below the operators that call them
     "operators": 3,
     "random_models": 4,
+    "evolution": 4.5,  # a model's depth evolution: the loop over its layers, below the model
     "model": 5,
     "studies": 6, "adjoint": 6,
     "bridges": 7,   # a bridge's study fits its order with the studies' one fitter

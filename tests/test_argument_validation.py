@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import ctformer.solvers as solvers
+from ctformer import validation
 from ctformer import ContinuousTransformer
 from ctformer.discretizations import GaussLegendre, Midpoint
 from ctformer.kernels import SmoothRandom
@@ -37,7 +38,7 @@ def test_boolean_flags_keep_working():
     assert len(path) == 3  # t = 0, 1, 2
     final = model.solve(u0, trajectory=False, **GRIDS)
     np.testing.assert_array_equal(final, path[-1])
-    assert solvers.base.check_flag(np.False_, "x") is False
+    assert validation.boolean(np.False_, "x") is False
 
 
 def test_fit_order_refuses_mismatched_lengths():

@@ -232,7 +232,7 @@ def test_fsal_saves_one_evaluation_per_step(linear, name):
     calls = []
     problems = [SplitProblem([lambda u, M=M: calls.append(1) or M @ u]) for M in (A, -0.5 * A)]
     scheme, stages, steps = solvers.get(name), solvers.TABLEAUS[name].stages, 5
-    u = solvers.integrate(scheme, problems, u0, steps)
+    u = solvers.integrate(solvers.Piecewise.layers(problems), u0, steps, scheme=scheme).final
     fsal = solvers.TABLEAUS[name].fsal
     # per layer: the first step evaluates every stage, the others one fewer with FSAL
     assert len(calls) == 2 * (stages + (steps - 1) * (stages - fsal))

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import array_api_compat
 import numpy as np
 
+from .. import solvers
 from ..model_inputs import check_step_count
+from ..solvers import SolveInterrupted
 from ..validation import integer, is_real
 
 __all__ = ["SolveInterrupted", "Trajectory", "check_finite", "saved_count", "available_bytes",
@@ -29,21 +31,6 @@ def _numpy_dtype(dtype) -> np.dtype:
         return np.dtype(dtype)
     except TypeError:
         return np.dtype(str(dtype).split(".")[-1])
-
-
-class SolveInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a long solve: a :class:`KeyboardInterrupt` that keeps what was computed.
-
-    ``str(exc)`` is one line saying when the solve stopped and what was kept; ``exc.result``
-    holds it (a :class:`Trajectory` for particles, a
-    :class:`~ctformer.particles.MeanFieldSolution` for the mean field): the saved states so
-    far and, last, the state after the last completed step. Being a ``KeyboardInterrupt``, it
-    still stops a script (and the ``ctformer`` command with status 130) unless caught.
-    """
-
-    def __init__(self, message: str, result):
-        super().__init__(message)
-        self.result = result
 
 
 @dataclass
@@ -171,31 +158,22 @@ def march(scheme, problem, state, steps: int, h: float, save_every: int, saved, 
           build, hint: str = "or the velocities overflow", on_save=None):
     """Take ``steps`` steps of ``scheme``, keeping states in the preallocated ``saved``.
 
-    ``saved[0]`` holds the initial state; every ``save_every``-th state and the last are
-    checked for finiteness (the message names the interval), passed to ``on_save(state,
-    t_start, t_end)`` and stored. Returns ``build(times, saved)``. On Ctrl-C the last
-    completed step is kept too and :class:`SolveInterrupted` carries
-    ``build(times, saved[:len(times)])``.
+    The fixed-step path of the one loop (:func:`ctformer.solvers.integrate`): ``saved[0]``
+    holds the initial state; every ``save_every``-th state and the last are checked for
+    finiteness (the message names the interval), passed to ``on_save(state, t_start, t_end)``
+    and stored. Returns ``build(times, saved)``. On Ctrl-C the last completed step is kept too
+    and :class:`SolveInterrupted` carries ``build(times, saved[:len(times)])``.
     """
-    xp = array_api_compat.array_namespace(state)
-    times, done = [0.0], 0
+    if steps == 0:
+        return build([0.0], saved[:1, ...])
     try:
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below
-            for s in range(1, steps + 1):
-                state = scheme.step(problem, state, h)
-                done = s
-                if s % save_every == 0 or s == steps:
-                    check_finite(xp, state, f"the {what} solution", times[-1], s * h, scheme, h, hint)
-                    if on_save is not None:
-                        on_save(state, times[-1], s * h)
-                    saved[len(times), ...] = state
-                    times.append(s * h)
-    except KeyboardInterrupt:
-        if done * h > times[-1] and bool(xp.all(xp.isfinite(state))):
-            saved[len(times), ...] = state
-            times.append(done * h)
-        raise SolveInterrupted(
-            f"{what} solve interrupted at t={done * h:.6g} (step {done} of {steps}); kept "
-            f"{len(times)} states up to t={times[-1]:.6g} in exc.result",
-            build(times, saved[:len(times)])) from None
-    return build(times, saved)
+        solution = solvers.integrate(solvers.Piecewise.single(problem, steps * h), state,
+                                     (steps, h), scheme=scheme, save_at=solvers.SaveAt(steps=True),
+                                     what=f"the {what} solution", save_every=save_every,
+                                     out=saved, on_save=on_save, hint=hint)
+    except SolveInterrupted as exc:
+        partial = exc.result
+        message = str(exc).replace(f"{what} solution solve", f"{what} solve", 1)
+        raise SolveInterrupted(message, build(list(partial.times), saved[:len(partial.times), ...])) \
+            from None
+    return build(list(solution.times), saved)

@@ -10,9 +10,12 @@
 A Runge-Kutta method is one :class:`ButcherTableau` and :func:`register_tableau`; the embedded
 pairs ``bosh3``, ``dopri5`` and ``tsit5`` (:mod:`ctformer.solvers.tableaus`) carry their error
 weights and dense output.
+
+:func:`integrate` is the one time loop (fixed steps or a :class:`PIController`) over a
+:class:`Piecewise` problem, returning a :class:`Solution`.
 """
 from .base import (InconsistentDepthLimitWarning, Scheme, SplitProblem, available, check_dt, get,
-                   integrate, projects, register, warn_inconsistent_depth)
+                   projects, register, warn_inconsistent_depth)
 from .splitting import Lie, Parallel, Strang
 from .runge_kutta import (EULER_TABLEAU, HEUN_TABLEAU, RK4, RK4_TABLEAU, TABLEAUS, ButcherTableau,
                           Euler, Heun, RungeKutta, register_tableau)
@@ -20,10 +23,16 @@ from .tableaus import BOSH3_TABLEAU, DOPRI5_TABLEAU, TSIT5_TABLEAU
 from .substeps import SUBSTEPS
 from .controller import ControllerState, PIController
 from .norms import grid_weights, rms, weighted_rms
+from .solution import SaveAt, Solution
+from .events import Event
+from .loop import (MaxStepsReached, Piecewise, SolveFailed, SolveInterrupted, StepSizeTooSmall,
+                   integrate)
 
 __all__ = ["Scheme", "SplitProblem", "available", "get", "register", "integrate", "check_dt", "projects",
            "Euler", "Heun", "RK4", "Lie", "Strang", "Parallel", "RungeKutta", "ButcherTableau",
            "TABLEAUS", "EULER_TABLEAU", "HEUN_TABLEAU", "RK4_TABLEAU", "register_tableau",
            "BOSH3_TABLEAU", "DOPRI5_TABLEAU", "TSIT5_TABLEAU",
            "SUBSTEPS", "InconsistentDepthLimitWarning", "warn_inconsistent_depth",
-           "PIController", "ControllerState", "weighted_rms", "rms", "grid_weights"]
+           "PIController", "ControllerState", "weighted_rms", "rms", "grid_weights",
+           "SaveAt", "Solution", "Event", "Piecewise", "MaxStepsReached", "StepSizeTooSmall",
+           "SolveFailed", "SolveInterrupted"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..validation import is_real
 
-__all__ = ["SplitProblem", "Scheme", "register", "get", "available", "check_dt", "integrate",
+__all__ = ["SplitProblem", "Scheme", "register", "get", "available", "check_dt",
            "projects", "LayeredModel", "NormalizedBlock", "InconsistentDepthLimitWarning",
            "warn_inconsistent_depth"]
 
@@ -244,80 +244,3 @@ class Scheme(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-def check_flag(value, name: str) -> bool:
-    """``value`` as a bool; only ``True``, ``False`` (and NumPy booleans) are flags.
-
-    Raises
-    ------
-    TypeError
-        For anything else (``"yes"``, ``[0, 2]``, ``1``), which Python's truth value would
-        silently read as True or False.
-    """
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
-
-
-def integrate(scheme: Scheme, problems, u, steps: int, *, trajectory: bool = False,
-              what: str = "the state", checkpoint: bool = False):
-    r"""Advance ``u`` through one split problem per unit time interval (layer).
-
-    Parameters
-    ----------
-    scheme : Scheme
-    problems : sequence of SplitProblem
-        Problem :math:`l` governs :math:`t \in [l, l + 1)`.
-    u : array
-        The validated initial state.
-    steps : int
-        Steps per unit interval, :math:`\Delta t = 1 / \text{steps}`.
-    trajectory : bool
-        Return the states at :math:`t = 0, 1, \dots, L` instead of the final one.
-    what : str
-        What ``u`` is, for the error message.
-    checkpoint : bool
-        For torch states: run each layer under ``torch.utils.checkpoint``, so that
-        backpropagation keeps one state per layer and recomputes the layer's steps, memory
-        :math:`O(\text{layers})` instead of :math:`O(\text{layers} \times \text{steps})`.
-
-    Raises
-    ------
-    TypeError
-        If ``trajectory`` or ``checkpoint`` is not ``True`` or ``False``.
-    FloatingPointError
-        When the state stops being finite; the message names the interval (layer) where it
-        happened. This is the only full-array check of the loop: one per layer.
-    """
-    trajectory, checkpoint = check_flag(trajectory, "trajectory"), check_flag(checkpoint, "checkpoint")
-    dt = 1.0 / steps
-    xp = array_api_compat.array_namespace(u)
-    states = [u] if trajectory else None
-    run = _checkpointed if checkpoint else _steps
-    for layer, problem in enumerate(problems):
-        u = run(scheme, problem, u, steps, dt)
-        if not bool(xp.all(xp.isfinite(u))):
-            raise FloatingPointError(
-                f"{what} became NaN or inf in layer {layer} (t in [{layer}, {layer + 1}]) with "
-                f"scheme {scheme.name!r} and {steps} steps per layer; the step may be unstable "
-                "(more steps per layer) or the parameters too large"
-            )
-        if trajectory:
-            states.append(u)
-    return states if trajectory else u
-
-
-def _steps(scheme, problem, u, steps, dt):
-    for _ in range(steps):
-        u = scheme.step(problem, u, dt)
-    return u
-
-
-def _checkpointed(scheme, problem, u, steps, dt):
-    if not array_api_compat.is_torch_array(u):
-        raise TypeError(f"checkpoint=True recomputes steps in torch's backward pass; the state is "
-                        f"a {type(u).__module__}.{type(u).__name__}, not a torch tensor")
-    from torch.utils.checkpoint import checkpoint
-
-    return checkpoint(_steps, scheme, problem, u, steps, dt, use_reentrant=False)

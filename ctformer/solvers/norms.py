@@ -89,7 +89,7 @@ def weighted_rms(e, u, u_new, rtol: float, atol: float, weights=None) -> float:
     w_x = _axis_weights(w_x, e.shape[-2] if e.ndim >= 2 else 0, "token")
     w_y = _axis_weights(w_y, e.shape[-1] if e.ndim >= 1 else 0, "feature")
     scale = atol + rtol * xp.maximum(xp.abs(u), xp.abs(u_new))
-    s2 = (e / scale) ** 2
+    s2 = xp.abs(e / scale) ** 2  # abs: complex states (Fourier coefficients)
     total = float(math.prod(e.shape))
     device = array_api_compat.device(s2)
     if w_y is not None:

@@ -1,0 +1,70 @@
+r"""Depth evolution of a :class:`~ctformer.ContinuousTransformer` with a :class:`~ctformer.Solution`.
+
+Inside layer :math:`l` the state obeys :math:`\partial_t u = \sum_k f^{(l)}_k(u)` on
+:math:`t \in [l, l + 1)`; the parameters jump at every integer depth. :func:`evolve` hands the
+layers to the one time loop (:func:`ctformer.solvers.integrate`) as a piecewise problem whose
+segment ends are those jump times, with either ``steps_per_layer`` fixed steps or a
+:class:`~ctformer.solvers.PIController` whose error norm is the grids' quadrature-weighted
+:math:`L^2(X \times Y)` norm (:func:`~ctformer.solvers.grid_weights`).
+"""
+from __future__ import annotations
+
+from . import solvers
+from .model_inputs import check_padding_mask, check_steps
+
+__all__ = ["evolve", "controller_for"]
+
+
+def controller_for(rtol, atol, controller, max_steps):
+    """The :class:`~ctformer.solvers.PIController` of ``rtol``, ``atol`` and ``max_steps``, or
+    ``controller`` itself (whose settings must then not contradict them)."""
+    if controller is None:
+        return solvers.PIController(rtol=rtol, atol=atol, max_steps=max_steps)
+    if not isinstance(controller, solvers.PIController):
+        raise TypeError(f"controller must be a ctformer.solvers.PIController or None, got "
+                        f"{type(controller).__name__}")
+    given = {"rtol": (rtol, 1e-6), "atol": (atol, 1e-9), "max_steps": (max_steps, 100_000)}
+    clash = [f"{name}={value!r}" for name, (value, default) in given.items()
+             if value != default and value != getattr(controller, name)]
+    if clash:
+        raise ValueError(f"{', '.join(clash)} contradict{'s' if len(clash) == 1 else ''} the "
+                         f"controller's ({controller!r}); set them on the controller only")
+    return controller
+
+
+def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, scheme="tsit5",
+           rtol=1e-6, atol=1e-9, steps_per_layer=None, save_at=None, events=(),
+           max_steps=100_000, padding_mask=None, context_length=None, controller=None,
+           checkpoint=False):
+    """:meth:`ctformer.ContinuousTransformer.evolve` (see there)."""
+    integrator = solvers.get(scheme)
+    if steps_per_layer is not None:
+        control = check_steps(steps_per_layer, len(model.blocks))
+        if control > 1 and model.warns_inconsistent_depth:
+            solvers.warn_inconsistent_depth("steps_per_layer > 1 on a post-norm model whose "
+                                            "normalization is not a projection", stacklevel=3)
+    else:
+        control = controller_for(rtol, atol, controller, max_steps)
+        if model.warns_inconsistent_depth:
+            raise ValueError(
+                "rtol/atol: error control needs a continuous-depth limit, and this post-norm "
+                "model has none (its normalization is not a projection, so the state after a "
+                "layer depends on the step count, and halving the steps never converges); pass "
+                "steps_per_layer=k for fixed steps, or use a normalization without affine map "
+                "and eps=0")
+    u, grids = model._initial_state(u0, tokens, features, head_features, hidden, context_length)
+    model._check_namespaces(u)
+    if padding_mask is not None:
+        if not grids.is_nodal:
+            raise ValueError("padding_mask needs nodal token and feature discretizations, "
+                             "got a Galerkin one")
+        padding_mask = check_padding_mask(padding_mask, u)
+    problem = solvers.Piecewise.layers(block.split_problem(grids, padding_mask)
+                                       for block in model.blocks)
+    weights = solvers.grid_weights(grids) if u.ndim >= 2 else None
+    solution = solvers.integrate(problem, u, control, scheme=integrator, save_at=save_at,
+                                 events=tuple(events), weights=weights,
+                                 order=integrator.order(model), what="the state", layered=True,
+                                 checkpoint=checkpoint)
+    solution.grids = grids
+    return solution

@@ -1,0 +1,316 @@
+r"""The one time loop: fixed or error-controlled steps over a piecewise-constant problem.
+
+A :class:`Piecewise` problem is a split problem :math:`u' = \sum_k f_k^{(m)}(u)` whose data is
+constant on each segment :math:`[t_m, t_{m+1})`: a converted network's layers
+(:math:`t_m = m`), or one segment for particles and mean fields. The segment ends are jump
+times: no step crosses one, and an error-controlled step is clipped to land on it, its size
+carried over to the next segment. :func:`integrate` serves the models, the particles, the mean
+fields and the adjoint, with
+
+- fixed steps (an ``int``: steps per segment, :math:`h = (t_{m+1} - t_m)/k`), bit for bit the
+  loop of ctformer 0.2: :math:`k` calls of ``scheme.step`` per segment;
+- a :class:`~ctformer.solvers.controller.PIController`: embedded pairs estimate their error
+  themselves, every other scheme by step doubling (:mod:`ctformer.solvers.steppers`).
+
+Saved states (:class:`~ctformer.solvers.solution.SaveAt`), events
+(:class:`~ctformer.solvers.events.Event`) and Ctrl-C (:class:`SolveInterrupted`, with what was
+computed) are handled here once for all of them.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import array_api_compat
+import numpy as np
+
+from .controller import ControllerState, PIController
+from .events import crossed, evaluate_condition, locate
+from .failures import MaxStepsReached, SolveFailed, SolveInterrupted, StepSizeTooSmall
+from .loop_adaptive import run_adaptive
+from .saving import Saver
+from .solution import SaveAt, Solution, StepRecord
+from .steppers import stepper_for
+
+__all__ = ["Piecewise", "integrate", "SolveInterrupted", "SolveFailed", "MaxStepsReached",
+           "StepSizeTooSmall"]
+
+
+@dataclass(frozen=True)
+class Piecewise:
+    r"""Split problems constant on segments: ``problems[m]`` on ``[boundaries[m], boundaries[m+1]]``.
+
+    Parameters
+    ----------
+    boundaries : sequence of float
+        Increasing segment ends :math:`t_0 < t_1 < \dots < t_M` (``M + 1`` values).
+    problems : sequence of SplitProblem
+        ``M`` problems.
+    """
+
+    boundaries: tuple
+    problems: tuple
+
+    def __post_init__(self):
+        object.__setattr__(self, "boundaries", tuple(float(b) for b in self.boundaries))
+        object.__setattr__(self, "problems", tuple(self.problems))
+        if len(self.boundaries) != len(self.problems) + 1:
+            raise ValueError(f"boundaries must have one entry more than problems, got "
+                             f"{len(self.boundaries)} and {len(self.problems)}")
+        if any(b <= a for a, b in zip(self.boundaries, self.boundaries[1:])):
+            raise ValueError(f"boundaries must increase, got {self.boundaries}")
+
+    @classmethod
+    def layers(cls, problems) -> "Piecewise":
+        """Problem :math:`l` on :math:`[l, l + 1]`: a network's layers."""
+        problems = tuple(problems)
+        return cls(tuple(range(len(problems) + 1)), problems)
+
+    @classmethod
+    def single(cls, problem, t1: float, t0: float = 0.0) -> "Piecewise":
+        """One problem on :math:`[t_0, t_1]` (particles, mean fields)."""
+        return cls((t0, t1), (problem,))
+
+    @property
+    def segments(self):
+        return zip(self.boundaries, self.boundaries[1:], self.problems)
+
+
+class _Counter:
+    """Sub-flow evaluations of every segment's problem (for ``stats['rhs_evaluations']``)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def wrap(self, problem):
+        from .base import SplitProblem
+
+        def counted(f):
+            @functools.wraps(f)
+            def flow(u):
+                self.calls += 1
+                return f(u)
+            return flow
+
+        return SplitProblem(flows=tuple(counted(f) for f in problem.flows),
+                            projections=problem.projections)
+
+
+def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None = None,
+              events=(), weights=None, order: float | None = None, what: str = "the state",
+              layered: bool = False, checkpoint: bool = False, save_every: int = 1, out=None,
+              on_save=None, hint: str = "or the parameters too large") -> Solution:
+    r"""Integrate ``u0`` over ``problem``'s segments with fixed or controlled steps.
+
+    Parameters
+    ----------
+    problem : Piecewise
+    u0 : array
+        The validated initial state (any array namespace).
+    control : int or PIController
+        Steps per segment, or a controller. ``(steps, h)``: ``steps`` steps of exactly ``h``
+        per segment (a caller that computed ``h`` itself; the segment must be ``steps * h`` long).
+    scheme : Scheme
+    save_at : SaveAt, optional
+        Default: the final state only.
+    events : sequence of Event
+    weights : tuple (w_x, w_y), optional
+        Token and feature weights of the controller's ``"l2"`` norm.
+    order : float, optional
+        Order of the scheme on this problem, for step doubling (default ``scheme.order()``).
+    what : str
+        What ``u`` is, for messages.
+    layered : bool
+        The segments are a network's layers (messages name the layer).
+    checkpoint : bool
+        Fixed steps on torch states: each segment under ``torch.utils.checkpoint``.
+    save_every : int
+        With ``SaveAt(steps=True)`` and fixed steps: keep every ``save_every``-th step.
+    out : array, optional
+        Preallocated storage for the saved states (a caller that checked the memory first).
+    on_save : callable, optional
+        ``on_save(u, t_start, t_end)`` before each state is saved.
+
+    Returns
+    -------
+    Solution
+
+    Raises
+    ------
+    FloatingPointError
+        Fixed steps: the state stopped being finite (checked at each save and segment end).
+    MaxStepsReached, StepSizeTooSmall
+        Controlled steps, with the solution so far on the exception.
+    SolveInterrupted
+        On Ctrl-C, with the solution so far.
+    """
+    save_at = SaveAt() if save_at is None else save_at
+    counter = _Counter()
+    problem = Piecewise(problem.boundaries, tuple(counter.wrap(p) for p in problem.problems))
+    saver = Saver(save_at, problem, u0, every=save_every, out=out, on_save=on_save)
+    run = _Run(problem, scheme, saver, counter, tuple(events), what, layered, hint)
+    try:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported by checks
+            if isinstance(control, PIController):
+                run.adaptive(u0, control, weights, order)
+            else:
+                steps, h = control if isinstance(control, tuple) else (control, None)
+                run.fixed(u0, int(steps), checkpoint, h)
+    except KeyboardInterrupt:
+        raise SolveInterrupted(run.interrupted_message(), run.solution(control)) from None
+    return run.solution(control)
+
+
+class _Run:
+    """The state of one :func:`integrate` call (kept so an interrupt can report it)."""
+
+    def __init__(self, problem, scheme, saver, counter, events, what, layered, hint):
+        self.problem, self.scheme, self.saver, self.counter = problem, scheme, saver, counter
+        self.events, self.what, self.layered, self.hint = events, what, layered, hint
+        self.t, self.u, self.done, self.total = problem.boundaries[0], None, 0, None
+        self.accepted, self.rejected, self.step_times, self.h0 = 0, 0, [], None
+        self.event = None  # (time, state, index)
+        self.fired = []
+        self.g = None
+
+    # -- shared -----------------------------------------------------------------------------
+    def _xp(self):
+        return array_api_compat.array_namespace(self.u)
+
+    def _start_events(self, t, u):
+        self.g = [evaluate_condition(e, t, u, i) for i, e in enumerate(self.events)]
+
+    def _check_events(self, record: StepRecord, t_new, u_new) -> bool:
+        """Record crossings in the step just accepted; True when a terminal one ends the solve."""
+        if not self.events:
+            return False
+        g_new = [evaluate_condition(e, t_new, u_new, i) for i, e in enumerate(self.events)]
+        first = None
+        for i, (e, g0, g1) in enumerate(zip(self.events, self.g, g_new)):
+            if crossed(e, g0, g1):
+                tc = locate(e, i, lambda s: record(s, self._count), record.t0, t_new, g0, g1)
+                self.fired.append((i, tc))
+                if e.terminal and (first is None or abs(tc - record.t0) < abs(first[0] - record.t0)):
+                    first = (tc, i)
+        self.g = g_new
+        if first is None:
+            if self.fired and self.event is None:
+                i, tc = self.fired[0]
+                self.event = (tc, None, i)
+            return False
+        tc, i = first
+        self.event = (tc, record(tc, self._count), i)
+        return True
+
+    def _stop_at_event(self, record):
+        """A terminal event inside ``record``'s step ends the solve at the event depth."""
+        t_event, u_event, _ = self.event
+        self.saver.step(record, self.t, self.u, end=False, done=self.done, cut=t_event)
+        self.saver.event(t_event, u_event)
+        self.t, self.u = t_event, u_event
+
+    def _count(self, n):
+        self.counter.calls += n * len(self.problem.problems[0].flows)
+
+    def _nonfinite(self, t_start, t_end, h):
+        xp = self._xp()
+        if bool(xp.all(xp.isfinite(self.u))):
+            return
+        if self.layered:
+            layer = int(np.floor(t_start + 1e-12))
+            raise FloatingPointError(
+                f"{self.what} became NaN or inf in layer {layer} (t in [{layer}, {layer + 1}]) "
+                f"with scheme {self.scheme.name!r} and {round(1 / h)} steps per layer; the step "
+                f"may be unstable (more steps per layer) {self.hint}")
+        raise FloatingPointError(
+            f"{self.what} became NaN or inf between t={t_start:.6g} and t={t_end:.6g} (scheme "
+            f"{getattr(self.scheme, 'name', type(self.scheme).__name__)!r}, dt={h:.6g}); the step "
+            f"may be too large {self.hint}")
+
+    # -- fixed steps ------------------------------------------------------------------------
+    def fixed(self, u, steps: int, checkpoint: bool, h_given=None):
+        self.u = u
+        self.total = steps * len(self.problem.problems)
+        self.saver.start(self.t, u)
+        if self.events:
+            self._start_events(self.t, u)
+        plain = self.saver.plain and not self.events
+        for a, b, problem in self.problem.segments:
+            h = (b - a) / steps if h_given is None else h_given
+            if plain:  # the fast path: nothing is looked at inside a segment
+                self.u = _segment(self.scheme, problem, self.u, steps, h, checkpoint)
+                self.done += steps
+                self.t = b
+                self.step_times.append(b)
+                self._nonfinite(a, b, h)
+                self.saver.boundary(b, self.u)
+                continue
+            if checkpoint:
+                raise ValueError("checkpoint=True keeps one state per layer: it cannot be combined "
+                                 "with SaveAt(steps=True), SaveAt(times=...), dense output or events")
+            if self._fixed_segment(a, b, problem, steps, h):
+                return
+
+    def _fixed_segment(self, a, b, problem, steps, h) -> bool:
+        for s in range(1, steps + 1):
+            u_old, t_old = self.u, self.t
+            self.u = self.scheme.step(problem, u_old, h)
+            self.t = b if s == steps else a + s * h
+            self.done += 1
+            self.accepted += 1
+            self.step_times.append(self.t)
+            record = StepRecord(t_old, self.t - t_old, u_old, self.u, problem)
+            if self.saver.wants_check(self.done, s == steps):
+                self._nonfinite(self.saver.last_time, self.t, h)
+            if self._check_events(record, self.t, self.u):
+                self._stop_at_event(record)
+                return True
+            self.saver.step(record, self.t, self.u, end=(s == steps), done=self.done)
+        self._nonfinite(a, b, h)
+        return False
+
+    # -- controlled steps -------------------------------------------------------------------
+    def adaptive(self, u, controller: PIController, weights, order):
+        run_adaptive(self, u, controller, weights, stepper_for(self.scheme, order))
+
+    # -- results ----------------------------------------------------------------------------
+    def interrupted_message(self) -> str:
+        kept = self.saver.finish_interrupted(self.t, self.u)
+        where = (f"step {self.done} of {self.total}" if self.total is not None
+                 else f"{self.accepted} accepted steps")
+        return (f"{self.what.removeprefix('the ')} solve interrupted at t={self.t:.6g} ({where}); "
+                f"kept {kept} states up to t={self.saver.last_time:.6g} in exc.result")
+
+    def solution(self, control) -> Solution:
+        controlled = isinstance(control, PIController)
+        stats = {"accepted": self.accepted if controlled or self.accepted else self.done,
+                 "rejected": self.rejected,
+                 "rhs_evaluations": self.counter.calls / len(self.problem.problems[0].flows),
+                 "step_times": np.asarray(self.step_times, dtype=np.float64),
+                 "initial_step": self.h0,
+                 "events": list(self.fired)}
+        times, states = self.saver.result()
+        t_event, u_event, i_event = self.event if self.event is not None else (None, None, None)
+        return Solution(times=times, states=states, final=self.saver.final, stats=stats, scheme=self.scheme.label,
+                        rtol=control.rtol if controlled else None,
+                        atol=control.atol if controlled else None,
+                        norm=control.norm if controlled else None,
+                        event_time=t_event, event_state=u_event, event_index=i_event,
+                        records=self.saver.records, t0=self.problem.boundaries[0])
+
+
+def _segment(scheme, problem, u, steps, h, checkpoint):
+    if checkpoint:
+        if not array_api_compat.is_torch_array(u):
+            raise TypeError(f"checkpoint=True recomputes steps in torch's backward pass; the state "
+                            f"is a {type(u).__module__}.{type(u).__name__}, not a torch tensor")
+        from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+        return torch_checkpoint(_steps, scheme, problem, u, steps, h, use_reentrant=False)
+    return _steps(scheme, problem, u, steps, h)
+
+
+def _steps(scheme, problem, u, steps, h):
+    for _ in range(steps):
+        u = scheme.step(problem, u, h)
+    return u

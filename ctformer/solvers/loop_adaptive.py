@@ -1,0 +1,91 @@
+r"""The error-controlled branch of :func:`ctformer.solvers.loop.integrate`.
+
+Each attempted step from :math:`t` has the size :math:`h` the controller proposed, clipped to
+the end :math:`b` of the current segment (a layer boundary is a jump time: no step crosses it).
+A step whose scaled error norm exceeds 1 is rejected and retried smaller from the same state
+(its first stage reused); an accepted step advances, is offered to the events and the saver,
+and the controller proposes the next size. A step clipped to a boundary that is under half the
+proposed size does not shrink the next proposal: the proposal carries over the boundary.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import array_api_compat
+
+from .controller import ControllerState
+from .failures import MaxStepsReached, StepSizeTooSmall
+from .solution import StepRecord
+
+__all__ = ["run_adaptive"]
+
+
+def run_adaptive(run, u, controller, weights, stepper) -> None:
+    """Advance ``run`` (a :class:`~ctformer.solvers.loop._Run`) with ``controller``'s steps."""
+    boundaries = run.problem.boundaries
+    span = boundaries[-1] - boundaries[0]
+    h_min = controller.min_step(span)
+    norm = functools.partial(controller.error_norm, weights=weights)
+    q = stepper.order
+    run.u, run.t = u, boundaries[0]
+    run.saver.start(run.t, u)
+    if run.events:
+        run._start_events(run.t, u)
+    state, h, nonfinite = ControllerState(), None, False
+    for a, b, problem in run.problem.segments:
+        first = None
+        while run.t < b:
+            if h is None:
+                first = problem.rhs(run.u)
+                h = run.h0 = controller.initial_step(lambda t, v: problem.rhs(v), run.t, run.u, q,
+                                                     norm, t_end=b, f0=first)
+                if stepper.tableau is None:
+                    first = None
+            land = h >= b - run.t
+            h_try = b - run.t if land else h
+            if run.accepted + run.rejected >= controller.max_steps:
+                raise MaxStepsReached(
+                    f"max_steps={controller.max_steps} steps ({run.accepted} accepted, "
+                    f"{run.rejected} rejected) reached at t={run.t:.6g} of {boundaries[-1]:.6g} "
+                    f"with scheme {run.scheme.label!r}, rtol={controller.rtol:g}, "
+                    f"atol={controller.atol:g}; raise max_steps or loosen the tolerances (the "
+                    f"solution up to t={run.t:.6g} is exc.solution)", run.solution(controller))
+            if h_try < h_min and not land:
+                why = (" after the state became NaN or inf (the right-hand side overflows)"
+                       if nonfinite else "")
+                raise StepSizeTooSmall(
+                    f"the step size {h_try:.3g} fell below dt_min={h_min:.3g} at t={run.t:.6g}"
+                    f"{why} with scheme {run.scheme.label!r}, rtol={controller.rtol:g}, "
+                    f"atol={controller.atol:g}; the problem may be stiff or singular there, or the "
+                    f"tolerances below what the arithmetic resolves (the solution up to "
+                    f"t={run.t:.6g} is exc.solution)", run.solution(controller))
+            u_new, error, ks, fsal = stepper.attempt(problem, run.u, h_try, first)
+            if ks is not None:
+                first = ks[0]  # F(u) is the same for the retried step
+            err = _finite_norm(norm, error, run.u, u_new)
+            nonfinite = not math.isfinite(err)
+            accepted, h_next, state = controller.update(state, h_try, err, q)
+            if not accepted:
+                run.rejected += 1
+                h = h_next
+                continue
+            t_new = b if land else run.t + h_try
+            record = StepRecord(run.t, t_new - run.t, run.u, u_new, problem, ks, stepper.tableau)
+            run.accepted += 1
+            run.done += 1
+            run.step_times.append(t_new)
+            run.u, run.t, first = u_new, t_new, fsal
+            if run._check_events(record, t_new, u_new):
+                run._stop_at_event(record)
+                return
+            run.saver.step(record, t_new, u_new, end=land, done=run.accepted)
+            # a sliver clipped to a boundary says little about the step size: carry h over
+            h = max(h_next, h) if land and h_try < 0.5 * h else h_next
+
+
+def _finite_norm(norm, error, u, u_new) -> float:
+    xp = array_api_compat.array_namespace(u_new)
+    if not bool(xp.all(xp.isfinite(u_new))):
+        return math.inf
+    return norm(error, u, u_new)

@@ -1,0 +1,217 @@
+r"""What a depth (or time) integration returns: saved states, statistics, dense output.
+
+A :class:`Solution` holds the states :math:`u(t_k)` at the depths chosen by :class:`SaveAt`,
+the step statistics, and, when asked for (``SaveAt(dense=True)``), one interpolant per accepted
+step, so that :meth:`Solution.evaluate` gives :math:`u(t)` at any depth of the interval:
+
+- an embedded pair with a continuous extension interpolates with the method's own dense
+  weights, :math:`u(t_n + \theta h) = u_n + h \sum_i b_i(\theta) k_i` (order 3 for bosh3, 4 for
+  dopri5 and tsit5);
+- every other scheme uses the cubic Hermite interpolant through :math:`u_n, u_{n+1}` and the
+  right-hand sides :math:`F(u_n), F(u_{n+1})` (local error :math:`O(h^4)`), evaluated when
+  first asked for (two right-hand sides per interpolated step, counted in the statistics).
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import array_api_compat
+import numpy as np
+
+from .. import validation
+
+__all__ = ["SaveAt", "Solution", "StepRecord", "hermite"]
+
+
+@dataclass(frozen=True)
+class SaveAt:
+    r"""Which states a solve keeps.
+
+    Parameters
+    ----------
+    times : sequence of float, optional
+        Depths at which to keep :math:`u(t)`, inside the interval, increasing. A time that an
+        accepted step ends on is taken from that step; others are interpolated inside their step
+        (with the dense output of the step, see the module docstring), so they never shorten a
+        step.
+    steps : bool
+        Keep the state after every accepted step (and the initial state).
+    layers : bool
+        Keep the state at every layer boundary :math:`t = 0, 1, \dots, T` (the segment ends of
+        the problem: for particles and mean fields the start and the end).
+    dense : bool
+        Keep one interpolant per accepted step for :meth:`Solution.evaluate`. Memory: the stages
+        of every step (up to 7 states per step for dopri5 and tsit5, 2 for the others); off by
+        default for that reason.
+
+    With none of ``times``, ``steps`` or ``layers``, only the final state is kept (the initial
+    state is kept with ``steps`` or ``layers``, and with ``times`` when 0 is among them).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For flags that are not booleans and for times that are not finite and increasing.
+    """
+
+    times: tuple | None = None
+    steps: bool = False
+    layers: bool = False
+    dense: bool = False
+
+    def __post_init__(self):
+        for name in ("steps", "layers", "dense"):
+            object.__setattr__(self, name, validation.boolean(getattr(self, name), name))
+        if self.times is not None:
+            times = np.asarray(self.times, dtype=np.float64).reshape(-1)
+            if not np.all(np.isfinite(times)):
+                raise ValueError(f"SaveAt: times must be finite, got {self.times!r}")
+            if np.any(np.diff(times) <= 0):
+                raise ValueError(f"SaveAt: times must be strictly increasing, got {self.times!r}")
+            object.__setattr__(self, "times", tuple(float(t) for t in times))
+
+    @property
+    def final_only(self) -> bool:
+        return self.times is None and not self.steps and not self.layers
+
+
+@dataclass
+class StepRecord:
+    """One accepted step for interpolation: from ``u0`` at ``t0`` to ``u1`` at ``t0 + h``."""
+
+    t0: float
+    h: float
+    u0: object
+    u1: object
+    problem: object
+    ks: list | None = None
+    tableau: object = None
+    slopes: tuple | None = None
+
+    def __call__(self, t: float, count=None):
+        """The interpolated state at depth ``t`` inside the step."""
+        theta = min(1.0, max(0.0, (t - self.t0) / self.h))
+        if theta == 1.0:
+            return self.u1
+        if theta == 0.0:
+            return self.u0
+        if self.ks is not None and self.tableau is not None and self.tableau.dense is not None:
+            return self.tableau.interpolate(self.u0, self.ks, self.h, theta)
+        if self.slopes is None:
+            self.slopes = (self.problem.rhs(self.u0), self.problem.rhs(self.u1))
+            if count is not None:
+                count(2)
+        return hermite(self.u0, self.u1, *self.slopes, self.h, theta)
+
+
+def hermite(u0, u1, f0, f1, h: float, theta: float):
+    r"""The cubic Hermite interpolant at :math:`t_0 + \theta h`.
+
+    .. math::  u(\theta) = (1-\theta) u_0 + \theta u_1 + \theta(\theta - 1)\bigl((1 - 2\theta)
+               (u_1 - u_0) + (\theta - 1) h f_0 + \theta h f_1\bigr)
+
+    (Hairer, Norsett, Wanner I, section II.6, (6.7)): it matches :math:`u` and :math:`u'` at both
+    ends.
+    """
+    return ((1 - theta) * u0 + theta * u1
+            + theta * (theta - 1) * ((1 - 2 * theta) * (u1 - u0)
+                                     + (theta - 1) * h * f0 + theta * h * f1))
+
+
+@dataclass
+class Solution:
+    r"""The result of :meth:`ctformer.ContinuousTransformer.evolve` and the particle and
+    mean-field ``evolve`` methods.
+
+    Attributes
+    ----------
+    times : numpy.ndarray
+        The saved depths (host float64).
+    states : array, shape (len(times), ...) + u0.shape
+        The saved states, stacked, in the namespace, device and dtype of ``u0``.
+    final : array, shape u0.shape
+        The state at the end of the solve (at a terminal event, the event state), saved or not.
+    stats : dict
+        ``accepted``, ``rejected`` (step counts), ``rhs_evaluations`` (full right-hand sides;
+        a splitting scheme's sub-flow evaluations divided by the number of sub-flows),
+        ``step_times`` (the accepted steps' end depths, a host array), ``initial_step``.
+    scheme : str
+        The scheme's label.
+    rtol, atol : float or None
+        The tolerances (None for fixed steps).
+    norm : str or None
+        ``"l2"`` or ``"rms"`` (None for fixed steps).
+    grids : ctformer.Grids or None
+        The grids of a model's solve.
+    event_time, event_state : float, array or None
+        Where the first terminal event (else the first event) fired; None when none did.
+    event_index : int or None
+        Its index in ``events``.
+    """
+
+    times: np.ndarray
+    states: object
+    final: object
+    stats: dict
+    scheme: str
+    rtol: float | None = None
+    atol: float | None = None
+    norm: str | None = None
+    grids: object = None
+    event_time: float | None = None
+    event_state: object = None
+    event_index: int | None = None
+    records: list = field(default_factory=list, repr=False)
+    t0: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def evaluate(self, t):
+        r"""Dense output: :math:`u(t)` at a depth or an array of depths.
+
+        Parameters
+        ----------
+        t : float or array of float
+            Depths inside the solved interval.
+
+        Returns
+        -------
+        array
+            ``u0.shape`` for a scalar ``t``, ``t.shape + u0.shape`` for an array.
+
+        Raises
+        ------
+        ValueError
+            If the solve did not keep its interpolants (pass ``save_at=SaveAt(dense=True)``)
+            or a depth lies outside the solved interval.
+        """
+        if not self.records:
+            raise ValueError("this Solution has no dense output: solve with "
+                             "save_at=ctformer.SaveAt(dense=True) to keep one interpolant per step")
+        ts = np.asarray(t, dtype=np.float64)
+        lo, hi = self.t0, self.records[-1].t0 + self.records[-1].h
+        span = (min(lo, hi), max(lo, hi))
+        if not np.all(np.isfinite(ts)) or np.any(ts < span[0] - 1e-12 * max(1.0, abs(hi))) \
+                or np.any(ts > span[1] + 1e-12 * max(1.0, abs(hi))):
+            raise ValueError(f"t must lie in the solved interval [{span[0]:.6g}, {span[1]:.6g}], "
+                             f"got {t!r}")
+        values = [self._at(float(s)) for s in ts.reshape(-1)]
+        if ts.ndim == 0:
+            return values[0]
+        xp = array_api_compat.array_namespace(values[0])
+        stacked = xp.stack(values)
+        return xp.reshape(stacked, (*ts.shape, *values[0].shape))
+
+    def _at(self, t: float):
+        ends = [r.t0 + r.h for r in self.records]
+        forward = self.records[0].h > 0
+        if forward:
+            i = min(bisect.bisect_left(ends, t), len(self.records) - 1)
+        else:
+            i = min(bisect.bisect_left([-e for e in ends], -t), len(self.records) - 1)
+
+        def count(n):
+            self.stats["rhs_evaluations"] = self.stats.get("rhs_evaluations", 0) + n
+
+        return self.records[i](t, count)
