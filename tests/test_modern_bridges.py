@@ -335,26 +335,29 @@ def test_limit_report_gpt2_and_albert():
 
 
 # -- the registry --------------------------------------------------------------------------------
-def test_a_bridge_added_to_the_registry_reaches_from_hf_and_its_refusal(monkeypatch):
-    """One entry of BRIDGES is a new family: from_hf converts it, its refusal lists it.
+def test_a_spec_added_to_the_registry_reaches_from_hf_and_its_refusal(monkeypatch):
+    """One registered spec is a new architecture: from_hf converts it, its refusal lists it.
 
-    The new family is GPT-2 with its language-model head, converted through the base model:
-    the continuous model's discrete limit is the head model's last hidden state. A class the
-    installed transformers lacks is skipped in dispatch and message alike.
+    The new class is GPT-2 with its language-model head: GPT-2's spec with the state-dict prefix
+    ``transformer.``; the continuous model's discrete limit is the head model's last hidden state.
     """
+    from dataclasses import replace
+
     torch = require("torch")
     t = require("transformers")
-    from ctformer.bridges import from_gpt2, from_hf, hf
+    from ctformer.bridges import from_hf, hf, spec, supported
+    from ctformer.bridges.gpt2 import GPT2
 
     config = t.GPT2Config(vocab_size=32, n_positions=16, n_embd=8, n_layer=2, n_head=2, n_inner=12,
                           bos_token_id=0, eos_token_id=0)
     lm = _randomize(torch, t.GPT2LMHeadModel(config).double().eval(), 3, conv1d=True)
     old = ("BertModel, BertEncoder, GPT2Model, LlamaModel, MistralModel, Qwen2Model, AlbertModel, "
-           "ViTModel (base models")
+           "ViTModel")
     with pytest.raises(TypeError, match=re.escape(old)):
         from_hf(lm)
-    monkeypatch.setitem(hf.BRIDGES, "gpt2-lm", hf.Bridge(("GPT2LMHeadModel", "NoSuchModel"),
-                                                         lambda model: from_gpt2(model.transformer)))
+    monkeypatch.setattr(spec, "ARCHITECTURES", dict(spec.ARCHITECTURES))
+    spec.register(replace(GPT2, hf_class="GPT2LMHeadModel", prefix="transformer.", small=None))
+    assert supported()[-1] == "GPT2LMHeadModel"
     x = np.random.default_rng(3).standard_normal((2, 6, 8))
     mask = _padding(2, 6, 0)
     with torch.no_grad():
@@ -362,7 +365,7 @@ def test_a_bridge_added_to_the_registry_reaches_from_hf_and_its_refusal(monkeypa
                  output_hidden_states=True)
     hidden = [h.numpy() for h in out.hidden_states]
     assert rel_err(from_hf(lm).run(hidden[0], padding_mask=mask), hidden[-1], mask) < TOL
-    with pytest.raises(TypeError, match=re.escape(old.replace("ViTModel", "ViTModel, GPT2LMHeadModel"))):
+    with pytest.raises(TypeError, match=re.escape(old) + ".*GPT2LMHeadModel \\(base models"):
         from_hf(torch.nn.Linear(2, 2))
-    assert "gpt2-lm" not in hf.small_models()  # no small network: not a limit_report choice
     assert hf.small_models() == ("bert", "gpt2", "llama", "albert")
+    assert hf.BRIDGES["llama"].classes == ("LlamaModel", "MistralModel", "Qwen2Model")

@@ -4,6 +4,9 @@
 - :func:`from_hf`: a HuggingFace model in memory, dispatched on its class (``BertModel``,
   ``GPT2Model``, ``LlamaModel``, ``MistralModel``, ``Qwen2Model``, ``AlbertModel``,
   ``ViTModel``);
+- :func:`supported`: the HuggingFace class names :func:`from_hf` converts, one
+  :class:`~ctformer.bridges.spec.ArchitectureSpec` each (:mod:`ctformer.bridges.spec`; the
+  generic converter is :mod:`ctformer.bridges.convert`);
 - :func:`from_hf_bert`: HuggingFace ``BertModel`` / ``BertEncoder`` or a ``.safetensors`` file;
 - :func:`from_gpt2`, :func:`from_llama`, :func:`from_albert`, :func:`from_hf_vit`: the
   class-specific converters (:func:`patch_position_table` evaluates a ViT's learned position
@@ -18,15 +21,18 @@
 
 torch and transformers are imported only when a bridge is called.
 """
+from . import hf  # noqa: F401, I001  (registers the architectures in the order of the messages)
 from .albert import from_albert
 from .gpt2 import from_gpt2
 from .hf import from_hf, limit_report
 from .huggingface import from_hf_bert
 from .llama import float64_reference, from_llama, rope_frequencies
 from .rope_scaling import SUPPORTED_ROPE_TYPES, rope_from_config, scaled_frequencies
+from .spec import HF_ACTIVATIONS, ArchitectureSpec, register, supported
 from .torch import from_torch
 from .vit import from_hf_vit, patch_position_table
 
 __all__ = ["from_torch", "from_hf", "from_hf_bert", "from_gpt2", "from_llama", "from_albert",
            "from_hf_vit", "patch_position_table", "float64_reference", "rope_frequencies", "limit_report",
-           "rope_from_config", "scaled_frequencies", "SUPPORTED_ROPE_TYPES"]
+           "rope_from_config", "scaled_frequencies", "SUPPORTED_ROPE_TYPES", "supported", "register",
+           "ArchitectureSpec", "HF_ACTIVATIONS"]

@@ -22,12 +22,34 @@ inconsistent, as for BERT: ``solve(steps_per_layer > 1)`` warns
 """
 from __future__ import annotations
 
-from ..discretizations import Midpoint
-from ..model import Block, ContinuousTransformer
-from .common import attention_from_weights, feedforward_from_weights, layer_norm_from_weights, to_numpy
-from .huggingface import HF_ACTIVATIONS
+from .convert import convert
+from .spec import ArchitectureSpec, Refusal, register, spec_for
 
-__all__ = ["from_albert"]
+__all__ = ["from_albert", "ALBERT"]
+
+
+def _groups(cfg, indices):
+    """Layer l of num_hidden_layers runs group floor(l G / L), each of inner_group_num layers."""
+    layers, groups = int(cfg.num_hidden_layers), int(cfg.num_hidden_groups)
+    return [{"g": int(i / (layers / groups)), "j": j} for i in range(layers) for j in range(int(cfg.inner_group_num))]
+
+
+def _small(t):
+    return t.AlbertModel(t.AlbertConfig(embedding_size=8, hidden_size=16, num_hidden_layers=3,
+                                        num_attention_heads=4, intermediate_size=32,
+                                        max_position_embeddings=64, vocab_size=64),
+                         add_pooling_layer=False)
+
+
+#: ALBERT: post-norm BERT layers shared across depth by layer groups.
+ALBERT = register(ArchitectureSpec(
+    hf_class="AlbertModel", family="albert", prefix="encoder.", layer="albert_layer_groups.{g}.albert_layers.{j}.",
+    query="attention.query", key="attention.key", value="attention.value", output="attention.dense", up="ffn",
+    down="ffn_output", norm_kind="layer", norm1="attention.LayerNorm", norm2="full_layer_layer_norm",
+    placement="post", layer_keys=_groups,
+    refusals=(Refusal("position_embedding_type", lambda v: v not in (None, "absolute"),
+                      "only 'absolute' (embeddings outside the encoder)"),),
+    small=_small))
 
 
 def from_albert(model) -> ContinuousTransformer:
@@ -56,55 +78,6 @@ def from_albert(model) -> ContinuousTransformer:
         For options that are not modelled, named in the message: relative position
         embeddings (``position_embedding_type``) or an unknown activation.
     """
-    from transformers import AlbertModel
-
-    if not isinstance(model, AlbertModel):
+    if spec_for(model) is not ALBERT:
         raise TypeError(f"from_albert needs a transformers AlbertModel, got {type(model).__qualname__}")
-    cfg = model.config
-    kind = getattr(cfg, "position_embedding_type", "absolute")
-    if kind not in ("absolute", None):
-        raise ValueError(f"position_embedding_type={kind!r} is not modelled; only 'absolute' (embeddings "
-                         "outside the encoder)")
-    act = cfg.hidden_act
-    if not isinstance(act, str) or act not in HF_ACTIVATIONS:
-        raise ValueError(f"hidden_act={act!r} is not modelled; supported: {sorted(HF_ACTIVATIONS)}")
-    d, heads = int(cfg.hidden_size), int(cfg.num_attention_heads)
-    if d % heads:
-        raise ValueError(f"hidden_size={d} is not divisible by num_attention_heads={heads}")
-    eps = float(cfg.layer_norm_eps)
-    layers, groups = int(cfg.num_hidden_layers), int(cfg.num_hidden_groups)
-    state = model.encoder.state_dict()
-
-    def weight(name):
-        if name not in state:
-            raise ValueError(f"missing ALBERT weight encoder.{name}")
-        return to_numpy(state[name], f"encoder.{name}")
-
-    group_blocks = {}
-
-    def blocks_of(g):
-        if g not in group_blocks:
-            built = []
-            for j in range(len(model.encoder.albert_layer_groups[g].albert_layers)):
-                p = f"albert_layer_groups.{g}.albert_layers.{j}."
-                a = p + "attention."
-                attention = attention_from_weights(
-                    weight(a + "query.weight"), weight(a + "key.weight"), weight(a + "value.weight"),
-                    weight(a + "dense.weight"), weight(a + "query.bias"), weight(a + "key.bias"),
-                    weight(a + "value.bias"), weight(a + "dense.bias"), heads)
-                feedforward = feedforward_from_weights(weight(p + "ffn.weight"), weight(p + "ffn.bias"),
-                                                       weight(p + "ffn_output.weight"),
-                                                       weight(p + "ffn_output.bias"), HF_ACTIVATIONS[act])
-                norm1 = layer_norm_from_weights(weight(a + "LayerNorm.weight"), weight(a + "LayerNorm.bias"), eps)
-                norm2 = layer_norm_from_weights(weight(p + "full_layer_layer_norm.weight"),
-                                                weight(p + "full_layer_layer_norm.bias"), eps)
-                built.append(Block(attention, feedforward, norm1, norm2, placement="post"))
-            group_blocks[g] = built
-        return group_blocks[g]
-
-    blocks = []
-    for i in range(layers):
-        blocks.extend(blocks_of(int(i / (layers / groups))))
-    d_ff = int(cfg.intermediate_size)
-    return ContinuousTransformer(blocks, head_features=Midpoint(d // heads), hidden=Midpoint(d_ff),
-                                 features=Midpoint(d))
+    return convert(ALBERT, model)

@@ -21,15 +21,35 @@ from __future__ import annotations
 
 import math
 
-from ..discretizations import Midpoint
-from ..model import Block, ContinuousTransformer
-from .common import feedforward_from_weights, grouped_attention_from_weights, layer_norm_from_weights, to_numpy
-from .huggingface import HF_ACTIVATIONS
+from .convert import convert
+from .spec import ArchitectureSpec, ConfigNames, Refusal, register, spec_for, truthy
 
-__all__ = ["from_gpt2"]
+__all__ = ["from_gpt2", "GPT2"]
 
 
-def from_gpt2(model) -> ContinuousTransformer:
+def _beta(cfg, layer, head_dim):
+    """sqrt(d_h) (scale 1/sqrt(d_h)) or d_h (scale 1), divided by l + 1 with inverse layer scaling."""
+    beta = math.sqrt(head_dim) if cfg.scale_attn_weights else float(head_dim)
+    return beta / float(layer + 1) if cfg.scale_attn_by_inverse_layer_idx else beta
+
+
+def _small(t):
+    return t.GPT2Model(t.GPT2Config(n_embd=16, n_layer=3, n_head=4, n_inner=32, n_positions=64,
+                                    bos_token_id=0, eos_token_id=0, vocab_size=64))
+
+
+#: GPT-2: pre-norm, causal, packed ``c_attn`` (rows [Q; K; V] after the Conv1D transpose).
+GPT2 = register(ArchitectureSpec(
+    hf_class="GPT2Model", family="gpt2", layer="h.{i}.", qkv="attn.c_attn", output="attn.c_proj",
+    transposed=True, up="mlp.c_fc", down="mlp.c_proj", norm_kind="layer", norm1="ln_1", norm2="ln_2",
+    final="ln_f", causal=True, beta=_beta,
+    names=ConfigNames(hidden="n_embd", heads="n_head", kv_heads="n_head", eps="layer_norm_epsilon",
+                      activation=("activation_function",), layers="n_layer"),
+    refusals=(Refusal("add_cross_attention", truthy, "cross-attention layers"),),
+    small=_small))
+
+
+def from_gpt2(model):
     r"""The continuous Transformer whose discrete limit is a HuggingFace ``GPT2Model``.
 
     Parameters
@@ -55,48 +75,6 @@ def from_gpt2(model) -> ContinuousTransformer:
         For options that are not modelled, named in the message: cross-attention layers
         (``add_cross_attention``) or an unknown activation.
     """
-    from transformers import GPT2Model
-
-    if not isinstance(model, GPT2Model):
+    if spec_for(model) is not GPT2:
         raise TypeError(f"from_gpt2 needs a transformers GPT2Model, got {type(model).__qualname__}")
-    cfg = model.config
-    if getattr(cfg, "add_cross_attention", False):
-        raise ValueError("GPT-2 with add_cross_attention=True (cross-attention layers) is not modelled")
-    act = cfg.activation_function
-    if not isinstance(act, str) or act not in HF_ACTIVATIONS:
-        raise ValueError(f"activation_function={act!r} is not modelled; supported: {sorted(HF_ACTIVATIONS)}")
-    d, heads = int(cfg.n_embd), int(cfg.n_head)
-    d_h = d // heads
-    eps = float(cfg.layer_norm_epsilon)
-    state = model.state_dict()
-
-    def weight(name, transpose=False):
-        if name not in state:
-            raise ValueError(f"missing GPT-2 weight {name}")
-        arr = to_numpy(state[name], name)
-        return arr.T.copy() if transpose else arr
-
-    blocks = []
-    for i in range(len(model.h)):
-        p = f"h.{i}."
-        w_qkv, b_qkv = weight(p + "attn.c_attn.weight", True), weight(p + "attn.c_attn.bias")
-        w_q, w_k, w_v = w_qkv.reshape(3, d, d)
-        b_q, b_k, b_v = b_qkv.reshape(3, d)
-        beta = math.sqrt(d_h) if cfg.scale_attn_weights else float(d_h)
-        if cfg.scale_attn_by_inverse_layer_idx:
-            beta /= float(i + 1)
-        attention = grouped_attention_from_weights(
-            w_q, w_k, w_v, weight(p + "attn.c_proj.weight", True), b_q, b_k, b_v,
-            weight(p + "attn.c_proj.bias"), heads=heads, kv_heads=heads, head_dim=d_h, beta=beta,
-            mask="causal")
-        feedforward = feedforward_from_weights(weight(p + "mlp.c_fc.weight", True), weight(p + "mlp.c_fc.bias"),
-                                               weight(p + "mlp.c_proj.weight", True), weight(p + "mlp.c_proj.bias"),
-                                               HF_ACTIVATIONS[act])
-        norms = [layer_norm_from_weights(weight(p + f"{n}.weight"), weight(p + f"{n}.bias"), eps)
-                 for n in ("ln_1", "ln_2")]
-        blocks.append(Block(attention, feedforward, norms[0], norms[1], placement="pre"))
-    final = layer_norm_from_weights(weight("ln_f.weight"), weight("ln_f.bias"), eps)
-    d_ff = weight("h.0.mlp.c_fc.weight").shape[1]
-    return ContinuousTransformer(blocks, final_normalization=final, head_features=Midpoint(d_h),
-                                 hidden=Midpoint(d_ff), features=Midpoint(d))
-
+    return convert(GPT2, model)

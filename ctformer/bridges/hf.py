@@ -19,10 +19,11 @@ Each result's :meth:`~ctformer.model.ContinuousTransformer.run` takes the embedd
 midpoint grids, Lie splitting and one step per layer it is the network (design notes,
 sections 2 and 10).
 
-The table is :data:`BRIDGES`, one :class:`Bridge` a family: the classes it converts, its
-converter and a small random network. A new family is its converter module and one entry
-there; :func:`from_hf`, its refusal message, :func:`limit_report` and ``ctformer limit
---model`` read it.
+Every class is an :class:`~ctformer.bridges.spec.ArchitectureSpec` in the registry
+(:data:`~ctformer.bridges.spec.ARCHITECTURES`, :func:`~ctformer.bridges.spec.supported`): a
+new architecture is one spec module that calls :func:`~ctformer.bridges.spec.register`.
+:data:`BRIDGES` groups the registered classes by family for :func:`limit_report` and
+``ctformer limit --model`` (the families with a small random network).
 
 :func:`limit_report` is the demonstration behind ``ctformer limit --model``: it builds a
 small random network of a class, measures the per-layer discrete-limit error against the
@@ -31,7 +32,6 @@ float64 HuggingFace model, and, where the network has a consistent continuous-de
 """
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -39,28 +39,27 @@ from typing import Callable
 import numpy as np
 
 from ..validation import boolean, integer, one_of
-from .albert import from_albert
+# registration order = the order of supported() and of the messages
+from . import huggingface  # noqa: F401, I001
+from . import gpt2, llama  # noqa: F401
+from . import albert, vit  # noqa: F401
 from .common import optional_import
-from .gpt2 import from_gpt2
-from .huggingface import from_hf_bert
-from .llama import SUPPORTED_LLAMA, float64_reference, from_llama
-from .vit import from_hf_vit
+from .convert import convert
+from .spec import ARCHITECTURES, spec_for, supported
 
 __all__ = ["Bridge", "BRIDGES", "SUPPORTED", "from_hf", "small_models", "small_model", "limit_report"]
 
 
 @dataclass(frozen=True)
 class Bridge:
-    """A family of HuggingFace networks: its classes, its converter, and a small random network.
+    """A family of registered HuggingFace classes, as ``ctformer limit --model`` offers it.
 
     Attributes
     ----------
     classes : tuple of str
-        The HuggingFace classes it converts, as attributes of ``transformers``
-        (``"GPT2Model"``) or dotted paths below it (``"models.bert.modeling_bert.BertEncoder"``);
-        a class the installed transformers lacks is skipped.
+        The HuggingFace class names of the family.
     convert : callable
-        ``model -> ContinuousTransformer``.
+        ``model -> ContinuousTransformer`` (:func:`from_hf`).
     small : callable, optional
         ``transformers -> model``: a small network of the family with the library's random
         initialization (:func:`small_model` draws the weights again); ``None`` where the
@@ -71,60 +70,15 @@ class Bridge:
     convert: Callable
     small: Callable | None = None
 
-    def resolved(self, transformers) -> tuple:
-        """The classes the installed ``transformers`` has."""
-        return tuple(c for c in (_hf_class(transformers, name) for name in self.classes)
-                     if c is not None)
 
-
-def _hf_class(transformers, name: str):
-    module, _, attribute = name.rpartition(".")
-    try:
-        owner = importlib.import_module(f"transformers.{module}") if module else transformers
-    except ImportError:
-        return None
-    return getattr(owner, attribute, None)  # an optional class of the installed version
-
-
-def _small_bert(t):
-    return t.BertModel(t.BertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                                    intermediate_size=32, max_position_embeddings=64, vocab_size=64),
-                       add_pooling_layer=False)
-
-
-def _small_gpt2(t):
-    return t.GPT2Model(t.GPT2Config(n_embd=16, n_layer=3, n_head=4, n_inner=32, n_positions=64,
-                                    bos_token_id=0, eos_token_id=0, vocab_size=64))
-
-
-def _small_llama(t):
-    model = t.LlamaModel(t.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2,
-                                       max_position_embeddings=64, rms_norm_eps=1e-6,
-                                       rope_parameters={"rope_type": "default", "rope_theta": 500.0},
-                                       bos_token_id=0, eos_token_id=0, pad_token_id=0, vocab_size=64))
-    return float64_reference(model)  # float64 RoPE angles, RMSNorm variance and softmax
-
-
-def _small_albert(t):
-    return t.AlbertModel(t.AlbertConfig(embedding_size=8, hidden_size=16, num_hidden_layers=3,
-                                        num_attention_heads=4, intermediate_size=32,
-                                        max_position_embeddings=64, vocab_size=64),
-                         add_pooling_layer=False)
-
-
-#: The HuggingFace bridges by name: what :func:`from_hf` dispatches on, what its refusal lists,
-#: and (those with a small network) the choices of :func:`limit_report` and ``ctformer limit``.
-BRIDGES: dict[str, Bridge] = {
-    "bert": Bridge(("BertModel", "models.bert.modeling_bert.BertEncoder"), from_hf_bert, _small_bert),
-    "gpt2": Bridge(("GPT2Model",), from_gpt2, _small_gpt2),
-    "llama": Bridge(SUPPORTED_LLAMA, from_llama, _small_llama),
-    "albert": Bridge(("AlbertModel",), from_albert, _small_albert),
-    "vit": Bridge(("ViTModel",), from_hf_vit),
-}
-
-#: Supported HuggingFace class names, in the order of the messages.
-SUPPORTED = tuple(name.rpartition(".")[2] for bridge in BRIDGES.values() for name in bridge.classes)
+def _families() -> dict:
+    families: dict = {}
+    for spec in ARCHITECTURES.values():
+        old = families.get(spec.family)
+        classes = (old.classes if old else ()) + (spec.hf_class,)
+        small = old.small if old and old.small is not None else spec.small
+        families[spec.family] = Bridge(classes, from_hf, small)
+    return families
 
 
 def from_hf(model):
@@ -133,12 +87,11 @@ def from_hf(model):
     Parameters
     ----------
     model : transformers model
-        An instance of a class of :data:`BRIDGES` (:data:`SUPPORTED`;
-        ``MistralModel``/``Qwen2Model`` when the installed transformers has them), with
-        float16, bfloat16, float32 or float64 weights. They are copied to float64 exactly
-        (every half-precision number is a float64), so a bfloat16 model converts to the
-        network of its bfloat16 weights computed in float64; RoPE frequencies come from the
-        configuration in float64.
+        An instance of a registered class (:func:`~ctformer.bridges.supported`), or of a
+        subclass of one, with float16, bfloat16, float32 or float64 weights. They are copied
+        to float64 exactly (every half-precision number is a float64), so a bfloat16 model
+        converts to the network of its bfloat16 weights computed in float64; RoPE frequencies
+        come from the configuration in float64.
 
     Returns
     -------
@@ -151,18 +104,25 @@ def from_hf(model):
         dtype (integer, quantized; the message names it).
     ValueError
         For a configuration option that the continuous model does not implement (named in
-        the message by the converter).
+        the message with the reason).
     """
-    transformers = optional_import("transformers", "from_hf")
-    known = []
-    for bridge in BRIDGES.values():
-        classes = bridge.resolved(transformers)
-        if isinstance(model, classes):
-            return bridge.convert(model)
-        known += [c.__name__ for c in classes]
-    raise TypeError(f"from_hf does not support {type(model).__module__}.{type(model).__qualname__}; "
-                    f"supported HuggingFace classes: {', '.join(known)} (base models, "
-                    "not task heads: pass e.g. model.model or model.transformer)")
+    optional_import("transformers", "from_hf")
+    spec = spec_for(model)
+    if spec is None:
+        raise TypeError(f"from_hf does not support {type(model).__module__}.{type(model).__qualname__}; "
+                        f"supported HuggingFace classes: {', '.join(supported())} (base models, "
+                        "not task heads: pass e.g. model.model or model.transformer)")
+    if spec.hf_class in ("BertModel", "BertEncoder"):
+        return huggingface.from_hf_bert(model)  # also checks the BERT config keys
+    return convert(spec, model)
+
+
+#: The families of registered classes by name: what :func:`limit_report` and ``ctformer limit
+#: --model`` offer (those with a small network), built from the registry.
+BRIDGES: dict[str, Bridge] = _families()
+
+#: Supported HuggingFace class names at import, in the order of the messages (:func:`supported` is live).
+SUPPORTED = supported()
 
 
 # -- small random networks and the report --------------------------------------------------

@@ -23,15 +23,36 @@ from pathlib import Path
 
 import numpy as np
 
-from ..discretizations import Midpoint
-from ..model import Block, ContinuousTransformer
-from .common import optional_import, attention_from_weights, feedforward_from_weights, layer_norm_from_weights, to_numpy
+from dataclasses import replace
 
-__all__ = ["from_hf_bert", "HF_ACTIVATIONS"]
+from ..model import ContinuousTransformer
+from .common import optional_import
+from .convert import build
+from .spec import HF_ACTIVATIONS, ArchitectureSpec, Refusal, register, truthy
 
-#: ``config.hidden_act`` -> FeedForward activation.
-HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
-                  "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu", "swish": "silu"}
+__all__ = ["from_hf_bert", "HF_ACTIVATIONS", "BERT", "BERT_ENCODER"]
+
+
+def _small(t):
+    return t.BertModel(t.BertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=32, max_position_embeddings=64, vocab_size=64),
+                       add_pooling_layer=False)
+
+
+#: BERT: post-norm; the encoder's layers are ``encoder.layer.{i}``.
+BERT = register(ArchitectureSpec(
+    hf_class="BertModel", family="bert", prefix="encoder.", layer="layer.{i}.", query="attention.self.query",
+    key="attention.self.key", value="attention.self.value", output="attention.output.dense",
+    up="intermediate.dense", down="output.dense", norm_kind="layer", norm1="attention.output.LayerNorm",
+    norm2="output.LayerNorm", placement="post",
+    refusals=(Refusal("position_embedding_type", lambda v: v not in (None, "absolute"),
+                      "it adds position terms to the scores; only 'absolute' (embeddings outside the encoder) "
+                      "is supported"),
+              Refusal("is_decoder", truthy, "decoder layers are not supported"),
+              Refusal("add_cross_attention", truthy, "cross-attention layers are not supported")),
+    small=_small))
+#: ``BertEncoder`` alone: the same layers without the ``encoder.`` prefix.
+BERT_ENCODER = register(replace(BERT, hf_class="BertEncoder", prefix="", small=None))
 
 
 def from_hf_bert(model, config=None) -> ContinuousTransformer:
@@ -73,25 +94,26 @@ def from_hf_bert(model, config=None) -> ContinuousTransformer:
         state, cfg = _load_safetensors(Path(model), config)
     else:
         state, cfg = _from_module(model)
-    return _build(state, cfg)
+    for key in ("num_attention_heads", "layer_norm_eps", "hidden_act"):
+        if key not in cfg:
+            raise ValueError(f"the BERT config lacks {key!r}")
+    return build(BERT, state, cfg)
 
 
 def _from_module(model):
     bert = optional_import("transformers.models.bert.modeling_bert", "from_hf_bert")
     BertEncoder, BertModel = bert.BertEncoder, bert.BertModel
     if isinstance(model, BertModel):
-        encoder, prefix = model.encoder, "layer."
+        encoder = model.encoder
     elif isinstance(model, BertEncoder):
-        encoder, prefix = model, "layer."
+        encoder = model
     else:
         raise TypeError(
             "from_hf_bert supports transformers BertModel and BertEncoder (or a .safetensors path); "
             f"got {type(model).__module__}.{type(model).__qualname__}"
         )
     cfg = encoder.config.to_dict() if hasattr(encoder, "config") else model.config.to_dict()
-    state = {name[len(prefix):]: tensor for name, tensor in encoder.state_dict().items()
-             if name.startswith(prefix)}
-    return state, cfg
+    return encoder.state_dict(), cfg
 
 
 def _load_safetensors(path: Path, config):
@@ -116,8 +138,8 @@ def _load_safetensors(path: Path, config):
         raise ValueError(f"{path}: not a valid .safetensors file ({type(exc).__name__}: {exc}); "
                          "re-download or re-export the weights") from None
     state = {}
-    for prefix in ("encoder.layer.", "bert.encoder.layer."):
-        found = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    for prefix in ("encoder.", "bert.encoder."):
+        found = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix + "layer.")}
         if found:
             state = found
             break
@@ -171,53 +193,3 @@ def _read_config(config_file: Path) -> dict:
         raise ValueError(f"{config_file}: expected a JSON object of BERT settings, got a "
                          f"JSON {type(config).__name__}")
     return config
-
-
-def _build(state, cfg):
-    for key in ("num_attention_heads", "layer_norm_eps", "hidden_act"):
-        if key not in cfg:
-            raise ValueError(f"the BERT config lacks {key!r}")
-    if cfg.get("position_embedding_type", "absolute") not in ("absolute", None):
-        raise ValueError(
-            f"position_embedding_type={cfg['position_embedding_type']!r} adds position terms to the "
-            "scores; only 'absolute' (embeddings outside the encoder) is supported"
-        )
-    if cfg.get("is_decoder") or cfg.get("add_cross_attention"):
-        raise ValueError("decoder / cross-attention BERT layers are not supported")
-    act = cfg["hidden_act"]
-    if not isinstance(act, str) or act not in HF_ACTIVATIONS:
-        raise ValueError(f"unsupported hidden_act {act!r}; supported: {sorted(HF_ACTIVATIONS)}")
-    heads, eps = int(cfg["num_attention_heads"]), float(cfg["layer_norm_eps"])
-
-    indices = sorted({int(k.split(".", 1)[0]) for k in state})
-    n_layers = int(cfg.get("num_hidden_layers", len(indices)))
-    if indices != list(range(n_layers)):
-        raise ValueError(f"expected weights of layers 0..{n_layers - 1}, found layers {indices}")
-
-    def weight(i, name, optional=False):
-        key = f"{i}.{name}"
-        if key not in state:
-            if optional:
-                return None
-            raise ValueError(f"missing BERT weight layer.{key}")
-        return to_numpy(state[key], f"layer.{key}")
-
-    blocks = []
-    for i in range(n_layers):
-        w = {n: weight(i, f"attention.self.{n}.weight") for n in ("query", "key", "value")}
-        b = {n: weight(i, f"attention.self.{n}.bias", True) for n in ("query", "key", "value")}
-        attention = attention_from_weights(
-            w["query"], w["key"], w["value"], weight(i, "attention.output.dense.weight"),
-            b["query"], b["key"], b["value"], weight(i, "attention.output.dense.bias", True), heads)
-        feedforward = feedforward_from_weights(
-            weight(i, "intermediate.dense.weight"), weight(i, "intermediate.dense.bias", True),
-            weight(i, "output.dense.weight"), weight(i, "output.dense.bias", True), HF_ACTIVATIONS[act])
-        norm1 = layer_norm_from_weights(weight(i, "attention.output.LayerNorm.weight", True),
-                                        weight(i, "attention.output.LayerNorm.bias", True), eps)
-        norm2 = layer_norm_from_weights(weight(i, "output.LayerNorm.weight", True),
-                                        weight(i, "output.LayerNorm.bias", True), eps)
-        blocks.append(Block(attention, feedforward, norm1, norm2, placement="post"))
-    d_model = w["query"].shape[1]
-    d_ff = weight(0, "intermediate.dense.weight").shape[0]
-    return ContinuousTransformer(blocks, head_features=Midpoint(d_model // heads), hidden=Midpoint(d_ff),
-                                 features=Midpoint(d_model))

@@ -31,12 +31,19 @@ import math
 
 import numpy as np
 
-from ..discretizations import Midpoint
-from ..model import Block, ContinuousTransformer
-from .common import attention_from_weights, feedforward_from_weights, layer_norm_from_weights, to_numpy
-from .huggingface import HF_ACTIVATIONS
+from dataclasses import replace
 
-__all__ = ["from_hf_vit", "patch_position_table", "cubic_convolution_matrix"]
+from .common import to_numpy
+from .convert import convert
+from .spec import ArchitectureSpec, register, spec_for
+
+__all__ = ["from_hf_vit", "patch_position_table", "cubic_convolution_matrix", "VIT", "DEIT"]
+
+#: ViT: pre-norm encoder layers and a final LayerNorm; the class token is an atom.
+VIT = register(ArchitectureSpec(
+    hf_class="ViTModel", family="vit", layer="layers.{i}.", query="attention.q_proj", key="attention.k_proj",
+    value="attention.v_proj", output="attention.o_proj", up="mlp.fc1", down="mlp.fc2", norm_kind="layer",
+    norm1="layernorm_before", norm2="layernorm_after", final="layernorm"))
 
 
 def cubic_convolution_matrix(source: int, target: int, a: float = -0.75) -> np.ndarray:
@@ -123,36 +130,6 @@ def from_hf_vit(model) -> ContinuousTransformer:
     ValueError
         For an activation the continuous model does not offer.
     """
-    if type(model).__name__ != "ViTModel":
+    if spec_for(model) is not VIT:
         raise TypeError(f"from_hf_vit needs a transformers ViTModel, got {type(model).__name__}")
-    config = model.config
-    heads, d_model = config.num_attention_heads, config.hidden_size
-    activation = HF_ACTIVATIONS.get(config.hidden_act)
-    if activation is None:
-        raise ValueError(f"ViT hidden_act {config.hidden_act!r} is not supported; supported: "
-                         f"{', '.join(HF_ACTIVATIONS)}")
-    eps = float(config.layer_norm_eps)
-    blocks = []
-    layers = model.layers if hasattr(model, "layers") else model.encoder.layer
-    for i, layer in enumerate(layers):
-        where = f"layers.{i}"
-        att = layer.attention
-
-        def w(module, name, _where=where):
-            return to_numpy(getattr(module, name, None), f"{_where}.{name}")
-
-        attention = attention_from_weights(
-            w(att.q_proj, "weight"), w(att.k_proj, "weight"), w(att.v_proj, "weight"),
-            w(att.o_proj, "weight"), w(att.q_proj, "bias"), w(att.k_proj, "bias"),
-            w(att.v_proj, "bias"), w(att.o_proj, "bias"), heads)
-        feedforward = feedforward_from_weights(w(layer.mlp.fc1, "weight"), w(layer.mlp.fc1, "bias"),
-                                               w(layer.mlp.fc2, "weight"), w(layer.mlp.fc2, "bias"),
-                                               activation)
-        norms = [layer_norm_from_weights(w(n, "weight"), w(n, "bias"), eps)
-                 for n in (layer.layernorm_before, layer.layernorm_after)]
-        blocks.append(Block(attention, feedforward, *norms, placement="pre"))
-    final = layer_norm_from_weights(to_numpy(model.layernorm.weight, "layernorm.weight"),
-                                    to_numpy(model.layernorm.bias, "layernorm.bias"), eps)
-    return ContinuousTransformer(blocks, final_normalization=final,
-                                 head_features=Midpoint(d_model // heads),
-                                 hidden=Midpoint(config.intermediate_size), features=Midpoint(d_model))
+    return convert(VIT, model)

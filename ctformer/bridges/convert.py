@@ -1,0 +1,226 @@
+r"""The one converter: a HuggingFace network and its :class:`~ctformer.bridges.spec.ArchitectureSpec`
+to a :class:`~ctformer.model.ContinuousTransformer`.
+
+The discrete-limit dictionary (design notes, section 2): an ``nn.Linear`` weight :math:`A`
+(``out x in``) is the piecewise-constant kernel whose midpoint matrix is :math:`A`, a bias or
+a norm gain the piecewise-constant function of its entries, and the score scale :math:`c` of
+:math:`q \cdot k` the temperature :math:`\beta_h = c\, d_h` (midpoint weights :math:`1/d_h`);
+RoPE's attention scaling :math:`a` multiplies it by :math:`a^2`. Weights are copied to float64
+exactly (:func:`~ctformer.bridges.common.to_numpy`).
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from ..discretizations import Midpoint
+from ..model import Block, ContinuousTransformer
+from .common import (feedforward_from_weights, gated_feedforward_from_weights, grouped_attention_from_weights,
+                     layer_norm_from_weights, rms_norm_from_weights, to_numpy)
+from .composite import EulerNetwork, OutputNormalized
+from .rotary import check_rotary, partial_rotary_order, rope_positions, rope_scaling_of
+from .spec import HF_ACTIVATIONS, ArchitectureSpec, config_value
+
+__all__ = ["Weights", "convert", "build", "layer_windows"]
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+class Weights:
+    """The one weight fetcher of every bridge: ``state[name]`` as a float64 array.
+
+    Parameters
+    ----------
+    state : mapping name -> tensor or array
+    label : str
+        Names the network in the message of a missing weight.
+    transposed : bool
+        Matrices are stored ``(in, out)`` (``Conv1D``): they are transposed.
+    """
+
+    def __init__(self, state, label: str, transposed: bool = False):
+        self.state, self.label, self.transposed = state, label, transposed
+
+    def __call__(self, name: str, optional: bool = False):
+        if name not in self.state:
+            if optional:
+                return None
+            raise ValueError(f"missing {self.label} weight {name}")
+        array = to_numpy(self.state[name], name)
+        return array.T.copy() if self.transposed and array.ndim == 2 else array
+
+
+def convert(spec: ArchitectureSpec, model) -> ContinuousTransformer:
+    """Convert a model in memory: its ``state_dict()`` and ``config`` walked by ``spec``."""
+    state = {name[len(spec.prefix):]: tensor for name, tensor in model.state_dict().items()
+             if name.startswith(spec.prefix)}
+    rotary = getattr(model, "rotary_emb", None) if spec.rope else None
+    return build(spec, state, model.config, rotary)
+
+
+def _check_config(spec, cfg):
+    for refusal in spec.refusals:
+        value = config_value(cfg, refusal.key)
+        if refusal.refused(value):
+            raise ValueError(f"{spec.hf_class}: {refusal.key}={value!r} is not modelled ({refusal.why})")
+    for key in spec.names.activation:
+        act = config_value(cfg, key)
+        if act is not None:
+            break
+    if not isinstance(act, str) or act not in HF_ACTIVATIONS:
+        raise ValueError(f"{key}={act!r} is not modelled; supported: {sorted(HF_ACTIVATIONS)}")
+    return HF_ACTIVATIONS[act]
+
+
+def layer_windows(cfg, n_layers):
+    """Sliding window of each layer (None = full attention) from ``sliding_window`` and ``layer_types``."""
+    window = config_value(cfg, "sliding_window")
+    types_ = config_value(cfg, "layer_types")
+    if types_ is None:
+        return [window] * n_layers
+    out = []
+    for i, kind in enumerate(list(types_)[:n_layers]):
+        if kind not in _LAYER_TYPES:
+            raise ValueError(f"layer_types[{i}]={kind!r} is not modelled; supported: {list(_LAYER_TYPES)}")
+        if kind == "sliding_attention" and window is None:
+            raise ValueError(f"layer_types[{i}]='sliding_attention' without a sliding_window")
+        out.append(window if kind == "sliding_attention" else None)
+    return out
+
+
+def _layer_fields(spec, state, cfg):
+    pattern = re.compile("^" + re.escape(spec.layer).replace(re.escape("{i}"), r"(\d+)"))
+    indices = sorted({int(m.group(1)) for m in map(pattern.match, state) if m})
+    if spec.layer_keys is not None:
+        return spec.layer_keys(cfg, indices)
+    n_layers = int(config_value(cfg, spec.names.layers, len(indices)))
+    if indices != list(range(n_layers)):
+        raise ValueError(f"expected weights of layers 0..{n_layers - 1}, found layers {indices}")
+    return [{"i": i} for i in indices]
+
+
+def _norm(spec, w, template, eps):
+    if template is None:
+        return None
+    if spec.norm_kind == "layer":
+        return layer_norm_from_weights(w(template + ".weight", True), w(template + ".bias", True), eps)
+    weight = w(template + ".weight", True)
+    if spec.norm_kind == "rms_offset":
+        weight = 1.0 + weight
+    return rms_norm_from_weights(weight, eps)
+
+
+def _projections(spec, w, p, sizes, order):
+    """``(W_q, W_k, W_v, W_o)`` and ``(b_q, b_k, b_v, b_o)`` of one layer."""
+    heads, kv_heads, head_dim = sizes
+    if spec.qkv is not None:
+        fused, bias = w(p + spec.qkv + ".weight"), w(p + spec.qkv + ".bias", True)
+        if spec.qkv_layout == "per_head":  # rows (heads, [q, k, v], head_dim)
+            split = [fused.reshape(heads, 3, head_dim, -1)[:, j].reshape(heads * head_dim, -1) for j in range(3)]
+            biases = [None] * 3 if bias is None else [bias.reshape(heads, 3, head_dim)[:, j].reshape(-1)
+                                                     for j in range(3)]
+        else:
+            cuts = np.cumsum([heads * head_dim, kv_heads * head_dim])
+            split = np.split(fused, cuts)
+            biases = [None] * 3 if bias is None else np.split(bias, cuts)
+    else:
+        split = [w(p + name + ".weight") for name in (spec.query, spec.key, spec.value)]
+        biases = [w(p + name + ".bias", True) for name in (spec.query, spec.key, spec.value)]
+    if order is not None:  # partial rotary: reorder the head features of queries and keys
+        for j, count in ((0, heads), (1, kv_heads)):
+            rows = (np.arange(count)[:, None] * head_dim + order[None, :]).reshape(-1)
+            split[j] = split[j][rows]
+            biases[j] = None if biases[j] is None else biases[j][rows]
+    return (*split, w(p + spec.output + ".weight")), (*biases, w(p + spec.output + ".bias", True))
+
+
+def _feedforward(spec, w, p, activation):
+    """The feed-forward operator of one layer and its hidden width."""
+    down, b_down = w(p + spec.down + ".weight"), w(p + spec.down + ".bias", True)
+    if spec.gate_up is not None:
+        gate, up = np.split(w(p + spec.gate_up + ".weight"), 2)
+        return gated_feedforward_from_weights(gate, None, up, None, down, b_down, activation), up.shape[0]
+    up = w(p + spec.up + ".weight")
+    if spec.gate is not None:
+        return gated_feedforward_from_weights(w(p + spec.gate + ".weight"), w(p + spec.gate + ".bias", True), up,
+                                              w(p + spec.up + ".bias", True), down, b_down, activation), up.shape[0]
+    return feedforward_from_weights(up, w(p + spec.up + ".bias", True), down, b_down, activation), up.shape[0]
+
+
+def _sizes(spec, cfg, w, first):
+    """``d`` and ``(heads, kv_heads, head_dim)``; ``d`` from the first query weight when the
+    configuration does not give it (a BERT ``.safetensors`` file with a minimal config)."""
+    names = spec.names
+    d = config_value(cfg, names.hidden)
+    if d is None:
+        d = w(spec.layer.format(**first) + (spec.query or spec.qkv) + ".weight").shape[1]
+    d, heads = int(d), int(config_value(cfg, names.heads))
+    kv_heads = int(config_value(cfg, names.kv_heads, heads))
+    head_dim = config_value(cfg, names.head_dim)
+    if head_dim is None:
+        if d % heads:
+            raise ValueError(f"embedding size {d} is not divisible by the number of heads {heads}")
+        head_dim = d // heads
+    return d, (heads, kv_heads, int(head_dim))
+
+
+def build(spec: ArchitectureSpec, state, cfg, rotary=None) -> ContinuousTransformer:
+    """The continuous Transformer of ``state`` (names relative to ``spec.prefix``) and ``cfg``.
+
+    Raises
+    ------
+    ValueError
+        For a refused option (named with its value and the reason), an unknown activation,
+        a RoPE that is not modelled, missing weights or layers.
+    TypeError
+        For weights of another dtype (named).
+    """
+    activation = _check_config(spec, cfg)
+    w = Weights(state, spec.hf_class, spec.transposed)
+    fields = _layer_fields(spec, state, cfg)
+    d, sizes = _sizes(spec, cfg, w, fields[0])
+    heads, kv_heads, head_dim = sizes
+    eps = float(config_value(cfg, spec.names.eps))
+    positions, order, temperature = None, None, 1.0
+    if spec.rope:
+        scaling = rope_scaling_of(cfg, spec.family, spec.partial_rotary)
+        if rotary is not None:
+            check_rotary(rotary, scaling)
+        positions, temperature = rope_positions(scaling), scaling.attention_scaling ** 2
+        if scaling.rotary_dim != head_dim:
+            order = partial_rotary_order(head_dim, scaling.rotary_dim)
+    windows = layer_windows(cfg, len(fields)) if spec.windows else [None] * len(fields)
+    built, blocks, widths = {}, [], []
+    for layer, key in enumerate(fields):
+        frozen = tuple(sorted(key.items()))
+        if frozen not in built:
+            built[frozen], width = _block(spec, w, spec.layer.format(**key), layer, cfg, sizes, order, activation, eps,
+                                   positions, temperature, windows[layer])
+            widths.append(width)
+        blocks.append(built[frozen])
+    final = _norm(spec, w, spec.final, eps)
+    d_ff = widths[0]
+    network = EulerNetwork if spec.parallel and config_value(cfg, spec.parallel, False) else ContinuousTransformer
+    return network(blocks, final_normalization=final, head_features=Midpoint(head_dim), hidden=Midpoint(d_ff),
+                   features=Midpoint(d))
+
+
+def _block(spec, w, p, layer, cfg, sizes, order, activation, eps, positions, temperature, window):
+    heads, kv_heads, head_dim = sizes
+    (w_q, w_k, w_v, w_o), (b_q, b_k, b_v, b_o) = _projections(spec, w, p, sizes, order)
+    beta = spec.beta(cfg, layer, head_dim) if spec.beta is not None else math.sqrt(head_dim)
+    if temperature != 1.0:
+        beta = beta * temperature
+    attention = grouped_attention_from_weights(
+        w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, heads=heads, kv_heads=kv_heads, head_dim=head_dim, beta=beta,
+        mask="causal" if spec.causal else None, positions=positions, window=window)
+    feedforward, width = _feedforward(spec, w, p, activation)
+    post1, post2 = _norm(spec, w, spec.post1 and p + spec.post1, eps), _norm(spec, w, spec.post2 and p + spec.post2, eps)
+    if post1 is not None:
+        attention = OutputNormalized(attention, post1)
+    if post2 is not None:
+        feedforward = OutputNormalized(feedforward, post2)
+    norm1, norm2 = _norm(spec, w, p + spec.norm1, eps), _norm(spec, w, p + spec.norm2, eps)
+    return Block(attention, feedforward, norm1, norm2, placement=spec.placement), width

@@ -1,0 +1,205 @@
+r"""Bridges as data: one :class:`ArchitectureSpec` per HuggingFace class, and the registry.
+
+A spec says where a network keeps its weights and what its layers compute; the one generic
+converter (:func:`ctformer.bridges.convert.convert`) walks it. Weight names are templates
+relative to the model's ``state_dict()``: ``{i}`` (or the fields of :attr:`ArchitectureSpec.layer_keys`)
+is the layer, and ``.weight`` / ``.bias`` are appended. A block of layer :math:`l` is
+
+.. math::
+
+    u \leftarrow u + P_1\big(\mathrm{Attn}(N_1 u)\big), \qquad
+    u \leftarrow u + P_2\big(F(N_2 u)\big) \qquad (\text{placement} = \text{pre}),
+
+with :math:`N_1, N_2` the normalizations ``norm1``, ``norm2`` and :math:`P_1, P_2` the optional
+output normalizations ``post1``, ``post2`` (Gemma 2; the identity otherwise); post-norm
+blocks project after each sub-step instead. The registry (:data:`ARCHITECTURES`, filled by
+:func:`register`) is what :func:`ctformer.bridges.from_hf` dispatches on,
+:func:`supported` lists and the refusal message names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+__all__ = ["HF_ACTIVATIONS", "ConfigNames", "Refusal", "ArchitectureSpec", "ARCHITECTURES", "register",
+           "supported", "spec_for", "config_value"]
+
+#: HuggingFace ``hidden_act`` / ``activation_function`` -> the continuous model's activation.
+HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
+                  "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu", "swish": "silu"}
+
+#: The normalization kinds: LayerNorm (gain and shift), RMSNorm with gain w, RMSNorm with gain 1 + w.
+NORM_KINDS = ("layer", "rms", "rms_offset")
+#: How a fused query-key-value weight is split: [Q; K; V] rows, or per head [q_h; k_h; v_h].
+QKV_LAYOUTS = ("stacked", "per_head")
+
+
+def config_value(cfg, name: str, default=None):
+    """``cfg.name`` of a configuration object, or ``cfg[name]`` of a mapping (``default`` if absent)."""
+    if isinstance(cfg, dict):
+        value = cfg.get(name, default)
+    else:
+        value = getattr(cfg, name, default)
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class ConfigNames:
+    """The configuration attributes holding the sizes and options a converter reads."""
+
+    hidden: str = "hidden_size"
+    heads: str = "num_attention_heads"
+    kv_heads: str = "num_key_value_heads"
+    head_dim: str = "head_dim"
+    intermediate: str = "intermediate_size"
+    eps: str = "layer_norm_eps"
+    activation: tuple = ("hidden_act",)
+    layers: str = "num_hidden_layers"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A configuration option that is not modelled: refused when ``refused(value)`` is true.
+
+    The message is ``"{HF class}: {key}={value!r} is not modelled ({why})"``.
+    """
+
+    key: str
+    refused: Callable
+    why: str
+
+
+def truthy(value) -> bool:
+    """Refusal predicate: the option is set (``True``, a number, a non-empty value)."""
+    return bool(value)
+
+
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    r"""What the generic converter needs to know about one HuggingFace class.
+
+    Attributes
+    ----------
+    hf_class : str
+        The HuggingFace class converted (``"LlamaModel"``), the registry key.
+    family : str
+        The short name of its family (``"llama"``): the ``ctformer limit --model`` choice
+        when :attr:`small` is set.
+    layer : str
+        Prefix of layer ``{i}`` in the state dict (``"layers.{i}."``).
+    prefix : str
+        Prefix of the state-dict names that is dropped first (``"encoder."`` for ``BertModel``,
+        ``"transformer."`` for a head model around GPT-2); messages name weights without it.
+    query, key, value, output : str or None
+        Templates of the four projections, relative to :attr:`layer`, without ``.weight``.
+    qkv : str or None
+        A fused query-key-value projection instead (GPT-2, Phi-3, GPT-NeoX), split by
+        :attr:`qkv_layout`: ``"stacked"`` (rows :math:`[Q; K; V]`, sizes :math:`H d_h,
+        H_{kv} d_h, H_{kv} d_h`) or ``"per_head"`` (rows of head :math:`h` hold
+        :math:`q_h, k_h, v_h`).
+    transposed : bool
+        Weights are stored ``(in, out)`` (GPT-2's ``Conv1D``) instead of ``nn.Linear``'s ``(out, in)``.
+    up, down, gate : str or None
+        The feed-forward: ``down(act(up u))``, or with a ``gate`` ``down(act(gate u) * up u)``.
+    gate_up : str or None
+        A fused gate-up projection (Phi-3): rows :math:`[W_{gate}; W_{up}]`.
+    norm_kind : {"layer", "rms", "rms_offset"}
+        LayerNorm, RMSNorm with gain :math:`w`, or RMSNorm with gain :math:`1 + w` (Gemma).
+    norm1, norm2, final, post1, post2 : str or None
+        Templates of the normalizations (without ``.weight``/``.bias``); ``final`` is applied
+        once at :math:`t = T`, ``post1``/``post2`` to the sub-flows' outputs (Gemma 2).
+    placement : {"pre", "post"}
+    causal, rope : bool
+        Causal mask; rotary positions (frequencies from the configuration in float64,
+        :func:`~ctformer.bridges.rope_scaling.rope_from_config`).
+    partial_rotary : bool
+        Whether a ``partial_rotary_factor`` below 1 is honoured (HuggingFace rotates the first
+        :math:`\rho d_h` head features); otherwise it is refused.
+    parallel : str or None
+        The configuration flag of the parallel residual (GPT-NeoX ``use_parallel_residual``):
+        the layer is one explicit Euler step on both sub-flows.
+    windows : bool
+        Read ``sliding_window`` and ``layer_types`` (Mistral, Qwen2, Gemma 2).
+    beta : callable or None
+        ``(cfg, layer, head_dim) -> beta``: the temperature :math:`\beta_h = c\, d_h` of a score
+        :math:`c\, q \cdot k` (default :math:`\sqrt{d_h}`, the scale :math:`d_h^{-1/2}`), before
+        the RoPE temperature :math:`a^2`.
+    layer_keys : callable or None
+        ``(cfg, indices) -> list of dict``: the template fields of each block, in depth order
+        (equal fields share one block: ALBERT); default ``[{"i": i}]`` for the layers found.
+    names : ConfigNames
+        Where the configuration keeps sizes and options.
+    refusals : tuple of Refusal
+        Options that are not modelled.
+    small : callable or None
+        ``transformers -> model``: a small random network for the discrete-limit report.
+    """
+
+    hf_class: str
+    family: str
+    layer: str
+    prefix: str = ""
+    query: str | None = None
+    key: str | None = None
+    value: str | None = None
+    output: str = ""
+    qkv: str | None = None
+    qkv_layout: str = "stacked"
+    transposed: bool = False
+    up: str = ""
+    down: str = ""
+    gate: str | None = None
+    gate_up: str | None = None
+    norm_kind: str = "layer"
+    norm1: str | None = None
+    norm2: str | None = None
+    final: str | None = None
+    post1: str | None = None
+    post2: str | None = None
+    placement: str = "pre"
+    causal: bool = False
+    rope: bool = False
+    partial_rotary: bool = False
+    parallel: str | None = None
+    windows: bool = False
+    beta: Callable | None = None
+    layer_keys: Callable | None = None
+    names: ConfigNames = field(default_factory=ConfigNames)
+    refusals: tuple = ()
+    small: Callable | None = None
+
+    def __post_init__(self):
+        if self.norm_kind not in NORM_KINDS:
+            raise ValueError(f"norm_kind must be one of {NORM_KINDS}, got {self.norm_kind!r}")
+        if self.qkv_layout not in QKV_LAYOUTS:
+            raise ValueError(f"qkv_layout must be one of {QKV_LAYOUTS}, got {self.qkv_layout!r}")
+        if self.placement not in ("pre", "post"):
+            raise ValueError(f"placement must be 'pre' or 'post', got {self.placement!r}")
+        if (self.qkv is None) == (self.query is None):
+            raise ValueError(f"{self.hf_class}: give either qkv or query/key/value templates")
+
+
+#: HuggingFace class name -> its spec, in registration order (the order of the messages).
+ARCHITECTURES: dict[str, ArchitectureSpec] = {}
+
+
+def register(spec: ArchitectureSpec) -> ArchitectureSpec:
+    """Add ``spec`` to :data:`ARCHITECTURES` under its ``hf_class`` (replacing an older one)."""
+    if not isinstance(spec, ArchitectureSpec):
+        raise TypeError(f"register takes an ArchitectureSpec, got {type(spec).__name__}")
+    ARCHITECTURES[spec.hf_class] = spec
+    return spec
+
+
+def supported() -> tuple:
+    """The HuggingFace class names :func:`ctformer.bridges.from_hf` converts, in registry order."""
+    return tuple(ARCHITECTURES)
+
+
+def spec_for(model):
+    """The spec of ``model``'s class or of its nearest HuggingFace base class, or ``None``."""
+    for cls in type(model).__mro__:
+        spec = ARCHITECTURES.get(cls.__name__)
+        if spec is not None and cls.__module__.startswith("transformers."):
+            return spec
+    return None
