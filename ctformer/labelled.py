@@ -78,7 +78,6 @@ def _load_builtins() -> None:
     """Register the converters of ctformer's own results (imported on first use: no cycles)."""
     if _BUILTINS_LOADED[0]:
         return
-    _BUILTINS_LOADED[0] = True
     from .particles.meanfield import MeanFieldSolution
     from .particles.timegrid import Trajectory
     from .studies.results import ConvergenceResult
@@ -89,8 +88,10 @@ def _load_builtins() -> None:
     try:  # the adaptive depth solve's result, once it exists
         from .solvers.solution import Solution
     except ImportError:
-        return
-    _CONVERTERS.setdefault(Solution, solution_to_xarray)
+        Solution = None
+    if Solution is not None:
+        _CONVERTERS.setdefault(Solution, solution_to_xarray)
+    _BUILTINS_LOADED[0] = True
 
 
 def converters() -> dict:
@@ -336,6 +337,7 @@ def convergence_to_xarray(result, *, attrs=None):
     coords = {"level": column("level", np.int64), "n": (("level",), column("n", np.int64)),
               "h": (("level",), column("h"))}
     out = _common_attrs(result, "ConvergenceResult", None)
+    _set_attr(out, "scheme", result.parameters.get("scheme"))
     for name in ("refine", "method", "reference", "norm", "observed_order", "expected_order",
                  "consistent_limit", "gauss_points", "min_feature_std", "wall_seconds"):
         _set_attr(out, name, getattr(result, name))

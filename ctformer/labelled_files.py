@@ -81,7 +81,10 @@ def to_netcdf(result, path, **options) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        ds.to_netcdf(tmp, engine="h5netcdf", encoding=_exact_encoding(ds))
+        try:
+            ds.to_netcdf(tmp, engine="h5netcdf", encoding=_exact_encoding(ds))
+        except ImportError as exc:  # h5netcdf, or its HDF5 library h5py, is missing
+            raise ImportError(f"to_netcdf needs h5netcdf and h5py ({exc}): {INSTALL_HINT}") from None
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes private files; these are plain results
