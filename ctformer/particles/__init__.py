@@ -27,6 +27,7 @@ from .dynamics import (SelfAttentionDynamics, SolveInterrupted, Trajectory, log_
                        tangent_projection)
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning, linear_growth_rate, stability_function
 from .zonal import ZonalMeanField, ZonalSolution
+from .spherical import SphericalMeanField, SphericalSolution
 
 __all__ = [
     "SelfAttentionDynamics",
@@ -35,6 +36,8 @@ __all__ = [
     "MeanFieldSolution",
     "ZonalMeanField",
     "ZonalSolution",
+    "SphericalMeanField",
+    "SphericalSolution",
     "SolveInterrupted",
     "ResolutionWarning",
     "linear_growth_rate",
