@@ -143,26 +143,52 @@ def available() -> list[str]:
     return list(_REGISTRY)
 
 
-def get(name: str, n: int, domain=(0.0, 1.0), **kwargs) -> "Discretization":
-    """Build a discretization by name.
+def get(name: str, n: int | None = None, domain=(0.0, 1.0), **kwargs) -> "Discretization":
+    """Build a discretization by name: ``get("gauss-legendre", 12)`` or ``get("gauss-legendre:12")``.
 
     Parameters
     ----------
     name : str
-        One of :func:`available` (e.g. ``"midpoint"``, ``"gauss-legendre"``, ``"p2"``).
-    n : int
-        Number of values (nodes or degrees of freedom).
+        One of :func:`available` (e.g. ``"midpoint"``, ``"gauss-legendre"``, ``"p2"``), or
+        ``"NAME:N"`` with the size after the colon (the form the command line and the studies
+        accept).
+    n : int, optional
+        Number of values (nodes or degrees of freedom); required unless ``name`` is ``"NAME:N"``.
     domain : tuple of float, optional
         The interval ``(a, b)`` with ``a < b``; default ``(0, 1)``.
 
     Raises
     ------
     ValueError
-        If ``name`` is unknown; the message lists the known names.
+        If ``name`` is unknown (the message lists the known names and the closest one), if the
+        size is missing, given twice, or ``N`` in ``"NAME:N"`` is not an integer.
     """
+    if isinstance(name, str) and ":" in name:
+        base, _, size = name.partition(":")
+        if n is not None:
+            raise ValueError(f"get({name!r}, {n!r}): the size is given twice; pass "
+                             f"get({base.strip()!r}, {n!r}) or get({name!r})")
+        try:
+            n = int(size.strip())
+        except ValueError:
+            raise ValueError(f"discretization {name!r}: the size after ':' must be an integer, "
+                             f"e.g. '{base.strip()}:16'") from None
+        name = base.strip()
     if name not in _REGISTRY:
-        raise ValueError(f"unknown discretization name {name!r}; known names: {', '.join(available())}")
+        raise ValueError(f"unknown discretization name {name!r}{_did_you_mean(name)}; known names: "
+                         f"{', '.join(available())}")
+    if n is None:
+        raise ValueError(f"discretization {name!r} needs a size: get({name!r}, n) or "
+                         f"get('{name}:N')")
     return _REGISTRY[name](n, domain=domain, **kwargs)
+
+
+def _did_you_mean(name) -> str:
+    """``" (did you mean 'x'?)"`` for the registered name closest to ``name``, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), available(), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def as_discretization(spec, n: int | None = None) -> "Discretization":

@@ -45,13 +45,13 @@ import numpy as np
 
 from .. import solvers
 from ..backend import to_host
-from .arguments import DEFAULT_FIXED, fixed_discretization
+from .arguments import DEFAULT_FIXED, fixed_discretization, level_discretization
 from .cases import StudyCase, compute_case
 from .execution import case_key, finite_or_none, run_cases
 from .identity import array_identity, describe, model_identity
 from .orders import fit_order, neighbour_orders
 from .refinement import VARIABLES, scheme_problem
-from .results import ConvergenceResult, Row
+from .results import ConvergenceResult, Row, limited_order
 from .spec import NORMS, StudySpec, smooth_initial_state
 
 __all__ = ["convergence", "smooth_initial_state", "VARIABLES", "NORMS"]
@@ -171,9 +171,13 @@ def _build(model, spec: StudySpec, store):
     for var, given in spec.specs.items():
         fixed[var] = None if var == refinement.variable else \
             fixed_discretization(given, var, DEFAULT_FIXED.get(var))
-    expected = spec.expected_order
+    expected, limitation = spec.expected_order, None
     if expected is None:
         expected = refinement.expected_order(spec.scheme, model, family, levels[0])
+        if not refinement.refines_depth:  # the contracts the problem breaks (results.order_limits)
+            expected, limitation = limited_order(
+                expected, model, refinement.variable, level_discretization(family, levels[0]),
+                spec.u0, error_norm=spec.error_norm, evaluate=spec.evaluate, stacklevel=4)
     if spec.reference == "richardson" and math.isinf(expected):
         raise ValueError("reference='richardson' needs a finite expected order; the refined "
                          "method is spectral, use reference='finest' or pass expected_order")
@@ -201,7 +205,7 @@ def _build(model, spec: StudySpec, store):
     keys = [(case_key({**shared, "level": n,
                        "u0": study.initial_identity(n) if identified else None}), n)
             for n in levels]
-    summary = {"expected": expected, "consistent": consistent,
+    summary = {"expected": expected, "consistent": consistent, "limitation": limitation,
                "gauss_points": refinement.gauss_points(family, levels[0]),
                "method": refinement.method(spec.scheme, family),
                "parameters": dict(shared, scheme_order=spec.scheme.order(scheme_problem(model)))}
@@ -254,4 +258,5 @@ def _measure(study, keys, records, spec, summary, wall) -> ConvergenceResult:
         method=summary["method"], reference=reference_name, norm=spec.error_norm,
         min_feature_std=min(float(records[key]["min_feature_std"]) for key, _ in keys),
         wall_seconds=wall, parameters=summary["parameters"],
-        consistent_limit=summary["consistent"], gauss_points=summary["gauss_points"])
+        consistent_limit=summary["consistent"], gauss_points=summary["gauss_points"],
+        limitation=summary["limitation"])
