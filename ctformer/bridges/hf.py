@@ -43,6 +43,7 @@ from ..validation import boolean, integer, one_of
 from . import huggingface  # noqa: F401, I001
 from . import gpt2, llama  # noqa: F401
 from . import albert, vit  # noqa: F401
+from . import phi3, gpt_neox, gemma, deit  # noqa: F401
 from .common import optional_import
 from .convert import convert
 from .spec import ARCHITECTURES, spec_for, supported

@@ -197,9 +197,9 @@ def _float64_attention(model) -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-    AttentionInterface.register("ctformer_sdpa_float64", _sdpa_float64)
-    AttentionMaskInterface.register("ctformer_sdpa_float64", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    return "ctformer_sdpa_float64"
+    AttentionInterface.register("ctformer_float64", _sdpa_float64)
+    AttentionMaskInterface.register("ctformer_float64", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    return "ctformer_float64"
 
 
 def float64_reference(model):

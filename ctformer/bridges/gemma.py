@@ -1,0 +1,54 @@
+r"""Gemma (``GemmaModel``) and Gemma 2 (``Gemma2Model``).
+
+Gemma is a Llama-type decoder whose RMSNorms have the gain :math:`1 + w` (``weight`` stores
+:math:`w`), with a GeGLU feed-forward (``gelu_pytorch_tanh``, the tanh GELU) and a given
+``head_dim``. Its embedding layer multiplies the token embeddings by :math:`\sqrt{d}`: that is
+part of the embedding (HuggingFace's ``embed_tokens`` does it), so the continuous model's
+:math:`u_0` is the scaled embedding, ``inputs_embeds`` as HuggingFace passes it to the layers.
+
+Gemma 2 adds output normalizations inside the residual ("sandwich" norms),
+
+.. math::
+
+    u \leftarrow u + P_1\big(\mathrm{Attn}(N_1 u)\big), \qquad u \leftarrow u + P_2\big(F(N_2 u)\big),
+
+(``input_layernorm``, ``post_attention_layernorm``, ``pre_feedforward_layernorm``,
+``post_feedforward_layernorm``; :class:`~ctformer.bridges.composite.OutputNormalized`), the
+score scale ``query_pre_attn_scalar`` :math:`^{-1/2}` (:math:`\beta_h = d_h\, s^{-1/2}`), and
+sliding-window attention on the layers ``layer_types`` marks ``sliding_attention``.
+
+Attention logit soft-capping :math:`s \mapsto c \tanh(s / c)` (``attn_logit_softcapping``) is
+a map of the score that the attention operator does not offer (its score is
+:math:`\beta_h \int q k\, d\sigma` plus an additive position term): configurations with it
+are refused by name; set ``attn_logit_softcapping=None`` to convert. ``final_logit_softcapping``
+acts on the language-model logits, outside ``Gemma2Model``.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .spec import ArchitectureSpec, ConfigNames, Refusal, register
+
+__all__ = ["GEMMA", "GEMMA2"]
+
+#: Gemma: RMSNorm with 1 + w, GeGLU (tanh GELU), RoPE, GQA, causal.
+GEMMA = register(ArchitectureSpec(
+    hf_class="GemmaModel", family="gemma", layer="layers.{i}.", query="self_attn.q_proj", key="self_attn.k_proj",
+    value="self_attn.v_proj", output="self_attn.o_proj", gate="mlp.gate_proj", up="mlp.up_proj",
+    down="mlp.down_proj", norm_kind="rms_offset", norm1="input_layernorm", norm2="post_attention_layernorm",
+    final="norm", causal=True, rope=True, names=ConfigNames(eps="rms_norm_eps")))
+
+
+def _beta(cfg, layer, head_dim):
+    """Score scale query_pre_attn_scalar^(-1/2): beta = d_h / sqrt(query_pre_attn_scalar)."""
+    return head_dim / float(cfg.query_pre_attn_scalar) ** 0.5
+
+
+#: Gemma 2: Gemma with output norms, query_pre_attn_scalar, alternating sliding layers.
+GEMMA2 = register(replace(
+    GEMMA, hf_class="Gemma2Model", family="gemma2", norm2="pre_feedforward_layernorm",
+    post1="post_attention_layernorm", post2="post_feedforward_layernorm", windows=True, beta=_beta,
+    names=ConfigNames(eps="rms_norm_eps", activation=("hidden_activation", "hidden_act")),
+    refusals=(Refusal("attn_logit_softcapping", lambda v: v is not None,
+                      "soft-capping c tanh(s/c) of the attention scores is not an operator of the continuous "
+                      "model; set config.attn_logit_softcapping=None"),)))

@@ -1,0 +1,26 @@
+r"""Phi-3 (``Phi3Model``): a Llama-type decoder with fused weights.
+
+.. math::
+
+    u \leftarrow u + \mathrm{Attn}(N_1 u), \qquad
+    u \leftarrow u + W_{\mathrm{down}}\big(\phi(W_{\mathrm{gate}} N_2 u) \odot W_{\mathrm{up}} N_2 u\big),
+
+with RMSNorm ``input_layernorm`` / ``post_attention_layernorm`` and the final ``norm``. The
+query, key and value projections are one ``self_attn.qkv_proj`` weight, rows
+:math:`[W_Q; W_K; W_V]` of :math:`H d_h`, :math:`H_{kv} d_h`, :math:`H_{kv} d_h` rows; the gate
+and up projections are one ``mlp.gate_up_proj``, rows :math:`[W_{gate}; W_{up}]`. RoPE (any
+:data:`~ctformer.bridges.rope_scaling.SUPPORTED_ROPE_TYPES`, ``longrope`` included) with a
+``partial_rotary_factor`` (:mod:`ctformer.bridges.rotary`), and an optional ``sliding_window``.
+"""
+from __future__ import annotations
+
+from .spec import ArchitectureSpec, ConfigNames, register
+
+__all__ = ["PHI3"]
+
+#: Phi-3: fused qkv and gate-up, RMSNorm, RoPE (partial rotary allowed), causal, sliding window.
+PHI3 = register(ArchitectureSpec(
+    hf_class="Phi3Model", family="phi3", layer="layers.{i}.", qkv="self_attn.qkv_proj", qkv_layout="stacked",
+    output="self_attn.o_proj", gate_up="mlp.gate_up_proj", down="mlp.down_proj", norm_kind="rms",
+    norm1="input_layernorm", norm2="post_attention_layernorm", final="norm", causal=True, rope=True,
+    partial_rotary=True, windows=True, names=ConfigNames(eps="rms_norm_eps")))

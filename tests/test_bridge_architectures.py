@@ -1,0 +1,140 @@
+"""Phi-3, GPT-NeoX, Gemma, Gemma 2 and DeiT as exact discrete limits: ``from_hf(m).run`` against
+the float64 HuggingFace module (random weights from the configuration class; RoPE angles,
+RMSNorm and softmax in float64 as ``float64_reference`` makes them) with right padding, several
+layers and grouped-query attention, relative error <= 1e-12; and the refusals."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tests.conftest import rel_err, require
+from tests.test_modern_bridges import _padding, _randomize, _run_hf
+
+pytestmark = pytest.mark.transformers
+
+TOL = 1e-12
+COMMON = dict(vocab_size=32, max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+
+
+def _reference(t, torch, cls, seed=0, **config):
+    from ctformer.bridges import float64_reference
+
+    model = getattr(t, f"{cls}Model")(getattr(t, f"{cls}Config")(**COMMON, **config))
+    return float64_reference(_randomize(torch, model.double().eval(), seed))
+
+
+def _check(torch, model, batch=2, tokens=9, seed=0):
+    """Max relative error of run against HuggingFace over the real tokens of a padded batch."""
+    from ctformer.bridges import from_hf
+
+    d = model.config.hidden_size
+    x = np.random.default_rng(seed).standard_normal((batch, tokens, d))
+    mask = _padding(batch, tokens, 0)
+    last, _ = _run_hf(torch, model, x, mask)
+    ct = from_hf(model)
+    return ct, rel_err(ct.run(x, padding_mask=mask), last, mask), (x, mask, last)
+
+
+@pytest.mark.parametrize("partial", [1.0, 0.5])
+def test_phi3_fused_qkv_and_gate_up(partial):
+    torch = require("torch")
+    t = require("transformers")
+    model = _reference(t, torch, "Phi3", hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                       rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                        "partial_rotary_factor": partial})
+    ct, error, _ = _check(torch, model)
+    assert ct.blocks[0].attention.kv_heads == 2 and ct.hidden.n == 24
+    assert error < TOL
+
+
+@pytest.mark.parametrize("parallel, partial", [(True, 0.25), (False, 0.5), (True, 1.0)])
+def test_gpt_neox_parallel_residual_and_partial_rotary(parallel, partial):
+    torch = require("torch")
+    t = require("transformers")
+    from ctformer.bridges.composite import EulerNetwork
+    from ctformer.discretizations import Midpoint
+
+    model = _reference(t, torch, "GPTNeoX", hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+                       num_attention_heads=2, use_parallel_residual=parallel, hidden_act="gelu",
+                       rope_parameters={"rope_type": "default", "rope_theta": 1000.0,
+                                        "partial_rotary_factor": partial})
+    ct, error, (x, mask, last) = _check(torch, model)
+    assert isinstance(ct, EulerNetwork) == parallel
+    assert error < TOL
+    if parallel:  # the same equation: its Lie splitting is the sequential network, not this one
+        grids = dict(tokens=Midpoint(9), features=Midpoint(32), context_length=9)
+        lie = ct.solve(x, scheme="lie", padding_mask=mask, **grids)
+        assert rel_err(lie, last, mask) > 1e-3
+
+
+def test_gemma_offset_rms_norm_and_tanh_geglu():
+    torch = require("torch")
+    t = require("transformers")
+    model = _reference(t, torch, "Gemma", hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=1, head_dim=6, rms_norm_eps=1e-6,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    ct, error, _ = _check(torch, model)
+    assert ct.head_features.n == 6
+    assert error < TOL
+
+
+def test_gemma2_sandwich_norms_scalar_and_sliding_layers_longer_than_the_window():
+    torch = require("torch")
+    t = require("transformers")
+    model = _reference(t, torch, "Gemma2", hidden_size=16, intermediate_size=24, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=4, rms_norm_eps=1e-6,
+                       query_pre_attn_scalar=7, sliding_window=3, attn_logit_softcapping=None,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    assert list(model.config.layer_types)[:2] == ["sliding_attention", "full_attention"]
+    ct, error, _ = _check(torch, model, tokens=10)
+    attentions = [b.attention.operator for b in ct.blocks]
+    assert [a.window for a in attentions] == [3.0, None, 3.0, None]
+    assert np.allclose(attentions[0].beta, 4 / 7 ** 0.5, rtol=1e-15, atol=0)
+    assert error < TOL
+
+
+def test_deit_class_and_distillation_tokens_are_two_atoms():
+    torch = require("torch")
+    t = require("transformers")
+    from ctformer.bridges import from_hf
+    from ctformer.discretizations import Midpoint, Product, WithAtoms
+
+    config = t.DeiTConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=24,
+                          image_size=16, patch_size=4, layer_norm_eps=1e-6)
+    model = _randomize(torch, t.DeiTModel(config, add_pooling_layer=False).double().eval(), 5)
+    pixels = torch.randn(2, 3, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(pixel_values=pixels, output_hidden_states=True)
+    x, reference = out.hidden_states[0].numpy(), out.last_hidden_state.numpy()
+    assert x.shape[1] == 4 * 4 + 2
+    ct = from_hf(model)
+    assert rel_err(ct.run(x), reference) < TOL
+    atoms = ct.solve(x, tokens=WithAtoms(Product(Midpoint(4), Midpoint(4)), count=2), features=Midpoint(16))
+    assert rel_err(atoms, reference) < TOL
+
+
+# -- refusals ------------------------------------------------------------------------------------
+def test_unsupported_configurations_are_refused_by_name_with_the_supported_list():
+    torch = require("torch")
+    t = require("transformers")
+    from ctformer.bridges import from_hf, supported
+
+    names = ("BertModel", "GPT2Model", "LlamaModel", "Phi3Model", "GPTNeoXModel", "GemmaModel", "Gemma2Model",
+             "DeiTModel")
+    assert set(names) <= set(supported())
+    capped = t.Gemma2Model(t.Gemma2Config(**COMMON, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                                          num_attention_heads=2, num_key_value_heads=1, head_dim=4))
+    with pytest.raises(ValueError, match=r"Gemma2Model: attn_logit_softcapping=50.0 is not modelled"):
+        from_hf(capped)
+    moe = t.MixtralModel(t.MixtralConfig(**COMMON, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, num_local_experts=2))
+    with pytest.raises(TypeError, match=re.escape(", ".join(supported()))):
+        from_hf(moe)  # mixture-of-experts layers: not a registered class
+    neox = t.GPTNeoXModel(t.GPTNeoXConfig(**COMMON, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                                          num_attention_heads=2))
+    neox.config.rope_parameters = {"rope_type": "proportional", "rope_theta": 1e4}
+    with pytest.raises(ValueError, match=r"rope_type='proportional' is not modelled; supported rope types"):
+        from_hf(neox)
