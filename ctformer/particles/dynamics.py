@@ -52,7 +52,7 @@ import numpy as np
 from .. import solvers
 from ..backend import constant, to_host
 from ..validation import is_real
-from .timegrid import (SolveInterrupted, Trajectory, _numpy_dtype, check_memory, march,
+from .timegrid import (SolveInterrupted, Trajectory, _numpy_dtype, check_memory, evolve_on, march,
                        saved_count, time_steps)
 from ..operators.quadrature_attention import quadrature_attention
 
@@ -551,6 +551,42 @@ class SelfAttentionDynamics:
         positions[0, ...] = x
         return march(scheme, self.problem(x), x, steps, h, save_every, positions, what="particle",
                      build=lambda times, kept: Trajectory(times=np.asarray(times), positions=kept))
+
+    def evolve(self, x0, t1, *, scheme="tsit5", rtol=1e-6, atol=1e-9, dt=None, save_at=None,
+               events=(), max_steps=100_000, controller=None, normalize=False):
+        r"""Integrate from :math:`t = 0` to ``t1`` with error control; return a :class:`ctformer.Solution`.
+
+        The embedded pairs (``bosh3``, ``dopri5``, ``tsit5``) estimate the local error
+        themselves, other schemes by step doubling with their nominal order; the retraction onto
+        the sphere follows every step (it does not lower the order: the exact flow stays on the
+        sphere). The error norm weighs every particle by :math:`1/n` (for a batch, every system
+        alike).
+
+        Parameters
+        ----------
+        x0, normalize
+            As for :meth:`solve`.
+        t1 : float
+            Final time, > 0.
+        scheme : str or Scheme
+            Default ``"tsit5"``.
+        rtol, atol : float
+            Tolerances of the :class:`ctformer.solvers.PIController`.
+        dt : float, optional
+            Fixed steps of at most ``dt`` instead (``t1 / ceil(t1 / dt)``, as :meth:`solve`).
+        save_at, events, max_steps, controller
+            As for :meth:`ctformer.ContinuousTransformer.evolve`; ``condition(t, x)`` of an
+            event receives the positions.
+
+        Returns
+        -------
+        ctformer.Solution
+            ``states`` of shape ``(T,) + x0.shape``.
+        """
+        _, x = self._initial(x0, normalize)
+        return evolve_on(self.problem(x), x, t1, scheme=scheme, rtol=rtol, atol=atol, dt=dt,
+                         save_at=save_at, events=events, max_steps=max_steps,
+                         controller=controller, what="particle")
 
 
 def _spectral_norm(a) -> float:

@@ -177,3 +177,29 @@ def march(scheme, problem, state, steps: int, h: float, save_every: int, saved, 
         raise SolveInterrupted(message, build(list(partial.times), saved[:len(partial.times), ...])) \
             from None
     return build(list(solution.times), saved)
+
+
+def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, max_steps,
+              controller, what: str, hint: str = "or the velocities overflow"):
+    r"""``evolve`` of a particle or mean-field system: one segment :math:`[0, t_1]`, no jump times.
+
+    Fixed steps when ``dt`` is given (:func:`time_steps`: :math:`\lceil t_1/\Delta t \rceil`
+    equal steps), else the controller of ``rtol``, ``atol``, ``max_steps`` (or ``controller``).
+    The norm weighs every particle (or coefficient) alike: weight :math:`1/n` per particle.
+    """
+    from ..evolution import controller_for
+
+    scheme = solvers.get(scheme)
+    t1 = _real_number(t1, "t1")
+    if not (math.isfinite(t1) and t1 > 0):
+        raise ValueError(f"t1 must be finite and > 0, got {t1}")
+    if dt is not None:
+        steps, h = time_steps(t1, dt, 1)
+        control = (steps, h)
+        t_end = steps * h
+    else:
+        control = controller_for(rtol, atol, controller, max_steps)
+        t_end = t1
+    return solvers.integrate(solvers.Piecewise.single(problem, t_end), state, control,
+                             scheme=scheme, save_at=save_at, events=tuple(events),
+                             order=scheme.nominal_order, what=f"the {what} solution", hint=hint)

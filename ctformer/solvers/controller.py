@@ -191,7 +191,7 @@ class PIController:
             :math:`h \max(f_{min}, \min(1, \theta \varepsilon_n^{-1/k}))`. A non-finite error
             gives :math:`f_{min} h`; a zero error :math:`f_{max} h`.
         """
-        k = validation.real(order, "order", positive=True) + 1.0
+        k = validation.real(order, "order", nonnegative=True) + 1.0
         top = 1.0 if after_rejection else self.factor_max
         if not math.isfinite(err_norm):
             return h * self.factor_min
@@ -257,7 +257,7 @@ class PIController:
             The step magnitude (positive). Costs one evaluation of ``rhs``, two without ``f0``,
             none when ``dt0`` is set.
         """
-        q = validation.real(order, "order", positive=True)
+        q = validation.real(order, "order", nonnegative=True)
         span = math.inf if t_end is None else abs(float(t_end) - float(t0))
         if self.dt0 is not None:
             return min(self.dt0, span)

@@ -38,8 +38,10 @@ def run_adaptive(run, u, controller, weights, stepper) -> None:
         while run.t < b:
             if h is None:
                 first = problem.rhs(run.u)
-                h = run.h0 = controller.initial_step(lambda t, v: problem.rhs(v), run.t, run.u, q,
-                                                     norm, t_end=b, f0=first)
+                # the starting rule estimates the local error, of order p for step doubling
+                h = run.h0 = controller.initial_step(lambda t, v: problem.rhs(v), run.t, run.u,
+                                                     getattr(stepper, "scheme_order", q), norm,
+                                                     t_end=b, f0=first)
                 if stepper.tableau is None:
                     first = None
             land = h >= b - run.t

@@ -78,6 +78,8 @@ def weighted_rms(e, u, u_new, rtol: float, atol: float, weights=None) -> float:
     ValueError
         If the shapes differ or the weights do not match the last two axes.
     """
+    if array_api_compat.is_torch_array(e):  # a step size is not part of the graph
+        e, u, u_new = e.detach(), u.detach(), u_new.detach()
     xp = array_api_compat.array_namespace(e, u, u_new)
     if not (tuple(e.shape) == tuple(u.shape) == tuple(u_new.shape)):
         raise ValueError(f"e, u and u_new must have equal shapes, got {tuple(e.shape)}, "
@@ -93,10 +95,10 @@ def weighted_rms(e, u, u_new, rtol: float, atol: float, weights=None) -> float:
     total = float(math.prod(e.shape))
     device = array_api_compat.device(s2)
     if w_y is not None:
-        s2 = s2 * xp.asarray(w_y, dtype=s2.dtype, device=device)
+        s2 = s2 * xp.asarray(np.array(w_y), dtype=s2.dtype, device=device)
         total *= float(w_y.sum()) / w_y.size
     if w_x is not None:
-        s2 = s2 * xp.asarray(w_x, dtype=s2.dtype, device=device)[:, None]
+        s2 = s2 * xp.asarray(np.array(w_x), dtype=s2.dtype, device=device)[:, None]
         total *= float(w_x.sum()) / w_x.size
     return math.sqrt(float(xp.sum(s2)) / total)
 

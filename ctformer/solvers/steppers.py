@@ -15,7 +15,11 @@ is
 .. math::  e = \frac{u_{h/2,h/2} - u_h}{2^p - 1}.
 
 The finer value is propagated, without extrapolation (adding :math:`e` would raise the order by
-one but leave no error estimate for the value propagated). Cost: three steps of the scheme per
+one but leave no error estimate for the value propagated). The controller receives the error
+per unit step, :math:`e / h` (of order :math:`h^p`): controlling the local error itself would
+make the global error scale like :math:`\mathrm{tol}^{p/(p+1)}` (0.5 for Lie splitting), while
+per unit step it is proportional to the tolerance, as it is for the embedded pairs, whose
+propagated solution is one order above their estimate. Cost: three steps of the scheme per
 attempted step, 1.5 times the two half steps that produce the propagated value.
 """
 from __future__ import annotations
@@ -49,14 +53,16 @@ class DoublingStepper:
 
     def __init__(self, scheme, order: float):
         self.scheme = scheme
-        self.order = float(order)
-        self._factor = 1.0 / (2.0 ** self.order - 1.0)
+        self.scheme_order = float(order)
+        self.order = self.scheme_order - 1.0  # of the error per unit step, e / h = O(h^p)
+        self._factor = 1.0 / (2.0 ** self.scheme_order - 1.0)
 
     def attempt(self, problem, u, h: float, first=None):
+        """``(u_fine, e / h, None, None)``: the finer value and the error per unit step."""
         coarse = self.scheme.step(problem, u, h)
         half = 0.5 * h
         fine = self.scheme.step(problem, self.scheme.step(problem, u, half), half)
-        return fine, (fine - coarse) * self._factor, None, None
+        return fine, (fine - coarse) * (self._factor / abs(h)), None, None
 
 
 def stepper_for(scheme, order: float | None = None):
