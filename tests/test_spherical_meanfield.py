@@ -133,3 +133,57 @@ def test_bad_input():
         SphericalMeanField(5.0, 16).solve(lambda x: (1 + x[..., 0]) ** 2, 1.0, 0.02)
     with pytest.warns(ResolutionWarning, match="top degrees"):
         SphericalMeanField(10.0, 4).solve(lambda x: 1 + x[..., 1], 0.2, 0.02)
+
+
+def test_empirical_density_of_a_quadrature_is_the_projection():
+    """Grid points weighted by rho * quadrature weight: the harmonic moments are the solver's coefficients."""
+    from ctformer.particles.sphere_particles import empirical_density
+
+    mf = SphericalMeanField(2.0, 8)
+
+    def rho(x):
+        return np.exp(0.7 * x[..., 0] - 0.4 * x[..., 1] * x[..., 2] + 0.3 * x[..., 2])
+
+    points = mf.points().reshape(-1, 3)
+    weights = (mf.weights * rho(mf.points())).reshape(-1)
+    assert np.max(np.abs(empirical_density(points, mf, weights=weights) - mf.coefficients_of(rho))) < 1e-13
+    zonal = ZonalMeanField(2.0, 3, 10)
+    weights = (mf.weights * np.exp(mf.points()[..., 2])).reshape(-1)
+    assert np.max(np.abs(empirical_density(points, zonal, weights=weights) - zonal.coefficients_of(np.exp))) < 1e-13
+    with pytest.raises(ValueError, match="unit sphere"):
+        empirical_density(2 * points, mf)
+    with pytest.raises(ValueError, match="shape"):
+        empirical_density(points[:, :2], mf)
+
+
+def test_s_distance_is_the_kolmogorov_statistic():
+    """s_distance of i.i.d. tokens from e^s / Z equals scipy's kstest statistic against the closed-form CDF."""
+    from scipy import stats
+
+    from ctformer.particles.sphere_particles import s_distance, sample_zonal, zonal_cdf
+
+    mf = ZonalMeanField(2.0, 3, 12)
+    c = mf.coefficients_of(np.exp)
+    exact = lambda s: (np.exp(s) - np.exp(-1)) / (np.exp(1) - np.exp(-1))  # noqa: E731
+    assert zonal_cdf(mf, c, np.array([0.3]))[0] == pytest.approx(2 * np.pi * (np.exp(0.3) - np.exp(-1)), rel=1e-13)
+    x = sample_zonal(mf, c, 3000, np.random.default_rng(5))
+    assert np.max(np.abs(np.linalg.norm(x, axis=1) - 1)) < 1e-14
+    reference = stats.kstest(x[:, 2], exact)
+    assert s_distance(x, mf, c) == pytest.approx(reference.statistic, abs=1e-8)
+    assert reference.pvalue > 1e-3  # the sampler draws from rho
+
+
+def test_particles_follow_the_zonal_mean_field():
+    """1000 i.i.d. tokens, d = 3, SA, beta = 2, t = 1: Kolmogorov distance to the mean field ~ n^{-1/2}
+    (below 3 / sqrt(n), while the law itself moved by more than 5 / sqrt(n))."""
+    from ctformer.particles import SelfAttentionDynamics
+    from ctformer.particles.sphere_particles import s_distance, sample_zonal
+
+    beta, n = 2.0, 1000
+    mf = ZonalMeanField(beta, 3, 24)
+    c0 = mf.coefficients_of(np.exp) / (mf.coefficients_of(np.exp)[0] * math.sqrt(4 * math.pi))
+    c1 = mf.solve(c0 @ mf.basis.values.T, 1.0, 0.05).coefficients[-1]
+    x0 = sample_zonal(mf, c0, n, np.random.default_rng(1))
+    x1 = SelfAttentionDynamics(beta).solve(x0, 1.0, 0.25).positions[-1]
+    assert s_distance(x1, mf, c1) < 3 / math.sqrt(n)
+    assert s_distance(x1, mf, c0) > 5 / math.sqrt(n)

@@ -217,13 +217,13 @@ def _orthonormal(s: np.ndarray, degree: int, alpha: float):
     n = np.arange(2, degree + 2, dtype=np.float64)
     b[2:] = np.sqrt(n * (n + 2 * alpha) / ((2 * n + 2 * alpha - 1) * (2 * n + 2 * alpha + 1)))
     mu0 = 2 ** (2 * alpha + 1) * math.exp(2 * special.gammaln(alpha + 1) - special.gammaln(2 * alpha + 2))
-    p = np.zeros((s.shape[0], degree + 1))
+    p = np.zeros((degree + 1, s.shape[0]))  # rows: contiguous recurrences
     dp = np.zeros_like(p)
-    p[:, 0] = 1.0 / math.sqrt(mu0)
+    p[0] = 1.0 / math.sqrt(mu0)
     if degree >= 1:
-        p[:, 1] = s * p[:, 0] / b[1]
-        dp[:, 1] = p[:, 0] / b[1]
+        p[1] = s * p[0] / b[1]
+        dp[1] = p[0] / b[1]
     for l in range(1, degree):
-        p[:, l + 1] = (s * p[:, l] - b[l] * p[:, l - 1]) / b[l + 1]
-        dp[:, l + 1] = (p[:, l] + s * dp[:, l] - b[l] * dp[:, l - 1]) / b[l + 1]
-    return p, dp
+        p[l + 1] = (s * p[l] - b[l] * p[l - 1]) / b[l + 1]
+        dp[l + 1] = (p[l] + s * dp[l] - b[l] * dp[l - 1]) / b[l + 1]
+    return p.T, dp.T
