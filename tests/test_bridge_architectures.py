@@ -138,3 +138,57 @@ def test_unsupported_configurations_are_refused_by_name_with_the_supported_list(
     neox.config.rope_parameters = {"rope_type": "proportional", "rope_theta": 1e4}
     with pytest.raises(ValueError, match=r"rope_type='proportional' is not modelled; supported rope types"):
         from_hf(neox)
+
+
+def test_phi3_longrope_beyond_the_original_length_and_the_gemma_offset_matters():
+    torch = require("torch")
+    t = require("transformers")
+    from dataclasses import replace
+
+    from ctformer.bridges.convert import convert
+    from ctformer.bridges.gemma import GEMMA
+
+    factors = {"short_factor": [1 + 0.1 * i for i in range(8)], "long_factor": [1 + 0.7 * i for i in range(8)]}
+    for tokens in (12, 20):  # short table at N <= L0 = 16, long table and attention factor above
+        model = _reference(t, torch, "Phi3", hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, original_max_position_embeddings=16,
+                           rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
+                                            "original_max_position_embeddings": 16, **factors})
+        assert _check(torch, model, tokens=tokens)[1] < TOL
+    gemma = _reference(t, torch, "Gemma", hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=1, head_dim=6,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    _, error, (x, mask, last) = _check(torch, gemma)
+    plain = convert(replace(GEMMA, norm_kind="rms"), gemma)  # gain w instead of 1 + w: another network
+    assert error < TOL < 1e-3 < rel_err(plain.run(x, padding_mask=mask), last, mask)
+
+
+def test_a_network_in_train_mode_with_dropout_converts_with_a_warning():
+    import warnings
+
+    torch = require("torch")
+    t = require("transformers")
+    from ctformer.bridges import from_hf
+    from ctformer.bridges.convert import TrainModeWarning
+
+    model = _reference(t, torch, "GPTNeoX", hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                       num_attention_heads=2, attention_dropout=0.25, hidden_dropout=0.5, hidden_act="gelu")
+    x = np.random.default_rng(1).standard_normal((1, 6, 16))
+    mask = np.ones((1, 6), dtype=bool)
+    evaluated, _ = _run_hf(torch, model, x, mask)
+    model.train()
+    with pytest.warns(TrainModeWarning, match=r"GPTNeoXModel is in train\(\) mode with dropout \(.*hidden_dropout"
+                                              r"=0.5.*the continuous model is the eval-mode network"):
+        ct = from_hf(model)
+    torch.manual_seed(0)
+    trained, _ = _run_hf(torch, model, x, mask)
+    assert rel_err(trained, evaluated) > 1e-2          # dropout is active in the HF module ...
+    assert rel_err(ct.run(x), evaluated) < TOL         # ... the converted model is the eval network
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TrainModeWarning)
+        from_hf(model)
+    bert = t.BertModel(t.BertConfig(vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                    intermediate_size=12), add_pooling_layer=False)
+    with pytest.warns(TrainModeWarning, match="BertModel is in train"):
+        from_hf(bert)

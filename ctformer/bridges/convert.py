@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 import numpy as np
 
@@ -23,7 +24,37 @@ from .composite import EulerNetwork, OutputNormalized
 from .rotary import check_rotary, partial_rotary_order, rope_positions, rope_scaling_of
 from .spec import HF_ACTIVATIONS, ArchitectureSpec, config_value
 
-__all__ = ["Weights", "convert", "build", "layer_windows"]
+__all__ = ["Weights", "convert", "build", "layer_windows", "TrainModeWarning", "warn_train_mode"]
+
+#: Configuration keys of dropout probabilities applied inside the layers (attention dropout is
+#: functional in HuggingFace's attention: no ``nn.Dropout`` module holds it).
+_DROPOUT_KEYS = ("attention_dropout", "attention_probs_dropout_prob", "attn_pdrop", "hidden_dropout",
+                 "hidden_dropout_prob", "resid_pdrop")
+
+
+class TrainModeWarning(UserWarning):
+    """A network converted in ``train()`` mode with dropout: the continuum is its eval-mode network."""
+
+
+def warn_train_mode(model, stacklevel: int = 3) -> None:
+    r"""Warn when ``model`` is in train mode with a dropout probability :math:`p > 0`.
+
+    Dropout is a random mask on the activations; the continuous model is the deterministic
+    eval-mode network (dropout off), which is what ``run`` computes.
+    """
+    if not getattr(model, "training", False):
+        return
+    cfg = getattr(model, "config", None)
+    rates = {f"config.{key}": float(config_value(cfg, key, 0.0)) for key in _DROPOUT_KEYS
+             if isinstance(config_value(cfg, key, 0.0), (int, float)) and config_value(cfg, key, 0.0) > 0}
+    rates.update({f"{name}.p": float(m.p) for name, m in model.named_modules()
+                  if type(m).__name__ == "Dropout" and float(getattr(m, "p", 0.0)) > 0.0})
+    if rates:
+        listed = ", ".join(f"{k}={v:g}" for k, v in list(rates.items())[:4]) + (" ..." if len(rates) > 4 else "")
+        warnings.warn(f"{type(model).__name__} is in train() mode with dropout ({listed}): the continuous model "
+                      "is the eval-mode network (no dropout), so run() matches model.eval(), not this model's "
+                      "random training forward; call model.eval() before converting to silence this",
+                      TrainModeWarning, stacklevel=stacklevel)
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -53,11 +84,14 @@ class Weights:
 
 
 def convert(spec: ArchitectureSpec, model) -> ContinuousTransformer:
-    """Convert a model in memory: its ``state_dict()`` and ``config`` walked by ``spec``."""
+    """Convert a model in memory: its ``state_dict()`` and ``config`` walked by ``spec``; a model
+    in train mode with dropout converts with a :class:`TrainModeWarning`."""
     state = {name[len(spec.prefix):]: tensor for name, tensor in model.state_dict().items()
              if name.startswith(spec.prefix)}
     rotary = getattr(model, "rotary_emb", None) if spec.rope else None
-    return build(spec, state, model.config, rotary)
+    network = build(spec, state, model.config, rotary)
+    warn_train_mode(model, stacklevel=4)
+    return network
 
 
 def _check_config(spec, cfg):

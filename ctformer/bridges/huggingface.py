@@ -27,7 +27,7 @@ from dataclasses import replace
 
 from ..model import ContinuousTransformer
 from .common import optional_import
-from .convert import build
+from .convert import build, warn_train_mode
 from .spec import HF_ACTIVATIONS, ArchitectureSpec, Refusal, register, truthy
 
 __all__ = ["from_hf_bert", "HF_ACTIVATIONS", "BERT", "BERT_ENCODER"]
@@ -97,7 +97,10 @@ def from_hf_bert(model, config=None) -> ContinuousTransformer:
     for key in ("num_attention_heads", "layer_norm_eps", "hidden_act"):
         if key not in cfg:
             raise ValueError(f"the BERT config lacks {key!r}")
-    return build(BERT, state, cfg)
+    network = build(BERT, state, cfg)
+    if not isinstance(model, (str, os.PathLike)):
+        warn_train_mode(model)
+    return network
 
 
 def _from_module(model):
