@@ -3,7 +3,7 @@
 - :func:`from_torch`: ``torch.nn.TransformerEncoderLayer`` / ``torch.nn.TransformerEncoder``;
 - :func:`from_hf`: a HuggingFace model in memory, dispatched on its class (``BertModel``,
   ``GPT2Model``, ``LlamaModel``, ``MistralModel``, ``Qwen2Model``, ``AlbertModel``,
-  ``ViTModel``);
+  ``ViTModel``, ``Phi3Model``, ``GPTNeoXModel``, ``GemmaModel``, ``Gemma2Model``, ``DeiTModel``);
 - :func:`supported`: the HuggingFace class names :func:`from_hf` converts, one
   :class:`~ctformer.bridges.spec.ArchitectureSpec` each (:mod:`ctformer.bridges.spec`; the
   generic converter is :mod:`ctformer.bridges.convert`);

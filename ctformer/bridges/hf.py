@@ -6,12 +6,17 @@ r"""HuggingFace networks as continuous Transformers: one entry point, and the di
 HuggingFace class                                 continuous model
 ================================================  =============================================
 ``BertModel`` (``BertEncoder``)                   post-norm, :func:`~ctformer.bridges.from_hf_bert`
-``GPT2Model``                                     pre-norm, causal, :func:`~ctformer.bridges.gpt2.from_gpt2`
+``GPT2Model``                                     pre-norm, causal, :mod:`~ctformer.bridges.gpt2`
 ``LlamaModel``, ``MistralModel``, ``Qwen2Model``  pre-norm, RMSNorm, RoPE, GQA, SwiGLU, sliding
-                                                  windows, :func:`~ctformer.bridges.llama.from_llama`
-``AlbertModel``                                   post-norm, shared layers, :func:`~ctformer.bridges.albert.from_albert`
-``ViTModel``                                      pre-norm, patches on the square and a class
-                                                  token, :func:`~ctformer.bridges.vit.from_hf_vit`
+                                                  windows, :mod:`~ctformer.bridges.llama`
+``AlbertModel``                                   post-norm, shared layers, :mod:`~ctformer.bridges.albert`
+``ViTModel``, ``DeiTModel``                       pre-norm, patches on the square and one or two
+                                                  atoms, :mod:`~ctformer.bridges.vit`
+``Phi3Model``                                     fused qkv and gate-up, :mod:`~ctformer.bridges.phi3`
+``GPTNeoXModel``                                  partial rotary, parallel residual (Euler),
+                                                  :mod:`~ctformer.bridges.gpt_neox`
+``GemmaModel``, ``Gemma2Model``                   RMSNorm 1 + w, GeGLU, output norms, alternating
+                                                  sliding layers, :mod:`~ctformer.bridges.gemma`
 ================================================  =============================================
 
 Each result's :meth:`~ctformer.model.ContinuousTransformer.run` takes the embedding output
@@ -70,6 +75,11 @@ class Bridge:
     classes: tuple
     convert: Callable
     small: Callable | None = None
+
+    def resolved(self, transformers) -> tuple:
+        """The classes of the family that the installed ``transformers`` has."""
+        found = (getattr(transformers, name, None) for name in self.classes)
+        return tuple(c for c in found if c is not None)
 
 
 def _families() -> dict:
