@@ -28,6 +28,7 @@ from .dynamics import (SelfAttentionDynamics, SolveInterrupted, Trajectory, log_
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning, linear_growth_rate, stability_function
 from .zonal import ZonalMeanField, ZonalSolution
 from .spherical import SphericalMeanField, SphericalSolution
+from .sphere_particles import empirical_density
 
 __all__ = [
     "SelfAttentionDynamics",
@@ -38,6 +39,7 @@ __all__ = [
     "ZonalSolution",
     "SphericalMeanField",
     "SphericalSolution",
+    "empirical_density",
     "SolveInterrupted",
     "ResolutionWarning",
     "linear_growth_rate",
