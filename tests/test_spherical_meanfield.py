@@ -187,3 +187,13 @@ def test_particles_follow_the_zonal_mean_field():
     x1 = SelfAttentionDynamics(beta).solve(x0, 1.0, 0.25).positions[-1]
     assert s_distance(x1, mf, c1) < 3 / math.sqrt(n)
     assert s_distance(x1, mf, c0) > 5 / math.sqrt(n)
+
+
+def test_torch_density_is_converted_on_the_host():
+    """The stated fallback: a torch density gives the NumPy solution of the same values, bit for bit."""
+    torch = pytest.importorskip("torch")
+    mf = SphericalMeanField(2.0, 8)
+    values = np.exp(mf.points()[..., 0]) / 40
+    from_torch = mf.solve(torch.from_numpy(values), 0.2, 0.05)
+    assert isinstance(from_torch.density, np.ndarray)
+    assert np.array_equal(from_torch.coefficients, mf.solve(values, 0.2, 0.05).coefficients)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+import array_api_compat
 import numpy as np
 from scipy import special
 
@@ -29,7 +30,7 @@ __all__ = ["empirical_density", "s_distance", "zonal_cdf", "sample_zonal"]
 
 
 def _positions(positions, dimension=None) -> np.ndarray:
-    x = to_host(positions) if hasattr(positions, "__array_namespace__") else np.asarray(positions)
+    x = to_host(positions) if array_api_compat.is_array_api_obj(positions) else np.asarray(positions)
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or (dimension is not None and x.shape[1] != dimension):
         want = f"(n, {dimension})" if dimension is not None else "(n, d)"

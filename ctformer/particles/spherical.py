@@ -32,6 +32,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
+import array_api_compat
 import numpy as np
 from scipy import special
 
@@ -206,7 +207,7 @@ class SphericalMeanField:
     def coefficients_of(self, rho):
         """Coefficients of a density: grid values (n_theta, n_phi) or a callable of points (..., 3)."""
         values = rho(self.points()) if callable(rho) else rho
-        values = to_host(values) if hasattr(values, "__array_namespace__") else np.asarray(values)
+        values = to_host(values) if array_api_compat.is_array_api_obj(values) else np.asarray(values)
         if np.iscomplexobj(values) or not (np.issubdtype(values.dtype, np.floating)
                                            or np.issubdtype(values.dtype, np.integer)):
             raise TypeError(f"rho0 must be a real density, got dtype {values.dtype}")

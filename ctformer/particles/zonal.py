@@ -49,6 +49,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
+import array_api_compat
 import numpy as np
 
 from .. import solvers
@@ -215,7 +216,7 @@ class ZonalMeanField:
             For complex or non-numeric values.
         """
         values = rho(self.grid) if callable(rho) else rho
-        values = to_host(values) if hasattr(values, "__array_namespace__") else np.asarray(values)
+        values = to_host(values) if array_api_compat.is_array_api_obj(values) else np.asarray(values)
         if np.iscomplexobj(values):
             raise TypeError(f"rho0 must be real (a density), got a complex array of dtype {values.dtype}")
         if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.integer)):
