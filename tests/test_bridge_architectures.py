@@ -192,3 +192,13 @@ def test_a_network_in_train_mode_with_dropout_converts_with_a_warning():
                                     intermediate_size=12), add_pooling_layer=False)
     with pytest.warns(TrainModeWarning, match="BertModel is in train"):
         from_hf(bert)
+
+
+def test_limit_report_of_the_parallel_residual_network_uses_its_euler_step():
+    require("torch")
+    require("transformers")
+    from ctformer.bridges import limit_report
+
+    text = limit_report("gpt_neox", seed=2)
+    errors = [float(e) for e in re.findall(r"layer \d+: max relative error ([0-9.e+-]+)", text)]
+    assert "explicit Euler" in text and len(errors) == 3 and max(errors) < TOL

@@ -367,5 +367,5 @@ def test_a_spec_added_to_the_registry_reaches_from_hf_and_its_refusal(monkeypatc
     assert rel_err(from_hf(lm).run(hidden[0], padding_mask=mask), hidden[-1], mask) < TOL
     with pytest.raises(TypeError, match=re.escape(old) + ".*GPT2LMHeadModel \\(base models"):
         from_hf(torch.nn.Linear(2, 2))
-    assert hf.small_models() == ("bert", "gpt2", "llama", "albert")
+    assert hf.small_models() == ("bert", "gpt2", "llama", "albert", "phi3", "gpt_neox", "gemma", "gemma2")
     assert hf.BRIDGES["llama"].classes == ("LlamaModel", "MistralModel", "Qwen2Model")

@@ -31,12 +31,29 @@ from .spec import ArchitectureSpec, ConfigNames, Refusal, register
 
 __all__ = ["GEMMA", "GEMMA2"]
 
+def _small_gemma(t):
+    from .rotary import float64_reference
+
+    return float64_reference(t.GemmaModel(t.GemmaConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=4, max_position_embeddings=64, vocab_size=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)))
+
+
+def _small_gemma2(t):
+    from .rotary import float64_reference
+
+    return float64_reference(t.Gemma2Model(t.Gemma2Config(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=4, sliding_window=4, attn_logit_softcapping=None, max_position_embeddings=64, vocab_size=64,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0)))
+
+
 #: Gemma: RMSNorm with 1 + w, GeGLU (tanh GELU), RoPE, GQA, causal.
 GEMMA = register(ArchitectureSpec(
     hf_class="GemmaModel", family="gemma", layer="layers.{i}.", query="self_attn.q_proj", key="self_attn.k_proj",
     value="self_attn.v_proj", output="self_attn.o_proj", gate="mlp.gate_proj", up="mlp.up_proj",
     down="mlp.down_proj", norm_kind="rms_offset", norm1="input_layernorm", norm2="post_attention_layernorm",
-    final="norm", causal=True, rope=True, names=ConfigNames(eps="rms_norm_eps")))
+    final="norm", causal=True, rope=True, names=ConfigNames(eps="rms_norm_eps"), small=_small_gemma))
 
 
 def _beta(cfg, layer, head_dim):
@@ -47,7 +64,7 @@ def _beta(cfg, layer, head_dim):
 #: Gemma 2: Gemma with output norms, query_pre_attn_scalar, alternating sliding layers.
 GEMMA2 = register(replace(
     GEMMA, hf_class="Gemma2Model", family="gemma2", norm2="pre_feedforward_layernorm",
-    post1="post_attention_layernorm", post2="post_feedforward_layernorm", windows=True, beta=_beta,
+    post1="post_attention_layernorm", post2="post_feedforward_layernorm", windows=True, beta=_beta, small=_small_gemma2,
     names=ConfigNames(eps="rms_norm_eps", activation=("hidden_activation", "hidden_act")),
     refusals=(Refusal("attn_logit_softcapping", lambda v: v is not None,
                       "soft-capping c tanh(s/c) of the attention scores is not an operator of the continuous "

@@ -26,10 +26,18 @@ from .spec import ArchitectureSpec, ConfigNames, register
 
 __all__ = ["GPT_NEOX"]
 
+def _small(t):
+    from .rotary import float64_reference
+
+    return float64_reference(t.GPTNeoXModel(t.GPTNeoXConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2, max_position_embeddings=64,
+        vocab_size=64, bos_token_id=0, eos_token_id=0)))
+
+
 #: GPT-NeoX: fused per-head qkv, partial rotary, LayerNorm, parallel residual (Euler).
 GPT_NEOX = register(ArchitectureSpec(
     hf_class="GPTNeoXModel", family="gpt_neox", layer="layers.{i}.", qkv="attention.query_key_value",
     qkv_layout="per_head", output="attention.dense", up="mlp.dense_h_to_4h", down="mlp.dense_4h_to_h",
     norm_kind="layer", norm1="input_layernorm", norm2="post_attention_layernorm", final="final_layer_norm",
     causal=True, rope=True, partial_rotary=True, parallel="use_parallel_residual",
-    names=ConfigNames(kv_heads="num_attention_heads")))
+    names=ConfigNames(kv_heads="num_attention_heads"), small=_small))

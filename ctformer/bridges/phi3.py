@@ -18,9 +18,17 @@ from .spec import ArchitectureSpec, ConfigNames, register
 
 __all__ = ["PHI3"]
 
+def _small(t):
+    from .rotary import float64_reference
+
+    return float64_reference(t.Phi3Model(t.Phi3Config(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=64, vocab_size=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)))
+
+
 #: Phi-3: fused qkv and gate-up, RMSNorm, RoPE (partial rotary allowed), causal, sliding window.
 PHI3 = register(ArchitectureSpec(
     hf_class="Phi3Model", family="phi3", layer="layers.{i}.", qkv="self_attn.qkv_proj", qkv_layout="stacked",
     output="self_attn.o_proj", gate_up="mlp.gate_up_proj", down="mlp.down_proj", norm_kind="rms",
     norm1="input_layernorm", norm2="post_attention_layernorm", final="norm", causal=True, rope=True,
-    partial_rotary=True, windows=True, names=ConfigNames(eps="rms_norm_eps")))
+    partial_rotary=True, windows=True, names=ConfigNames(eps="rms_norm_eps"), small=_small))
