@@ -100,6 +100,27 @@ def _backward_problem(torch, problem: solvers.SplitProblem, params) -> solvers.S
     return solvers.SplitProblem([reversed_flow(f) for f in reversed(problem.flows)])
 
 
+def _controlled_backward(torch, problems, params, state, controller, integrator):
+    """The backward solve with ``controller``: the augmented state packed into one flat tensor."""
+    shape, n_g = state.z.shape, state.g.numel()
+
+    def pack(a):
+        return torch.cat([a.z.reshape(-1), a.g])
+
+    def unpack(flat):
+        return _Augmented(flat[: flat.numel() - n_g].reshape(shape), flat[flat.numel() - n_g:])
+
+    def packed(f):
+        return lambda flat: pack(f(unpack(flat)))
+
+    backward = [solvers.SplitProblem([packed(f) for f in _backward_problem(torch, p, params).flows])
+                for p in reversed(problems)]
+    solution = solvers.integrate(solvers.Piecewise.layers(backward), pack(state), controller,
+                                 scheme=integrator, order=integrator.order(), what="the adjoint state",
+                                 layered=True)
+    return unpack(solution.final)
+
+
 def _as_tensor(torch, u0):
     """``u0`` as a torch tensor, and whether the caller gave NumPy (then results go back as NumPy).
 
@@ -145,7 +166,7 @@ def _loss_value(torch, loss: Callable, u):
 
 def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None, hidden=None,
              scheme="lie", steps_per_layer: int = 1, route: str = "adjoint",
-             parameters: bool = False):
+             parameters: bool = False, rtol=None, atol=None):
     r"""The gradient of ``loss(u(T))`` with respect to ``u0`` (and the model's parameters).
 
     Parameters
@@ -172,6 +193,12 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
         Optimize-then-discretize (backward adjoint solve) or discretize-then-optimize.
     parameters : bool
         Also return the gradient with respect to every parameter of ``model.parameters()``.
+    rtol, atol : float, optional
+        Error control instead of ``steps_per_layer`` (which must stay 1): the forward solve is
+        :meth:`~ctformer.ContinuousTransformer.evolve` with these tolerances, and on the adjoint
+        route the backward solve of the augmented state :math:`(u, \lambda, g)` is
+        error-controlled too (the same controller, the RMS norm over all its entries), layer by
+        layer from :math:`T` to 0.
 
     Returns
     -------
@@ -212,6 +239,14 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     params = [tensors[n] for n in names] if parameters else []
     kw = dict(tokens=tokens, features=features, head_features=head_features, hidden=hidden,
               scheme=integrator, steps_per_layer=steps_per_layer)
+    control = steps_per_layer
+    if rtol is not None or atol is not None:
+        if steps_per_layer != 1:
+            raise ValueError(f"steps_per_layer={steps_per_layer!r} and rtol/atol both given: "
+                             "choose fixed steps or error control, not both")
+        control = solvers.PIController(rtol=1e-6 if rtol is None else rtol,
+                                       atol=1e-9 if atol is None else atol)
+        kw.update(rtol=control.rtol, atol=control.atol)
     if route == "autograd":
         x = u0.detach().requires_grad_(True)
         grads = torch.autograd.grad(_loss_value(torch, loss, model.solve(x, **kw)), [x, *params])
@@ -224,8 +259,8 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
                          "(pre-norm or no normalization); use route='autograd' for post-norm")
     grids.validate(u0, "u0")
     with torch.no_grad():   # the forward solve keeps no tape: only u(T) is needed
-        u_t = solvers.integrate(solvers.Piecewise.layers(problems), u0.detach(), steps_per_layer,
-                                scheme=integrator).final
+        u_t = solvers.integrate(solvers.Piecewise.layers(problems), u0.detach(), control,
+                                scheme=integrator, order=integrator.order(model)).final
     final = model.final_normalization
     final = grids.lift(final.discretize(grids)) if final is not None else (lambda v: v)
     with torch.enable_grad():
@@ -236,11 +271,14 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     flat = [torch.zeros_like(p).reshape(-1) if g is None else g.reshape(-1)
             for p, g in zip(params, terminal[1:])]
     state = _Augmented(torch.stack([u_t.detach(), lam]), torch.cat(flat) if flat else lam.new_zeros(0))
-    dt = 1.0 / steps_per_layer
-    for problem in reversed(problems):
-        backward = _backward_problem(torch, problem, params)
-        for _ in range(steps_per_layer):
-            state = integrator.step(backward, state, dt)
+    if control is None or isinstance(control, int):
+        dt = 1.0 / steps_per_layer
+        for problem in reversed(problems):
+            backward = _backward_problem(torch, problem, params)
+            for _ in range(steps_per_layer):
+                state = integrator.step(backward, state, dt)
+    else:
+        state = _controlled_backward(torch, problems, params, state, control, integrator)
     sizes = [p.numel() for p in params]
     chunks = torch.split(state.g, sizes) if params else []
     return _result(state.z[1], names, [c.reshape(p.shape) for c, p in zip(chunks, params)],
