@@ -202,3 +202,33 @@ def test_limit_report_of_the_parallel_residual_network_uses_its_euler_step():
     text = limit_report("gpt_neox", seed=2)
     errors = [float(e) for e in re.findall(r"layer \d+: max relative error ([0-9.e+-]+)", text)]
     assert "explicit Euler" in text and len(errors) == 3 and max(errors) < TOL
+
+
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+def test_half_precision_states_compute_in_their_dtype(half):
+    """A half-precision model converts to the network of its half-precision weights: float64
+    states give that network in float64 (1e-12), half-precision states compute in their dtype,
+    as accurately as HuggingFace's own half-precision forward (measured 0.7x its error)."""
+    import copy
+
+    torch = require("torch")
+    t = require("transformers")
+    from ctformer.bridges import from_hf
+    from tests.test_modern_bridges import _llama
+
+    dtype = getattr(torch, half)
+    model = copy.deepcopy(_llama(t, torch, layers=2, d=32, heads=4, kv_heads=2)).to(dtype)
+    exact = _llama(t, torch, layers=2, d=32, heads=4, kv_heads=2)
+    exact.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    x = np.random.default_rng(0).standard_normal((2, 9, 32))
+    mask = _padding(2, 9, 0)
+    reference, _ = _run_hf(torch, exact, x, mask)
+    with torch.no_grad():
+        theirs = model(inputs_embeds=torch.from_numpy(x).to(dtype),
+                       attention_mask=torch.from_numpy(mask.astype(np.int64))).last_hidden_state.double().numpy()
+    ct = from_hf(model)
+    ours = ct.run(torch.from_numpy(x).to(dtype), padding_mask=mask)
+    assert ours.dtype == dtype
+    error, hf_error = rel_err(ours.double().numpy(), reference, mask), rel_err(theirs, reference, mask)
+    assert 2.0 ** -14 < error < 2.0 * hf_error
+    assert rel_err(ct.run(x, padding_mask=mask), reference, mask) < TOL
