@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-
-from dataclasses import replace
 
 from ..model import ContinuousTransformer
 from .common import optional_import

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..model import ContinuousTransformer
 from .convert import convert
 from .rotary import float64_reference, native_frequencies, rope_frequencies
 from .spec import ArchitectureSpec, ConfigNames, Refusal, register, spec_for

@@ -31,7 +31,6 @@ import math
 
 import numpy as np
 
-from dataclasses import replace
 
 from .common import to_numpy
 from .convert import convert
