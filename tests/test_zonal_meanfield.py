@@ -271,3 +271,20 @@ def test_noisy_usa_transition_jumps_above_beta_star():
     # (nu l(l+2) dt)^4 (drift 1e-5, 7e-7, 5e-8 at dt = h, h/2, h/4 with h the stable step)
     after = mf.solve(guess @ mf.basis.values.T, 0.5, mf.stable_step(0.5) / 4).coefficients[-1]
     assert np.max(np.abs(after - guess)) < 1e-7
+
+
+def test_sa_gibbs_state_is_a_steady_state_of_the_solver():
+    """SA, d = 3, beta = 5, nu = 0.9 nu_c: rho = G^{1/(beta nu)} / Z makes the Galerkin right-hand side
+    (transport minus diffusion) vanish to 1e-11, with a nonzero order parameter."""
+    from ctformer.particles.sphere_stationary import stationary_state
+
+    beta = 5.0
+    nu_c = special.iv(1.5, beta) / (beta * special.iv(0.5, beta))
+    mf = ZonalMeanField(beta, 3, 32, noise=0.9 * nu_c)
+    guess = mf.coefficients_of(lambda s: np.exp(3 * s))
+    c = stationary_state(mf, guess / (guess[0] * math.sqrt(4 * math.pi)))
+    rhs = mf.transport(c) - mf.noise * np.arange(33) * (np.arange(33) + 1) * c
+    assert np.max(np.abs(rhs)) < 1e-11
+    assert mf.order_parameter(c) > 0.4
+    with pytest.raises(ValueError, match="noise"):
+        stationary_state(ZonalMeanField(beta, 3, 8), c[:9])
