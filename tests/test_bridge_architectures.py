@@ -129,6 +129,11 @@ def test_unsupported_configurations_are_refused_by_name_with_the_supported_list(
                                           num_attention_heads=2, num_key_value_heads=1, head_dim=4))
     with pytest.raises(ValueError, match=r"Gemma2Model: attn_logit_softcapping=50.0 is not modelled"):
         from_hf(capped)
+    both = t.GemmaModel(t.GemmaConfig(**COMMON, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                                      use_bidirectional_attention=True))
+    with pytest.raises(ValueError, match=r"GemmaModel: use_bidirectional_attention=True is not modelled"):
+        from_hf(both)
     moe = t.MixtralModel(t.MixtralConfig(**COMMON, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1, num_local_experts=2))
     with pytest.raises(TypeError, match=re.escape(", ".join(supported()))):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .spec import ArchitectureSpec, ConfigNames, Refusal, register
+from .spec import ArchitectureSpec, ConfigNames, Refusal, register, truthy
 
 __all__ = ["GEMMA", "GEMMA2"]
 
@@ -48,12 +48,16 @@ def _small_gemma2(t):
         bos_token_id=0, eos_token_id=0, pad_token_id=0)))
 
 
+_BIDIRECTIONAL = Refusal("use_bidirectional_attention", truthy,
+                         "the converted decoder is causal; set use_bidirectional_attention=None")
+
 #: Gemma: RMSNorm with 1 + w, GeGLU (tanh GELU), RoPE, GQA, causal.
 GEMMA = register(ArchitectureSpec(
     hf_class="GemmaModel", family="gemma", layer="layers.{i}.", query="self_attn.q_proj", key="self_attn.k_proj",
     value="self_attn.v_proj", output="self_attn.o_proj", gate="mlp.gate_proj", up="mlp.up_proj",
     down="mlp.down_proj", norm_kind="rms_offset", norm1="input_layernorm", norm2="post_attention_layernorm",
-    final="norm", causal=True, rope=True, names=ConfigNames(eps="rms_norm_eps"), small=_small_gemma))
+    final="norm", causal=True, rope=True, names=ConfigNames(eps="rms_norm_eps"), small=_small_gemma,
+    refusals=(_BIDIRECTIONAL,)))
 
 
 def _beta(cfg, layer, head_dim):
@@ -68,4 +72,4 @@ GEMMA2 = register(replace(
     names=ConfigNames(eps="rms_norm_eps", activation=("hidden_activation", "hidden_act")),
     refusals=(Refusal("attn_logit_softcapping", lambda v: v is not None,
                       "soft-capping c tanh(s/c) of the attention scores is not an operator of the continuous "
-                      "model; set config.attn_logit_softcapping=None"),)))
+                      "model; set config.attn_logit_softcapping=None"), _BIDIRECTIONAL)))
