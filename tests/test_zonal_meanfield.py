@@ -288,3 +288,13 @@ def test_sa_gibbs_state_is_a_steady_state_of_the_solver():
     assert mf.order_parameter(c) > 0.4
     with pytest.raises(ValueError, match="noise"):
         stationary_state(ZonalMeanField(beta, 3, 8), c[:9])
+
+
+@pytest.mark.parametrize("beta", [-3.0, 0.5, 7.0])
+@pytest.mark.parametrize("normalized", [True, False])
+def test_growth_rate_extends_the_circle(beta, normalized):
+    """dimension=2 is the circle's linear_growth_rate (k^2 I_k / (beta I_0), k^2 I_k / beta), negative beta included."""
+    from ctformer.particles import linear_growth_rate as circle_rate
+
+    k = np.arange(15)
+    assert np.allclose(linear_growth_rate(k, beta, normalized, 2), circle_rate(k, beta, normalized), rtol=1e-14, atol=0)
