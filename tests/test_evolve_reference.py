@@ -120,3 +120,144 @@ def test_scipy_rejection_count_is_consistent():
         assert sol.nfev == f.calls
         rejected.append(R.scipy_rejections(sol, "RK45"))
     assert rejected[0] == 0 and rejected[1] > 10, rejected
+
+
+# -- evolve against the references -------------------------------------------------------------
+RTOLS = [10.0 ** -k for k in range(3, 11)]            # 1e-3 .. 1e-10
+# Step doubling controls the error per unit step of a second-order scheme: h ~ rtol^(1/2), so
+# strang at rtol 1e-10 takes ~1e5 steps per unit depth; it is measured on 1e-3 .. 1e-6.
+SCHEME_RTOLS = {"bosh3": RTOLS, "dopri5": RTOLS, "tsit5": RTOLS, "strang": RTOLS[:4]}
+ATOL_RATIO = 1e-3                                     # atol = 1e-3 rtol: the norm is relative
+
+
+def _evolve_encoder(model, u0, **options):
+    from ctformer.discretizations import Midpoint
+
+    return model.evolve(u0, tokens=Midpoint(N_TOKENS), features=Midpoint(D_MODEL),
+                        context_length=N_TOKENS, **options)
+
+
+def _evolve_particles(x0, t1, **options):
+    from ctformer.particles import SelfAttentionDynamics
+
+    return SelfAttentionDynamics(beta=BETA).evolve(x0, t1, **options)
+
+
+def _proportionality(final_of_rtol, reference, rtols):
+    errors = []
+    for rtol in rtols:
+        u = np.asarray(final_of_rtol(rtol, ATOL_RATIO * rtol))
+        errors.append(R.relative_error(u, reference, rtol, ATOL_RATIO * rtol))
+    ratios = np.array(errors) / np.array(rtols)
+    return R.loglog_slope(rtols, errors), ratios, errors
+
+
+@pytest.mark.parametrize("scheme", ["bosh3", "dopri5", "tsit5", "strang"])
+def test_tolerance_proportionality_on_the_encoder(encoder_case, scheme):
+    """Achieved error against rtol 1e-3 .. 1e-10 (strang 1e-3 .. 1e-6) on the converted encoder: slope in [0.8, 1.2]
+    and at most 10 rtol in the controller's relative norm (midpoint weights are uniform)."""
+    _, model, u0, ref = encoder_case
+    slope, ratios, errors = _proportionality(
+        lambda r, a: _evolve_encoder(model, u0, scheme=scheme, rtol=r, atol=a).final, ref.final,
+        SCHEME_RTOLS[scheme])
+    assert 0.8 <= slope <= 1.2, (slope, errors)
+    assert ratios.max() <= 10.0, (ratios, errors)
+
+
+@pytest.mark.parametrize("scheme", ["bosh3", "dopri5", "tsit5", "strang"])
+def test_tolerance_proportionality_on_particles(particle_case, scheme):
+    """The same on SA particles (n = 32, d = 3, beta = 4, t in [0, 4]) against the NumPy
+    velocity's DOP853 solution."""
+    x0, _, states = particle_case
+    slope, ratios, errors = _proportionality(
+        lambda r, a: _evolve_particles(x0, T_PARTICLES, scheme=scheme, rtol=r, atol=a).final,
+        states[-1], SCHEME_RTOLS[scheme])
+    assert 0.8 <= slope <= 1.2, (slope, errors)
+    assert ratios.max() <= 10.0, (ratios, errors)
+
+
+def test_dense_output_at_random_depths(encoder_case, particle_case):
+    """Solution.evaluate at 100 random depths (across the layer boundary) is within 10 rtol of
+    the references' own dense output, for the encoder and for particles."""
+    import ctformer
+
+    rng = np.random.default_rng(7)
+    rtol = 1e-7
+    atol = ATOL_RATIO * rtol
+    _, model, u0, ref = encoder_case
+    sol = _evolve_encoder(model, u0, rtol=rtol, atol=atol, save_at=ctformer.SaveAt(dense=True))
+    depths = rng.uniform(0.0, 2.0, 100)
+    values = np.asarray(sol.evaluate(depths))
+    assert values.shape == (100, N_TOKENS, D_MODEL)
+    errors = [R.relative_error(v, r, rtol, atol) for v, r in zip(values, ref.at(depths))]
+    assert max(errors) <= 10 * rtol, max(errors)
+    x0, _, _ = particle_case
+    times = np.sort(rng.uniform(0.0, T_PARTICLES, 100))
+    _, exact = R.sa_reference(x0, BETA, T_PARTICLES, t_eval=times)
+    sol = _evolve_particles(x0, T_PARTICLES, rtol=rtol, atol=atol,
+                            save_at=ctformer.SaveAt(dense=True))
+    values = np.asarray(sol.evaluate(times))
+    errors = [R.relative_error(v, r, rtol, atol) for v, r in zip(values, exact)]
+    assert max(errors) <= 10 * rtol, max(errors)
+
+
+def test_layer_boundaries_cost_no_rejections():
+    """Rejected steps on 1, 2, 4, 8 layers do not grow with the layer count (at most one more
+    than on one layer), while solve_ivp on [0, 8], unaware of the boundaries, rejects many."""
+    from scipy.integrate import solve_ivp
+    from ctformer.bridges.torch import from_torch
+
+    deep = R.make_encoder(layers=8, d_model=D_MODEL, heads=2, d_ff=32, seed=0)
+    u0 = R.smooth_tokens(N_TOKENS, D_MODEL, seed=0)
+    rtol, atol = 1e-8, 1e-11
+    rejected, accepted = [], []
+    for layers in (1, 2, 4, 8):
+        sol = _evolve_encoder(from_torch(R.truncated(deep, layers)), u0, rtol=rtol, atol=atol)
+        rejected.append(sol.stats["rejected"])
+        accepted.append(sol.stats["accepted"])
+        assert np.all(np.isin(np.arange(1, layers + 1), np.round(sol.stats["step_times"], 12)))
+    assert all(r <= rejected[0] + 1 for r in rejected), rejected
+    generic = solve_ivp(R.Counted(R.depth_rhs(deep), u0.shape), (0.0, 8.0), u0.ravel(),
+                        method="RK45", rtol=rtol, atol=atol)
+    assert R.scipy_rejections(generic, "RK45") > 10 * max(rejected[-1], 1), rejected
+
+
+def _smooth(x, y):
+    return np.cos(4.0 * y + 1.5 * np.sin(np.pi * x + 0.5)) + 0.3 * np.sin(np.pi * x * y)
+
+
+def test_accepted_steps_do_not_depend_on_the_token_resolution(capsys):
+    """ContinuousTransformer.random_smooth(seed=0) from a smooth u0 on GaussLegendre 8 .. 64
+    tokens x Chebyshev features: accepted steps vary by at most 10% with the default (weighted)
+    norm; the plain RMS counts are reported for comparison."""
+    from ctformer import ContinuousTransformer
+    from ctformer.discretizations import Chebyshev, GaussLegendre
+    from ctformer.solvers import PIController
+
+    model = ContinuousTransformer.random_smooth(seed=0)
+    counts = {"l2": [], "rms": []}
+    for n in (8, 16, 32, 64):
+        for norm in counts:
+            sol = model.evolve(_smooth, tokens=GaussLegendre(n), features=Chebyshev(9),
+                               controller=PIController(1e-8, 1e-8, norm=norm))
+            counts[norm].append(sol.stats["accepted"])
+    spread = {k: (max(v) - min(v)) / min(v) for k, v in counts.items()}
+    with capsys.disabled():
+        print(f"\naccepted steps on GaussLegendre 8/16/32/64 tokens: weighted {counts['l2']} "
+              f"(spread {spread['l2']:.1%}), rms {counts['rms']} (spread {spread['rms']:.1%})")
+    assert spread["l2"] <= 0.10, counts
+
+
+def test_cluster_formation_event_time_matches_solve_ivp():
+    """The first time the diameter of SA particles in a cap drops below 0.5: ctformer's event
+    against solve_ivp's event location at rtol 1e-12, |difference| <= 1e-8."""
+    import ctformer
+
+    x0 = R.cap_points(32, 3, seed=0)
+    expected, _ = R.cluster_time(x0, BETA, 0.5, 20.0)
+    event = ctformer.Event(lambda t, x: R.diameter(np.asarray(x)) - 0.5, terminal=True,
+                           direction=-1)
+    sol = _evolve_particles(x0, 20.0, rtol=1e-11, atol=1e-13, events=(event,))
+    assert sol.event_time is not None and abs(sol.event_time - expected) <= 1e-8, \
+        (sol.event_time, expected)
+    assert abs(R.diameter(np.asarray(sol.event_state)) - 0.5) < 1e-8
