@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from . import solvers
 from .model_inputs import check_padding_mask, check_steps
+from .solvers.restart import restart_point
 
 __all__ = ["evolve", "controller_for"]
 
@@ -35,7 +36,7 @@ def controller_for(rtol, atol, controller, max_steps):
 def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, scheme="tsit5",
            rtol=1e-6, atol=1e-9, steps_per_layer=None, save_at=None, events=(),
            max_steps=100_000, padding_mask=None, context_length=None, controller=None,
-           checkpoint=False):
+           checkpoint=False, initial=None):
     """:meth:`ctformer.ContinuousTransformer.evolve` (see there)."""
     integrator = solvers.get(scheme)
     if steps_per_layer is not None:
@@ -52,6 +53,17 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
                 "layer depends on the step count, and halving the steps never converges); pass "
                 "steps_per_layer=k for fixed steps, or use a normalization without affine map "
                 "and eps=0")
+    start = None
+    if initial is not None:
+        if u0 is not None:
+            raise ValueError("u0 and initial both given: a restart takes its state from initial; "
+                             "pass u0=None")
+        start = restart_point(initial, controlled=steps_per_layer is None,
+                              boundaries=range(len(model.blocks) + 1))
+        if start.t0 >= len(model.blocks):
+            raise ValueError(f"initial ends at depth {start.t0:g}, the end of the model's "
+                             f"{len(model.blocks)} layers: nothing is left to solve")
+        u0 = start.u0
     u, grids = model._initial_state(u0, tokens, features, head_features, hidden, context_length)
     model._check_namespaces(u)
     if padding_mask is not None:
@@ -59,12 +71,14 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
             raise ValueError("padding_mask needs nodal token and feature discretizations, "
                              "got a Galerkin one")
         padding_mask = check_padding_mask(padding_mask, u)
-    problem = solvers.Piecewise.layers(block.split_problem(grids, padding_mask)
-                                       for block in model.blocks)
+    problem = solvers.Piecewise.layers((block.split_problem(grids, padding_mask)
+                                        for block in model.blocks),
+                                       t0=0.0 if start is None else start.t0)
     weights = solvers.grid_weights(grids) if u.ndim >= 2 else None
     solution = solvers.integrate(problem, u, control, scheme=integrator, save_at=save_at,
                                  events=tuple(events), weights=weights,
                                  order=integrator.order(model), what="the state", layered=True,
-                                 checkpoint=checkpoint)
-    solution.grids = grids
+                                 checkpoint=checkpoint,
+                                 start=start if start is not None and start.h is not None else None,
+                                 labels={"grids": grids})
     return solution

@@ -253,6 +253,8 @@ def solution_to_xarray(solution, *, attrs=None):
     """
     xr = _xarray()
     states, times = _host(solution.states), np.asarray(solution.times, dtype=np.float64)
+    if getattr(solution, "axes", None) is not None:
+        return _named_solution(xr, solution, states, times, attrs)
     if states.ndim < 3 or states.shape[0] != times.shape[0]:
         raise ValueError(f"solution.states must have shape (T, ..., N, d) with T = {times.shape[0]} "
                          f"saved depths, got {states.shape}")
@@ -275,6 +277,23 @@ def solution_to_xarray(solution, *, attrs=None):
     if grids is not None:
         _grid_attrs(out, grids)
     return xr.Dataset(data, coords=coords, attrs=out)
+
+
+def _named_solution(xr, solution, states, times, attrs):
+    """A solve without grids (particles, mean fields): ``state(time, batch..., *solution.axes)``."""
+    axes, time = tuple(solution.axes), getattr(solution, "time_axis", "time")
+    if states.ndim < 1 + len(axes) or states.shape[0] != times.shape[0]:
+        raise ValueError(f"solution.states must have shape (T, ...) + {len(axes)} axes {axes} with "
+                         f"T = {times.shape[0]} saved times, got {states.shape}")
+    values, dims = split_parts(states, (time,) + _batch_dims(states.ndim - 1 - len(axes)) + axes)
+    data = {"state": (dims, values)}
+    step_times = (getattr(solution, "stats", None) or {}).get("step_times")
+    if step_times is not None:
+        data["step_times"] = (("step",), np.asarray(step_times, dtype=np.float64))
+    coords = {time: times}
+    if "part" in dims:
+        coords["part"] = _part_coord()
+    return xr.Dataset(data, coords=coords, attrs=_common_attrs(solution, "Solution", attrs))
 
 
 def trajectory_to_xarray(trajectory, *, attrs=None):

@@ -222,6 +222,8 @@ def from_xarray(ds) -> SavedResult:
         raise ValueError(f"from_xarray: the dataset's attribute ctformer_result is {kind!r}, "
                          f"expected one of {sorted(_STATE)} (a dataset written by ctformer.labelled)")
     name, axis = _STATE[kind]
+    if kind == "Solution" and axis not in ds.dims:  # particles and mean fields: time, not depth
+        axis = "time"
     arrays = {key: join_parts(np.asarray(var.values), tuple(var.dims))
               for key, var in ds.variables.items() if key not in (name, "part")}
     states = None if name is None else _state_values(ds[name])

@@ -506,7 +506,8 @@ class ContinuousTransformer:
 
     def evolve(self, u0, *, tokens, features, head_features=None, hidden=None, scheme="tsit5",
                rtol=1e-6, atol=1e-9, steps_per_layer=None, save_at=None, events=(),
-               max_steps=100_000, padding_mask=None, context_length=None, controller=None):
+               max_steps=100_000, padding_mask=None, context_length=None, controller=None,
+               initial=None):
         r"""Evolve :math:`u_0` in depth with error control (or fixed steps), keeping a :class:`Solution`.
 
         Inside layer :math:`l` the state obeys :math:`\partial_t u = \sum_k f^{(l)}_k(u)` on
@@ -548,6 +549,13 @@ class ContinuousTransformer:
             ``norm="rms"`` for the unweighted norm of scipy, diffrax and torchdiffeq). Its
             tolerances are used; ``rtol``/``atol``/``max_steps`` must then be left at their
             defaults or agree with it.
+        initial : ctformer.Solution, saved result or xarray.Dataset, optional
+            Restart: continue from the last saved state of an earlier solve (``u0`` must then be
+            None), read back with :func:`ctformer.labelled.open_dataset` or given as it is. The
+            continued states are bit for bit those of the uninterrupted solve: an
+            error-controlled solve restarts at any accepted step's end (``SaveAt(steps=True)``
+            or ``SaveAt(layers=True)``), using the step size and error history in its ``stats``;
+            a fixed-step one at a layer boundary (:mod:`ctformer.solvers.restart`).
 
         Returns
         -------
@@ -576,7 +584,7 @@ class ContinuousTransformer:
                       hidden=hidden, scheme=scheme, rtol=rtol, atol=atol,
                       steps_per_layer=steps_per_layer, save_at=save_at, events=events,
                       max_steps=max_steps, padding_mask=padding_mask,
-                      context_length=context_length, controller=controller)
+                      context_length=context_length, controller=controller, initial=initial)
 
     def _initial_state(self, u0, tokens, features, head_features, hidden, context_length):
         if callable(u0) and not hasattr(u0, "shape"):

@@ -53,6 +53,7 @@ from .. import solvers
 from ..backend import constant, to_host
 from ..validation import is_real
 from .timegrid import (SolveInterrupted, Trajectory, _numpy_dtype, check_memory, evolve_on, march,
+                       restart_of,
                        saved_count, time_steps)
 from ..operators.quadrature_attention import quadrature_attention
 
@@ -553,7 +554,7 @@ class SelfAttentionDynamics:
                      build=lambda times, kept: Trajectory(times=np.asarray(times), positions=kept))
 
     def evolve(self, x0, t1, *, scheme="tsit5", rtol=1e-6, atol=1e-9, dt=None, save_at=None,
-               events=(), max_steps=100_000, controller=None, normalize=False):
+               events=(), max_steps=100_000, controller=None, normalize=False, initial=None):
         r"""Integrate from :math:`t = 0` to ``t1`` with error control; return a :class:`ctformer.Solution`.
 
         The embedded pairs (``bosh3``, ``dopri5``, ``tsit5``) estimate the local error
@@ -577,16 +578,27 @@ class SelfAttentionDynamics:
         save_at, events, max_steps, controller
             As for :meth:`ctformer.ContinuousTransformer.evolve`; ``condition(t, x)`` of an
             event receives the positions.
+        initial : ctformer.Solution, saved result or xarray.Dataset, optional
+            Restart an error-controlled solve from its last saved accepted step (``x0`` None):
+            the continued states are those of the uninterrupted solve, bit for bit.
 
         Returns
         -------
         ctformer.Solution
             ``states`` of shape ``(T,) + x0.shape``.
         """
+        start = restart_of(initial, t1, dt)
+        if start is not None:
+            if x0 is not None:
+                raise ValueError("x0 and initial both given: a restart takes its state from "
+                                 "initial; pass x0=None")
+            x0 = start.u0
         _, x = self._initial(x0, normalize)
-        return evolve_on(self.problem(x), x, t1, scheme=scheme, rtol=rtol, atol=atol, dt=dt,
-                         save_at=save_at, events=events, max_steps=max_steps,
-                         controller=controller, what="particle")
+        solution = evolve_on(self.problem(x), x, t1, scheme=scheme, rtol=rtol, atol=atol, dt=dt,
+                             save_at=save_at, events=events, max_steps=max_steps,
+                             controller=controller, what="particle", start=start,
+                             axes=("particle", "dimension"))
+        return solution
 
 
 def _spectral_norm(a) -> float:

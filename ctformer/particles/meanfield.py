@@ -62,7 +62,7 @@ from .. import solvers
 from ..backend import backend_of, constant, get_backend, to_host
 from ..validation import integer
 from .dynamics import _check_beta
-from .timegrid import check_memory, evolve_on, march, saved_count, time_steps
+from .timegrid import check_memory, evolve_on, march, restart_of, saved_count, time_steps
 
 __all__ = ["CircleMeanField", "MeanFieldSolution", "ResolutionWarning", "linear_growth_rate", "stability_function"]
 
@@ -438,7 +438,7 @@ class CircleMeanField:
                      hint="or the density under-resolved (raise n_modes)", on_save=on_save)
 
     def evolve(self, rho0, t1, *, scheme="tsit5", rtol=1e-6, atol=1e-9, dt=None, save_at=None,
-               events=(), max_steps=100_000, controller=None):
+               events=(), max_steps=100_000, controller=None, initial=None):
         r"""Evolve the density to ``t1`` with error control; return a :class:`ctformer.Solution`.
 
         The state is the complex vector of the retained ``rfft`` coefficients
@@ -446,7 +446,8 @@ class CircleMeanField:
         ``numpy.fft.irfft(c, n=n_modes)``); the error norm is their RMS, which is the
         :math:`L^2` norm of the density's error by Parseval. ``rho0``, ``dt`` and the other
         arguments as for :meth:`solve` and :meth:`ctformer.ContinuousTransformer.evolve`;
-        ``condition(t, c)`` of an event receives the coefficients.
+        ``condition(t, c)`` of an event receives the coefficients. ``initial`` restarts an
+        error-controlled solve from its last saved accepted step (``rho0`` None), bit for bit.
 
         Raises
         ------
@@ -454,8 +455,16 @@ class CircleMeanField:
             As :meth:`solve` for ``rho0``; with ``dt``, for a step above :meth:`stable_step`.
         """
         scheme_obj = solvers.get(scheme)
+        start = restart_of(initial, t1, dt)
+        if start is not None:
+            if rho0 is not None:
+                raise ValueError("rho0 and initial both given: a restart takes its state from "
+                                 "initial; pass rho0=None")
+            rho0 = np.fft.irfft(to_host(start.u0), n=self.n_modes)
         backend, rho = self._density_values(rho0)
         c = backend.fft.rfft(rho)[:self.max_wavenumber + 1]
+        if start is not None:  # the saved coefficients themselves, not their round trip
+            c = backend.asarray(np.asarray(to_host(start.u0), dtype=np.complex128))
         if dt is not None:
             steps, h = time_steps(t1, dt, 1)
             mass = 2 * math.pi * float(to_host(backend.xp.real(c[0]))) / self.n_modes
@@ -464,10 +473,12 @@ class CircleMeanField:
                 raise ValueError(f"dt={h:.6g} is above the stable step {bound:.4g} of scheme "
                                  f"{scheme_obj.name!r} for t1={float(t1):.6g}; use dt <= "
                                  f"{bound:.4g} or fewer modes")
-        return evolve_on(self.problem(c), c, t1, scheme=scheme_obj, rtol=rtol, atol=atol, dt=dt,
-                         save_at=save_at, events=events, max_steps=max_steps,
-                         controller=controller, what="mean-field",
-                         hint="or the density under-resolved (raise n_modes)")
+        solution = evolve_on(self.problem(c), c, t1, scheme=scheme_obj, rtol=rtol, atol=atol,
+                             dt=dt, save_at=save_at, events=events, max_steps=max_steps,
+                             controller=controller, what="mean-field",
+                             hint="or the density under-resolved (raise n_modes)", start=start,
+                             axes=("wavenumber",))
+        return solution
 
     def _check_resolved(self, backend, c, floor, mass, t_start, t_end) -> bool:
         """Warn once when the density goes negative: the modes no longer resolve it."""

@@ -179,8 +179,18 @@ def march(scheme, problem, state, steps: int, h: float, save_every: int, saved, 
     return build(list(solution.times), saved)
 
 
+def restart_of(initial, t1, dt):
+    """The :class:`~ctformer.solvers.restart.RestartPoint` of ``initial`` (None for a new solve)."""
+    if initial is None:
+        return None
+    from ..solvers.restart import restart_point
+
+    return restart_point(initial, controlled=dt is None, boundaries=(0.0, float(t1)))
+
+
 def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, max_steps,
-              controller, what: str, hint: str = "or the velocities overflow"):
+              controller, what: str, hint: str = "or the velocities overflow", start=None,
+              axes=None):
     r"""``evolve`` of a particle or mean-field system: one segment :math:`[0, t_1]`, no jump times.
 
     Fixed steps when ``dt`` is given (:func:`time_steps`: :math:`\lceil t_1/\Delta t \rceil`
@@ -200,6 +210,9 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
     else:
         control = controller_for(rtol, atol, controller, max_steps)
         t_end = t1
-    return solvers.integrate(solvers.Piecewise.single(problem, t_end), state, control,
+    t0 = 0.0 if start is None else start.t0
+    return solvers.integrate(solvers.Piecewise.single(problem, t_end, t0), state, control,
                              scheme=scheme, save_at=save_at, events=tuple(events),
-                             order=scheme.nominal_order, what=f"the {what} solution", hint=hint)
+                             order=scheme.nominal_order, what=f"the {what} solution", hint=hint,
+                             start=start if start is not None and start.h is not None else None,
+                             labels={"axes": axes, "time_axis": "time"})

@@ -61,14 +61,22 @@ class Piecewise:
             raise ValueError(f"boundaries must increase, got {self.boundaries}")
 
     @classmethod
-    def layers(cls, problems) -> "Piecewise":
-        """Problem :math:`l` on :math:`[l, l + 1]`: a network's layers."""
+    def layers(cls, problems, t0: float = 0.0) -> "Piecewise":
+        """Problem :math:`l` on :math:`[l, l + 1]`: a network's layers, from depth ``t0`` on."""
         problems = tuple(problems)
-        return cls(tuple(range(len(problems) + 1)), problems)
+        first = int(np.floor(t0))
+        if not 0 <= t0 < len(problems):
+            raise ValueError(f"t0 must lie in [0, {len(problems)}) (the depth a restart starts "
+                             f"from), got {t0!r}")
+        return cls((float(t0),) + tuple(float(b) for b in range(first + 1, len(problems) + 1)),
+                   problems[first:])
 
     @classmethod
     def single(cls, problem, t1: float, t0: float = 0.0) -> "Piecewise":
         """One problem on :math:`[t_0, t_1]` (particles, mean fields)."""
+        if not t0 < t1:
+            raise ValueError(f"the interval [t0, t1] = [{t0!r}, {t1!r}] is empty: t1 must exceed "
+                             f"the depth the solve starts from")
         return cls((t0, t1), (problem,))
 
     @property
@@ -99,7 +107,8 @@ class _Counter:
 def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None = None,
               events=(), weights=None, order: float | None = None, what: str = "the state",
               layered: bool = False, checkpoint: bool = False, save_every: int = 1, out=None,
-              on_save=None, hint: str = "or the parameters too large") -> Solution:
+              on_save=None, hint: str = "or the parameters too large", start=None,
+              labels=None) -> Solution:
     r"""Integrate ``u0`` over ``problem``'s segments with fixed or controlled steps.
 
     Parameters
@@ -130,6 +139,12 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
         Preallocated storage for the saved states (a caller that checked the memory first).
     on_save : callable, optional
         ``on_save(u, t_start, t_end)`` before each state is saved.
+    labels : dict, optional
+        ``grids``, ``axes``, ``time_axis`` for every :class:`Solution` made (also the partial
+        ones on exceptions).
+    start : RestartPoint, optional
+        Controlled steps: continue an earlier solve at ``problem``'s first boundary with its
+        next step size and error history (:mod:`ctformer.solvers.restart`).
 
     Returns
     -------
@@ -149,10 +164,11 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
     problem = Piecewise(problem.boundaries, tuple(counter.wrap(p) for p in problem.problems))
     saver = Saver(save_at, problem, u0, every=save_every, out=out, on_save=on_save)
     run = _Run(problem, scheme, saver, counter, tuple(events), what, layered, hint)
+    run.labels = dict(labels or {})
     try:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported by checks
             if isinstance(control, PIController):
-                run.adaptive(u0, control, weights, order)
+                run.adaptive(u0, control, weights, order, start)
             else:
                 steps, h = control if isinstance(control, tuple) else (control, None)
                 run.fixed(u0, int(steps), checkpoint, h)
@@ -169,6 +185,7 @@ class _Run:
         self.events, self.what, self.layered, self.hint = events, what, layered, hint
         self.t, self.u, self.done, self.total = problem.boundaries[0], None, 0, None
         self.accepted, self.rejected, self.step_times, self.h0 = 0, 0, [], None
+        self.step_sizes, self.step_errors = [], []  # after each accepted step: for restarts
         self.event = None  # (time, state, index)
         self.fired = []
         self.g = None
@@ -270,8 +287,8 @@ class _Run:
         return False
 
     # -- controlled steps -------------------------------------------------------------------
-    def adaptive(self, u, controller: PIController, weights, order):
-        run_adaptive(self, u, controller, weights, stepper_for(self.scheme, order))
+    def adaptive(self, u, controller: PIController, weights, order, start=None):
+        run_adaptive(self, u, controller, weights, stepper_for(self.scheme, order), start)
 
     # -- results ----------------------------------------------------------------------------
     def interrupted_message(self) -> str:
@@ -289,6 +306,9 @@ class _Run:
                  "step_times": np.asarray(self.step_times, dtype=np.float64),
                  "initial_step": self.h0,
                  "events": list(self.fired)}
+        if controlled:
+            stats["step_sizes"] = np.asarray(self.step_sizes, dtype=np.float64)
+            stats["step_errors"] = np.asarray(self.step_errors, dtype=np.float64)
         times, states = self.saver.result()
         t_event, u_event, i_event = self.event if self.event is not None else (None, None, None)
         return Solution(times=times, states=states, final=self.saver.final, stats=stats, scheme=self.scheme.label,
@@ -296,7 +316,8 @@ class _Run:
                         atol=control.atol if controlled else None,
                         norm=control.norm if controlled else None,
                         event_time=t_event, event_state=u_event, event_index=i_event,
-                        records=self.saver.records, t0=self.problem.boundaries[0])
+                        records=self.saver.records, t0=self.problem.boundaries[0],
+                        **self.labels)
 
 
 def _segment(scheme, problem, u, steps, h, checkpoint):

@@ -21,8 +21,13 @@ from .solution import StepRecord
 __all__ = ["run_adaptive"]
 
 
-def run_adaptive(run, u, controller, weights, stepper) -> None:
-    """Advance ``run`` (a :class:`~ctformer.solvers.loop._Run`) with ``controller``'s steps."""
+def run_adaptive(run, u, controller, weights, stepper, start=None) -> None:
+    """Advance ``run`` (a :class:`~ctformer.solvers.loop._Run`) with ``controller``'s steps.
+
+    ``start``: a :class:`~ctformer.solvers.restart.RestartPoint` (the next step size and the
+    last accepted error of an earlier solve at this state), so that a restart takes the steps the
+    uninterrupted solve would have taken.
+    """
     boundaries = run.problem.boundaries
     span = boundaries[-1] - boundaries[0]
     h_min = controller.min_step(span)
@@ -33,6 +38,8 @@ def run_adaptive(run, u, controller, weights, stepper) -> None:
     if run.events:
         run._start_events(run.t, u)
     state, h, nonfinite = ControllerState(), None, False
+    if start is not None:
+        state, h = ControllerState(err_prev=start.err_prev), start.h
     for a, b, problem in run.problem.segments:
         first = None
         while run.t < b:
@@ -84,6 +91,8 @@ def run_adaptive(run, u, controller, weights, stepper) -> None:
             run.saver.step(record, t_new, u_new, end=land, done=run.accepted)
             # a sliver clipped to a boundary says little about the step size: carry h over
             h = max(h_next, h) if land and h_try < 0.5 * h else h_next
+            run.step_sizes.append(h)
+            run.step_errors.append(err)
 
 
 def _finite_norm(norm, error, u, u_new) -> float:

@@ -147,6 +147,11 @@ class Solution:
         Where the first terminal event (else the first event) fired; None when none did.
     event_index : int or None
         Its index in ``events``.
+    axes : tuple of str or None
+        Names of the state's axes for a solve without grids (``("particle", "dimension")``,
+        ``("wavenumber",)``), used by :func:`ctformer.labelled.to_xarray`; None for a model.
+    time_axis : str
+        ``"depth"`` for a model, ``"time"`` for particles and mean fields.
     """
 
     times: np.ndarray
@@ -163,6 +168,8 @@ class Solution:
     event_index: int | None = None
     records: list = field(default_factory=list, repr=False)
     t0: float = 0.0
+    axes: tuple | None = None
+    time_axis: str = "depth"
 
     def __len__(self) -> int:
         return len(self.times)

@@ -1,0 +1,91 @@
+r"""Restarts: continue a solve from a saved state and get the bits of the uninterrupted solve.
+
+A fixed-step solve restarts at a segment end (a layer boundary: ``SaveAt(layers=True)``), where
+the uninterrupted solve would start the next segment from the same state with the same steps.
+An error-controlled solve restarts at any accepted step's end: besides the state it needs the
+step size the controller proposed there and the error of that step (the PI term), which every
+controlled :class:`~ctformer.Solution` keeps in ``stats["step_sizes"]`` and
+``stats["step_errors"]`` (one entry per accepted step, beside ``stats["step_times"]``) and
+:func:`ctformer.labelled.to_netcdf` writes with it. The first stage :math:`F(u)` is recomputed,
+which gives the bits the first-same-as-last stage had.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["RestartPoint", "restart_point"]
+
+
+@dataclass(frozen=True)
+class RestartPoint:
+    """Where a restart begins: depth ``t0``, state ``u0``, and for a controlled solve the next
+    step size ``h`` and the previous accepted error ``err_prev`` (None for fixed steps)."""
+
+    t0: float
+    u0: object
+    h: float | None = None
+    err_prev: float | None = None
+
+
+def _parts(initial):
+    """``(times, states, stats)`` of a Solution, a saved result or an xarray Dataset."""
+    if hasattr(initial, "attrs") and hasattr(initial, "data_vars"):  # an xarray Dataset
+        from ..labelled import from_xarray
+
+        initial = from_xarray(initial)
+    if hasattr(initial, "kind") and hasattr(initial, "arrays"):  # ctformer.labelled.SavedResult
+        stats = {key[len("stats_"):]: np.asarray(value) for key, value in initial.attrs.items()
+                 if key.startswith("stats_")}
+        if "step_times" in initial.arrays:
+            stats["step_times"] = np.asarray(initial.arrays["step_times"])
+        return initial.times, initial.states, stats
+    if hasattr(initial, "times") and hasattr(initial, "states") and hasattr(initial, "stats"):
+        return initial.times, initial.states, initial.stats
+    raise TypeError(f"initial must be a ctformer.Solution, a result read by "
+                    f"ctformer.labelled.open_dataset or an xarray Dataset written by ctformer, got "
+                    f"{type(initial).__name__}")
+
+
+def restart_point(initial, *, controlled: bool, boundaries) -> RestartPoint:
+    """The :class:`RestartPoint` at the last saved state of ``initial``.
+
+    Parameters
+    ----------
+    initial : Solution, SavedResult or xarray.Dataset
+    controlled : bool
+        Whether the continued solve is error-controlled.
+    boundaries : sequence of float
+        The segment ends of the problem (a fixed-step restart must start on one).
+
+    Raises
+    ------
+    ValueError
+        If the last saved state is not where the solve can continue exactly: for fixed steps not
+        on a segment end, for a controlled solve not at an accepted step's end or without the
+        step history (a fixed-step or pre-0.3 result).
+    """
+    times, states, stats = _parts(initial)
+    if times is None or states is None or len(times) == 0:
+        raise ValueError("initial has no saved state to restart from")
+    t0, u0 = float(times[-1]), states[-1, ...]
+    if not controlled:
+        if t0 not in [float(b) for b in boundaries]:
+            raise ValueError(f"initial: a fixed-step solve restarts at a layer boundary, the last "
+                             f"saved depth is t={t0!r}; save with SaveAt(layers=True), or restart "
+                             f"with error control")
+        return RestartPoint(t0, u0)
+    step_times = np.asarray(stats.get("step_times", ()), dtype=np.float64)
+    if "step_sizes" not in stats or "step_errors" not in stats:
+        raise ValueError("initial has no step history (stats step_sizes/step_errors): it comes from "
+                         "a fixed-step solve; restart it with steps_per_layer, or pass the state as "
+                         "u0 (a new solve, not bit-identical to the uninterrupted one)")
+    hits = np.flatnonzero(step_times == t0)
+    if hits.size == 0:
+        raise ValueError(f"initial: the last saved depth t={t0!r} is not the end of an accepted "
+                         f"step (an interpolated SaveAt time); save with SaveAt(steps=True) or "
+                         f"SaveAt(layers=True) to restart exactly")
+    i = int(hits[-1])
+    sizes, errors = np.asarray(stats["step_sizes"]), np.asarray(stats["step_errors"])
+    return RestartPoint(t0, u0, float(sizes[i]), float(errors[i]))
