@@ -33,9 +33,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 
 import numpy as np
 
+from . import labelled_methods
 from .backend import to_host
 from .labelled_files import (INSTALL_HINT, PART, SavedResult, _xarray, from_xarray, join_parts,
                              open_dataset, split_parts, to_netcdf, to_zarr)
@@ -168,9 +170,8 @@ def _set_attr(attrs: dict, name: str, value) -> None:
 
 def _common_attrs(result, kind: str, extra) -> dict:
     """Class, version, scheme, tolerances, event, step statistics, and the caller's ``attrs``."""
-    import ctformer
-
-    attrs = {"ctformer_result": kind, "ctformer_version": ctformer.__version__}
+    # the package is imported whenever this module is (no import upwards: it is the top)
+    attrs = {"ctformer_result": kind, "ctformer_version": sys.modules["ctformer"].__version__}
     scheme = getattr(result, "scheme", None)
     if scheme is not None:
         attrs["scheme"] = scheme if isinstance(scheme, str) else getattr(scheme, "name", repr(scheme))
@@ -367,3 +368,7 @@ def convergence_to_xarray(result, *, attrs=None):
     for key, value in (attrs or {}).items():
         _set_attr(out, str(key), value)
     return xr.Dataset(data, coords=coords, attrs=out)
+
+
+labelled_methods.install(to_xarray=to_xarray, to_netcdf=to_netcdf, to_zarr=to_zarr,
+                         from_xarray=from_xarray)

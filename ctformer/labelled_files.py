@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import labelled_methods
+
 __all__ = ["to_netcdf", "to_zarr", "from_xarray", "open_dataset", "SavedResult", "split_parts",
            "join_parts", "PART", "INSTALL_HINT"]
 
@@ -57,10 +59,10 @@ def join_parts(values: np.ndarray, dims: tuple) -> np.ndarray:
 
 # -- files ----------------------------------------------------------------------------------------------
 def _dataset(result, options):
-    from .labelled import to_xarray
-
     xr = _xarray()
-    return result if isinstance(result, xr.Dataset) and not options else to_xarray(result, **options)
+    if isinstance(result, xr.Dataset) and not options:
+        return result
+    return labelled_methods.convert(result, **options)  # ctformer.labelled.to_xarray
 
 
 def _exact_encoding(ds) -> dict:

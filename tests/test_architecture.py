@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "ctformer"
 
 LAYERS = {
-    "environment": -2, "validation": -2, "fft": -1,
+    "environment": -2, "validation": -2, "labelled_methods": -2, "fft": -1,
     "backend": 0, "atomic": 0,
     "discretizations": 1, "solvers": 1, "model_inputs": 1,
     "state": 2, "kernels": 2,
@@ -27,6 +27,7 @@ LAYERS = {
     "studies": 6, "adjoint": 6,
     "bridges": 7,   # a bridge's study fits its order with the studies' one fitter
     "particles": 8,
+    "labelled_files": 8.4, "labelled": 8.5,  # converts every result kind (they sit below)
     "cli": 9, "__main__": 10, "ctformer": 11,
 }
 

@@ -386,3 +386,18 @@ def test_docs_page_example_runs(tmp_path, monkeypatch):
     namespace = {}
     for block in blocks:
         exec(compile(block, "docs/labelled.rst", "exec"), namespace)
+
+
+def test_every_result_has_the_methods(tmp_path):
+    # the methods delegate to ctformer.labelled: the same datasets as the functions
+    import ctformer
+    from ctformer.particles import SelfAttentionDynamics
+
+    x0 = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    trajectory = SelfAttentionDynamics(beta=1.0).solve(x0, 0.5, 0.1)
+    solution = SelfAttentionDynamics(beta=1.0).evolve(x0, 0.5, save_at=ctformer.SaveAt(steps=True))
+    for result in (trajectory, solution):
+        assert result.to_xarray().identical(labelled.to_xarray(result))
+    assert solution.to_xarray()["state"].dims == ("time", "particle", "dimension")
+    back = labelled.open_dataset(solution.to_zarr(tmp_path / "s.zarr"))
+    np.testing.assert_array_equal(back.states, solution.states)

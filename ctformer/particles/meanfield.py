@@ -63,6 +63,7 @@ from ..backend import backend_of, constant, get_backend, to_host
 from ..validation import integer
 from .dynamics import _check_beta
 from .timegrid import check_memory, evolve_on, march, restart_of, saved_count, time_steps
+from ..labelled_methods import LabelledResult
 
 __all__ = ["CircleMeanField", "MeanFieldSolution", "ResolutionWarning", "linear_growth_rate", "stability_function"]
 
@@ -108,7 +109,7 @@ def linear_growth_rate(k, beta, normalized=True):
 
 
 @dataclass
-class MeanFieldSolution:
+class MeanFieldSolution(LabelledResult):
     r"""Saved states of :meth:`CircleMeanField.solve`.
 
     Attributes

@@ -20,6 +20,7 @@ from .. import solvers
 from ..model_inputs import check_step_count
 from ..solvers import SolveInterrupted
 from ..validation import integer, is_real
+from ..labelled_methods import LabelledResult
 
 __all__ = ["SolveInterrupted", "Trajectory", "check_finite", "saved_count", "available_bytes",
            "check_memory", "time_steps", "march"]
@@ -34,7 +35,7 @@ def _numpy_dtype(dtype) -> np.dtype:
 
 
 @dataclass
-class Trajectory:
+class Trajectory(LabelledResult):
     r"""Saved states of a particle simulation.
 
     Attributes

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import labelled_methods
+
 __all__ = ["RestartPoint", "restart_point"]
 
 
@@ -32,9 +34,7 @@ class RestartPoint:
 def _parts(initial):
     """``(times, states, stats)`` of a Solution, a saved result or an xarray Dataset."""
     if hasattr(initial, "attrs") and hasattr(initial, "data_vars"):  # an xarray Dataset
-        from ..labelled import from_xarray
-
-        initial = from_xarray(initial)
+        initial = labelled_methods.read(initial)
     if hasattr(initial, "kind") and hasattr(initial, "arrays"):  # ctformer.labelled.SavedResult
         stats = {key[len("stats_"):]: np.asarray(value) for key, value in initial.attrs.items()
                  if key.startswith("stats_")}

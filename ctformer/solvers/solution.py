@@ -20,6 +20,7 @@ import array_api_compat
 import numpy as np
 
 from .. import validation
+from ..labelled_methods import LabelledResult
 
 __all__ = ["SaveAt", "Solution", "StepRecord", "hermite"]
 
@@ -119,7 +120,7 @@ def hermite(u0, u1, f0, f1, h: float, theta: float):
 
 
 @dataclass
-class Solution:
+class Solution(LabelledResult):
     r"""The result of :meth:`ctformer.ContinuousTransformer.evolve` and the particle and
     mean-field ``evolve`` methods.
 
