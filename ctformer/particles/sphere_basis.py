@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from ..validation import integer, real
+from ..validation import boolean, integer, real
 from .dynamics import _check_beta
 
 __all__ = ["GegenbauerBasis", "sphere_area", "funk_hecke", "linear_growth_rate", "check_dimension",
@@ -146,8 +146,6 @@ def linear_growth_rate(k, beta, normalized=True, dimension=2, noise=0.0):
     -------
     float or numpy.ndarray
     """
-    from ..validation import boolean
-
     beta, d, nu = check_beta(beta), check_dimension(dimension), check_noise(noise)
     normalized = boolean(normalized, "normalized")
     degrees = np.asarray(k)
@@ -158,7 +156,8 @@ def linear_growth_rate(k, beta, normalized=True, dimension=2, noise=0.0):
         ratio = ratio / funk_hecke(0, beta, d)
     else:
         if abs(beta) > 700:
-            raise ValueError(f"USA (normalized=False) needs |beta| <= 700: its rates carry exp(|beta|), got beta={beta}")
+            raise ValueError(f"USA (normalized=False) needs |beta| <= 700: its rates carry exp(|beta|), "
+                             f"got beta={beta}")
         ratio = ratio * math.exp(abs(beta)) / sphere_area(d)
     lap = laplace_eigenvalues(degrees, d)
     rate = lap * ratio - nu * lap

@@ -109,7 +109,10 @@ def zonal_cdf(solver, coefficients, s) -> np.ndarray:
 
 
 def s_distance(positions, solver, coefficients, *, axis=None) -> float:
-    r"""Kolmogorov distance :math:`\sup_s |F_n(s) - F(s)|` of the :math:`s`-distributions of particles and a zonal density."""
+    r"""Kolmogorov distance :math:`\sup_s |F_n(s) - F(s)|` of the :math:`s`-distributions.
+
+    Of particles (``positions``) and of the zonal density with ``coefficients``.
+    """
     x = _positions(positions, solver.dimension)
     s = np.sort(np.clip(x @ _axis(axis, solver.dimension), -1.0, 1.0))
     f = zonal_cdf(solver, coefficients, s) / zonal_cdf(solver, coefficients, 1.0)

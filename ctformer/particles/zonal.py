@@ -185,7 +185,9 @@ class ZonalMeanField:
 
     # -- diagnostics -----------------------------------------------------------------------------
     def energy(self, coefficients):
-        r"""Interaction energy :math:`E = \frac{1}{2\beta}\iint e^{\beta\langle x, y\rangle}d\mu\,d\mu = \frac{1}{2\beta}\sum_l \lambda_l c_l^2`.
+        r"""Interaction energy :math:`E = \frac{1}{2\beta}\iint e^{\beta\langle x, y\rangle}d\mu\,d\mu`.
+
+        :math:`E = \frac{1}{2\beta}\sum_l \lambda_l c_l^2` by Funk-Hecke.
 
         ``coefficients`` has shape (..., L + 1) (e.g. ``solution.coefficients``: one value per
         saved time). Non-decreasing in time for USA without noise (a gradient flow of E).
@@ -294,7 +296,8 @@ class ZonalMeanField:
         tail = float(top @ top) / float(c @ c)
         if lowest >= -_NEGATIVE_TOLERANCE and tail <= _TAIL_TOLERANCE:
             return True
-        why = (f"the density went negative (min {lowest:.3g} times the uniform density)" if lowest < -_NEGATIVE_TOLERANCE
+        negative = lowest < -_NEGATIVE_TOLERANCE
+        why = (f"the density went negative (min {lowest:.3g} times the uniform density)" if negative
                else f"its top degrees stopped decaying (they hold {tail:.3g} of ||rho||^2)")
         warnings.warn(f"between t={t_start:.6g} and t={t_end:.6g} {why}: the clusters are narrower than "
                       f"degree {self.degree} resolves, and later times are not accurate; raise degree or "
