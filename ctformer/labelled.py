@@ -44,7 +44,8 @@ from .labelled_files import (INSTALL_HINT, PART, SavedResult, _xarray, from_xarr
 
 __all__ = ["to_xarray", "to_netcdf", "to_zarr", "from_xarray", "open_dataset", "register",
            "converters", "SavedResult", "solution_to_xarray", "trajectory_to_xarray",
-           "mean_field_to_xarray", "convergence_to_xarray", "split_parts", "join_parts", "PART",
+           "mean_field_to_xarray", "convergence_to_xarray", "work_precision_to_xarray",
+           "split_parts", "join_parts", "PART",
            "INSTALL_HINT"]
 
 _CONVERTERS: dict = {}
@@ -83,9 +84,11 @@ def _load_builtins() -> None:
     from .particles.meanfield import MeanFieldSolution
     from .particles.timegrid import Trajectory
     from .studies.results import ConvergenceResult
+    from .studies.tolerance import WorkPrecision
 
     for cls, fn in ((Trajectory, trajectory_to_xarray), (MeanFieldSolution, mean_field_to_xarray),
-                    (ConvergenceResult, convergence_to_xarray)):
+                    (ConvergenceResult, convergence_to_xarray),
+                    (WorkPrecision, work_precision_to_xarray)):
         _CONVERTERS.setdefault(cls, fn)
     try:  # the adaptive depth solve's result, once it exists
         from .solvers.solution import Solution
@@ -335,6 +338,25 @@ def mean_field_to_xarray(solution, *, attrs=None):
     out.update(n_modes=n, max_wavenumber=coefficients.shape[1] - 1,
                coefficient_normalization="numpy.fft.rfft of the density at the angles")
     return xr.Dataset(data, coords=coords, attrs=out)
+
+
+def work_precision_to_xarray(result, *, attrs=None):
+    """A work-precision study: ``error, rhs_evaluations, accepted, rejected, seconds`` on
+    ``(scheme, rtol)`` (NaN where a scheme lacks a tolerance); attribute ``reference``."""
+    xr = _xarray()
+    schemes = result.schemes
+    rtols = sorted({lv.rtol for lv in result.levels}, reverse=True)
+    names = ("error", "rhs_evaluations", "accepted", "rejected", "seconds", "atol")
+    table = {name: np.full((len(schemes), len(rtols)), np.nan) for name in names}
+    for lv in result.levels:
+        i, j = schemes.index(lv.scheme), rtols.index(lv.rtol)
+        for name in names:
+            table[name][i, j] = getattr(lv, name)
+    data = {name: (("scheme", "rtol"), values) for name, values in table.items()}
+    out = _common_attrs(result, "WorkPrecision", attrs)
+    out["reference"] = result.reference
+    return xr.Dataset(data, coords={"scheme": np.array(schemes, dtype=str), "rtol": np.array(rtols)},
+                      attrs=out)
 
 
 def convergence_to_xarray(result, *, attrs=None):

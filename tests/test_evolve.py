@@ -263,3 +263,23 @@ def test_adjoint_gradient_with_tolerances():
             assert float((g - reference).abs().max()) <= 10 * rtol * scale, (route, rtol)
     with pytest.raises(ValueError, match="choose fixed steps or error control"):
         adjoint.gradient(MODEL, u0, loss, rtol=1e-6, steps_per_layer=4, **GRIDS)
+
+
+def test_work_precision_study_refines_the_tolerance():
+    from ctformer.studies import work_precision
+
+    rtols = (1e-4, 1e-5, 1e-6, 1e-7, 1e-8)
+    study = work_precision(MODEL, _u0, tokens=GaussLegendre(12), features=GaussLegendre(8),
+                           schemes=("bosh3", "strang"), rtols=rtols)
+    for scheme in ("bosh3", "strang (heun)"):
+        levels = study.of(scheme)
+        assert [lv.rtol for lv in levels] == list(rtols)
+        assert all(lv.error <= 10 * lv.rtol for lv in levels)
+        evaluations = [lv.rhs_evaluations for lv in levels]
+        assert evaluations == sorted(evaluations) and evaluations[-1] > 3 * evaluations[0]
+        assert 0.7 <= study.slope(scheme) <= 1.25, (scheme, study.table())
+    pytest.importorskip("xarray")
+    ds = study.to_xarray()
+    assert ds["error"].dims == ("scheme", "rtol")
+    np.testing.assert_array_equal(ds["error"].sel(scheme="bosh3").values,
+                                  [lv.error for lv in study.of("bosh3")])
