@@ -216,7 +216,7 @@ def boundary_table(layer_counts, rtol, peers_only):
             for scheme in ours:
                 _, stats = ctformer_encoder(encoder, u0, scheme, rtol, 1e-3 * rtol)
                 ours[scheme].append(stats["rejected"])
-                cells.append(f"{stats['rejected']} ({stats['rhs_evaluations']})")
+                cells.append(f"{stats['rejected']} ({int(stats['rhs_evaluations'])})")
         print(f"{layers:>3}" + "".join(f"{c:>20}" for c in cells))
     del torch
     verdicts = []
