@@ -1,6 +1,6 @@
 r"""Benchmark: right-hand-side evaluations of error-controlled depth at equal achieved error.
 
-Run ``python benchmarks/adaptive_depth.py`` (about a minute; ``--quick``: rtol 1e-4..1e-8 and
+Run ``python benchmarks/adaptive_depth.py`` (about 10 s; ``--quick``: rtol 1e-4..1e-8 and
 L <= 4; ``--peers-only``: the references and the peers without ctformer's side).
 
 Two problems, each with an independent reference (``tests/depth_reference.py``:
