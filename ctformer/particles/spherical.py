@@ -40,6 +40,7 @@ from .. import solvers
 from ..backend import to_host
 from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning
+from .sphere_labelled import SphereLabelled, spherical_dataset
 from .sphere_basis import check_beta, check_noise, funk_hecke, linear_growth_rate
 from .timegrid import check_memory, march, saved_count, time_steps
 
@@ -58,7 +59,7 @@ def _sht():
 
 
 @dataclass
-class SphericalSolution(MeanFieldSolution):
+class SphericalSolution(SphereLabelled, MeanFieldSolution):
     r"""Saved states of :meth:`SphericalMeanField.solve` (a :class:`MeanFieldSolution`).
 
     ``grid`` is ``(colatitude, longitude)`` (1-D arrays, the map is their outer product),
@@ -68,6 +69,7 @@ class SphericalSolution(MeanFieldSolution):
     """
 
     weights: np.ndarray = None
+    _dataset = staticmethod(spherical_dataset)  # to_xarray / to_netcdf / to_zarr: sphere_labelled
 
     @property
     def mass(self):

@@ -56,6 +56,7 @@ from .. import solvers
 from ..backend import to_host
 from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning
+from .sphere_labelled import SphereLabelled, zonal_dataset
 from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, funk_hecke,
                            laplace_eigenvalues, linear_growth_rate, sphere_area)
 from .timegrid import check_memory, march, saved_count, time_steps
@@ -68,7 +69,7 @@ _TAIL_TOLERANCE = 1e-6  # the top quarter of the degrees holding more of ||rho||
 
 
 @dataclass
-class ZonalSolution(MeanFieldSolution):
+class ZonalSolution(SphereLabelled, MeanFieldSolution):
     r"""Saved states of :meth:`ZonalMeanField.solve` (a :class:`MeanFieldSolution`).
 
     ``grid`` holds the Gauss-Jacobi nodes :math:`s_j`, ``density`` the density at them (one row
@@ -79,6 +80,7 @@ class ZonalSolution(MeanFieldSolution):
 
     weights: np.ndarray = None
     dimension: int = 2
+    _dataset = staticmethod(zonal_dataset)  # to_xarray / to_netcdf / to_zarr: sphere_labelled
 
     @property
     def mass(self):
