@@ -18,7 +18,21 @@ matplotlib.use("Agg")
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("plot_*.py"))
 NEEDS = {"plot_minilm_clustering": ("torch", "transformers"), "plot_train_coarse": ("torch",),
-         "plot_real_transformer": ("torch", "transformers")}
+         "plot_real_transformer": ("torch", "transformers"), "plot_adaptive_depth": ("torch",)}
+
+
+def check_adaptive_depth(g):
+    for problem, curves in g["results"].items():
+        for scheme in ("bosh3", "dopri5", "tsit5"):
+            achieved = np.array([e for e, _ in curves[f"{scheme} (adaptive)"]])
+            assert np.all(achieved <= 10 * np.array(g["SCHEME_RTOLS"][scheme]))
+        assert all(s > 1 for s in g["savings"][problem].values())  # tsit5 needs fewer evaluations
+
+
+def check_cluster_event(g):
+    # the event time against scipy's own event location (independent velocity), and the state
+    assert abs(g["solution"].event_time - g["t_scipy"]) <= 1e-8
+    assert abs(g["diameter"](g["solution"].final) - g["threshold"]) <= 1e-9
 
 
 def check_causal_diagonal(g):
