@@ -298,3 +298,23 @@ def test_growth_rate_extends_the_circle(beta, normalized):
 
     k = np.arange(15)
     assert np.allclose(linear_growth_rate(k, beta, normalized, 2), circle_rate(k, beta, normalized), rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("nu", [0.0, 0.2])
+def test_evolve_with_error_control(nu):
+    """evolve (tsit5) at rtol 1e-6 and 1e-9 against a fine fixed-step RK4 solve: errors below 1e3 rtol,
+    falling with rtol; a fixed dt above the stable step is refused."""
+    mf = ZonalMeanField(4.0, 3, 16, noise=nu)
+
+    def rho(s):
+        return np.exp(s + 0.3 * s**2)
+
+    reference = mf.solve(rho, 1.0, 0.002).coefficients[-1]
+    errors = []
+    for rtol in (1e-6, 1e-9):
+        final = np.asarray(mf.evolve(rho, 1.0, rtol=rtol, atol=rtol * 1e-3).states[-1])[:17]
+        errors.append(np.max(np.abs(final - reference)))
+        assert errors[-1] < 1e3 * rtol * np.max(np.abs(reference))
+    assert errors[1] < 1e-2 * errors[0]
+    with pytest.raises(ValueError, match="stable step"):
+        mf.evolve(rho, 10.0, dt=1.0, scheme="rk4")
