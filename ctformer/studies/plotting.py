@@ -8,6 +8,10 @@ refined in the hidden variable get the slope of the composite Gauss rule they ac
 (:func:`ctformer.studies.orders.effective_order`), and a study without a consistent limit gets
 none.
 
+Both axes carry at least two labelled ticks (:func:`_label_axes`): the :math:`h` axis is labelled
+at the levels themselves, and an error axis that spans less than two decades gets ticks at 1, 2
+and 5 times the powers of ten (a plain log axis there showed one label, or none).
+
 Figures are written atomically (:func:`save_figure`): a reader never sees half a file.
 """
 from __future__ import annotations
@@ -51,6 +55,23 @@ def save_figure(fig, path, *, dpi: int = 120) -> Path:
     return path
 
 
+def _label_axes(ax, steps) -> None:
+    """Labelled ticks at the levels' ``steps`` (up to eight of them) on the x axis, and at
+    1, 2, 5 x 10^k on a y axis narrower than two decades."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
+
+    if 2 <= len(steps) <= 8:
+        ax.xaxis.set_major_locator(FixedLocator(steps))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    low, high = ax.get_ylim()
+    if high / low < 100:
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.2g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_ylim(low, high)
+
+
 def plot_convergence(results, path=None, *, ax=None, title=None, slopes=True):
     r"""Plot one or several :class:`ConvergenceResult` on log-log axes.
 
@@ -78,7 +99,6 @@ def plot_convergence(results, path=None, *, ax=None, title=None, slopes=True):
         If a study has no positive errors to draw.
     """
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
 
     if not isinstance(results, (list, tuple)):
         results = [results]
@@ -109,7 +129,7 @@ def plot_convergence(results, path=None, *, ax=None, title=None, slopes=True):
     ax.set_ylabel(f"error ({results[0].norm})")
     if title:
         ax.set_title(title)
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    _label_axes(ax, np.unique(np.concatenate([r.h[r.errors > 0] for r in results])))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
     if path is not None:
