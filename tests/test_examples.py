@@ -29,6 +29,12 @@ def check_adaptive_depth(g):
         assert all(s > 1 for s in g["savings"][problem].values())  # tsit5 needs fewer evaluations
 
 
+def check_sphere_meanfield(g):
+    assert abs(g["slope"] + 0.5) < 0.2                   # particles -> mean field like n^(-1/2)
+    assert g["l_star"] == 6 and g["dominant"] == 6       # mode selection at beta = 20, d = 3
+    assert np.max(np.abs(g["solution"].mass - 1)) < 1e-13
+
+
 def check_cluster_event(g):
     # the event time against scipy's own event location (independent velocity), and the state
     assert abs(g["solution"].event_time - g["t_scipy"]) <= 1e-8
