@@ -13,12 +13,18 @@ The public entry points:
 - :mod:`ctformer.particles`: tokens as particles on the sphere,
 - :mod:`ctformer.adjoint`: gradients of a loss on the final state (torch).
 """
-from . import adjoint, backend, discretizations, kernels, operators, solvers
-from .backend import get_backend
-from .state import Grids
-from .solvers import Event, InconsistentDepthLimitWarning, SaveAt, Solution
-from .model import Block, ContinuousTransformer
-from . import bridges
+from .cli import loading as _loading  # the standard library only
+
+# Ctrl-C while the command line is still loading the package (seconds, on a first run): one
+# line and status 130 there, as at any later moment; a program that imports ctformer is
+# untouched (ctformer.cli.loading)
+with _loading():
+    from . import adjoint, backend, discretizations, kernels, operators, solvers
+    from .backend import get_backend
+    from .state import Grids
+    from .solvers import Event, InconsistentDepthLimitWarning, SaveAt, Solution
+    from .model import Block, ContinuousTransformer
+    from . import bridges
 
 #: The release (the one place it is written: pyproject.toml reads it; CHANGELOG.md lists the
 #: changes of each release).
