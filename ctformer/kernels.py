@@ -201,14 +201,32 @@ class Kernel(abc.ABC):
         return _cached(self, ("matrix", out, inp), lambda: self._checked_matrix(out, inp))
 
     def _checked_matrix(self, out, inp) -> np.ndarray:
-        mat = np.ascontiguousarray(self._build_matrix(out, inp), dtype=np.float64)
+        built = self._build_matrix(out, inp)
+        shared = built is getattr(self, "weight", None)  # checked when the kernel was made
+        mat = built.view() if shared else np.ascontiguousarray(built, dtype=np.float64)
         shape = (len(out.quadrature_nodes), len(inp.quadrature_nodes))
         if mat.shape != shape:
             raise ValueError(f"{type(self).__name__} produced a matrix of shape {mat.shape}, expected {shape}")
-        if not np.all(np.isfinite(mat)):
+        if not shared and not np.all(np.isfinite(mat)):
             raise ValueError(f"{type(self).__name__} takes NaN or inf values on {out!r} x {inp!r}")
         mat.setflags(write=False)
         return mat
+
+    def transposed_matrix(self, out, inp) -> np.ndarray:
+        r"""The host matrix :math:`A^T` of :meth:`matrix`, for products :math:`u A^T` from the right.
+
+        A matrix that is the kernel's own weight (:class:`PiecewiseConstant` in the discrete
+        limit) gives its transposed view, whatever its layout (no copy); a matrix built for
+        these grids gives a C-contiguous copy of its transpose (the layout BLAS reads fastest).
+        Cached with the kernel, like :meth:`matrix`.
+        """
+        def build():
+            mat = self.matrix(out, inp)
+            if mat.T.flags.c_contiguous or np.may_share_memory(mat, getattr(self, "weight", None)):
+                return mat.T
+            return np.ascontiguousarray(mat.T)
+
+        return _cached(self, ("matrix_t", out, inp), build)
 
     def _build_matrix(self, out, inp) -> np.ndarray:
         s = _reference_points(out)
@@ -251,7 +269,7 @@ class Kernel(abc.ABC):
         native = type(u) is np.ndarray  # lists take the checked path (they may hold inf)
         if not native or u.dtype.kind != "f":
             u = _as_input(u)
-        transposed = lambda: np.ascontiguousarray(self.matrix(out, inp).T)  # noqa: E731
+        transposed = lambda: self.transposed_matrix(out, inp)  # noqa: E731
         if (native and u.dtype.kind == "f" and axis in (-1, u.ndim - 1)
                 and u.shape[-1] == len(inp.quadrature_nodes)):
             # the hot path of a solve: one product with the cached transposed matrix
@@ -259,6 +277,11 @@ class Kernel(abc.ABC):
         xp, axis = _check_input(u, inp, axis)
         mat_t = constant(self, ("matrix_t", out, inp), transposed, u)
         return xp.moveaxis(xp.moveaxis(u, axis, -1) @ mat_t, -1, axis)
+
+
+def _identity(index, cells: int) -> bool:
+    """True when the cell indices are ``0, 1, ..., cells - 1``: one node per cell, in order."""
+    return index.size == cells and bool(np.all(index == np.arange(cells)))
 
 
 def _as_input(u):
@@ -303,23 +326,37 @@ class PiecewiseConstant(Kernel):
     ----------
     matrix : array_like, shape (d_out, d_in)
         The weight (NumPy, CuPy or a torch tensor; copied to the host in float64).
+    copy : bool, optional
+        ``False`` keeps a float64 NumPy ``matrix`` as a read-only view of its memory, in its
+        own layout (what the bridges do: one copy of each weight); the caller then must not
+        change it in place. Other inputs are copied either way. Default ``True``.
 
     Raises
     ------
     ValueError
         If ``matrix`` is not 2-D, is empty, or contains NaN or inf.
+
+    Notes
+    -----
+    On ``Midpoint(d_out)`` x ``Midpoint(d_in)`` (the discrete limit) :meth:`matrix` is the
+    weight itself, a view: no matrix is built, and the transposed matrix of a product is its
+    transposed view.
     """
 
-    def __init__(self, matrix):
+    def __init__(self, matrix, copy: bool = True):
         from .discretizations.base import real_host_array
 
-        try:
-            a = np.array(real_host_array(_to_host(matrix), "matrix"))
-        except TypeError as exc:
-            raise TypeError(f"PiecewiseConstant: {exc} (got {type(matrix).__name__})") from None
+        if not validation.boolean(copy, "copy") and type(matrix) is np.ndarray and matrix.dtype == np.float64:
+            a = matrix.view()
+        else:
+            try:
+                a = np.array(real_host_array(_to_host(matrix), "matrix"))
+            except TypeError as exc:
+                raise TypeError(f"PiecewiseConstant: {exc} (got {type(matrix).__name__})") from None
         if a.ndim != 2 or a.size == 0:
             raise ValueError(f"PiecewiseConstant matrix must be a non-empty 2-D array (d_out, d_in), got shape {a.shape}")
-        if not np.all(np.isfinite(a)):
+        # a finite sum needs finite entries; only an overflowing sum takes the full check
+        if not np.isfinite(np.sum(a)) and not np.all(np.isfinite(a)):
             raise ValueError("PiecewiseConstant matrix contains NaN or inf")
         a.setflags(write=False)
         self.weight = a
@@ -354,6 +391,8 @@ class PiecewiseConstant(Kernel):
         # the discrete weight is reproduced bit for bit in the discrete limit.
         ratio = np.asarray(inp.quadrature_weights) / (inp.length / d_in)
         if is_host(self.weight):
+            if _identity(i, d_out) and _identity(j, d_in) and np.all(ratio == 1.0):
+                return self.weight  # the discrete limit: the weight itself, no copy
             return self.weight[i[:, None], j[None, :]] * ratio[None, :]
         xp = array_api_compat.array_namespace(self.weight)
         device = array_api_compat.device(self.weight)

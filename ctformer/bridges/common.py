@@ -42,7 +42,7 @@ def optional_import(module: str, caller: str):
                           f"{INSTALL_HINT}") from exc
 
 
-__all__ = ["to_numpy", "attention_from_weights", "grouped_attention_from_weights",
+__all__ = ["to_numpy", "shared_weight", "attention_from_weights", "grouped_attention_from_weights",
            "feedforward_from_weights", "gated_feedforward_from_weights", "layer_norm_from_weights",
            "rms_norm_from_weights", "state_tensors"]
 
@@ -72,6 +72,43 @@ def to_numpy(tensor, name: str) -> np.ndarray | None:
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"weight {name} contains NaN or inf")
     return arr
+
+
+def shared_weight(tensor, name: str, order: str = "C") -> np.ndarray | None:
+    r"""The one float64 host array of a weight that a converted model holds (``None`` stays ``None``).
+
+    A CPU float64 torch tensor (or a float64 NumPy array) is shared, not copied: the result is
+    a read-only NumPy view of its memory (``tensor.detach().numpy()``), so the converted model
+    and the module hold one copy of the weight between them. Any other dtype is converted
+    once, exactly as :func:`to_numpy` does, into a new array of memory layout ``order``
+    (``"F"`` for a matrix :math:`A` that is applied from the right as :math:`u A^T`: then
+    :math:`A^T` is C-contiguous, the layout of the product, and no second copy is made).
+
+    A shared weight follows the module: changing the tensor in place afterwards (training it)
+    changes the converted model's numbers, but not the discretizations it has already built;
+    convert after training, or pass ``model.double()`` copies that nothing else changes.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`to_numpy` (another dtype; NaN or inf).
+    """
+    if tensor is None:
+        return None
+    source = _widen_half(tensor, name)
+    if hasattr(source, "detach") and hasattr(source, "cpu"):
+        source = source.detach().cpu().numpy()  # a view for CPU tensors
+    source = np.asarray(to_host(source))
+    if source.dtype == np.float64:
+        array = source.view()
+    else:
+        array = np.array(source, dtype=np.float64, order=order)
+    # a sum is finite when every entry is (NaN and inf propagate); only an overflowing sum of
+    # finite numbers takes the full check, which allocates a boolean array of the weight's size
+    if not np.isfinite(np.sum(array)) and not np.all(np.isfinite(array)):
+        raise ValueError(f"weight {name} contains NaN or inf")
+    array.flags.writeable = False
+    return array
 
 
 def _widen_half(tensor, name: str):
@@ -115,7 +152,7 @@ def attention_from_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, heads: int, m
 
 def feedforward_from_weights(w_1, b_1, w_2, b_2, activation: str):
     """The feed-forward operator of two linear layers and an activation."""
-    return FeedForward(PiecewiseConstant(w_1), PiecewiseConstant(w_2), b_1=b_1, b_2=b_2,
+    return FeedForward(PiecewiseConstant(w_1, copy=False), PiecewiseConstant(w_2, copy=False), b_1=b_1, b_2=b_2,
                        activation=activation)
 
 
@@ -163,10 +200,10 @@ def grouped_attention_from_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, *, he
         return None if b is None else [b[r] for r in blocks(count)]
 
     return Attention(
-        [PiecewiseConstant(w_q[r]) for r in blocks(heads)],
-        [PiecewiseConstant(w_k[r]) for r in blocks(kv_heads)],
-        [PiecewiseConstant(w_v[r]) for r in blocks(kv_heads)],
-        [PiecewiseConstant(w_o[:, r]) for r in blocks(heads)],
+        [PiecewiseConstant(w_q[r], copy=False) for r in blocks(heads)],
+        [PiecewiseConstant(w_k[r], copy=False) for r in blocks(kv_heads)],
+        [PiecewiseConstant(w_v[r], copy=False) for r in blocks(kv_heads)],
+        [PiecewiseConstant(w_o[:, r], copy=False) for r in blocks(heads)],
         b_Q=split_bias(b_q, heads), b_K=split_bias(b_k, kv_heads), b_V=split_bias(b_v, kv_heads), b_O=b_o,
         beta=math.sqrt(head_dim) if beta is None else beta, mask=mask,
         kv_heads=kv_heads if kv_heads != heads else None, positions=positions, window=window,
@@ -175,7 +212,8 @@ def grouped_attention_from_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, *, he
 
 def gated_feedforward_from_weights(w_gate, b_gate, w_up, b_up, w_down, b_down, activation: str):
     """The gated feed-forward operator ``down(act(gate(u)) * up(u))`` of three linear layers."""
-    return GatedFeedForward(PiecewiseConstant(w_gate), PiecewiseConstant(w_up), PiecewiseConstant(w_down),
+    return GatedFeedForward(PiecewiseConstant(w_gate, copy=False), PiecewiseConstant(w_up, copy=False),
+                            PiecewiseConstant(w_down, copy=False),
                             b_gate=b_gate, b_up=b_up, b_2=b_down, activation=activation)
 
 

@@ -5,8 +5,9 @@ The discrete-limit dictionary (design notes, section 2): an ``nn.Linear`` weight
 (``out x in``) is the piecewise-constant kernel whose midpoint matrix is :math:`A`, a bias or
 a norm gain the piecewise-constant function of its entries, and the score scale :math:`c` of
 :math:`q \cdot k` the temperature :math:`\beta_h = c\, d_h` (midpoint weights :math:`1/d_h`);
-RoPE's attention scaling :math:`a` multiplies it by :math:`a^2`. Weights are copied to float64
-exactly (:func:`~ctformer.bridges.common.to_numpy`).
+RoPE's attention scaling :math:`a` multiplies it by :math:`a^2`. Each weight is held once in
+float64: a view of a float64 tensor's memory, or one exact conversion
+(:func:`~ctformer.bridges.common.shared_weight`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numpy as np
 from ..discretizations import Midpoint
 from ..model import Block, ContinuousTransformer
 from .common import (feedforward_from_weights, gated_feedforward_from_weights, grouped_attention_from_weights,
-                     layer_norm_from_weights, rms_norm_from_weights, to_numpy)
+                     layer_norm_from_weights, rms_norm_from_weights, shared_weight)
 from .composite import EulerNetwork, OutputNormalized
 from .rotary import check_rotary, partial_rotary_order, rope_positions, rope_scaling_of
 from .spec import HF_ACTIVATIONS, ArchitectureSpec, config_value
@@ -60,7 +61,11 @@ _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 class Weights:
-    """The one weight fetcher of every bridge: ``state[name]`` as a float64 array.
+    """The one weight fetcher of every bridge: ``state[name]`` as a read-only float64 array.
+
+    A float64 tensor is shared (a view of its memory), any other dtype converted once
+    (:func:`~ctformer.bridges.common.shared_weight`): the converted model holds one copy of
+    each weight, shared by its operators and ``parameters()``.
 
     Parameters
     ----------
@@ -79,8 +84,12 @@ class Weights:
             if optional:
                 return None
             raise ValueError(f"missing {self.label} weight {name}")
-        array = to_numpy(self.state[name], name)
-        return array.T.copy() if self.transposed and array.ndim == 2 else array
+        tensor = self.state[name]
+        matrix = getattr(tensor, "ndim", 0) == 2
+        # one float64 copy at most: a float64 tensor is shared; a conversion is laid out so that
+        # the matrix A applied as u A^T has a C-contiguous A^T (the layout of the product)
+        array = shared_weight(tensor, name, order="C" if self.transposed or not matrix else "F")
+        return array.T if self.transposed and array.ndim == 2 else array
 
 
 def convert(spec: ArchitectureSpec, model) -> ContinuousTransformer:

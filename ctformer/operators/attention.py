@@ -291,6 +291,13 @@ class Attention(Operator):
                   for name in ("Q", "K", "V")}
         w_o = xp.stack([on(k.matrix(y, sigma)) for k in self.W_O])  # (H, nq_y, nq_h)
         arrays["O"] = xp.reshape(xp.permute_dims(w_o, (0, 2, 1)), (-1, w_o.shape[1]))
+        arrays.update(self._small_arrays(grids, xp, on))
+        return arrays
+
+    def _small_arrays(self, grids: Grids, xp, on) -> dict:
+        """The biases, head-feature weights, temperatures and token weights of :meth:`host_arrays`."""
+        y, sigma = grids.features, grids.head_features
+        arrays = {}
         for name in ("b_Q", "b_K", "b_V"):
             bs = getattr(self, name)
             if bs is None or all(b.is_none for b in bs):
@@ -306,6 +313,27 @@ class Attention(Operator):
         arrays["w_tokens"] = None if np.all(w == w[0]) else w / grids.tokens.length
         return arrays
 
+    def _packed_host(self, grids: Grids) -> dict:
+        r"""The host constants of :meth:`_constants` built without stacking: the packed matrix
+        ``QKV_t`` ``(nq_y, (H + 2 H_kv) nq_h)`` is filled head by head (queries times
+        :math:`w_\sigma`, the same products as from :meth:`host_arrays`), and ``O`` is the
+        transposed view of the output weight when the heads' matrices are consecutive column
+        blocks of one array (a converted network in the discrete limit), so that a converted
+        model holds one copy of its output projections and one packed copy of the others."""
+        y, sigma = grids.features, grids.head_features
+        arrays = self._small_arrays(grids, _NUMPY, lambda a: a)
+        w_sigma, n_sigma = arrays["w_sigma"], len(sigma.quadrature_nodes)
+        kernels = self.W_Q + self.W_K + self.W_V
+        qkv_t = np.empty((len(y.quadrature_nodes), len(kernels) * n_sigma))
+        for c, kernel in enumerate(kernels):
+            block, m_t = qkv_t[:, c * n_sigma:(c + 1) * n_sigma], kernel.matrix(sigma, y).T
+            if c < self.heads:
+                np.multiply(m_t, w_sigma[None, :], out=block)
+            else:
+                block[...] = m_t
+        arrays["QKV_t"], arrays["O"] = qkv_t, _output_matrix([k.matrix(y, sigma) for k in self.W_O])
+        return arrays
+
     def _constants(self, host: dict, grids: Grids) -> Constants:
         """The host constants of the discretized operator: one packed projection matrix
         (queries pre-scaled by the head-feature weights; rows (H + 2 H_kv, nq_h), as torch's
@@ -313,9 +341,12 @@ class Attention(Operator):
         key/value head), the token weights and the rotation tables of the position encoding."""
         heads, kv_heads = self.heads, self.kv_heads
         xp, on = _assembly(self.parameters())
-        n_sigma, groups = host["Q"].shape[1], heads // kv_heads
+        n_sigma, groups = len(grids.head_features.quadrature_nodes), heads // kv_heads
         w_sigma = on(host["w_sigma"])
-        stacked = xp.concat([host["Q"] * w_sigma[None, :, None], host["K"], host["V"]])
+        qkv_t = host.get("QKV_t")
+        if qkv_t is None:
+            stacked = xp.concat([host["Q"] * w_sigma[None, :, None], host["K"], host["V"]])
+            qkv_t = xp.matrix_transpose(xp.reshape(stacked, (-1, stacked.shape[-1])))
         biases = [host[name] for name in ("b_Q", "b_K", "b_V")]
         bias = None
         if any(b is not None for b in biases):
@@ -325,7 +356,6 @@ class Attention(Operator):
             bias = xp.reshape(xp.concat(biases), (-1,))
         rotation = self.positions.rotation(grids)
         cos, sin = (None, None) if rotation is None else rotation
-        qkv_t = xp.matrix_transpose(xp.reshape(stacked, (-1, stacked.shape[-1])))
         return Constants(
             QKV_t=np.ascontiguousarray(qkv_t) if isinstance(qkv_t, np.ndarray) else qkv_t,
             b_QKV=bias, O=host["O"], b_O=host["b_O"], w_tokens=host["w_tokens"],
@@ -334,8 +364,10 @@ class Attention(Operator):
         )
 
     def _discretize(self, grids: Grids) -> DiscretizedAttention:
-        host = self.host_arrays(grids)
-        layout = Layout(self.heads, self.kv_heads, grids.shape[0], host["Q"].shape[1])
+        parameters = self.parameters()
+        host = (self._packed_host(grids) if all(is_host(v) for v in parameters.values())
+                else self.host_arrays(grids))
+        layout = Layout(self.heads, self.kv_heads, grids.shape[0], len(grids.head_features.quadrature_nodes))
         engine = plan_engine(self.mask, self.positions, grids, layout, host["w_tokens"])
         constants = self._constants(host, grids)
         flow = DiscretizedAttention(constants, layout, constants.host["cos"] is not None, engine)
@@ -406,6 +438,34 @@ def _position(positions, heads: int) -> PositionEncoding:
                          f"NoPositions or a subclass), got {positions!r}")
     positions.check_heads(heads)
     return positions
+
+
+def _root(array):
+    """The array that owns the memory of the view ``array``."""
+    while isinstance(getattr(array, "base", None), np.ndarray):
+        array = array.base
+    return array
+
+
+def _output_matrix(mats) -> np.ndarray:
+    """``(H n_h, n_y)``, row ``h n_h + s`` = column ``s`` of head ``h``'s ``(n_y, n_h)`` matrix.
+
+    When the heads' matrices are consecutive column blocks of one array (the columns of a
+    converted output projection), this is that array's transposed view; otherwise a copy.
+    """
+    first = mats[0]
+    n_y, n_h = first.shape
+    start, step = first.__array_interface__["data"][0], n_h * first.strides[1]
+    if first.base is not None and all(
+            m.shape == first.shape and m.strides == first.strides and _root(m) is _root(first)
+            and m.__array_interface__["data"][0] == start + h * step for h, m in enumerate(mats)):
+        full = np.lib.stride_tricks.as_strided(first, shape=(n_y, len(mats) * n_h), strides=first.strides,
+                                               writeable=False)
+        return full.T
+    out = np.empty((len(mats) * n_h, n_y))
+    for h, m in enumerate(mats):
+        out[h * n_h:(h + 1) * n_h] = m.T
+    return out
 
 
 def _assembly(parameters: dict):

@@ -25,8 +25,6 @@ The activations :math:`\phi` (:data:`ACTIVATIONS`: relu, gelu, gelu_tanh, silu) 
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..backend import matmul_rows, plus_bias
 from ..kernels import Kernel
 from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, relu, silu
@@ -68,7 +66,9 @@ def _pointwise(op) -> "Callable":
 def _affine(kernel, bias, out, inp):
     r"""The discretized map :math:`v \mapsto \int W(\cdot, \eta) v(\eta) d\eta + b` along the last axis.
 
-    A dense kernel with host parameters becomes one product with its transposed matrix, held
+    A dense kernel with host parameters becomes one product with its transposed matrix
+    (:meth:`Kernel.transposed_matrix`: in the discrete limit a view of a
+    :class:`~ctformer.kernels.PiecewiseConstant` weight, no copy), held
     by a :class:`Constants` (a dictionary lookup per use), and the bias is added in place to
     that new product; kernels with their own algorithm (FFT convolutions) or with tensor
     parameters go through :meth:`Kernel.apply`. ``bias`` is a feature function.
@@ -76,7 +76,7 @@ def _affine(kernel, bias, out, inp):
     constants = Constants(bias=bias.evaluate(out))
     if _dense_host(kernel):
         constants = Constants(bias=constants.host["bias"],
-                              matrix_t=np.ascontiguousarray(kernel.matrix(out, inp).T))
+                              matrix_t=kernel.transposed_matrix(out, inp))
         return lambda v: plus_bias(matmul_rows(v, constants("matrix_t", v)), constants("bias", v))
 
     def apply(v):
