@@ -511,7 +511,7 @@ def _docs_lines() -> list[str]:
     if built is not None:
         return [f"documentation: {built.as_uri()}"]
     if (docs / "conf.py").is_file():
-        return [f"documentation: not built yet in {docs}; build it (about a minute) with",
+        return [f"documentation: not built yet in {docs}; build it (about two minutes) with",
                 f'  pip install "ctformer[docs]" && python -m sphinx -b html {docs} '
                 f"{docs / '_build' / 'html'}",
                 f"then open {(docs / '_build' / 'html' / 'index.html').as_uri()}"]
