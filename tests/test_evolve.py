@@ -283,3 +283,15 @@ def test_work_precision_study_refines_the_tolerance():
     assert ds["error"].dims == ("scheme", "rtol")
     np.testing.assert_array_equal(ds["error"].sel(scheme="bosh3").values,
                                   [lv.error for lv in study.of("bosh3")])
+
+
+def test_a_retraction_keeps_the_nominal_order():
+    # particles: the retraction onto the sphere moves a step by its local error only
+    # (observed orders in test_particles_core); a post-norm projection lowers every order to 1
+    from ctformer.particles import SelfAttentionDynamics
+
+    problem = SelfAttentionDynamics(beta=1.0).problem(np.eye(3))
+    assert problem.has_projections and problem.retraction
+    assert solvers.get("rk4").order(problem) == 4.0 and solvers.get("tsit5").order(problem) == 5.0
+    post = ctformer.ContinuousTransformer.random_smooth(seed=0, layers=1, placement="post")
+    assert solvers.get("rk4").order(post) == 1.0

@@ -435,7 +435,8 @@ class SelfAttentionDynamics:
         the sphere after the sub-step. No checks: ``like`` must have passed :meth:`solve`'s.
         """
         xp = array_api_compat.array_namespace(like)
-        return solvers.SplitProblem(flows=(self._flow(like),), projections=(lambda x: _unit_rows(xp, x),))
+        return solvers.SplitProblem(flows=(self._flow(like),), projections=(lambda x: _unit_rows(xp, x),),
+                                    retraction=True)
 
     def velocity(self, x):
         r"""The tangent velocity :math:`\dot x_i` at positions ``x``.

@@ -68,10 +68,16 @@ class SplitProblem:
     projections : sequence of callables or None, optional
         ``projections[k]`` is applied after sub-step ``k`` (post-norm models); ``None`` or an
         empty sequence means no projection.
+    retraction : bool
+        The projections are retractions onto a manifold that the exact flow leaves invariant
+        (particles on the sphere): they move a step's result by its local error only, so they
+        keep every scheme's order (:func:`projects` is False). Not so for a post-norm model,
+        whose projections change the flow (default False).
     """
 
     flows: tuple
     projections: tuple = field(default=())
+    retraction: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "flows", tuple(self.flows))
@@ -178,7 +184,7 @@ def projects(problem) -> bool:
     if problem is None:
         return False
     if isinstance(problem, SplitProblem):
-        return problem.has_projections
+        return problem.has_projections and not problem.retraction
     if isinstance(problem, (list, tuple)):
         return any(projects(p) for p in problem)
     if isinstance(problem, NormalizedBlock):

@@ -101,7 +101,7 @@ class _Counter:
             return flow
 
         return SplitProblem(flows=tuple(counted(f) for f in problem.flows),
-                            projections=problem.projections)
+                            projections=problem.projections, retraction=problem.retraction)
 
 
 def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None = None,

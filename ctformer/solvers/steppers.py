@@ -5,7 +5,8 @@ Embedded pair (a :class:`~ctformer.solvers.runge_kutta.ButcherTableau` with ``b_
 order :math:`\hat p` (``error_order``): the local error of the embedded solution is
 :math:`O(h^{\hat p + 1})`. The higher-order solution is propagated (local extrapolation, as
 every 5(4) code does); projections (post-norm models, the sphere's retraction) act on the
-propagated value after the step, and the estimate is formed before them.
+propagated value after the step, and the estimate is formed before them. A first-same-as-last
+pair reuses its last stage as the next first stage only without projections.
 
 Step doubling, for any scheme of order :math:`p` (``lie``, ``strang``, ``parallel``,
 ``euler``, ``heun``, ``rk4``): one step of size :math:`h` gives :math:`u_h`, two of size
@@ -42,6 +43,9 @@ class PairStepper:
         raw, ks = self.tableau.advance(problem.rhs, u, h, first=first)
         error = self.tableau.error_estimate(ks, h)
         u_new = problem.project_all(raw)
+        # not after a projection, a retraction included: reusing F(raw u_new) there would cost
+        # no order and save one evaluation (measured: dopri5 on particles 1.16 -> 1.04 times
+        # RK45's), but a restart from the saved, retracted state could not reproduce its bits
         fsal = ks[-1] if self.tableau.fsal and not problem.has_projections else None
         return u_new, error, ks, fsal
 
