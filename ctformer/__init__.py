@@ -24,13 +24,13 @@ with _loading():
     from .state import Grids
     from .solvers import Event, InconsistentDepthLimitWarning, SaveAt, Solution
     from .model import Block, ContinuousTransformer
-    from . import bridges
+    from . import bridges, labelled
 
 #: The release (the one place it is written: pyproject.toml reads it; CHANGELOG.md lists the
 #: changes of each release).
 __version__ = "0.2.0"
 __all__ = [
-    "backend", "discretizations", "kernels", "operators", "solvers", "bridges", "adjoint",
+    "backend", "discretizations", "kernels", "operators", "solvers", "bridges", "adjoint", "labelled",
     "get_backend", "Grids", "Block", "ContinuousTransformer", "InconsistentDepthLimitWarning",
     "Solution", "SaveAt", "Event",
     "__version__",

@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from .orders import effective_order, fit_order, neighbour_orders
+from ..labelled_methods import LabelledResult
 
 __all__ = ["Row", "ConvergenceResult", "fit_order", "neighbour_orders", "comparison_table",
            "effective_order", "order_limits", "limited_order", "NonPeriodicDataWarning"]
@@ -104,7 +105,7 @@ def _reductions_text(factors) -> str:
 
 
 @dataclass
-class ConvergenceResult:
+class ConvergenceResult(LabelledResult):
     """Error table and observed order of a convergence study (see :func:`convergence`).
 
     Attributes
