@@ -48,7 +48,7 @@ def _torch():
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is the test extra
-        raise ImportError("ctformer.adjoint needs torch: pip install 'ctformer[test]' (or torch)") from None
+        raise ImportError('ctformer.adjoint needs torch: pip install "ctformer[demo]"') from None
     return torch
 
 

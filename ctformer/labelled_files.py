@@ -29,7 +29,7 @@ __all__ = ["to_netcdf", "to_zarr", "from_xarray", "open_dataset", "SavedResult",
 
 #: Labels of the ``part`` axis of complex values.
 PART = ("re", "im")
-INSTALL_HINT = "pip install xarray h5netcdf h5py zarr (the io extra: pip install 'ctformer[io]')"
+INSTALL_HINT = 'pip install "ctformer[io]"'
 
 
 def _xarray():

@@ -36,7 +36,8 @@ for col, t in enumerate(snapshots):
     ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.85", lw=0.3)
     x = path.positions[np.argmin(np.abs(path.times - t))]
     ax.scatter(x[:, 0], x[:, 1], x[:, 2], s=8, c="C3", depthshade=False)
-    ax.set_title(f"t = {t:g}: {cluster_count(x, 0.1)} clusters")
+    count = cluster_count(x, 0.1)
+    ax.set_title(f"t = {t:g}: {count} cluster{'' if count == 1 else 's'}")
     ax.set_axis_off()
     ax.set_box_aspect((1, 1, 1))
 

@@ -27,7 +27,7 @@ def _xarray():
     try:
         import xarray
     except ImportError as exc:  # pragma: no cover - in the io and test extras
-        raise ImportError("labelled results need xarray (pip install 'ctformer[io]')") from exc
+        raise ImportError('labelled results need xarray (pip install "ctformer[io]")') from exc
     return xarray
 
 

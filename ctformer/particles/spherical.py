@@ -54,7 +54,7 @@ def _sht():
     try:
         import ducc0.sht as sht
     except ImportError as exc:  # pragma: no cover - ducc0 is in the sphere and test extras
-        raise ImportError("SphericalMeanField needs ducc0 (pip install 'ctformer[sphere]')") from exc
+        raise ImportError('SphericalMeanField needs ducc0 (pip install "ctformer[sphere]")') from exc
     return sht
 
 

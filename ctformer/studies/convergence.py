@@ -160,7 +160,8 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
     study, keys, summary = _build(model, spec, store)
     start = time.perf_counter()
     records = run_cases(compute_case, study, keys, executor=executor, store=store,
-                        progress=progress, description=f"{spec.refinement.variable} study")
+                        progress=progress, description=f"{spec.refinement.variable} study",
+                        costs=[spec.refinement.cost(level) for _, level in keys])
     return _measure(study, keys, records, spec, summary, time.perf_counter() - start)
 
 

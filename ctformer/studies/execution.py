@@ -126,7 +126,8 @@ def _worker_lost_errors() -> tuple:
 
 
 def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *, executor=None,
-              store=None, progress: bool = True, description: str = "cases") -> dict:
+              store=None, progress: bool = True, description: str = "cases",
+              costs: Sequence[float] | None = None) -> dict:
     """Run ``task(context, case)`` for every ``(key, case)`` not already in ``store``.
 
     Parameters
@@ -147,6 +148,9 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
         Show a :mod:`tqdm` progress bar on standard error.
     description : str, optional
         Label of the progress bar.
+    costs : sequence of float, optional
+        The relative work of each case: the bar then shows the percentage of the work done
+        (the finest level of a study, often its reference, is most of it), not of the cases.
 
     Returns
     -------
@@ -181,8 +185,22 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
 
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(cases), initial=len(cases) - len(pending), desc=description,
-               disable=not progress, file=sys.stderr, leave=True)
+    share = _shares(cases, costs)
+    done = sum(share[key] for key, _ in cases if key in records)
+    bar = tqdm(total=100.0 if costs is not None else len(cases), initial=done, desc=description,
+               disable=not progress, file=sys.stderr, leave=True,
+               bar_format="{l_bar}{bar}| {n:.0f}% of the work{postfix} [{elapsed}<{remaining}]"
+               if costs is not None else None, mininterval=0 if costs is not None else 0.1)
+    counted = [len(cases) - len(pending)]
+
+    def advance(key):
+        counted[0] += 1
+        if costs is not None:  # the bar is the work; the cases are told beside it
+            bar.set_postfix_str(f"{counted[0]}/{len(cases)} cases", refresh=False)
+        bar.update(share[key])
+
+    if costs is not None:
+        bar.set_postfix_str(f"{counted[0]}/{len(cases)} cases")
 
     def finish(key, case, output):
         record = seal_record(key, {**dict(output), "case": case})
@@ -194,7 +212,7 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
             warnings.warn(f"case {key}: fields {bad} hold NaN or inf; the result is returned "
                           "but not stored", RuntimeWarning, stacklevel=3)
         records[key] = record
-        bar.update(1)
+        advance(key)
 
     try:
         if pending:
@@ -207,6 +225,17 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
     finally:
         bar.close()
     return {key: records[key] for key, _ in cases}
+
+
+def _shares(cases, costs) -> dict:
+    """Each case's step of the progress bar: 1, or its percentage of the total cost."""
+    if costs is None:
+        return {key: 1 for key, _ in cases}
+    costs = [float(c) for c in costs]
+    if len(costs) != len(cases) or not all(c > 0 for c in costs):
+        raise ValueError(f"costs must be one positive number per case ({len(cases)}), got {costs}")
+    total = sum(costs)
+    return {key: 100.0 * c / total for (key, _), c in zip(cases, costs)}
 
 
 def _checked_cases(cases) -> list:

@@ -69,6 +69,10 @@ class Refinement(abc.ABC):
         """Steps per layer of ``level``."""
         return steps_per_layer
 
+    def cost(self, level: int) -> float:
+        """Work of a level relative to the others (weights the progress bar)."""
+        return float(level)
+
     @abc.abstractmethod
     def h(self, level: int, discretizations: dict) -> float:
         """The mesh width or time step of ``level``."""
@@ -116,6 +120,10 @@ class TimeRefinement(Refinement):
     def h(self, level: int, discretizations: dict) -> float:
         return 1.0 / level
 
+    def cost(self, level: int) -> float:
+        """Work of a level relative to others (for the progress bar): its step count."""
+        return float(level)
+
     def expected_order(self, scheme, model, family, coarsest: int) -> float:
         return float(scheme.order(scheme_problem(model)))
 
@@ -152,6 +160,11 @@ class SpaceRefinement(Refinement):
 
     def h(self, level: int, discretizations: dict) -> float:
         return discretizations[self.variable].h
+
+    def cost(self, level: int) -> float:
+        """Work of a level relative to others (for the progress bar): attention is quadratic in
+        the tokens, the feature kernels in the features; the hidden variable is linear."""
+        return float(level) if self.variable == "hidden" else float(level) ** 2
 
     def expected_order(self, scheme, model, family, coarsest: int) -> float:
         return float(level_discretization(family, coarsest).order)
