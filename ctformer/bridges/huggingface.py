@@ -70,7 +70,8 @@ def from_hf_bert(model, config=None) -> ContinuousTransformer:
         (its own config is used).
 
         Weights may be float16, bfloat16, float32 or float64 (in memory or in the file): they
-        are copied to float64 exactly.
+        are held once in float64, float64 tensors of a model in memory shared (read-only
+        views), other dtypes converted exactly.
 
     Returns
     -------

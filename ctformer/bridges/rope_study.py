@@ -76,9 +76,11 @@ class RefinementStudy:
     reference_error: float
 
     def order(self, kind: str = "linear", last: int = 3) -> float:
-        r"""Observed order :math:`-\mathrm{d} \log e / \mathrm{d} \log n` over the ``last`` levels."""
-        n, e = np.log(self.tokens[-last:]), np.log(self.errors[kind][-last:])
-        return float(-np.polyfit(n, e, 1)[0])
+        r"""Observed order :math:`-\mathrm{d} \log e / \mathrm{d} \log n` over the ``last`` levels
+        (:func:`ctformer.studies.fit_order` with the mesh widths :math:`1/n`)."""
+        from ..studies import fit_order
+
+        return fit_order([1.0 / n for n in self.tokens], self.errors[kind], fit_levels=last)
 
     def floor(self, kind: str) -> float:
         """The error at the finest level: the distance of the scaled operator from the unscaled one."""
