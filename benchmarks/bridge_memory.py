@@ -120,6 +120,10 @@ def main(argv=None) -> None:
             name = f"mistral-{args.width}" if case == "mistral" else "gpt2-small"
             print(f"{name:<22}{dtype:<9}{p / gib:>8.3f}{r['hwm'] / gib:>14.3f}{(r['hwm'] - r['rss_before']) / p:>15.2f}"
                   f"{r['hwm'] / p:>8.2f}{r['numpy_peak'] / p:>14.2f}{r['numpy_held'] / p:>14.2f}", flush=True)
+            if dtype == "float64":
+                total = 1.0 + (r["hwm"] - r["rss_before"]) / p
+                print(f"  goal: module and converted model at the peak = {total:.2f} P <= 1.3 P: "
+                      f"{'met' if total <= 1.3 else 'NOT met'}", flush=True)
 
 
 if __name__ == "__main__":
