@@ -279,6 +279,12 @@ class Kernel(abc.ABC):
         return xp.moveaxis(xp.moveaxis(u, axis, -1) @ mat_t, -1, axis)
 
 
+def _finite_sum(a) -> bool:
+    """True when the sum of ``a`` is finite (then every entry is; NaN and inf propagate)."""
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, or an overflowing sum
+        return bool(np.isfinite(np.sum(a)))
+
+
 def _identity(index, cells: int) -> bool:
     """True when the cell indices are ``0, 1, ..., cells - 1``: one node per cell, in order."""
     return index.size == cells and bool(np.all(index == np.arange(cells)))
@@ -356,7 +362,7 @@ class PiecewiseConstant(Kernel):
         if a.ndim != 2 or a.size == 0:
             raise ValueError(f"PiecewiseConstant matrix must be a non-empty 2-D array (d_out, d_in), got shape {a.shape}")
         # a finite sum needs finite entries; only an overflowing sum takes the full check
-        if not np.isfinite(np.sum(a)) and not np.all(np.isfinite(a)):
+        if not _finite_sum(a) and not np.all(np.isfinite(a)):
             raise ValueError("PiecewiseConstant matrix contains NaN or inf")
         a.setflags(write=False)
         self.weight = a

@@ -105,7 +105,9 @@ def shared_weight(tensor, name: str, order: str = "C") -> np.ndarray | None:
         array = np.array(source, dtype=np.float64, order=order)
     # a sum is finite when every entry is (NaN and inf propagate); only an overflowing sum of
     # finite numbers takes the full check, which allocates a boolean array of the weight's size
-    if not np.isfinite(np.sum(array)) and not np.all(np.isfinite(array)):
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, or an overflowing sum
+        finite = bool(np.isfinite(np.sum(array)))
+    if not finite and not np.all(np.isfinite(array)):
         raise ValueError(f"weight {name} contains NaN or inf")
     array.flags.writeable = False
     return array
