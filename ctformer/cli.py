@@ -803,7 +803,17 @@ def main(argv=None) -> int:
         0 on success, 2 for a user error (reported as one line on standard error), 130 after
         Ctrl-C.
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    command_line = argv is None
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    finally:
+        if command_line:
+            # the work is done and reported: a Ctrl-C while the interpreter shuts down (thread
+            # joins, atexit) would only turn a finished run into a death by signal, no line
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _main(argv: list) -> int:
     args = None
     with warnings.catch_warnings():
         warnings.showwarning = _WARNINGS

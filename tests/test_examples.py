@@ -18,7 +18,15 @@ matplotlib.use("Agg")
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("plot_*.py"))
 NEEDS = {"plot_minilm_clustering": ("torch", "transformers"), "plot_train_coarse": ("torch",),
-         "plot_real_transformer": ("torch", "transformers"), "plot_adaptive_depth": ("torch",)}
+         "plot_real_transformer": ("torch", "transformers"), "plot_adaptive_depth": ("torch",),
+         "plot_rope_scalings": ("torch", "transformers")}
+
+
+def check_rope_scalings(g):
+    s = g["study"]
+    # linear scaling is token refinement at a fixed context length: first order, equal to solve
+    assert s.refinement_identity < 1e-13 and 0.8 <= s.order("linear") <= 1.2
+    assert all(s.floor(k) > 5 * s.floor("linear") for k in g["STUDY_ROPE_TYPES"][1:])
 
 
 def check_adaptive_depth(g):
