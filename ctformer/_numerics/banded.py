@@ -112,10 +112,13 @@ class BandedAttention:
     positions : tuple of two ndarrays (n,), (m,) or None
     causal, diagonal, block, fallback_to_self
         As in :func:`local_attention`.
+    cap : float, optional
+        Soft-capping of the score, :math:`s \mapsto c \tanh(s / c)` on
+        :math:`s = \beta\, q \cdot k` (before the key weights, the bias and the masks).
     """
 
     def __init__(self, n, m, *, pattern=None, weights=None, bias=None, positions=(None, None),
-                 causal=False, diagonal="full", block=None, fallback_to_self=False):
+                 causal=False, diagonal="full", block=None, fallback_to_self=False, cap=None):
         self.index = None
         if pattern is not None:
             self.index = _RowIndex(pattern)
@@ -125,6 +128,7 @@ class BandedAttention:
         self.p, self.pk = positions
         self.causal, self.half, self.block = causal, diagonal == "half", block
         self.fallback_to_self = fallback_to_self
+        self.cap = cap
 
     def _block_rows(self, q, k) -> int:
         if not self.n:
@@ -180,10 +184,11 @@ class BandedAttention:
         w = None if self.weights is None else xp.asarray(self.weights[lo:hi], dtype=dtype)
         qb, kb, vb = q[..., a:b, :], k[..., lo:hi, :], v[..., lo:hi, :]
         causal_rows = (a, lo) if self.causal else None
-        if self.bias is not None:
-            difference = xp.asarray(self.p[a:b, None] - self.pk[None, lo:hi], dtype=dtype)
-            return _scored(xp, qb, kb, vb, beta, w, keep_x, self.bias(difference),
-                           causal_rows=causal_rows, half=self.half)
+        if self.bias is not None or self.cap is not None:
+            bias = None if self.bias is None else \
+                self.bias(xp.asarray(self.p[a:b, None] - self.pk[None, lo:hi], dtype=dtype))
+            return _scored(xp, qb, kb, vb, beta, w, keep_x, bias, causal_rows=causal_rows,
+                           half=self.half, cap=self.cap)
         if keep_x is None and self.causal:
             if self.half:
                 return _scored(xp, qb, kb, vb, beta, w, None, None, causal_rows=causal_rows, half=True)
@@ -197,12 +202,14 @@ def _causal_block(xp, a, b):
     return xp.asarray(np.arange(b)[None, :] <= np.arange(a, b)[:, None])
 
 
-def _scored(xp, q, k, v, beta, w, keep, bias, causal_rows=None, half=False):
-    """One block of softmax attention with an additive exponent term ``bias``, rows normalized
-    by their max."""
+def _scored(xp, q, k, v, beta, w, keep, bias, causal_rows=None, half=False, cap=None):
+    """One block of softmax attention with an additive exponent term ``bias`` and an optional
+    soft cap ``cap`` of the score, rows normalized by their max."""
     dtype = q.dtype
     beta = _leading(xp, beta, dtype)
     s = (q * beta) @ xp.matrix_transpose(k)
+    if cap is not None:
+        s = cap * xp.tanh(s / cap)
     if w is not None:
         s = s + xp.log(w)
     if bias is not None:

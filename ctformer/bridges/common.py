@@ -165,7 +165,7 @@ def layer_norm_from_weights(weight, bias, eps: float):
 
 def grouped_attention_from_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, *, heads: int, kv_heads: int,
                                    head_dim: int, beta: float | None = None, mask=None, positions=None,
-                                   window=None):
+                                   window=None, softcap=None):
     r"""Grouped-query attention from the weights of separate ``nn.Linear`` projections.
 
     Parameters
@@ -179,7 +179,7 @@ def grouped_attention_from_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, *, he
         :math:`H`, :math:`H_{kv}` (dividing :math:`H`) and :math:`d_h`.
     beta : float, optional
         Inverse temperature; default :math:`\sqrt{d_h}` (score scale :math:`1/\sqrt{d_h}`).
-    mask, positions, window
+    mask, positions, window, softcap
         Passed to :class:`ctformer.operators.Attention`.
 
     Raises
@@ -209,6 +209,7 @@ def grouped_attention_from_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, *, he
         b_Q=split_bias(b_q, heads), b_K=split_bias(b_k, kv_heads), b_V=split_bias(b_v, kv_heads), b_O=b_o,
         beta=math.sqrt(head_dim) if beta is None else beta, mask=mask,
         kv_heads=kv_heads if kv_heads != heads else None, positions=positions, window=window,
+        softcap=softcap,
     )
 
 

@@ -258,7 +258,8 @@ def _block(spec, w, p, layer, cfg, sizes, order, activation, eps, positions, tem
         beta = beta * temperature
     attention = grouped_attention_from_weights(
         w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, heads=heads, kv_heads=kv_heads, head_dim=head_dim, beta=beta,
-        mask="causal" if spec.causal else None, positions=positions, window=window)
+        mask="causal" if spec.causal else None, positions=positions, window=window,
+        softcap=config_value(cfg, spec.softcap, None) if spec.softcap else None)
     feedforward, width = _feedforward(spec, w, p, activation)
     post1, post2 = _norm(spec, w, spec.post1 and p + spec.post1, eps), _norm(spec, w, spec.post2 and p + spec.post2, eps)
     if post1 is not None:

@@ -17,11 +17,10 @@ Gemma 2 adds output normalizations inside the residual ("sandwich" norms),
 score scale ``query_pre_attn_scalar`` :math:`^{-1/2}` (:math:`\beta_h = d_h\, s^{-1/2}`), and
 sliding-window attention on the layers ``layer_types`` marks ``sliding_attention``.
 
-Attention logit soft-capping :math:`s \mapsto c \tanh(s / c)` (``attn_logit_softcapping``) is
-a map of the score that the attention operator does not offer (its score is
-:math:`\beta_h \int q k\, d\sigma` plus an additive position term): configurations with it
-are refused by name; set ``attn_logit_softcapping=None`` to convert. ``final_logit_softcapping``
-acts on the language-model logits, outside ``Gemma2Model``.
+Attention logit soft-capping :math:`s \mapsto c \tanh(s / c)` (``attn_logit_softcapping``,
+50 by default) is the attention operator's ``softcap``: the kernel :math:`e^{c \tanh(s/c)}` of
+the score :math:`s = \beta_h \int q k\, d\sigma`, before the key weights and masks.
+``final_logit_softcapping`` acts on the language-model logits, outside ``Gemma2Model``.
 """
 from __future__ import annotations
 
@@ -70,6 +69,4 @@ GEMMA2 = register(replace(
     GEMMA, hf_class="Gemma2Model", family="gemma2", norm2="pre_feedforward_layernorm",
     post1="post_attention_layernorm", post2="post_feedforward_layernorm", windows=True, beta=_beta, small=_small_gemma2,
     names=ConfigNames(eps="rms_norm_eps", activation=("hidden_activation", "hidden_act")),
-    refusals=(Refusal("attn_logit_softcapping", lambda v: v is not None,
-                      "soft-capping c tanh(s/c) of the attention scores is not an operator of the continuous "
-                      "model; set config.attn_logit_softcapping=None"), _BIDIRECTIONAL)))
+    softcap="attn_logit_softcapping", refusals=(_BIDIRECTIONAL,)))

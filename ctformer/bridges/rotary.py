@@ -181,12 +181,29 @@ def _sdpa_float64(module, query, key, value, attention_mask, scaling=None, dropo
     """SDPA in the inputs' dtype for models whose eager path takes the softmax in float32."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if kwargs.get("softcap") is not None:
-        raise ValueError("float64_reference: attention logit softcapping is not reproduced by SDPA")
-    kwargs.pop("softcap", None)
+    softcap = kwargs.pop("softcap", None)
     kwargs.pop("sliding_window", None)  # already in attention_mask
+    if softcap is not None:
+        return _capped_float64(module, query, key, value, attention_mask, scaling, softcap)
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                   **kwargs)
+
+
+def _capped_float64(module, query, key, value, attention_mask, scaling, softcap):
+    """HuggingFace's eager attention with soft-capping (Gemma 2), its softmax in float64:
+    scores ``q k^T scaling``, then ``c tanh(s / c)``, then the mask, softmax, times ``v``."""
+    import torch
+    from transformers.models.gemma2.modeling_gemma2 import repeat_kv
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    scores = softcap * torch.tanh(scores / softcap)
+    if attention_mask is not None:
+        mask = attention_mask[:, :, :, : key.shape[-2]]
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
 def _float64_attention(model) -> str:

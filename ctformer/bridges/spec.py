@@ -120,6 +120,10 @@ class ArchitectureSpec:
         the layer is one explicit Euler step on both sub-flows.
     windows : bool
         Read ``sliding_window`` and ``layer_types`` (Mistral, Qwen2, Gemma 2).
+    softcap : str or None
+        The configuration field of the attention score's soft cap :math:`c` (Gemma 2's
+        ``attn_logit_softcapping``): the kernel :math:`e^{c \tanh(s/c)}`; None or a value of
+        None in the configuration: no cap.
     beta : callable or None
         ``(cfg, layer, head_dim) -> beta``: the temperature :math:`\beta_h = c\, d_h` of a score
         :math:`c\, q \cdot k` (default :math:`\sqrt{d_h}`, the scale :math:`d_h^{-1/2}`), before
@@ -162,6 +166,7 @@ class ArchitectureSpec:
     partial_rotary: bool = False
     parallel: str | None = None
     windows: bool = False
+    softcap: str | None = None
     beta: Callable | None = None
     layer_keys: Callable | None = None
     names: ConfigNames = field(default_factory=ConfigNames)

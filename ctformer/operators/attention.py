@@ -106,6 +106,11 @@ class Attention(Operator):
     window : float, optional
         With ``mask="causal"`` and ``diagonal="full"``: the sliding window :math:`W` (in
         positions), i.e. ``mask=Causal() & SlidingWindow(W)``.
+    softcap : float, optional
+        Soft-capping of the score (Gemma 2's ``attn_logit_softcapping``): the kernel is
+        :math:`e^{c \tanh(s / c)}` with :math:`s = \beta_h \int q\, k\, d\sigma` instead of
+        :math:`e^{s}`, a bounded (:math:`|c \tanh(s/c)| < c`) smooth map of the score; the
+        quadrature weights, position terms and masks act after it. Default None (no cap).
 
     Attributes
     ----------
@@ -149,7 +154,8 @@ class Attention(Operator):
     """
 
     def __init__(self, W_Q, W_K, W_V, W_O, *, b_Q=None, b_K=None, b_V=None, b_O=None,
-                 beta=1.0, mask=None, diagonal="full", kv_heads=None, positions=None, window=None):
+                 beta=1.0, mask=None, diagonal="full", kv_heads=None, positions=None, window=None,
+                 softcap=None):
         self.W_Q = _kernel_list(W_Q, "W_Q")
         self.heads = len(self.W_Q)
         if kv_heads is None:
@@ -186,6 +192,7 @@ class Attention(Operator):
         self.beta = self._check_beta(beta)
         self.mask = _compose_mask(mask, diagonal, window)
         self.positions = _position(positions, self.heads)
+        self.softcap = None if softcap is None else validation.real(softcap, "softcap", positive=True)
 
     @property
     def diagonal(self) -> str:
@@ -368,7 +375,8 @@ class Attention(Operator):
         host = (self._packed_host(grids) if all(is_host(v) for v in parameters.values())
                 else self.host_arrays(grids))
         layout = Layout(self.heads, self.kv_heads, grids.shape[0], len(grids.head_features.quadrature_nodes))
-        engine = plan_engine(self.mask, self.positions, grids, layout, host["w_tokens"])
+        engine = plan_engine(self.mask, self.positions, grids, layout, host["w_tokens"],
+                             cap=self.softcap)
         constants = self._constants(host, grids)
         flow = DiscretizedAttention(constants, layout, constants.host["cos"] is not None, engine)
         keys = None if self.mask is None else self.mask.keys()

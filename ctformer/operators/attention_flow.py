@@ -66,8 +66,9 @@ def _coordinates(grids, needs_positions: bool):
     return np.arange(grids.shape[0], dtype=np.float64)
 
 
-def plan_engine(mask, position, grids, layout: Layout, weights):
-    """The engine for a mask (without padding) and a position encoding on ``grids``.
+def plan_engine(mask, position, grids, layout: Layout, weights, cap=None):
+    """The engine for a mask (without padding) and a position encoding on ``grids``; a score
+    soft cap ``cap`` (the banded engine's score map) when given.
 
     Returns
     -------
@@ -81,7 +82,7 @@ def plan_engine(mask, position, grids, layout: Layout, weights):
     bias = position.score_bias(layout.heads)
     p = _coordinates(grids, bias is not None or (explicit is not None and explicit.needs_positions))
     band = None if explicit is None else explicit.band(p, p)
-    if band is None and bias is None:
+    if band is None and bias is None and cap is None:
         pattern = None if explicit is None else \
             np.asarray(explicit.keep(p[:, None], p[None, :]), dtype=bool)
         return _DenseEngine(causal, diagonal, pattern, layout)
@@ -90,7 +91,7 @@ def plan_engine(mask, position, grids, layout: Layout, weights):
         bias = _grouped(bias, layout)
     engine = BandedAttention(layout.n_tokens, layout.n_tokens, pattern=pattern, weights=weights,
                              bias=bias, positions=(p, p), causal=causal and pattern is None,
-                             diagonal=diagonal)
+                             diagonal=diagonal, cap=cap)
     return _BandedEngine(engine, layout)
 
 
