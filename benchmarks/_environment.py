@@ -52,3 +52,17 @@ def timed_block(call, repeats, warmup_s=0.5, min_calls=2):
         call()
         times.append(time.perf_counter() - t)
     return statistics.median(times), min(times), max(times)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), named with every figure a benchmark prints."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown CPU"

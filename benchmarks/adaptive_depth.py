@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,20 +45,12 @@ from scipy.integrate import solve_ivp  # noqa: E402
 
 from tests import depth_reference as R  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _environment import cpu_model  # noqa: E402
+
 N_TOKENS, D_MODEL, LAYERS = 16, 16, 4
 BETA, T1 = 4.0, 4.0
 RTOLS = [10.0 ** -k for k in range(4, 11)]
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def relative_l2(u, ref) -> float:

@@ -20,26 +20,13 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import prepare, timed_block  # noqa: E402
+from _environment import cpu_model, prepare, timed_block  # noqa: E402
 
 prepare(sys.argv, __file__)
 
 import numpy as np  # noqa: E402
 
 from ctformer.particles import SelfAttentionDynamics, SphericalMeanField, ZonalMeanField  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown CPU"
 
 
 def blas_kernel() -> str:

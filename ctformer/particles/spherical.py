@@ -42,7 +42,7 @@ from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning
 from .sphere_labelled import SphereLabelled, spherical_dataset
 from .sphere_basis import check_beta, check_noise, funk_hecke, linear_growth_rate
-from .timegrid import check_memory, evolve_on, march, saved_count, time_steps
+from .timegrid import check_memory, evolve_coefficients, march, saved_count, time_steps
 
 __all__ = ["SphericalMeanField", "SphericalSolution"]
 
@@ -279,18 +279,11 @@ class SphericalMeanField:
         Arguments as :meth:`CircleMeanField.evolve` (no restarts); with ``dt``, fixed steps
         checked against :meth:`stable_step`.
         """
-        scheme_obj = solvers.get(scheme)
         c = self.coefficients_of(rho0)
-        if dt is not None:
-            steps, h = time_steps(t1, dt, 1)
-            bound = self.stable_step(t1, scheme_obj, float(c[0].real * math.sqrt(4 * math.pi)))
-            if steps and h > bound:
-                raise ValueError(f"dt={h:.6g} is above the stable step {bound:.4g} of scheme {scheme_obj.name!r} "
-                                 f"for t1={float(t1):.6g}; use dt <= {bound:.4g} or a lower degree")
-        state = np.concatenate([c, [0.0]]) if self.noise else c
-        return evolve_on(self.problem(), state, t1, scheme=scheme_obj, rtol=rtol, atol=atol, dt=dt,
-                         save_at=save_at, events=events, max_steps=max_steps, controller=controller,
-                         what="spherical mean-field", hint="or the density under-resolved (raise degree)", axes=("lm",))
+        return evolve_coefficients(self, c, float(c[0].real * math.sqrt(4 * math.pi)), t1, scheme=scheme, dt=dt,
+                                   what="spherical mean-field", axes=("lm",), rtol=rtol, atol=atol,
+                                   save_at=save_at, events=events, max_steps=max_steps,
+                                   controller=controller)
 
     def _solution(self, times, states):
         alm = states[:, : self.l.shape[0]]

@@ -217,3 +217,22 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
                              order=scheme.nominal_order, what=f"the {what} solution", hint=hint,
                              start=start if start is not None and start.h is not None else None,
                              labels={"axes": axes, "time_axis": "time"})
+
+
+def evolve_coefficients(field, c, mass: float, t1, *, scheme, dt, what: str, axes, **options):
+    r"""``evolve`` of a spectral mean field (zonal, S^2) from its coefficient vector ``c``.
+
+    With ``dt``, fixed steps refused above ``field.stable_step(t1, scheme, mass)``; with noise the
+    state is ``c`` followed by the integrating factor's clock :math:`\tau = 0`. ``options`` are
+    ``rtol``, ``atol``, ``save_at``, ``events``, ``max_steps``, ``controller`` of :func:`evolve_on`.
+    """
+    scheme = solvers.get(scheme)
+    if dt is not None:
+        steps, h = time_steps(t1, dt, 1)
+        bound = field.stable_step(t1, scheme, mass)
+        if steps and h > bound:
+            raise ValueError(f"dt={h:.6g} is above the stable step {bound:.4g} of scheme {scheme.name!r} "
+                             f"for t1={float(t1):.6g}; use dt <= {bound:.4g} or a lower degree")
+    state = np.concatenate([c, [0.0]]) if field.noise else c
+    return evolve_on(field.problem(), state, t1, scheme=scheme, dt=dt, what=what,
+                     hint="or the density under-resolved (raise degree)", axes=axes, **options)

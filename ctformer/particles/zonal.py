@@ -59,7 +59,7 @@ from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning
 from .sphere_labelled import SphereLabelled, zonal_dataset
 from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, funk_hecke,
                            laplace_eigenvalues, linear_growth_rate, sphere_area)
-from .timegrid import check_memory, evolve_on, march, saved_count, time_steps
+from .timegrid import check_memory, evolve_coefficients, march, saved_count, time_steps
 
 __all__ = ["ZonalMeanField", "ZonalSolution", "linear_growth_rate"]
 
@@ -301,18 +301,11 @@ class ZonalMeanField:
         Arguments as :meth:`CircleMeanField.evolve` (no restarts); with ``dt``, fixed steps
         checked against :meth:`stable_step`.
         """
-        scheme_obj = solvers.get(scheme)
         c = self.coefficients_of(rho0)
-        if dt is not None:
-            steps, h = time_steps(t1, dt, 1)
-            bound = self.stable_step(t1, scheme_obj, float(c[0] * math.sqrt(sphere_area(self.dimension))))
-            if steps and h > bound:
-                raise ValueError(f"dt={h:.6g} is above the stable step {bound:.4g} of scheme {scheme_obj.name!r} "
-                                 f"for t1={float(t1):.6g}; use dt <= {bound:.4g} or a lower degree")
-        state = np.concatenate([c, [0.0]]) if self.noise else c
-        return evolve_on(self.problem(), state, t1, scheme=scheme_obj, rtol=rtol, atol=atol, dt=dt,
-                         save_at=save_at, events=events, max_steps=max_steps, controller=controller,
-                         what="zonal mean-field", hint="or the density under-resolved (raise degree)", axes=("degree",))
+        return evolve_coefficients(self, c, float(c[0] * math.sqrt(sphere_area(self.dimension))), t1, scheme=scheme, dt=dt,
+                                   what="zonal mean-field", axes=("degree",), rtol=rtol, atol=atol,
+                                   save_at=save_at, events=events, max_steps=max_steps,
+                                   controller=controller)
 
     def _check_resolved(self, c, mass, t_start, t_end) -> bool:
         """Warn once when the density goes negative or its top degrees stop decaying."""
