@@ -21,6 +21,7 @@ from functools import lru_cache
 import numpy as np
 
 from . import compiled as _compiled
+from . import gemm as _gemm
 from . import threads as _threads
 
 # Small problems: at most this many score entries per task.
@@ -159,10 +160,14 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk):
         starts = reversed(starts)
     tasks = [(idx, start) for start in starts for idx in np.ndindex(*lead)]
 
+    # the products by this machine's faster BLAS (torch's lands in a buffer, then divides)
+    product = _gemm.matmul if _gemm.uses_torch(dtype) else np.matmul
+
     def worker(next_task):
         scores = np.empty(chunk * m, dtype=dtype)
         queries = np.empty((chunk, d), dtype=dtype)
         sums = np.empty((chunk, 1), dtype=dtype)
+        weighted = np.empty((chunk, e), dtype=dtype) if product is not np.matmul else None
         drop = None if keep is None else np.empty(chunk * m, dtype=bool)
         while (task := next_task()) is not None:
             idx, start = task
@@ -171,7 +176,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk):
             cols = stop if causal else m  # causal: keys after the chunk never count
             s = scores[: r * cols].reshape(r, cols)
             qs = np.multiply(q[idx][start:stop], scale(idx), out=queries[:r])
-            np.matmul(qs, k[idx][:cols].T, out=s)
+            product(qs, k[idx][:cols].T, out=s)
             if keep is not None:
                 kb = keep[idx]
                 drop_s = drop[: s.size].reshape(s.shape)
@@ -179,8 +184,9 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk):
                 np.copyto(s, -np.inf, where=drop_s)
             exp_rows(s, start, sums[:r, 0])
             result = out[idx][start:stop]
-            np.matmul(s, v[idx][:cols], out=result)
-            np.divide(result, sums[:r], out=result)
+            into = result if weighted is None else weighted[:r]
+            product(s, v[idx][:cols], out=into)
+            np.divide(into, sums[:r], out=result)
 
     _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
     return out

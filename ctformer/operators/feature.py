@@ -25,11 +25,12 @@ The activations :math:`\phi` (:data:`ACTIVATIONS`: relu, gelu, gelu_tanh, silu) 
 """
 from __future__ import annotations
 
-from ..backend import matmul_rows, plus_bias
+from ..backend import plus_bias
 from ..kernels import Kernel
 from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, relu, silu
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
+from .._numerics.gemm import rows_product
 from .._numerics.threads import by_row_blocks
 
 __all__ = ["FeatureMap", "FeedForward", "GatedFeedForward", "ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
@@ -77,7 +78,7 @@ def _affine(kernel, bias, out, inp):
     if _dense_host(kernel):
         constants = Constants(bias=constants.host["bias"],
                               matrix_t=kernel.transposed_matrix(out, inp))
-        return lambda v: plus_bias(matmul_rows(v, constants("matrix_t", v)), constants("bias", v))
+        return lambda v: plus_bias(rows_product(v, constants("matrix_t", v)), constants("bias", v))
 
     def apply(v):
         z = kernel.apply(v, out, inp, axis=-1)  # may be any array: never changed in place

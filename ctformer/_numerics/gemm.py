@@ -1,0 +1,249 @@
+r"""Matrix products on NumPy arrays by the faster BLAS of this CPU: NumPy's or torch's.
+
+NumPy multiplies with the BLAS it was built with (OpenBLAS in the wheels); torch's CPU wheels
+carry Intel's MKL. Which is faster depends on the CPU and on the shapes attention and the
+feature maps use (a short inner dimension, ``(256, 64) @ (64, 8192)``, or rows of a feature
+map, ``(256, 384) @ (384, 1536)``): on an Intel Xeon with AVX-512 MKL did these 1.25-1.5x
+faster than OpenBLAS, on an AMD EPYC the two were close. So the choice is measured, once per
+machine, dtype and set of library versions, on those shapes with one thread each, and kept:
+
+* ``CTFORMER_GEMM`` chooses: ``auto`` (the default: the measured choice), ``numpy`` or
+  ``torch`` (an ImportError without torch);
+* the measurement (about 0.1 s) is stored in ``$XDG_CACHE_HOME/ctformer`` (by default
+  ``~/.cache/ctformer``), in a file named after the CPU model, the BLAS kernel and the
+  versions, written atomically; every later process on the machine reads it, so a machine
+  gives the same bits run after run. Where the directory cannot be written the choice is
+  made once per process.
+
+Only the engines' worker tasks use torch (:func:`matmul`): each runs on one thread, with torch
+limited to one thread for that call (a thread-local setting, restored after), so that, as with
+NumPy's BLAS, a product's rounding never depends on the number of threads. The two libraries
+round differently (relative differences of a few ulps), which is why the choice is fixed per
+machine rather than per call.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from contextlib import nullcontext
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["gemm_provider", "matmul", "rows_product", "uses_torch"]
+
+_PROVIDERS = ("auto", "numpy", "torch")
+# The shapes measured, (m, k, n) per product: attention's score and weighted-sum products
+# for a query chunk, and a feature map's rows. torch must win by this margin to be chosen.
+_SHAPES = ((256, 64, 4096), (256, 4096, 64), (256, 384, 1536))
+_MARGIN = 0.92
+_LOCAL = threading.local()
+_LOCK = threading.Lock()
+
+
+def gemm_provider(dtype) -> str:
+    """``"numpy"`` or ``"torch"``: who multiplies NumPy matrices of ``dtype`` in worker tasks.
+
+    Raises
+    ------
+    ValueError
+        If ``CTFORMER_GEMM`` is not one of auto, numpy, torch.
+    ImportError
+        If ``CTFORMER_GEMM=torch`` and torch is not installed.
+    """
+    choice = os.environ.get("CTFORMER_GEMM", "auto").strip().lower() or "auto"
+    if choice not in _PROVIDERS:
+        raise ValueError(f"CTFORMER_GEMM must be one of {', '.join(_PROVIDERS)}, got {choice!r}")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64) or choice == "numpy":
+        return "numpy"
+    if choice == "torch":
+        if _torch() is None:
+            raise ImportError("CTFORMER_GEMM=torch needs torch: pip install torch")
+        return "torch"
+    return _measured(dtype.name)
+
+
+def uses_torch(dtype) -> bool:
+    """True when worker tasks multiply ``dtype`` matrices with torch."""
+    return gemm_provider(dtype) == "torch"
+
+
+def matmul(a, b, out):
+    """``out[...] = a @ b`` for NumPy matrices (2-d, positive strides, ``out`` writable), by
+    the provider of :func:`gemm_provider` with one thread; returns ``out``."""
+    if uses_torch(out.dtype) and _strides_ok(a, b, out):
+        torch = _torch()
+        with _one_torch_thread(torch):
+            torch.mm(_tensor(torch, a), _tensor(torch, b), out=_tensor(torch, out))
+        return out
+    return np.matmul(a, b, out=out)
+
+
+def rows_product(a, b):
+    """``a @ b`` for a matrix ``b`` (a feature map's rows, ``(..., d) @ (d, m)``): inside a
+    worker task, for C-contiguous NumPy float arrays, one product by :func:`matmul` on the
+    folded rows; anything else by :func:`ctformer.backend.matmul_rows` (NumPy's BLAS as
+    configured, torch, CuPy)."""
+    from .threads import _INSIDE
+
+    if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim >= 2 and b.ndim == 2
+            and a.dtype == b.dtype and a.flags.c_contiguous and getattr(_INSIDE, "worker", False)
+            and uses_torch(a.dtype)):
+        out = np.empty((*a.shape[:-1], b.shape[1]), dtype=a.dtype)
+        matmul(a.reshape(-1, a.shape[-1]), b, out.reshape(-1, b.shape[1]))
+        return out
+    from ..backend import matmul_rows
+
+    return matmul_rows(a, b)
+
+
+def _strides_ok(*arrays) -> bool:
+    return all(x.ndim == 2 and min(x.strides) >= 0 for x in arrays)
+
+
+def _tensor(torch, x):
+    """A torch view of ``x`` (no copy); read-only arrays too, which a product only reads
+    (torch.from_numpy would warn about them)."""
+    if x.flags.writeable:
+        return torch.from_numpy(x)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(x)
+
+
+class _one_torch_thread:
+    """torch limited to one thread on this thread for the block (OpenMP's setting is per
+    thread, so other threads, the caller's included, keep theirs)."""
+
+    __slots__ = ("torch", "before")
+
+    def __init__(self, torch):
+        self.torch = torch
+
+    def __enter__(self):
+        self.before = self.torch.get_num_threads()
+        if self.before != 1:
+            self.torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        if self.before != 1:
+            self.torch.set_num_threads(self.before)
+
+
+@lru_cache(maxsize=1)
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+@lru_cache(maxsize=1)
+def _torch_version() -> str | None:
+    """torch's installed version (from its metadata: no import), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@lru_cache(maxsize=None)
+def _measured(dtype: str) -> str:
+    """The stored choice for ``dtype`` on this machine, measured and stored when missing
+    (torch is imported only to measure, or when it is the choice)."""
+    if _torch_version() is None:
+        return "numpy"
+    with _LOCK:
+        path = _cache_file()
+        stored = _read(path)
+        if dtype not in stored:
+            if _torch() is None:  # installed but not importable: NumPy's BLAS
+                return "numpy"
+            stored[dtype] = _measure(np.dtype(dtype))
+            _write(path, stored)
+        return stored[dtype]["provider"]
+
+
+def _measure(dtype) -> dict:
+    """Best-of-5 times of NumPy's and torch's single-threaded products on ``_SHAPES``."""
+    from .threads import single_thread_blas
+
+    torch = _torch()
+    rng = np.random.default_rng(0)
+    times = {"numpy": 0.0, "torch": 0.0}
+    limiter = single_thread_blas()
+    with limiter if limiter is not None else nullcontext(), _one_torch_thread(torch):
+        for m, k, n in _SHAPES:
+            a = rng.standard_normal((m, k)).astype(dtype)
+            b = rng.standard_normal((n, k)).astype(dtype).T
+            out = np.empty((m, n), dtype)
+            ta, tb, tout = (torch.from_numpy(x) for x in (a, b, out))
+            times["numpy"] += _best(lambda: np.matmul(a, b, out=out))
+            times["torch"] += _best(lambda: torch.mm(ta, tb, out=tout))
+    provider = "torch" if times["torch"] < _MARGIN * times["numpy"] else "numpy"
+    return {"provider": provider, "numpy_s": times["numpy"], "torch_s": times["torch"]}
+
+
+def _best(call, repeats=5) -> float:
+    call()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _cache_file() -> Path | None:
+    """This machine's file of measured choices, named by what the choice depends on."""
+    from .threads import blas_controller
+
+    controller = blas_controller()
+    blas = [(i.get("internal_api"), i.get("version"), i.get("architecture"))
+            for i in (controller.info() if controller is not None else []) if i.get("user_api") == "blas"]
+    key = json.dumps([_cpu_model(), np.__version__, _torch_version(), blas], sort_keys=True)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ctformer" / f"gemm-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _read(path) -> dict:
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    ok = isinstance(stored, dict) and all(
+        isinstance(v, dict) and v.get("provider") in ("numpy", "torch") for v in stored.values())
+    return stored if ok else {}
+
+
+def _write(path, stored) -> None:
+    from ..atomic import write_atomic
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(stored, indent=1, sort_keys=True))
+    except OSError:  # a read-only home: the choice holds for this process only
+        pass

@@ -1,0 +1,110 @@
+"""The choice of BLAS for the engines' products (ctformer._numerics.gemm): NumPy's or torch's,
+measured once per machine and kept; every choice gives the product to rounding and the same
+bits for every thread count."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from ctformer._numerics import gemm, streamed, threads
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def fresh_choice(monkeypatch, tmp_path):
+    """An empty cache directory and no remembered choice."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("CTFORMER_GEMM", raising=False)
+    gemm._measured.cache_clear()
+    yield tmp_path
+    gemm._measured.cache_clear()
+
+
+def test_a_bad_setting_is_named(monkeypatch):
+    monkeypatch.setenv("CTFORMER_GEMM", "mkl")
+    with pytest.raises(ValueError, match="CTFORMER_GEMM must be one of auto, numpy, torch, got 'mkl'"):
+        gemm.gemm_provider(np.float64)
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-14), (np.float32, 1e-6)])
+def test_torch_products_equal_numpy_to_rounding(monkeypatch, dtype, tol):
+    monkeypatch.setenv("CTFORMER_GEMM", "torch")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((70, 33)).astype(dtype)
+    b = rng.standard_normal((50, 33)).astype(dtype).T      # a transposed view, as K^T
+    b.flags.writeable = False                               # read-only operands, as broadcasts
+    out = np.empty((70, 50), dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                       # no "not writable" warning
+        gemm.matmul(a, b, out)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.abs(out - exact).max() / np.abs(exact).max() < tol
+
+
+def test_one_torch_thread_is_restored():
+    before = torch.get_num_threads()
+    with gemm._one_torch_thread(torch):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def test_the_choice_is_measured_once_and_kept(fresh_choice, monkeypatch):
+    choice = gemm.gemm_provider(np.float32)
+    files = list((fresh_choice / "ctformer").glob("gemm-*.json"))
+    assert len(files) == 1
+    stored = json.loads(files[0].read_text())
+    assert stored["float32"]["provider"] == choice
+    assert stored["float32"]["numpy_s"] > 0 and stored["float32"]["torch_s"] > 0
+    assert choice == ("torch" if stored["float32"]["torch_s"] < gemm._MARGIN * stored["float32"]["numpy_s"]
+                      else "numpy")
+    # a later process reads the stored choice instead of measuring: write the other one
+    other = "numpy" if choice == "torch" else "torch"
+    stored["float32"]["provider"] = other
+    files[0].write_text(json.dumps(stored))
+    gemm._measured.cache_clear()
+    monkeypatch.setattr(gemm, "_measure", lambda dtype: pytest.fail("measured again"))
+    assert gemm.gemm_provider(np.float32) == other
+
+
+def test_a_damaged_file_is_measured_again(fresh_choice):
+    gemm.gemm_provider(np.float64)
+    path, = (fresh_choice / "ctformer").glob("gemm-*.json")
+    path.write_text("{not json")
+    gemm._measured.cache_clear()
+    assert gemm.gemm_provider(np.float64) in ("numpy", "torch")
+    assert json.loads(path.read_text())["float64"]["provider"] in ("numpy", "torch")
+
+
+@pytest.mark.parametrize("provider", ["numpy", "torch"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_streamed_attention_bits_do_not_depend_on_threads(monkeypatch, provider, dtype):
+    """Each provider: the same bits with 1 and 3 worker threads, and the softmax attention of a
+    float64 reference to rounding."""
+    monkeypatch.setenv("CTFORMER_GEMM", provider)
+    rng = np.random.default_rng(7)
+    n, d = 1500, 16
+    q, k, v = (rng.standard_normal((2, n, d)).astype(dtype) for _ in range(3))
+    runs = []
+    for count in ("1", "3"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+        runs.append(streamed.stream(q, 0.25, k, v, None, None, False, None, (2,), 128))
+    assert np.array_equal(runs[0], runs[1])
+    s = 0.25 * np.einsum("bid,bjd->bij", q.astype(np.float64), k.astype(np.float64))
+    p = np.exp(s - s.max(-1, keepdims=True))
+    exact = (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
+    tol = 1e-13 if dtype == np.float64 else 2e-6
+    assert np.abs(runs[0] - exact).max() / np.abs(exact).max() < tol
+
+
+def test_feature_rows_use_the_choice_inside_workers_only(monkeypatch):
+    monkeypatch.setenv("CTFORMER_GEMM", "torch")
+    calls = []
+    monkeypatch.setattr(gemm, "matmul", lambda a, b, out: calls.append(a.shape) or np.matmul(a, b, out=out))
+    a, b = np.ones((4, 8, 3)), np.ones((3, 5))
+    assert np.array_equal(gemm.rows_product(a, b), np.full((4, 8, 5), 3.0)) and calls == []
+    threads.run_workers(lambda next_task: next_task() and gemm.rows_product(a, b), [1], 1)
+    assert calls == [(32, 3)]
