@@ -28,7 +28,7 @@ import json
 import os
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 from pathlib import Path
 
@@ -163,8 +163,7 @@ def _measured(dtype: str) -> str:
     (torch is imported only to measure, or when it is the choice)."""
     if _torch_version() is None:
         return "numpy"
-    with _LOCK:
-        path = _cache_file()
+    with _LOCK, _machine_lock(path := _cache_file()):
         stored = _read(path)
         if dtype not in stored:
             if _torch() is None:  # installed but not importable: NumPy's BLAS
@@ -172,6 +171,26 @@ def _measured(dtype: str) -> str:
             stored[dtype] = _measure(np.dtype(dtype))
             _write(path, stored)
         return stored[dtype]["provider"]
+
+
+@contextmanager
+def _machine_lock(path):
+    """Processes that start together (test workers, a Dask cluster) measure one at a time, and
+    the later ones read the first one's choice."""
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path.with_suffix(".lock"), "a")
+    except (ImportError, OSError):  # no fcntl (Windows) or no writable directory
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _measure(dtype) -> dict:
@@ -209,8 +228,8 @@ def _cache_file() -> Path | None:
     from .threads import blas_controller
 
     controller = blas_controller()
-    blas = [(i.get("internal_api"), i.get("version"), i.get("architecture"))
-            for i in (controller.info() if controller is not None else []) if i.get("user_api") == "blas"]
+    blas = sorted({(str(i.get("internal_api")), str(i.get("version")), str(i.get("architecture")))
+                   for i in (controller.info() if controller is not None else []) if i.get("user_api") == "blas"})
     key = json.dumps([_cpu_model(), np.__version__, _torch_version(), blas], sort_keys=True)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "ctformer" / f"gemm-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
