@@ -24,7 +24,7 @@ import yaml                                # PyYAML: with the test extra (dask n
 
 import ctformer
 import ctformer.discretizations as d
-from ctformer import cli, solvers
+from ctformer import cli, cli_demo, solvers
 
 try:
     import tomllib
@@ -61,8 +61,8 @@ def test_docs_command_in_a_checkout_and_in_an_installed_copy(capsys, tmp_path):
 
 
 def test_demo_ends_with_the_docs_command(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(cli, "DEMO_TOKENS", [4, 8, 16])      # the demo's code, small levels
-    monkeypatch.setattr(cli, "DEMO_STEPS", [1, 2, 8])
+    monkeypatch.setattr(cli_demo, "DEMO_TOKENS", [4, 8, 16])  # the demo's code, small levels
+    monkeypatch.setattr(cli_demo, "DEMO_STEPS", [1, 2, 8])
     assert cli.main(["demo", "--no-limit", "--no-progress"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == cli._docs_hint()
@@ -113,7 +113,8 @@ def test_commands_that_need_torch_say_so_in_one_line_with_one_hint(tmp_path):
 def test_one_install_hint_for_the_demo_extra_everywhere():
     """Every hint for the demo extra printed by the command line, and every one in the README
     and the getting-started page outside their clone install commands, is the same one."""
-    texts = {"cli": (ROOT / "ctformer" / "cli.py").read_text(),
+    cli_text = "\n".join(p.read_text() for p in sorted((ROOT / "ctformer").glob("cli*.py")))
+    texts = {"cli": cli_text,
              "README": (ROOT / "README.md").read_text(),
              "getting_started": (ROOT / "docs" / "getting_started.rst").read_text()}
     for name, text in texts.items():

@@ -1,0 +1,75 @@
+"""Ctrl-C in the ``ctformer`` command line: one line and exit status 130.
+
+:func:`loading` guards the import of the package in the command line (a SIGINT there can
+surface as another exception from an extension module); :func:`_interrupted` is the line
+printed after a ``KeyboardInterrupt`` in a command (how many cases are stored, and where).
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+#: Exit status after Ctrl-C (128 + SIGINT), as shells report it.
+EXIT_INTERRUPTED = 130
+
+
+def _interrupted(exc: KeyboardInterrupt, args) -> str:
+    from .studies import StudyInterrupted
+
+    if isinstance(exc, StudyInterrupted):
+        if exc.directory:
+            return (f"interrupted; {exc.stored} of {exc.total} cases stored in {exc.directory}; "
+                    "rerun the same command to resume")
+        return f"interrupted; {exc.stored} of {exc.total} cases finished (none stored: no --out)"
+    if args is not None and args.command in ("study", "demo") and args.out:
+        return (f"interrupted; finished cases are stored in {Path(args.out) / 'cases'}; rerun "
+                "the same command to resume")
+    return "interrupted"
+
+
+def _is_command_line() -> bool:
+    """Whether this process is the ``ctformer`` command (``python -m ctformer`` or the console
+    script), not a program that imports the library."""
+    argv = list(getattr(sys, "orig_argv", ()))
+    if "-m" in argv[:-1] and argv[argv.index("-m") + 1] in ("ctformer", "ctformer.cli"):
+        return True
+    script = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+    return Path(script).name in ("ctformer", "ctformer.exe", "ctformer-script.py")
+
+
+@contextmanager
+def loading():
+    """Guard the import of the package in the command line against Ctrl-C.
+
+    A SIGINT while the package loads raises ``KeyboardInterrupt`` wherever the import is, and
+    some extension modules turn it into another error (NumPy's C core reports an
+    ``ImportError`` when an import inside it is interrupted). In the command line
+    (:func:`_is_command_line`) any exception that leaves the block after a SIGINT is reported
+    as the one line ``ctformer: interrupted`` with exit status 130; elsewhere, or without a
+    SIGINT, the block runs as it is.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous) or not _is_command_line() \
+            or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+
+    def record(signum, frame):
+        received.append(signum)
+        previous(signum, frame)      # Python's handler: KeyboardInterrupt here
+
+    signal.signal(signal.SIGINT, record)
+    try:
+        yield
+    except BaseException:
+        if not received:
+            raise
+        print("ctformer: interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    finally:
+        if signal.getsignal(signal.SIGINT) is record:
+            signal.signal(signal.SIGINT, previous)

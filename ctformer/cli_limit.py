@@ -1,0 +1,122 @@
+"""The ``ctformer limit`` and ``ctformer cluster`` commands (torch and HuggingFace).
+
+``limit`` reports the discrete-limit check of MiniLM, or of a small random network of a
+HuggingFace class; ``cluster`` reports, layer by layer, how MiniLM's tokens cluster on the
+sphere, with an optional figure of the inner products.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .cli_common import HF_PACKAGES, MINILM_PACKAGES, UserError, _have_matplotlib, _progress, \
+    _require
+
+def _hf_progress(args) -> None:
+    """HuggingFace's weight-loading bar follows the same rule: a terminal only."""
+    if _progress(args):
+        return
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
+
+
+def _run_limit(args) -> int:
+    _hf_progress(args)
+    model = args.model
+    if args.pretrained and model not in (None, "bert"):
+        raise UserError(f"--pretrained applies to --model bert (MiniLM), not to --model {model}")
+    if model is None or args.pretrained:
+        _require(MINILM_PACKAGES, "the MiniLM discrete-limit check")
+    else:
+        _require(HF_PACKAGES, f"ctformer limit --model {model}")
+    from .bridges.hf import limit_report
+    from .bridges.minilm import discrete_limit_report
+
+    if model is None:
+        print(discrete_limit_report())
+        return 0
+    try:
+        print(limit_report(model, pretrained=args.pretrained, seed=args.seed))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
+def _cluster_lines(study) -> list[str]:
+    stats = study.stats
+    first, last = stats[0], stats[-1]
+    lines = [
+        f"Token clustering in {study.name}: {first.tokens} tokens, {len(stats) - 1} layers",
+        "measured: each layer's hidden states h_i are put on the unit sphere, x_i = h_i / |h_i|, "
+        "and the inner products <x_i, x_j> of all token pairs are summarized",
+        "theory: attention moves tokens on the sphere towards each other, so with depth the "
+        "inner products move towards 1 and tokens cluster (Geshkovski et al. 2025)",
+        "",
+        f"{'layer':>5} {'mean <x_i,x_j>':>15} {'median':>7} {'pairs > 0.9':>11} "
+        f"{'clusters':>8} {'distance to one cluster':>24}",
+    ]
+    for s in stats:
+        lines.append(f"{s.depth:5.0f} {s.mean_inner_product:15.4f} {s.median_inner_product:7.4f} "
+                     f"{s.fraction_aligned:11.3f} {s.clusters:8d} "
+                     f"{s.single_cluster_distance:24.3f}")
+    trend = "rises" if last.mean_inner_product > first.mean_inner_product else "does not rise"
+    lines.append("")
+    lines.append(f"result: the mean inner product {trend} from {first.mean_inner_product:.3f} "
+                 f"(layer 0) to {last.mean_inner_product:.3f} (layer {last.depth:.0f}) and the "
+                 f"distance to one cluster falls from {first.single_cluster_distance:.3f} to "
+                 f"{last.single_cluster_distance:.3f}"
+                 if trend == "rises" else
+                 f"result: the mean inner product {trend} ({first.mean_inner_product:.3f} at "
+                 f"layer 0, {last.mean_inner_product:.3f} at layer {last.depth:.0f})")
+    lines.append("(clusters: groups of tokens closer than 0.5; six layers are far from the "
+                 "long-time limit of one cluster)")
+    return lines
+
+
+def _cluster_figure(study, path):
+    if not _have_matplotlib():
+        raise UserError("--plot needs matplotlib, which is not installed: pip install matplotlib")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .studies.plotting import save_figure
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    centers = (study.edges[:-1] + study.edges[1:]) / 2
+    colors = plt.cm.viridis(np.linspace(0, 0.9, len(study.stats)))
+    for s, color in zip(study.stats, colors):
+        axes[0].plot(centers, s.histogram, color=color, label=f"layer {s.depth:g}")
+    axes[0].set(xlabel=r"$\langle x_i, x_j\rangle$", ylabel="density",
+                title=f"{study.name}: pairwise inner products")
+    axes[0].legend(fontsize=7)
+    depth = [s.depth for s in study.stats]
+    axes[1].plot(depth, [s.mean_inner_product for s in study.stats], "o-", label="mean")
+    axes[1].plot(depth, [s.median_inner_product for s in study.stats], "s--", label="median")
+    axes[1].set(xlabel="layer", ylabel=r"$\langle x_i, x_j\rangle$",
+                title="towards 1 with depth: tokens cluster")
+    axes[1].legend()
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def _run_cluster(args) -> int:
+    if args.plot is not None:
+        target = Path(args.plot)
+        if target.is_dir():
+            raise UserError(f"--plot {args.plot!r} is a directory; give a file name such as "
+                            "clusters.png")
+        if target.suffix.lower() not in (".png", ".pdf", ".svg"):
+            raise UserError(f"--plot {args.plot!r}: the file name must end in .png, .pdf or .svg")
+    _require(MINILM_PACKAGES, "the clustering report")
+    _hf_progress(args)
+    from .particles.minilm import minilm_clustering
+
+    study = minilm_clustering(args.text)
+    print("\n".join(_cluster_lines(study)))
+    if args.plot is not None:
+        _cluster_figure(study, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,152 @@
+"""The ``ctformer study`` and ``ctformer list`` commands.
+
+``study`` refines one variable of a smooth random model (here, or on a Dask cluster), prints
+the error table and writes CSV, JSON and a plot; ``list`` prints the registered
+discretizations and schemes with their orders, their docstrings as plain text.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from .cli_common import _WARNINGS, NO_MATPLOTLIB, UserError, _close, _have_matplotlib, _progress
+from .cli_parser import _levels, _out_directory, _window
+
+def _scheme(name, substep):
+    from . import solvers
+
+    if substep is None:
+        return solvers.get(name)
+    try:
+        return solvers.get(name, substep=substep)
+    except TypeError:
+        raise UserError(f"--substep applies to a splitting scheme (one whose sub-flows take a "
+                        f"sub-step method, such as lie or strang), not {name!r}") from None
+
+
+def _connect(address: str, timeout: float):
+    try:
+        from distributed import Client
+    except ImportError as exc:
+        raise UserError(f"--scheduler needs dask.distributed: {exc}") from None
+    try:
+        return Client(address, timeout=f"{timeout}s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise UserError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+
+
+# -- study ----------------------------------------------------------------------------------
+
+def _study_spec(args):
+    from .studies import as_refinement
+
+    refinement = as_refinement(args.refine)
+    if refinement.refines_depth and args.discretization is not None:
+        raise UserError("--discretization names the refined spatial variable; with --refine time "
+                        "choose the scheme with --scheme")
+    spec = {"tokens": args.tokens, "features": args.features, "hidden": args.hidden}
+    if not refinement.refines_depth:
+        if spec[refinement.variable] is not None:
+            raise UserError(f"--{refinement.variable} fixes a variable; the refined one is chosen "
+                            "by --discretization")
+        spec[refinement.variable] = args.discretization or "gauss-legendre"
+    return spec
+
+
+def _stamps(store: Path) -> dict:
+    """The case records of a store and their modification times (nanoseconds)."""
+    return {p.name: p.stat().st_mtime_ns for p in store.glob("*.json")} if store.is_dir() else {}
+
+
+def _reused(store: Path, before: dict, cases: int) -> int:
+    """How many of a study's ``cases`` were read from ``store`` rather than computed: the
+    cases less the records written (new, or rewritten) during the run."""
+    after = _stamps(store)
+    written = sum(1 for name, stamp in after.items() if before.get(name) != stamp)
+    return max(0, cases - written)
+
+
+def _run_study(args) -> int:
+    from .model import ContinuousTransformer
+    from .studies import convergence
+
+    levels = _levels(args.levels, args.reference)
+    spec = _study_spec(args)
+    scheme = _scheme(args.scheme, args.substep)
+    window = _window(args.window)
+    out = _out_directory(args.out)
+    model = ContinuousTransformer.random_smooth(
+        seed=args.model_seed, layers=args.layers, heads=args.heads, placement=args.placement,
+        activation=args.activation, mask=args.mask, diagonal=args.diagonal, beta=args.beta)
+    client = _connect(args.scheduler, args.connect_timeout) if args.scheduler else None
+    before = _stamps(out / "cases")
+    try:
+        result = convergence(
+            model, refine=args.refine, levels=levels, tokens=spec["tokens"],
+            features=spec["features"], hidden=spec["hidden"], scheme=scheme,
+            steps_per_layer=args.steps_per_layer, reference=args.reference,
+            error_norm=args.error_norm, evaluate=args.evaluate, window=window, executor=client,
+            store=out / "cases", progress=_progress(args))
+    finally:
+        if client is not None:
+            client.close()
+    if _WARNINGS.seen("InconsistentDepthLimitWarning"):
+        result.consistent_limit = False
+    print(result)
+    reused = _reused(out / "cases", before, len(levels))
+    if reused:
+        print(f"reused {reused} of {len(levels)} cases stored in {out / 'cases'} by an earlier run "
+              f"(their seconds are that run's); delete that directory to recompute them")
+    paths = [result.to_csv(out / "convergence.csv"), result.to_json(out / "convergence.json")]
+    if _have_matplotlib():
+        _close(result.plot(out / "convergence.png"))
+        paths.append(out / "convergence.png")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    if not _have_matplotlib():
+        print(f"convergence.png {NO_MATPLOTLIB}")
+    return 0
+
+
+# -- list -----------------------------------------------------------------------------------
+
+_LATEX = ((r"\leftarrow", "<-"), (r"\rightarrow", "->"), (r"\Delta t", "dt"), (r"\Delta ", "d"),
+          (r"\sum", "sum"), (r"\cdot", "*"), (r"\left", ""), (r"\right", ""), (r"\,", " "),
+          (r"\;", " "), (r"\tfrac", r"\frac"))
+
+
+def _plain(text: str) -> str:
+    r"""A docstring line as plain text: ``:math:`u \leftarrow P(u)``` -> ``u <- P(u)``.
+
+    Roles and the macros that docstrings use are translated (``\frac{a}{b}`` -> ``(a)/(b)``,
+    ``\mathrm{x}`` -> ``x``); any other macro loses its backslash.
+    """
+    text = re.sub(r":math:`([^`]*)`", r"\1", text)
+    text = re.sub(r":\w+:`~?([^`]*)`", r"\1", text).replace("``", "")
+    for macro, plain in _LATEX:
+        text = text.replace(macro, plain)
+    text = re.sub(r"\\frac\{([^{}]*)\}\{([^{}]*)\}", r"(\1)/(\2)", text)
+    text = re.sub(r"\\(?:mathrm|text|operatorname|mathbf)\{([^{}]*)\}", r"\1", text)
+    return re.sub(r"\\([A-Za-z]+)", r"\1", text)
+
+
+def _order_words(disc) -> str:
+    """A discretization's order on smooth data, with the condition a periodic rule needs."""
+    if disc.periodic:
+        return "spectral on periodic data (else 1/2 in L2: Gibbs)"
+    return "spectral" if math.isinf(disc.order) else f"{disc.order:g}"
+
+
+def _run_list(args) -> int:
+    from . import discretizations, solvers
+
+    print("discretizations (name, kind, order on smooth data):")
+    for name in discretizations.available():
+        d = discretizations.get(name, 9)
+        print(f"  {name:<16} {d.kind:<11} {_order_words(d)}")
+    print("schemes (name, order in dt on pre-norm models - 1 on post-norm ones -, one step):")
+    for name in solvers.available():
+        s = solvers.get(name)
+        doc = _plain((type(s).__doc__ or "").strip().splitlines()[0])
+        print(f"  {name:<16} {s.order():<11g} {doc}")
+    return 0

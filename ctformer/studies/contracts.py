@@ -1,0 +1,131 @@
+r"""Contracts that lower the order of a convergence study (:func:`order_limits`).
+
+The expected order is the refined rule's own, lowered where the problem breaks an assumption
+of that rule, and the study's summary says why (``limitation``):
+
+* the causal mask with the full diagonal weights the diagonal key by its whole cell: a
+  first-order rule for :math:`\int_0^x` (order 1 whatever the token rule; ``diagonal="half"``
+  is second order);
+* a periodic rule (``Fourier``) on data that is not periodic in the refined variable: its
+  quadrature is a left Riemann sum (order 1), and the trigonometric interpolant of a function
+  whose periodic extension jumps has Gibbs oscillations, an :math:`L^2` error
+  :math:`O(h^{1/2})` and a maximum error that does not decrease (order 0). Token dynamics keep
+  periodic data periodic only without a mask and without position encodings.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+__all__ = ["order_limits", "limited_order", "NonPeriodicDataWarning"]
+
+
+class NonPeriodicDataWarning(UserWarning):
+    """A periodic rule (``Fourier``) refines a variable in which the data are not periodic."""
+
+
+_CAUSAL_FULL = ("the causal mask with the full diagonal weights the diagonal key by its whole "
+                "cell, a first-order rule for the integral over x' <= x, whatever the token rule "
+                "(diagonal='half' is second order)")
+_CAUSAL_HALF = "the causal mask with the half diagonal is a second-order rule"
+
+
+def _masks(model) -> list:
+    """The attention masks of ``model``'s blocks, split into their parts."""
+    parts = []
+    for block in getattr(model, "blocks", ()):
+        mask = getattr(getattr(block, "attention", None), "mask", None)
+        if mask is not None:
+            parts += list(mask.parts())
+    return parts
+
+
+def _has_positions(model) -> bool:
+    from ..operators.positions import NoPositions
+
+    return any(not isinstance(getattr(getattr(b, "attention", None), "positions", None),
+                              (NoPositions, type(None))) for b in getattr(model, "blocks", ()))
+
+
+def _periodic_in(u0, variable: str, domain) -> bool | None:
+    """Whether the callable ``u0(x, y)`` takes the same values at both ends of ``domain`` in
+    ``variable`` (tokens: x, features: y), checked on 17 points of the other variable; None
+    when it cannot tell (an array, or the hidden variable, which carries no data)."""
+    if not callable(u0) or hasattr(u0, "shape") or variable not in ("tokens", "features"):
+        return None
+    ends, other = np.array([[domain[0]], [domain[1]]]), np.linspace(0.0, 1.0, 17)[None, :]
+    values = np.asarray(u0(ends, other) if variable == "tokens" else u0(other.T, ends.T),
+                        dtype=np.float64)
+    a, b = (values[0], values[1]) if variable == "tokens" else (values[:, 0], values[:, 1])
+    return bool(np.max(np.abs(a - b)) <= 1e-10 * max(1.0, float(np.max(np.abs(values)))))
+
+
+def order_limits(model, variable: str, discretization, u0=None, *, error_norm: str = "l2",
+                 evaluate: str = "interpolate") -> list:
+    r"""What the problem imposes on the order of the refined rule (module notes).
+
+    Parameters
+    ----------
+    model : ContinuousTransformer or None
+        Read for its attention masks and position encodings.
+    variable : {"tokens", "features", "hidden"}
+        The refined variable.
+    discretization : Discretization
+        The refined rule at one level (its ``order``, ``periodic`` and ``domain`` are read).
+    u0 : callable, optional
+        The initial state :math:`u_0(x, y)`, checked for periodicity at the domain's ends.
+    error_norm, evaluate : str
+        How the study measures the error: ``"max"`` sees the Gibbs oscillations undamped,
+        ``"coarsest-nodes"`` avoids interpolation.
+
+    Returns
+    -------
+    list of (float, str)
+        ``(order, reason)`` for each assumption of the rule that the problem breaks; empty when
+        the rule's own order holds.
+    """
+    limits = []
+    masks = _masks(model) if variable == "tokens" else []
+    for mask in masks:
+        diagonal = getattr(mask, "diagonal", None)
+        if diagonal == "full":
+            limits.append((1.0, _CAUSAL_FULL))
+        elif diagonal == "half":
+            limits.append((2.0, _CAUSAL_HALF))
+    if getattr(discretization, "periodic", False) and variable != "hidden":
+        periodic = _periodic_in(u0, variable, discretization.domain)
+        moving = variable == "tokens" and (masks or _has_positions(model))
+        if periodic is False or moving:
+            why = "the data are not periodic in " + variable if periodic is False else \
+                "a mask or position encoding makes the token dynamics non-periodic"
+            if evaluate == "coarsest-nodes":
+                limits.append((1.0, f"{discretization.name} is spectral only on periodic data; "
+                               f"{why}, so its quadrature is a left Riemann sum (order 1)"))
+            else:
+                order = 0.0 if error_norm == "max" else 0.5
+                limits.append((order, f"{discretization.name} is spectral only on periodic data; "
+                               f"{why}: the periodic extension jumps at the ends and the "
+                               f"trigonometric interpolant has Gibbs oscillations, an L2 error "
+                               f"O(h^1/2) and a maximum error that does not decrease"))
+    return limits
+
+
+def limited_order(order: float, model, variable: str, discretization, u0=None, *,
+                  error_norm: str = "l2", evaluate: str = "interpolate",
+                  stacklevel: int = 3) -> tuple:
+    """``min(order, limits)`` and the reason of the lowest limit below ``order`` (or None).
+
+    Warns with :class:`NonPeriodicDataWarning` when a periodic rule meets non-periodic data.
+    """
+    limits = [(p, why) for p, why in order_limits(model, variable, discretization, u0,
+                                                   error_norm=error_norm, evaluate=evaluate)
+              if p < order]
+    if not limits:
+        return float(order), None
+    p, why = min(limits, key=lambda item: item[0])
+    if any(getattr(discretization, "periodic", False) and "periodic" in w for _, w in limits):
+        warnings.warn(f"refining {variable} with {discretization.name} on non-periodic data: "
+                      f"expect order {p:g}, not spectral convergence ({why.split('; ', 1)[-1]})",
+                      NonPeriodicDataWarning, stacklevel=stacklevel)
+    return float(p), why
