@@ -28,7 +28,10 @@ extensions = [
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build", "auto_examples/*.ipynb", "auto_examples/*.py", "**.zip", "**.md5"]
+# _static holds files served or kept as they are (the issue screenshots and their README.md),
+# not pages.
+exclude_patterns = ["_build", "_static", "auto_examples/*.ipynb", "auto_examples/*.py", "**.zip",
+                    "**.md5"]
 templates_path = []
 html_theme = "furo"
 html_title = "ctformer"
