@@ -56,6 +56,7 @@ from .timegrid import (SolveInterrupted, Trajectory, _numpy_dtype, check_memory,
                        restart_of,
                        saved_count, time_steps)
 from ..operators.quadrature_attention import quadrature_attention
+from .._numerics import particles as _fused
 
 __all__ = ["SelfAttentionDynamics", "Trajectory", "SolveInterrupted", "log_partition",
            "tangent_projection", "retract", "sphere_tolerance"]
@@ -98,7 +99,11 @@ def _row_scale(xp, x):
 
 
 def _unit_rows(xp, x):
-    """x / |x| row-wise, scale-safe, unchecked (a zero row gives NaN): the projection of a solve."""
+    """x / |x| row-wise, scale-safe, unchecked (a zero row gives NaN): the projection of a solve
+    (one compiled pass for NumPy states with short rows)."""
+    fused = _fused.unit_rows(x)
+    if fused is not None:
+        return fused
     y = x / _row_scale(xp, x)
     return y / xp.sqrt(xp.sum(y * y, axis=-1, keepdims=True))
 
@@ -413,6 +418,11 @@ class SelfAttentionDynamics:
                         and _spectral_norm(self.V[h]) < big for h in range(self.heads))
         log_w = -math.log(n) if weights is None else xp.log(weights)
         chunk = max(1, min(n, _CHUNK_ELEMENTS // max(1, n * (math.prod(like.shape[:-2]) or 1))))
+        if self.heads == 1 and all(a is None for a in mats[0]) and mask is None and not check:
+            fused = _fused.fused_velocity(like, beta, -math.log(n) if self.weights is None
+                                          else np.log(self.weights), self.normalized)
+            if fused is not None:  # many small systems: one compiled pass per particle
+                return fused
 
         def velocity(x):
             total = None

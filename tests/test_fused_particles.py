@@ -1,0 +1,86 @@
+"""The fused velocity of many small particle systems and the one-pass retraction
+(ctformer._numerics.particles) against an independent float64 formula of the SA/USA
+velocity, the BLAS path they replace, and the thread count."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ctformer._numerics import particles as fused
+from ctformer.particles import SelfAttentionDynamics
+
+pytest.importorskip("numba")
+
+
+def sphere(rng, shape, dtype=np.float64):
+    x = rng.standard_normal(shape)
+    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(dtype)
+
+
+def reference_velocity(x, beta, weights, normalized):
+    """P_x^perp sum_j w_j e^{beta <x_i, x_j>} x_j (/ sum_j w_j e^{beta <x_i, x_j>} for SA), float64."""
+    x = x.astype(np.float64)
+    g = weights * np.exp(beta * np.einsum("...id,...jd->...ij", x, x))
+    a = g @ x
+    if normalized:
+        a /= g.sum(-1, keepdims=True)
+    return a - np.sum(a * x, -1, keepdims=True) * x
+
+
+@pytest.mark.parametrize("normalized", [True, False])
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-13), (np.float32, 2e-6)])
+@pytest.mark.parametrize("shape", [(300, 32, 2), (5, 17, 3), (40, 2)])
+def test_fused_velocity_is_the_sa_velocity(rng, normalized, dtype, tol, shape):
+    x = sphere(rng, shape, dtype)
+    n = shape[-2]
+    weights = rng.uniform(0.5, 1.5, n)
+    weights /= weights.sum()
+    dyn = SelfAttentionDynamics(2.5, weights=weights, normalized=normalized)
+    velocity = fused.fused_velocity(x, 2.5, np.log(weights), normalized)
+    assert velocity is not None
+    got = velocity(x)
+    assert got.dtype == dtype and got.shape == x.shape
+    exact = reference_velocity(x, 2.5, weights, normalized)
+    assert np.abs(got - exact).max() / np.abs(exact).max() < tol
+    assert np.array_equal(dyn.velocity(x), got)   # what the dynamics use for these states
+
+
+def test_large_systems_stay_on_blas(rng):
+    assert fused.fused_velocity(sphere(rng, (4, 200, 2)), 1.0, 0.0, True) is None   # many tokens
+    assert fused.fused_velocity(sphere(rng, (4, 32, 16)), 1.0, 0.0, True) is None   # d = 16
+    assert fused.fused_velocity(sphere(rng, (4, 32, 2), np.float16), 1.0, 0.0, True) is None
+
+
+def test_the_numpy_engine_keeps_the_formulas(rng, monkeypatch):
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numpy")
+    fused._kernels.cache_clear()
+    try:
+        x = sphere(rng, (8, 16, 2))
+        assert fused.fused_velocity(x, 1.0, -np.log(16), True) is None
+        assert fused.unit_rows(x) is None
+        exact = reference_velocity(x, 1.0, np.full(16, 1 / 16), True)
+        assert np.abs(SelfAttentionDynamics(1.0).velocity(x) - exact).max() < 1e-14
+    finally:
+        fused._kernels.cache_clear()
+
+
+def test_fused_bits_do_not_depend_on_threads(rng, monkeypatch):
+    x0 = sphere(rng, (2048, 32, 2))
+    finals = []
+    for count in ("1", "3"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+        finals.append(SelfAttentionDynamics(1.0).solve(x0, 1.0, 0.1, scheme="euler").final)
+    assert np.array_equal(finals[0], finals[1])
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 4e-16), (np.float32, 2.5e-7)])
+def test_unit_rows_is_scale_safe(rng, dtype, tol):
+    x = rng.standard_normal((1000, 3))
+    exact = x / np.linalg.norm(x, axis=-1, keepdims=True)
+    tiny = np.finfo(dtype).tiny * 4
+    huge = np.finfo(dtype).max / 4
+    for scale in (1.0, tiny, huge):
+        got = fused.unit_rows((x * scale).astype(dtype))
+        assert np.abs(got - exact).max() < tol, scale
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(fused.unit_rows(np.zeros((2, 3)))).all()   # as the NumPy formula: no direction
