@@ -57,17 +57,23 @@ def test_the_choice_is_measured_once_and_kept(fresh_choice, monkeypatch):
     files = list((fresh_choice / "ctformer").glob("gemm-*.json"))
     assert len(files) == 1
     stored = json.loads(files[0].read_text())
-    assert stored["float32"]["provider"] == choice
-    assert stored["float32"]["numpy_s"] > 0 and stored["float32"]["torch_s"] > 0
-    assert choice == ("torch" if stored["float32"]["torch_s"] < gemm._MARGIN * stored["float32"]["numpy_s"]
-                      else "numpy")
+    entry = stored["products float32"]
+    assert entry["provider"] == choice and entry["numpy_s"] > 0 and entry["torch_s"] > 0
+    assert choice == ("torch" if entry["torch_s"] < gemm._MARGIN * entry["numpy_s"] else "numpy")
     # a later process reads the stored choice instead of measuring: write the other one
     other = "numpy" if choice == "torch" else "torch"
-    stored["float32"]["provider"] = other
+    entry["provider"] = other
     files[0].write_text(json.dumps(stored))
     gemm._measured.cache_clear()
-    monkeypatch.setattr(gemm, "_measure", lambda dtype: pytest.fail("measured again"))
+    monkeypatch.setattr(gemm, "_measure_products", lambda dtype: pytest.fail("measured again"))
     assert gemm.gemm_provider(np.float32) == other
+    # the softmax is measured only where torch does the products, into the same file
+    softmax = gemm.softmax_provider(np.float32)
+    stored = json.loads(files[0].read_text())
+    if other == "torch":
+        assert stored["softmax float32"]["provider"] == softmax
+    else:
+        assert softmax == "numpy" and "softmax float32" not in stored
 
 
 def test_a_damaged_file_is_measured_again(fresh_choice):
@@ -76,24 +82,32 @@ def test_a_damaged_file_is_measured_again(fresh_choice):
     path.write_text("{not json")
     gemm._measured.cache_clear()
     assert gemm.gemm_provider(np.float64) in ("numpy", "torch")
-    assert json.loads(path.read_text())["float64"]["provider"] in ("numpy", "torch")
+    assert json.loads(path.read_text())["products float64"]["provider"] in ("numpy", "torch")
 
 
 @pytest.mark.parametrize("provider", ["numpy", "torch"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_streamed_attention_bits_do_not_depend_on_threads(monkeypatch, provider, dtype):
-    """Each provider: the same bits with 1 and 3 worker threads, and the softmax attention of a
-    float64 reference to rounding."""
+@pytest.mark.parametrize("causal, weighted", [(False, False), (True, True)])
+def test_streamed_attention_bits_do_not_depend_on_threads(monkeypatch, provider, dtype, causal, weighted):
+    """Each provider (products and softmax): the same bits with 1 and 3 worker threads, and the
+    quadrature attention of a float64 reference to rounding (causal with the half-weight
+    diagonal, log w_j = log of non-uniform weights)."""
     monkeypatch.setenv("CTFORMER_GEMM", provider)
     rng = np.random.default_rng(7)
     n, d = 1500, 16
     q, k, v = (rng.standard_normal((2, n, d)).astype(dtype) for _ in range(3))
+    w = rng.uniform(0.5, 2.0, n) if weighted else np.ones(n)
+    log_w = np.log(w).astype(dtype) if weighted else None
+    shift = np.log(0.5) if causal else None
     runs = []
     for count in ("1", "3"):
         monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
-        runs.append(streamed.stream(q, 0.25, k, v, None, None, False, None, (2,), 128))
+        runs.append(streamed.stream(q, 0.25, k, v, log_w, None, causal, shift, (2,), 128))
     assert np.array_equal(runs[0], runs[1])
-    s = 0.25 * np.einsum("bid,bjd->bij", q.astype(np.float64), k.astype(np.float64))
+    s = 0.25 * np.einsum("bid,bjd->bij", q.astype(np.float64), k.astype(np.float64)) + np.log(w)
+    if causal:
+        s[:, np.triu_indices(n, 1)[0], np.triu_indices(n, 1)[1]] = -np.inf
+        s[:, np.arange(n), np.arange(n)] += shift
     p = np.exp(s - s.max(-1, keepdims=True))
     exact = (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
     tol = 1e-13 if dtype == np.float64 else 2e-6

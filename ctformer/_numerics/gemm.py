@@ -34,7 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["gemm_provider", "matmul", "rows_product", "uses_torch"]
+from ..backend import matmul_rows
+from .threads import _INSIDE, blas_controller, single_thread_blas
+
+__all__ = ["gemm_provider", "matmul", "rows_product", "softmax_provider", "softmax_rows", "uses_torch"]
 
 _PROVIDERS = ("auto", "numpy", "torch")
 # The shapes measured, (m, k, n) per product: attention's score and weighted-sum products
@@ -65,12 +68,33 @@ def gemm_provider(dtype) -> str:
         if _torch() is None:
             raise ImportError("CTFORMER_GEMM=torch needs torch: pip install torch")
         return "torch"
-    return _measured(dtype.name)
+    return _measured("products", dtype.name)
 
 
 def uses_torch(dtype) -> bool:
     """True when worker tasks multiply ``dtype`` matrices with torch."""
     return gemm_provider(dtype) == "torch"
+
+
+def softmax_provider(dtype) -> str:
+    """``"numpy"`` (the compiled row kernel, or NumPy passes) or ``"torch"`` (torch's
+    vectorized softmax): who normalizes the score rows of streamed attention in worker tasks,
+    measured like :func:`gemm_provider` and set by the same ``CTFORMER_GEMM``; torch only
+    where it also does the products."""
+    if gemm_provider(dtype) == "numpy":
+        return "numpy"
+    if os.environ.get("CTFORMER_GEMM", "auto").strip().lower() == "torch":
+        return "torch"
+    return _measured("softmax", np.dtype(dtype).name)
+
+
+def softmax_rows(s) -> None:
+    """In place, ``s[i] <- exp(s[i] - max s[i]) / sum_j exp(s[i, j] - max s[i])`` by torch's
+    kernel, on one thread (every row must have a finite entry)."""
+    torch = _torch()
+    with _one_torch_thread(torch):
+        t = _tensor(torch, s)
+        torch.ops.aten._softmax.out(t, -1, False, out=t)
 
 
 def matmul(a, b, out):
@@ -89,16 +113,12 @@ def rows_product(a, b):
     worker task, for C-contiguous NumPy float arrays, one product by :func:`matmul` on the
     folded rows; anything else by :func:`ctformer.backend.matmul_rows` (NumPy's BLAS as
     configured, torch, CuPy)."""
-    from .threads import _INSIDE
-
-    if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim >= 2 and b.ndim == 2
-            and a.dtype == b.dtype and a.flags.c_contiguous and getattr(_INSIDE, "worker", False)
+    if (getattr(_INSIDE, "worker", False) and type(a) is np.ndarray and type(b) is np.ndarray
+            and a.ndim >= 2 and b.ndim == 2 and a.dtype == b.dtype and a.flags.c_contiguous
             and uses_torch(a.dtype)):
         out = np.empty((*a.shape[:-1], b.shape[1]), dtype=a.dtype)
         matmul(a.reshape(-1, a.shape[-1]), b, out.reshape(-1, b.shape[1]))
         return out
-    from ..backend import matmul_rows
-
     return matmul_rows(a, b)
 
 
@@ -158,19 +178,21 @@ def _torch_version() -> str | None:
 
 
 @lru_cache(maxsize=None)
-def _measured(dtype: str) -> str:
-    """The stored choice for ``dtype`` on this machine, measured and stored when missing
-    (torch is imported only to measure, or when it is the choice)."""
+def _measured(kind: str, dtype: str) -> str:
+    """The stored choice for ``kind`` ("products" or "softmax") and ``dtype`` on this machine,
+    measured and stored when missing (torch is imported only to measure, or when chosen)."""
     if _torch_version() is None:
         return "numpy"
+    key = f"{kind} {dtype}"
     with _LOCK, _machine_lock(path := _cache_file()):
         stored = _read(path)
-        if dtype not in stored:
+        if key not in stored:
             if _torch() is None:  # installed but not importable: NumPy's BLAS
                 return "numpy"
-            stored[dtype] = _measure(np.dtype(dtype))
+            measure = _measure_products if kind == "products" else _measure_softmax
+            stored[key] = measure(np.dtype(dtype))
             _write(path, stored)
-        return stored[dtype]["provider"]
+        return stored[key]["provider"]
 
 
 @contextmanager
@@ -193,10 +215,8 @@ def _machine_lock(path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _measure(dtype) -> dict:
+def _measure_products(dtype) -> dict:
     """Best-of-5 times of NumPy's and torch's single-threaded products on ``_SHAPES``."""
-    from .threads import single_thread_blas
-
     torch = _torch()
     rng = np.random.default_rng(0)
     times = {"numpy": 0.0, "torch": 0.0}
@@ -209,6 +229,29 @@ def _measure(dtype) -> dict:
             ta, tb, tout = (torch.from_numpy(x) for x in (a, b, out))
             times["numpy"] += _best(lambda: np.matmul(a, b, out=out))
             times["torch"] += _best(lambda: torch.mm(ta, tb, out=tout))
+    return _verdict(times)
+
+
+def _measure_softmax(dtype) -> dict:
+    """Best-of-5 times of the row kernel of streamed attention and of torch's softmax, in
+    place on a (256, 4096) block of scores, one thread each."""
+    from .streamed import _fused_exp_rows, _exp_rows_kernel, _numpy_exp_rows
+
+    torch = _torch()
+    scores = np.random.default_rng(0).standard_normal((256, 4096)).astype(dtype)
+    work, sums = scores.copy(), np.empty(256, dtype)
+    kernel = _exp_rows_kernel()
+    ours = _fused_exp_rows(kernel, None, False, None, dtype) if kernel else _numpy_exp_rows(None, False, None, 256)
+    copy = _best(lambda: np.copyto(work, scores))
+    times = {"numpy": _best(lambda: (np.copyto(work, scores), ours(work, 0, sums))) - copy}
+    with _one_torch_thread(torch):
+        t = torch.from_numpy(work)
+        times["torch"] = _best(lambda: (np.copyto(work, scores),
+                                        torch.ops.aten._softmax.out(t, -1, False, out=t))) - copy
+    return _verdict(times)
+
+
+def _verdict(times) -> dict:
     provider = "torch" if times["torch"] < _MARGIN * times["numpy"] else "numpy"
     return {"provider": provider, "numpy_s": times["numpy"], "torch_s": times["torch"]}
 
@@ -225,8 +268,6 @@ def _best(call, repeats=5) -> float:
 
 def _cache_file() -> Path | None:
     """This machine's file of measured choices, named by what the choice depends on."""
-    from .threads import blas_controller
-
     controller = blas_controller()
     blas = sorted({(str(i.get("internal_api")), str(i.get("version")), str(i.get("architecture")))
                    for i in (controller.info() if controller is not None else []) if i.get("user_api") == "blas"})

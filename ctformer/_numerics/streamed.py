@@ -153,8 +153,12 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk):
         (lambda idx, b=np.broadcast_to(beta, (*lead, 1, 1)): b[idx])
     keep = None if keep is None else np.broadcast_to(keep, (*lead, *keep.shape[-2:]))
     kernel = _exp_rows_kernel()
-    exp_rows = _fused_exp_rows(kernel, log_w, causal, diag_shift, dtype) if kernel else \
-        _numpy_exp_rows(log_w, causal, diag_shift, chunk)
+    if keep is None and _gemm.softmax_provider(dtype) == "torch":  # every row has a key
+        exp_rows = _torch_softmax_rows(log_w, causal, diag_shift, chunk)
+    elif kernel:
+        exp_rows = _fused_exp_rows(kernel, log_w, causal, diag_shift, dtype)
+    else:
+        exp_rows = _numpy_exp_rows(log_w, causal, diag_shift, chunk)
     starts = range(0, n, chunk)
     if causal:  # the last chunks cost the most: hand them out first
         starts = reversed(starts)
@@ -200,6 +204,25 @@ def _fused_exp_rows(kernel, log_w, causal, diag_shift, dtype):
 
     def exp_rows(s, start, sums):
         kernel(s, log_w, start if causal else -1, big, shift, sums)
+    return exp_rows
+
+
+def _torch_softmax_rows(log_w, causal, diag_shift, chunk):
+    """``exp_rows(s, start, sums)`` by torch's softmax (rows normalized in place, sums 1)."""
+    upper = np.triu(np.ones((chunk, chunk), dtype=bool), 1) if causal else None
+
+    def exp_rows(s, start, sums):
+        r, cols = s.shape
+        if log_w is not None:
+            np.add(s, log_w[:cols], out=s)
+        if causal:  # only the diagonal block has keys after the query
+            diag = s[:, start:]
+            np.copyto(diag, -np.inf, where=upper[:r, :r])
+            if diag_shift is not None:
+                i = np.arange(r)
+                diag[i, i] += diag_shift
+        _gemm.softmax_rows(s)
+        sums[:] = 1
     return exp_rows
 
 
