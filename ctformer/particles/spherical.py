@@ -270,20 +270,23 @@ class SphericalMeanField:
                      build=self._solution, hint="or the density under-resolved (raise degree)", on_save=on_save)
 
     def evolve(self, rho0, t1, *, scheme="tsit5", rtol=1e-6, atol=1e-9, dt=None, save_at=None,
-               events=(), max_steps=100_000, controller=None):
+               events=(), max_steps=100_000, controller=None, initial=None):
         r"""Evolve to ``t1`` with error control; return a :class:`ctformer.Solution`.
 
         The state is the coefficient vector (with noise followed by :math:`\tau = 0`, the
         integrating factor's clock, reset after every step); its error norm is the RMS of the
         coefficients, the :math:`L^2(d\sigma)` norm of the density's error over the degrees.
-        Arguments as :meth:`CircleMeanField.evolve` (no restarts); with ``dt``, fixed steps
-        checked against :meth:`stable_step`.
+        Arguments as :meth:`CircleMeanField.evolve`; with ``dt``, fixed steps checked against
+        :meth:`stable_step`. ``initial`` restarts a saved solve bit for bit, as in
+        :meth:`ZonalMeanField.evolve` (the complex :math:`a_{lm}` come back from the file's
+        (real, imaginary) pairs exactly).
         """
-        c = self.coefficients_of(rho0)
-        return evolve_coefficients(self, c, float(c[0].real * math.sqrt(4 * math.pi)), t1, scheme=scheme, dt=dt,
-                                   what="spherical mean-field", axes=("lm",), rtol=rtol, atol=atol,
-                                   save_at=save_at, events=events, max_steps=max_steps,
-                                   controller=controller)
+        size = (self.degree + 1) * (self.degree + 2) // 2
+        return evolve_coefficients(self, rho0, t1, scheme=scheme, dt=dt, what="spherical mean-field",
+                                   axes=("lm",), size=size, dtype=np.complex128,
+                                   mass_of=lambda c: float(c[0].real * math.sqrt(4 * math.pi)),
+                                   initial=initial, rtol=rtol, atol=atol, save_at=save_at,
+                                   events=events, max_steps=max_steps, controller=controller)
 
     def _solution(self, times, states):
         alm = states[:, : self.l.shape[0]]

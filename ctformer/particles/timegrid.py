@@ -180,13 +180,62 @@ def march(scheme, problem, state, steps: int, h: float, save_every: int, saved, 
     return build(list(solution.times), saved)
 
 
-def restart_of(initial, t1, dt):
-    """The :class:`~ctformer.solvers.restart.RestartPoint` of ``initial`` (None for a new solve)."""
+def restart_of(initial, t1, dt, scheme=None):
+    r"""The :class:`~ctformer.solvers.restart.RestartPoint` of ``initial`` (None for a new solve).
+
+    Error control (``dt`` None): the last saved state must end an accepted step. Fixed steps:
+    it must lie on the uninterrupted solve's grid :math:`t = k\,h`, :math:`h = t_1/\lceil
+    t_1/\Delta t\rceil`, :math:`0 \le k <` the step count. Either way before ``t1``, and,
+    when ``scheme`` is given and ``initial`` records one, made by the same scheme.
+    """
     if initial is None:
         return None
     from ..solvers.restart import restart_point
 
-    return restart_point(initial, controlled=dt is None, boundaries=(0.0, float(t1)))
+    t1 = _real_number(t1, "t1")
+    grid = None
+    if dt is not None:
+        steps, h = time_steps(t1, dt, 1)
+
+        def grid(t0):
+            _before(t0, t1)
+            k = round(t0 / h) if steps else -1
+            if not (0 <= k < steps and k * h == t0):
+                raise ValueError(f"initial: a fixed-step restart continues the grid t = k*{h!r} "
+                                 f"(t1 / ceil(t1 / dt) for t1={t1!r}, dt={float(dt)!r}); the last "
+                                 f"saved time t={t0!r} is not on it: pass the t1 and dt of the "
+                                 f"saved solve, or restart with error control (dt=None)")
+    start = restart_point(initial, controlled=dt is None, boundaries=grid or (0.0, t1))
+    _before(start.t0, t1)
+    if scheme is not None and start.scheme is not None:
+        label = solvers.get(scheme).label
+        if start.scheme != label:
+            raise ValueError(f"initial was solved with scheme {start.scheme!r}, this solve uses "
+                             f"{label!r}: a restart continues with the scheme of the saved solve "
+                             f"(pass scheme={start.scheme!r})")
+    return start
+
+
+def _before(t0: float, t1: float) -> None:
+    if not t0 < t1:
+        raise ValueError(f"initial ends at t={t0!r}, not before t1={t1!r}: nothing is left to "
+                         f"solve; pass a t1 beyond the saved time")
+
+
+def _grid_times(solution, t0: float, k: int, h: float, steps_only: bool):
+    """A fixed-step restart from :math:`t_0 = k h`: the loop's step ends :math:`t_0 + s h` become
+    the uninterrupted solve's :math:`(k + s) h` (equal up to rounding; the states are the same)."""
+    def exact(times):
+        t = np.array(times, dtype=np.float64)
+        s = np.rint((t - t0) / h)
+        hit = (s >= 1) & (t0 + s * h == t)
+        t[hit] = (k + s[hit]) * h
+        return t
+
+    solution.stats["step_times"] = exact(solution.stats["step_times"])
+    if steps_only:  # requested times (SaveAt(times=...)) are kept as they were asked for
+        solution.times = exact(solution.times)
+    return solution
 
 
 def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, max_steps,
@@ -197,6 +246,8 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
     Fixed steps when ``dt`` is given (:func:`time_steps`: :math:`\lceil t_1/\Delta t \rceil`
     equal steps), else the controller of ``rtol``, ``atol``, ``max_steps`` (or ``controller``).
     The norm weighs every particle (or coefficient) alike: weight :math:`1/n` per particle.
+    ``start`` (:func:`restart_of`) continues a saved solve: fixed steps take the remaining steps
+    of the same grid, controlled ones the saved step size and error history.
     """
     from ..evolution import controller_for
 
@@ -204,35 +255,72 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
     t1 = _real_number(t1, "t1")
     if not (math.isfinite(t1) and t1 > 0):
         raise ValueError(f"t1 must be finite and > 0, got {t1}")
+    t0 = 0.0 if start is None else start.t0
+    k = 0
     if dt is not None:
         steps, h = time_steps(t1, dt, 1)
-        control = (steps, h)
+        k = round(t0 / h)  # on the grid: restart_of checked it
+        control = (steps - k, h)
         t_end = steps * h
     else:
         control = controller_for(rtol, atol, controller, max_steps)
         t_end = t1
-    t0 = 0.0 if start is None else start.t0
-    return solvers.integrate(solvers.Piecewise.single(problem, t_end, t0), state, control,
-                             scheme=scheme, save_at=save_at, events=tuple(events),
-                             order=scheme.nominal_order, what=f"the {what} solution", hint=hint,
-                             start=start if start is not None and start.h is not None else None,
-                             labels={"axes": axes, "time_axis": "time"})
+    solution = solvers.integrate(solvers.Piecewise.single(problem, t_end, t0), state, control,
+                                 scheme=scheme, save_at=save_at, events=tuple(events),
+                                 order=scheme.nominal_order, what=f"the {what} solution", hint=hint,
+                                 start=start if start is not None and start.h is not None else None,
+                                 labels={"axes": axes, "time_axis": "time"})
+    if k:
+        solution = _grid_times(solution, t0, k, h, save_at is None or save_at.times is None)
+    return solution
 
 
-def evolve_coefficients(field, c, mass: float, t1, *, scheme, dt, what: str, axes, **options):
-    r"""``evolve`` of a spectral mean field (zonal, S^2) from its coefficient vector ``c``.
+def evolve_coefficients(field, rho0, t1, *, scheme, dt, what, axes, size: int, dtype, mass_of,
+                        initial=None, **options):
+    r"""``evolve`` of a spectral mean field (zonal, S^2) from ``rho0`` or a saved solve ``initial``.
 
-    With ``dt``, fixed steps refused above ``field.stable_step(t1, scheme, mass)``; with noise the
-    state is ``c`` followed by the integrating factor's clock :math:`\tau = 0`. ``options`` are
+    The state is the coefficient vector :math:`c` (``size`` entries of ``dtype``,
+    ``field.coefficients_of(rho0)``), with noise followed by the integrating factor's clock
+    :math:`\tau = 0`. ``initial`` (``rho0`` None): the last saved state of a Solution or a
+    dataset written from one (:func:`restart_of`), continued bit for bit. With ``dt``, fixed
+    steps refused above ``field.stable_step(t1, scheme, mass_of(c))``. ``options`` are
     ``rtol``, ``atol``, ``save_at``, ``events``, ``max_steps``, ``controller`` of :func:`evolve_on`.
     """
     scheme = solvers.get(scheme)
+    start = restart_of(initial, t1, dt, scheme)
+    if start is None:
+        c = field.coefficients_of(rho0)
+        state = np.concatenate([c, [0.0]]) if field.noise else c
+    else:
+        if rho0 is not None:
+            raise ValueError("rho0 and initial both given: a restart takes its state from initial; "
+                             "pass rho0=None")
+        state = _saved_state(field, start.u0, size, dtype)
+        c = state[:size]
     if dt is not None:
         steps, h = time_steps(t1, dt, 1)
-        bound = field.stable_step(t1, scheme, mass)
+        bound = field.stable_step(t1, scheme, mass_of(c))
         if steps and h > bound:
             raise ValueError(f"dt={h:.6g} is above the stable step {bound:.4g} of scheme {scheme.name!r} "
                              f"for t1={float(t1):.6g}; use dt <= {bound:.4g} or a lower degree")
-    state = np.concatenate([c, [0.0]]) if field.noise else c
-    return evolve_on(field.problem(), state, t1, scheme=scheme, dt=dt, what=what,
+    return evolve_on(field.problem(), state, t1, scheme=scheme, dt=dt, what=what, start=start,
                      hint="or the density under-resolved (raise degree)", axes=axes, **options)
+
+
+def _saved_state(field, u0, size: int, dtype):
+    """The saved state ``u0`` as this field's state, refused when another field made it."""
+    from ..backend import to_host
+
+    u = to_host(u0) if array_api_compat.is_array_api_obj(u0) else np.asarray(u0)
+    expected = size + (1 if field.noise else 0)
+    kind = "complex" if np.dtype(dtype).kind == "c" else "real"
+    if u.shape != (expected,) or (np.iscomplexobj(u) != (kind == "complex")):
+        raise ValueError(f"initial holds states of shape {u.shape} and dtype {u.dtype}; {field!r} has "
+                         f"{kind} states of shape ({expected},) ({size} coefficients"
+                         f"{' and the noise clock' if field.noise else ''}): restart with the "
+                         f"solver (degree, noise) of the saved solve")
+    if field.noise and u[-1] != 0:
+        raise ValueError(f"initial's last entry {u[-1]!r} is not the noise clock (0 after every "
+                         f"step): the saved solve had no noise or another degree; restart with "
+                         f"the solver of the saved solve")
+    return np.array(u, dtype=dtype)

@@ -292,20 +292,27 @@ class ZonalMeanField:
                      build=self._solution, hint="or the density under-resolved (raise degree)", on_save=on_save)
 
     def evolve(self, rho0, t1, *, scheme="tsit5", rtol=1e-6, atol=1e-9, dt=None, save_at=None,
-               events=(), max_steps=100_000, controller=None):
+               events=(), max_steps=100_000, controller=None, initial=None):
         r"""Evolve to ``t1`` with error control; return a :class:`ctformer.Solution`.
 
         The state is the coefficient vector (with noise followed by :math:`\tau = 0`, the
         integrating factor's clock, reset after every step); its error norm is the RMS of the
         coefficients, the :math:`L^2(d\sigma)` norm of the density's error over the degrees.
-        Arguments as :meth:`CircleMeanField.evolve` (no restarts); with ``dt``, fixed steps
-        checked against :meth:`stable_step`.
+        Arguments as :meth:`CircleMeanField.evolve`; with ``dt``, fixed steps checked against
+        :meth:`stable_step`.
+
+        ``initial`` (a :class:`ctformer.Solution` of this solver, or the dataset its
+        ``to_netcdf``/``to_zarr`` wrote, with ``rho0=None``) continues that solve from its last
+        saved state :math:`t_0` with the same bits as the uninterrupted solve: error-controlled
+        from an accepted step (with its step size and error), fixed steps from a step of the
+        same grid (same ``t1`` and ``dt``). Refused (ValueError) for another degree or noise,
+        another scheme, or :math:`t_0 \ge t_1`.
         """
-        c = self.coefficients_of(rho0)
-        return evolve_coefficients(self, c, float(c[0] * math.sqrt(sphere_area(self.dimension))), t1, scheme=scheme, dt=dt,
-                                   what="zonal mean-field", axes=("degree",), rtol=rtol, atol=atol,
-                                   save_at=save_at, events=events, max_steps=max_steps,
-                                   controller=controller)
+        return evolve_coefficients(self, rho0, t1, scheme=scheme, dt=dt, what="zonal mean-field",
+                                   axes=("degree",), size=self.degree + 1, dtype=np.float64,
+                                   mass_of=lambda c: float(c[0] * math.sqrt(sphere_area(self.dimension))),
+                                   initial=initial, rtol=rtol, atol=atol, save_at=save_at,
+                                   events=events, max_steps=max_steps, controller=controller)
 
     def _check_resolved(self, c, mass, t_start, t_end) -> bool:
         """Warn once when the density goes negative or its top degrees stop decaying."""

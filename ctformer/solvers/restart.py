@@ -23,16 +23,18 @@ __all__ = ["RestartPoint", "restart_point"]
 @dataclass(frozen=True)
 class RestartPoint:
     """Where a restart begins: depth ``t0``, state ``u0``, and for a controlled solve the next
-    step size ``h`` and the previous accepted error ``err_prev`` (None for fixed steps)."""
+    step size ``h`` and the previous accepted error ``err_prev`` (None for fixed steps);
+    ``scheme``: the label of the scheme that made the saved states (None if not recorded)."""
 
     t0: float
     u0: object
     h: float | None = None
     err_prev: float | None = None
+    scheme: str | None = None
 
 
 def _parts(initial):
-    """``(times, states, stats)`` of a Solution, a saved result or an xarray Dataset."""
+    """``(times, states, stats, scheme)`` of a Solution, a saved result or an xarray Dataset."""
     if hasattr(initial, "attrs") and hasattr(initial, "data_vars"):  # an xarray Dataset
         initial = labelled_methods.read(initial)
     if hasattr(initial, "kind") and hasattr(initial, "arrays"):  # ctformer.labelled.SavedResult
@@ -40,9 +42,9 @@ def _parts(initial):
                  if key.startswith("stats_")}
         if "step_times" in initial.arrays:
             stats["step_times"] = np.asarray(initial.arrays["step_times"])
-        return initial.times, initial.states, stats
+        return initial.times, initial.states, stats, initial.attrs.get("scheme")
     if hasattr(initial, "times") and hasattr(initial, "states") and hasattr(initial, "stats"):
-        return initial.times, initial.states, initial.stats
+        return initial.times, initial.states, initial.stats, getattr(initial, "scheme", None)
     raise TypeError(f"initial must be a ctformer.Solution, a result read by "
                     f"ctformer.labelled.open_dataset or an xarray Dataset written by ctformer, got "
                     f"{type(initial).__name__}")
@@ -56,8 +58,10 @@ def restart_point(initial, *, controlled: bool, boundaries) -> RestartPoint:
     initial : Solution, SavedResult or xarray.Dataset
     controlled : bool
         Whether the continued solve is error-controlled.
-    boundaries : sequence of float
-        The segment ends of the problem (a fixed-step restart must start on one).
+    boundaries : sequence of float, or callable
+        The segment ends of the problem (a fixed-step restart must start on one), or a function
+        of ``t0`` that raises ValueError (saying why) when a fixed-step solve cannot continue
+        from ``t0`` (a uniform time grid: :func:`ctformer.particles.timegrid.restart_of`).
 
     Raises
     ------
@@ -66,16 +70,19 @@ def restart_point(initial, *, controlled: bool, boundaries) -> RestartPoint:
         on a segment end, for a controlled solve not at an accepted step's end or without the
         step history (a fixed-step or pre-0.3 result).
     """
-    times, states, stats = _parts(initial)
+    times, states, stats, scheme = _parts(initial)
     if times is None or states is None or len(times) == 0:
         raise ValueError("initial has no saved state to restart from")
     t0, u0 = float(times[-1]), states[-1, ...]
+    scheme = None if scheme is None else str(scheme)
     if not controlled:
-        if t0 not in [float(b) for b in boundaries]:
+        if callable(boundaries):
+            boundaries(t0)
+        elif t0 not in [float(b) for b in boundaries]:
             raise ValueError(f"initial: a fixed-step solve restarts at a layer boundary, the last "
                              f"saved depth is t={t0!r}; save with SaveAt(layers=True), or restart "
                              f"with error control")
-        return RestartPoint(t0, u0)
+        return RestartPoint(t0, u0, scheme=scheme)
     step_times = np.asarray(stats.get("step_times", ()), dtype=np.float64)
     if "step_sizes" not in stats or "step_errors" not in stats:
         raise ValueError("initial has no step history (stats step_sizes/step_errors): it comes from "
@@ -88,4 +95,4 @@ def restart_point(initial, *, controlled: bool, boundaries) -> RestartPoint:
                          f"SaveAt(layers=True) to restart exactly")
     i = int(hits[-1])
     sizes, errors = np.asarray(stats["step_sizes"]), np.asarray(stats["step_errors"])
-    return RestartPoint(t0, u0, float(sizes[i]), float(errors[i]))
+    return RestartPoint(t0, u0, float(sizes[i]), float(errors[i]), scheme)
