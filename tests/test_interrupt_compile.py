@@ -108,3 +108,69 @@ def test_ctrl_c_at_random_moments_of_a_first_run_prints_one_line_and_exits_130(t
         # shell reports as 130 too; the one line is what tells them apart from the old traceback
         assert status in (130, -signal.SIGINT), (delay, status, err[-2000:])
         assert len(lines) == 1 and lines[0].startswith("ctformer: interrupted"), (delay, err)
+
+
+_WORKER_CHILD = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from numba.core import event
+
+    log = []
+
+    class InterruptAtFirstCompile(event.Listener):
+        first = None
+
+        def on_start(self, ev):
+            if self.first is None:
+                self.first = ev.data["dispatcher"]
+                log.append("start " + threading.current_thread().name)
+                os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C while a worker compiles
+
+        def on_end(self, ev):
+            if ev.data["dispatcher"] is self.first:
+                log.append("end " + threading.current_thread().name)
+
+    event.register("numba:compile", InterruptAtFirstCompile())
+    import numpy as np
+    from ctformer._numerics import compiled, threads
+
+    gelu = compiled.kernels().gelu64
+    z = np.linspace(-3.0, 3.0, 4096)
+    out = np.empty_like(z)
+    taken = []
+
+    def worker(next_task):
+        while (task := next_task()) is not None:
+            taken.append(task)
+            if threading.current_thread() is threading.main_thread():
+                time.sleep(0.01)               # the main thread's tasks: 2 s in all
+            elif task == 0:
+                gelu(z, out)                   # the first compile, on a pool thread
+
+    try:
+        threads.run_workers(worker, list(range(200)), 2)
+    except KeyboardInterrupt:
+        log.append("interrupt " + threading.current_thread().name)
+    print(len(taken), file=sys.stderr)
+    print("|".join(log), file=sys.stderr)
+    reference = 0.5 * z * (1.0 + np.vectorize(__import__("math").erf)(z / np.sqrt(2.0)))
+    print(float(np.max(np.abs(out - reference))), file=sys.stderr)
+""")
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name != "posix", reason="needs POSIX signals")
+def test_ctrl_c_while_a_worker_thread_compiles_waits_for_the_compile(tmp_path):
+    """A first compile on a pool thread (where a SIGINT cannot be held back) and Ctrl-C when it
+    starts: the main thread's ``KeyboardInterrupt`` comes after that compile has ended, and no
+    task is handed out after the signal. Before, the interrupt overtook the compile (the log
+    read start, interrupt, and the compile went on while the program unwound) and the main
+    thread took all 200 tasks."""
+    require("numba")
+    env = dict(os.environ, CTFORMER_LOOP_ENGINE="numba", NUMBA_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-c", _WORKER_CHILD], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    taken, log, error = result.stderr.strip().splitlines()[-3:]
+    assert log == "start ctformer-attention_0|end ctformer-attention_0|interrupt MainThread", log
+    assert int(taken) < 200, taken          # the signal stopped the handing out of tasks
+    assert float(error) < 1e-14             # the kernel compiled and ran: GELU against math.erf

@@ -28,7 +28,9 @@ seconds for all of them, the first time on a machine; then loaded from Numba's c
 run it in parallel; results never depend on the thread count. The kernels live in
 :mod:`ctformer._numerics.loops`, imported (with Numba) only when one is used. Ctrl-C while
 a kernel compiles takes effect when that compile ends (at most a second or two): LLVM cannot
-be interrupted cleanly (:func:`sigint_deferred`).
+be interrupted cleanly (:func:`sigint_deferred`). A first compile may run on a worker thread,
+where a SIGINT cannot be held back: the main thread then holds it while it waits for the workers
+(:func:`ctformer._numerics.threads.run_workers`), so the interrupt never overtakes a compile.
 """
 from __future__ import annotations
 
@@ -94,7 +96,7 @@ def _compiling_uninterrupted(dispatcher):
 
 
 @contextmanager
-def sigint_deferred():
+def sigint_deferred(on_signal=None):
     """Hold back Ctrl-C (SIGINT) for the duration of the block, then act on it.
 
     LLVM calls back into Python while it compiles (llvmlite's object-cache notification, a
@@ -105,14 +107,22 @@ def sigint_deferred():
     ``KeyboardInterrupt`` there, in ordinary code, which the command line reports in one line
     with exit status 130). Only the main thread receives signals and may change their
     handlers: elsewhere, or when SIGINT has no Python handler (ignored or default), the block
-    runs as it is.
+    runs as it is. ``on_signal()``, when given, is called (on the main thread) as each SIGINT
+    is recorded: :func:`ctformer._numerics.threads.run_workers` uses it to stop handing out
+    tasks, so that the interrupt is raised once every worker, and any compile in one, is done.
     """
     previous = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or not callable(previous):
         yield
         return
     received = []
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+
+    def record(signum, frame):
+        received.append(frame)
+        if on_signal is not None:
+            on_signal()
+
+    signal.signal(signal.SIGINT, record)
     try:
         yield
     finally:

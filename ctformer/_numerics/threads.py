@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..environment import positive_int
+from .compiled import sigint_deferred
 
 __all__ = ["num_threads", "single_thread_blas", "run_workers", "run_blas_tasks", "by_row_blocks"]
 
@@ -113,14 +114,20 @@ def run_workers(worker, tasks: list, threads: int) -> None:
     """Run ``worker(next_task)`` on ``threads`` threads until ``tasks`` are all taken.
 
     ``next_task()`` returns the next task or None. The calling thread is one of the workers;
-    exceptions of any worker are re-raised after all have stopped. Called from inside a worker
+    exceptions of any worker are re-raised after all have stopped. On the main thread a
+    Ctrl-C (SIGINT) stops the handing out of tasks and is raised (``KeyboardInterrupt``) once
+    all workers have finished their current task, a kernel compile among them
+    (:func:`ctformer._numerics.compiled.sigint_deferred`). Called from inside a worker
     (an activation inside a feed-forward task, say) it runs on that worker's thread alone:
     nested pools would wait on each other.
     """
     threads = 1 if getattr(_INSIDE, "worker", False) else max(1, min(threads, len(tasks)))
     counter = itertools.count()
+    stop = []  # set on Ctrl-C: no more tasks are handed out
 
     def next_task():
+        if stop:
+            return None
         i = next(counter)  # atomic in CPython
         return tasks[i] if i < len(tasks) else None
 
@@ -135,12 +142,15 @@ def run_workers(worker, tasks: list, threads: int) -> None:
     if threads == 1:
         marked(next_task)
         return
-    futures = [_pool(threads).submit(marked, next_task) for _ in range(threads - 1)]
-    try:
-        marked(next_task)
-    finally:
-        for f in futures:
-            f.result()
+    # Ctrl-C is held until every worker has stopped: a worker may be compiling a kernel (LLVM),
+    # and a KeyboardInterrupt that overtook it would unwind the program while the compile runs
+    with sigint_deferred(on_signal=lambda: stop.append(True)):
+        futures = [_pool(threads).submit(marked, next_task) for _ in range(threads - 1)]
+        try:
+            marked(next_task)
+        finally:
+            for f in futures:
+                f.result()
 
 
 def run_blas_tasks(worker, tasks: list, parallel: bool) -> None:
