@@ -122,3 +122,28 @@ def test_feature_rows_use_the_choice_inside_workers_only(monkeypatch):
     assert np.array_equal(gemm.rows_product(a, b), np.full((4, 8, 5), 3.0)) and calls == []
     threads.run_workers(lambda next_task: next_task() and gemm.rows_product(a, b), [1], 1)
     assert calls == [(32, 3)]
+
+
+@pytest.mark.parametrize("provider", ["numpy", "torch"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_many_small_problems_by_either_provider(monkeypatch, provider, causal):
+    """streamed.small_blocks (a batch of heads of 100 tokens): 1 vs 3 threads bit-identical,
+    and the float64 reference to rounding, with non-uniform weights."""
+    monkeypatch.setenv("CTFORMER_GEMM", provider)
+    rng = np.random.default_rng(11)
+    n, d = 100, 8
+    q, k, v = (rng.standard_normal((3, 12, n, d)) for _ in range(3))
+    w = rng.uniform(0.5, 2.0, n)
+    shift = np.log(0.5) if causal else None
+    runs = []
+    for count in ("1", "3"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+        runs.append(streamed.small_blocks(0.3 * q, k, v, np.log(w), causal, shift, (3, 12)))
+    assert np.array_equal(runs[0], runs[1])
+    s = 0.3 * q @ k.swapaxes(-1, -2) + np.log(w)
+    if causal:
+        s = np.where(np.tri(n, dtype=bool), s, -np.inf)
+        s[..., np.arange(n), np.arange(n)] += shift
+    p = np.exp(s - s.max(-1, keepdims=True))
+    exact = (p / p.sum(-1, keepdims=True)) @ v
+    assert np.abs(runs[0] - exact).max() / np.abs(exact).max() < 1e-14

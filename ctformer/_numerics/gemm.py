@@ -37,7 +37,7 @@ import numpy as np
 from ..backend import matmul_rows
 from .threads import _INSIDE, blas_controller, single_thread_blas
 
-__all__ = ["gemm_provider", "matmul", "rows_product", "softmax_provider", "softmax_rows", "uses_torch"]
+__all__ = ["attention_block", "gemm_provider", "matmul", "rows_product", "softmax_provider", "softmax_rows", "uses_torch"]
 
 _PROVIDERS = ("auto", "numpy", "torch")
 # The shapes measured, (m, k, n) per product: attention's score and weighted-sum products
@@ -120,6 +120,19 @@ def rows_product(a, b):
         matmul(a.reshape(-1, a.shape[-1]), b, out.reshape(-1, b.shape[1]))
         return out
     return matmul_rows(a, b)
+
+
+def attention_block(qs, k, v, bias, out) -> None:
+    """``out = softmax(qs k^T + bias) v`` over the leading axes, by torch on one thread
+    (NumPy arrays of one float dtype; ``bias`` None or broadcasting to the scores; every
+    row must keep a key)."""
+    torch = _torch()
+    with _one_torch_thread(torch):
+        s = torch.matmul(_tensor(torch, qs), _tensor(torch, k).transpose(-1, -2))
+        if bias is not None:
+            s += _tensor(torch, np.asarray(bias, dtype=qs.dtype))
+        torch.ops.aten._softmax.out(s, -1, False, out=s)
+        np.copyto(out, torch.matmul(s, _tensor(torch, v)).numpy())
 
 
 def _strides_ok(*arrays) -> bool:

@@ -89,14 +89,30 @@ def small_blocks(qs, k, v, log_w, causal, diag_shift, lead):
     out = output_array(lead, n, e, np.result_type(qs.dtype, v.dtype))
     tasks = [(idx, slice(start, start + step)) for idx in np.ndindex(*lead[:-1])
              for start in range(0, inner, step)]
+    dtype = out.dtype
+    batch = _small_torch if dtype in (np.float32, np.float64) and \
+        _gemm.softmax_provider(dtype) == "torch" else small
 
     def worker(next_task):
         while (task := next_task()) is not None:
             idx, block = task
-            small(qs[idx][block], k[idx][block], v[idx][block], log_w, None, causal, diag_shift,
+            batch(qs[idx][block], k[idx][block], v[idx][block], log_w, None, causal, diag_shift,
                   out=out[idx][block])
 
     _run_tasks(worker, tasks, n * m * count)
+    return out
+
+
+def _small_torch(qs, k, v, log_w, keep, causal, diag_shift, out):
+    """:func:`small` by torch's batched products and softmax on one thread (``keep`` None,
+    one dtype); writes ``out``."""
+    m = k.shape[-2]
+    bias = None
+    if causal:
+        bias = _causal_bias(m, qs.dtype.str, diag_shift)
+    if log_w is not None:
+        bias = log_w if bias is None else bias + log_w
+    _gemm.attention_block(qs, k, v, bias, out)
     return out
 
 
