@@ -7,16 +7,30 @@ OpenBLAS builds and slow a current one by about 40%); the benchmark says so in i
 It must run before NumPy is imported. ``timed_block`` warms a call up in its own block and
 times it: torch's OpenMP threads and OpenBLAS's threads keep spinning after a call and slow
 the other library's next calls, so timings must never be interleaved.
+
+``header(title)`` prints what every figure depends on (the CPU model, NumPy's and torch's BLAS
+and kernel, threads, the environment, the load average); ``verdict(name, ratio, goal)`` prints
+and records "met" / "not met" for one goal, and ``summary()`` closes a run with the table of
+all goals for the CPU it ran on.
 """
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import sys
 import time
 
+# The repository root, so that a script run from anywhere imports this checkout's ctformer.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
 CLEARED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+#: Outputs equal to the peer's: max |ours - peer| / max |peer| (issue 25's goals).
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 MARK = "CTFORMER_BENCH_CLEARED_ENV"
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CTFORMER_NUM_THREADS")
 
 
 def prepare(argv, script, default_threads="2"):
@@ -27,7 +41,7 @@ def prepare(argv, script, default_threads="2"):
             threads = argv[i + 1]
         elif arg.startswith("--threads="):
             threads = arg.split("=", 1)[1]
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CTFORMER_NUM_THREADS"):
+    for name in THREAD_VARIABLES:
         os.environ[name] = threads
     if "--keep-env" in argv or "--child" in argv:
         return
@@ -36,6 +50,17 @@ def prepare(argv, script, default_threads="2"):
         env = {key: value for key, value in os.environ.items() if key not in CLEARED}
         env[MARK] = ",".join(f"{name}={os.environ[name]}" for name in present)
         os.execve(sys.executable, [sys.executable, os.path.abspath(script), *argv], env)
+
+
+def limit_threads(threads: int, with_torch: bool = True) -> None:
+    """``threads`` for the BLAS libraries (threadpoolctl) and, with ``with_torch``, for torch."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(threads, user_api="blas")
+    if with_torch:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def timed_block(call, repeats, warmup_s=0.5, min_calls=2):
@@ -66,3 +91,112 @@ def cpu_model() -> str:
     import platform
 
     return platform.processor() or "unknown CPU"
+
+
+def numpy_blas() -> list[str]:
+    """One line per BLAS library loaded (NumPy's, SciPy's, ...): the package that ships it, API,
+    version, kernel, threads (threadpoolctl)."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return ["threadpoolctl not installed: BLAS kernel unknown"]
+    return [f"{_owner(i.get('filepath', ''))}: {i.get('internal_api')} {i.get('version')} kernel "
+            f"{i.get('architecture', '?')}, {i.get('num_threads')} threads"
+            for i in threadpool_info() if i.get("user_api") == "blas"] or ["no BLAS loaded yet"]
+
+
+def _owner(path: str) -> str:
+    """The package whose wheel ships a library (``.../numpy.libs/libscipy_openblas...`` -> numpy)."""
+    folder = os.path.basename(os.path.dirname(path))
+    return folder[:-5] if folder.endswith(".libs") else os.path.basename(path) or "?"
+
+
+def torch_blas() -> str | None:
+    """torch's BLAS (``BLAS_INFO``: mkl, openblas, ...), its CPU capability and parallel
+    backend and threads, or ``None`` where torch has not been imported by the script."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    config = torch.__config__.show()
+    fields = dict(re.findall(r"(BLAS_INFO|LAPACK_INFO)=([^,\s]+)", config))
+    capability = re.search(r"CPU capability usage: (\S+)", config)
+    library = re.search(r"Math Kernel Library Version (\d[\d.]*)|(OpenBLAS \S+)", config)
+    backend = re.search(r"ATen parallel backend: (.+)", torch.__config__.parallel_info())
+    return (f"BLAS {fields.get('BLAS_INFO', '?')} ({_library(library)}), "
+            f"CPU capability {capability.group(1) if capability else '?'}, parallel backend "
+            f"{backend.group(1).strip() if backend else '?'}, {torch.get_num_threads()} threads")
+
+
+def _library(match) -> str:
+    if match is None:
+        return "version unknown"
+    return f"MKL {match.group(1)}" if match.group(1) else match.group(2)
+
+
+def header(title: str, notes=()) -> None:
+    """Print what every figure below depends on: the CPU model, NumPy's and torch's BLAS and
+    kernel, the thread settings, the OpenBLAS overrides removed or kept, the load average.
+
+    Call it after the script has imported NumPy (and torch, where torch is a peer) and set its
+    thread counts, so that the libraries and counts printed are the ones timed.
+    """
+    import numpy as np
+
+    print(f"== {title} ==")
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs)")
+    print(f"NumPy {np.__version__}; BLAS libraries loaded:")
+    for line in numpy_blas():
+        print(f"  {line}")
+    described = torch_blas()
+    if described:
+        print(f"torch {sys.modules['torch'].__version__}: {described}")
+    threads = ", ".join(f"{name}={os.environ.get(name, 'unset')}" for name in THREAD_VARIABLES)
+    print(f"threads: {threads}")
+    cleared = os.environ.get(MARK)
+    kept = [f"{name}={os.environ[name]}" for name in CLEARED if name in os.environ]
+    print("environment: " + (f"re-executed without {cleared} (--keep-env keeps them)" if cleared else
+                             f"kept {', '.join(kept)}" if kept else
+                             "OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE not set, nothing removed"))
+    for note in notes:
+        print(note)
+    print(f"load average at start: {os.getloadavg()[0]:.2f}\n", flush=True)
+
+
+_VERDICTS: list[tuple[str, float, float, str, bool]] = []
+
+
+def verdict(name: str, ratio: float, goal: float, unit: str = "x", show: bool = True) -> bool:
+    """Record (and print, unless ``show=False``) whether ``ratio <= goal``: "met" or "not met".
+
+    ``unit`` is ``"x"`` for a time ratio ctformer / peer, or e.g. ``"MiB"``; a NaN never meets
+    its goal. Returns whether the goal is met; :func:`summary` prints them all.
+    """
+    met = bool(ratio <= goal)
+    _VERDICTS.append((name, float(ratio), float(goal), unit, met))
+    if show:
+        print(f"goal {name}: {_figure(ratio, unit)} <= {_figure(goal, unit)} -> {'met' if met else 'not met'}",
+              flush=True)
+    return met
+
+
+def summary() -> bool:
+    """Print the load average and every recorded goal as a table for this CPU; True if all met."""
+    print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
+    if not _VERDICTS:
+        return True
+    blas = "; ".join(line.split(",")[0] for line in numpy_blas())
+    torch_line = torch_blas()
+    print(f"goals on {cpu_model()} (BLAS {blas}"
+          + (f"; torch {torch_line.split(',')[0]}" if torch_line else "") + "):")
+    width = max(len(v[0]) for v in _VERDICTS)
+    for name, ratio, goal, unit, met in _VERDICTS:
+        print(f"  {name:<{width}}  {_figure(ratio, unit):>10} <= {_figure(goal, unit):<9} "
+              f"{'met' if met else 'not met'}")
+    count = sum(v[4] for v in _VERDICTS)
+    print(f"{count} of {len(_VERDICTS)} goals met -> {'met' if count == len(_VERDICTS) else 'not met'}",
+          flush=True)
+    return count == len(_VERDICTS)
+
+
+def _figure(value: float, unit: str) -> str:
+    return f"{value:.3f}x" if unit == "x" else f"{value:.4g} {unit}"

@@ -46,7 +46,7 @@ from scipy.integrate import solve_ivp  # noqa: E402
 from tests import depth_reference as R  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import cpu_model  # noqa: E402
+from _environment import header, summary, verdict  # noqa: E402
 
 N_TOKENS, D_MODEL, LAYERS = 16, 16, 4
 BETA, T1 = 4.0, 4.0
@@ -176,7 +176,8 @@ def work_table(name, u0, ref, pieces, ctformer_run, rtols, peers_only):
             if not len(ratios):
                 print(f"{mine} vs {peer}: no common error range")
                 continue
-            met = bool(np.all(ratios <= 1.0))
+            met = verdict(f"{name.split(',')[0]}: {mine} / {peer} evaluations (worst at equal error)",
+                          float(np.max(ratios)), 1.0, show=False)
             verdicts.append(met)
             cells = ", ".join(f"{e:.0e}: {q:.2f}" for e, q in zip(errors, ratios))
             print(f"{mine} / {peer} evaluations at error {cells} -> "
@@ -212,7 +213,8 @@ def boundary_table(layer_counts, rtol, peers_only):
     del torch
     verdicts = []
     for scheme, rejected in ([] if peers_only else ours.items()):
-        met = all(r <= rejected[0] + 1 for r in rejected)
+        met = verdict(f"ctformer {scheme} rejections on L layers - on one layer", max(rejected) - rejected[0],
+                      1, unit="rejections", show=False)
         verdicts.append(met)
         print(f"ctformer {scheme}: rejections {rejected} -> {'met' if met else 'not met'} "
               f"(do not grow with L)")
@@ -230,8 +232,7 @@ def main(argv=None):
     import scipy
     import torch
 
-    print(f"CPU: {cpu_model()}; numpy {np.__version__}, scipy {scipy.__version__}, "
-          f"torch {torch.__version__}")
+    header(f"error-controlled depth: evaluations at equal error (scipy {scipy.__version__}); counts, not times")
     encoder, u0, ref, pieces = encoder_problem()
     verdicts = work_table(f"pre-norm TransformerEncoder, {LAYERS} layers, {N_TOKENS} tokens x "
                           f"{D_MODEL} features", u0, ref, pieces,
@@ -242,9 +243,7 @@ def main(argv=None):
                            pieces_x, lambda s, r, a: ctformer_particles(x0, s, r, a), rtols,
                            args.peers_only)
     verdicts += boundary_table(layer_counts, 1e-8, args.peers_only)
-    if not args.peers_only:
-        print(f"\nall goals {'met' if all(verdicts) else 'NOT all met'} "
-              f"({sum(verdicts)} of {len(verdicts)})")
+    summary()
 
 
 if __name__ == "__main__":

@@ -1,20 +1,22 @@
 """Benchmark: quadrature_attention against torch SDPA and a naive NumPy softmax, on the CPU.
 
-Run ``python benchmarks/attention.py`` (about two minutes on 2 cores; ``--sizes 2048 8192 32768``
-for the issue's three sizes, ``--causal`` for the causal mask). For every N (default 2048 and
-8192), head dimension 64, float32 and float64, it times in the same process
+Run ``python benchmarks/attention.py`` (the issue's configurations: N = 2048, 8192, 32768, head
+dimension 64, float32 and float64, without a mask and causal; about 15 minutes on 2 cores;
+``--quick``: N = 512, 1024, 3 repeats, no subprocess memory, a smoke test). For each
+configuration it times in the same process
 
-* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``,
-* ``quadrature``: :func:`ctformer.operators.quadrature_attention` (NumPy streaming path),
-* ``naive``: NumPy with the full N x N score matrix (in place, one softmax),
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` (``is_causal`` for the mask),
+* ``quadrature``: :func:`ctformer.operators.quadrature_attention` (``mask="causal"``),
+* ``naive``: NumPy with the full N x N score matrix (in place, one softmax; N <= 8192 only,
+  it needs 8 N^2 bytes),
 
 all with 2 threads (torch.set_num_threads, OPENBLAS/OMP/MKL_NUM_THREADS and threadpoolctl),
-each method in its own block (a 0.5 s warm-up, then best of ``--repeats``: torch's and
+each method in its own block (a 0.5 s warm-up, then the median of ``--repeats``: torch's and
 OpenBLAS's threads keep spinning after a call, so interleaving would slow the next method); on a
 shared machine each block first waits (at most ``--idle-wait`` seconds in all) until the CPUs
-are idle. It prints each time, its ratio to SDPA, the
-extra peak memory of one call, and a line saying whether the issue's goal is met
-(N = 8192: ratio <= 1.0 in both precisions, extra memory <= 64 MiB in float64).
+are idle. It prints the CPU, the BLAS kernels, each time, its ratio to SDPA, the extra peak
+memory of one call, and the issue's goals as "met" / "not met": ratio <= 0.9 at every N, dtype
+and mask, extra memory (traced) <= 64 MiB at N = 8192 in float64.
 
 Memory columns: ``traced`` is the peak of NumPy allocations during one call (tracemalloc,
 including the output array; not available for torch), ``rss`` is the growth of the peak
@@ -31,7 +33,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import CLEARED as _CLEARED, MARK as _MARK, prepare, timed_block  # noqa: E402
+from _environment import header, limit_threads, prepare, summary, timed_block, verdict  # noqa: E402
 
 if __name__ == "__main__":
     prepare(sys.argv[1:], __file__)
@@ -47,6 +49,7 @@ import tracemalloc  # noqa: E402
 import numpy as np  # noqa: E402
 
 MiB = 1 << 20
+GOAL_RATIO, GOAL_MIB, NAIVE_MAX = 0.9, 64.0, 8192
 
 
 def make_inputs(n, d, dtype, seed=0):
@@ -184,103 +187,82 @@ class IdleWaiter:
 
 
 def time_blocks(calls, repeats, wait_idle, warmup_s=0.5):
-    """Best-of-``repeats`` wall time of each call, each method in its own block after a
+    """Median of ``repeats`` wall times of each call, each method in its own block after a
     warm-up (:func:`_environment.timed_block`), waiting for an idle machine before each."""
-    best = {}
+    medians = {}
     for name, call in calls.items():
         wait_idle()
-        best[name] = timed_block(call, repeats, warmup_s, min_calls=1)[1]
-    return best
-
-
-def blas_description():
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return ["threadpoolctl not installed: BLAS kernel unknown"]
-    return [
-        f"{i.get('internal_api')} {i.get('version')} kernel={i.get('architecture')} threads={i.get('num_threads')} "
-        f"({os.path.basename(i.get('filepath', ''))})"
-        for i in threadpool_info()
-    ]
+        medians[name] = timed_block(call, repeats, warmup_s, min_calls=1)[0]
+    return medians
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[2048, 8192],
-                        help="token counts (the issue's goal also names 32768: add it, about 16x the time of 8192)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2048, 8192, 32768], help="token counts")
     parser.add_argument("--dim", type=int, default=64, help="head dimension")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    parser.add_argument("--masks", nargs="+", default=["none", "causal"], choices=["none", "causal"])
+    parser.add_argument("--causal", action="store_true", help="only the causal mask (--masks causal)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--causal", action="store_true", help="causal mask (SDPA is_causal=True)")
+    parser.add_argument("--quick", action="store_true", help="N = 512, 1024; 3 repeats; no rss (a smoke test)")
     parser.add_argument("--no-naive", action="store_true", help="skip the N x N NumPy baseline")
-    parser.add_argument("--no-rss", action="store_true", help="skip the subprocess ru_maxrss measurement")
+    parser.add_argument("--no-rss", action="store_true", help="skip the subprocess peak-RSS measurement")
     parser.add_argument("--idle-wait", type=float, default=120.0,
                         help="total seconds to spend waiting for an idle machine before rounds (0: never)")
     parser.add_argument("--keep-env", action="store_true",
                         help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE as they are")
     args = parser.parse_args(argv)
+    if args.causal:
+        args.masks = ["causal"]
+    if args.quick:
+        args.sizes, args.repeats, args.no_rss = [512, 1024], 3, True
 
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    torch.set_num_threads(args.threads)
-    threadpool_limits(args.threads)
-    cleared = os.environ.get(_MARK)
-    if cleared:
-        print(f"environment: re-executed without {cleared} (pass --keep-env to keep them)")
-    else:
-        kept = [f"{n}={os.environ[n]}" for n in _CLEARED if n in os.environ]
-        print("environment: " + (f"kept {', '.join(kept)} (--keep-env)" if kept else
-                                 "OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE not set, nothing removed"))
-    print(f"threads: torch {torch.get_num_threads()}, BLAS/element-wise {args.threads}; "
-          f"numpy {np.__version__}, torch {torch.__version__}")
-    for line in blas_description():
-        print(f"BLAS: {line}")
-    print(f"load average at start: {os.getloadavg()[0]:.2f} (cpus: {os.cpu_count()})")
-    print(f"head dim {args.dim}, beta = 1/sqrt(d), {'causal' if args.causal else 'no mask'}, "
-          f"best of {args.repeats}; memory: traced = tracemalloc peak of NumPy allocations, "
-          f"rss = peak RSS growth in a fresh subprocess\n")
-
-    header = f"{'N':>6} {'dtype':>8} {'method':>11} {'time ms':>9} {'/ SDPA':>7} {'traced MiB':>11} {'rss MiB':>8}"
-    print(header)
-    print("-" * len(header))
+    limit_threads(args.threads)
+    header(f"attention against torch SDPA: head dim {args.dim}, beta = 1/sqrt(d), median of {args.repeats}",
+           notes=["memory: traced = tracemalloc peak of NumPy allocations, rss = peak RSS growth in a "
+                  "fresh subprocess"])
+    row = f"{'mask':>6} {'N':>6} {'dtype':>8} {'method':>11} {'time ms':>9} {'/ SDPA':>7} {'traced MiB':>11} {'rss MiB':>8}"
+    print(row + "\n" + "-" * len(row))
     rows = []
     waiter = IdleWaiter(args.idle_wait)
-    for dtype in args.dtypes:
-        for n in args.sizes:
-            q, k, v = make_inputs(n, args.dim, dtype)
-            beta = 1 / math.sqrt(args.dim)
-            setups = methods(args.causal)
-            if args.no_naive:
-                setups.pop("naive")
-            calls = {name: setup(q, k, v, beta) for name, setup in setups.items()}
-            ref = np.asarray(calls["sdpa"]()[0, 0], dtype=np.float64)
-            best = time_blocks(calls, args.repeats, waiter)
-            for name, call in calls.items():
-                out = np.asarray(call()).reshape(ref.shape)
-                err = float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
-                traced = math.nan if name == "sdpa" else traced_extra(call)
-                rss = math.nan if args.no_rss else rss_extra(name, n, args.dim, dtype, args.causal)
-                ratio = best[name] / best["sdpa"]
-                rows.append(dict(n=n, dtype=dtype, method=name, ms=best[name] * 1e3, ratio=ratio,
-                                 traced=traced, rss=rss, err=err))
-                print(f"{n:>6} {dtype:>8} {name:>11} {best[name] * 1e3:>9.1f} {ratio:>7.3f} "
-                      f"{_fmt(traced):>11} {_fmt(rss):>8}   (max rel. diff to SDPA {err:.1e})", flush=True)
-    print(f"\nload average at end: {os.getloadavg()[0]:.2f}; timing rounds started on an idle machine "
-          f"(>= 90% of CPU idle): {waiter.idle_rounds} of {waiter.rounds}")
-    goal = [r for r in rows if r["method"] == "quadrature" and r["n"] == 8192]
-    if goal and args.causal:
-        print("(the issue's goal is stated for the unmasked case; run without --causal to check it)")
-    elif goal:
-        ok_time = all(r["ratio"] <= 1.0 for r in goal)
-        mem64 = [r["traced"] for r in goal if r["dtype"] == "float64"]
-        ok_mem = all(m <= 64 for m in mem64)
-        print("goal at N = 8192 (ratio <= 1.0 in both dtypes, extra memory <= 64 MiB in float64): "
-              + ", ".join(f"{r['dtype']} ratio {r['ratio']:.3f}" for r in goal)
-              + (f", float64 traced {mem64[0]:.1f} MiB" if mem64 else "")
-              + f" -> {'met' if ok_time and ok_mem else 'NOT met'}")
+    for mask in args.masks:
+        for dtype in args.dtypes:
+            for n in args.sizes:
+                rows += _configuration(mask == "causal", n, dtype, args, waiter)
+    print(f"\ntiming rounds started on an idle machine (>= 90% of CPU idle): {waiter.idle_rounds} of {waiter.rounds}")
+    for r in rows:
+        if r["method"] == "quadrature":
+            verdict(f"attention {r['mask']:<7} N={r['n']:<5} {r['dtype']} / SDPA", r["ratio"], GOAL_RATIO, show=False)
+            if r["n"] == 8192 and r["dtype"] == "float64":
+                verdict(f"attention {r['mask']:<7} N=8192  float64 extra memory", r["traced"], GOAL_MIB, "MiB",
+                        show=False)
+    summary()
+    return rows
+
+
+def _configuration(causal, n, dtype, args, waiter):
+    """Time every method at one mask, N and dtype; print a row each; returns the rows."""
+    q, k, v = make_inputs(n, args.dim, dtype)
+    beta = 1 / math.sqrt(args.dim)
+    setups = methods(causal)
+    if args.no_naive or n > NAIVE_MAX:
+        setups.pop("naive")
+    calls = {name: setup(q, k, v, beta) for name, setup in setups.items()}
+    ref = np.asarray(calls["sdpa"]()[0, 0], dtype=np.float64)
+    medians = time_blocks(calls, args.repeats, waiter)
+    rows = []
+    mask = "causal" if causal else "none"
+    for name, call in calls.items():
+        out = np.asarray(call()).reshape(ref.shape)
+        err = float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+        traced = math.nan if name == "sdpa" else traced_extra(call)
+        rss = math.nan if args.no_rss else rss_extra(name, n, args.dim, dtype, causal)
+        ratio = medians[name] / medians["sdpa"]
+        rows.append(dict(mask=mask, n=n, dtype=dtype, method=name, ms=medians[name] * 1e3, ratio=ratio,
+                         traced=traced, rss=rss, err=err))
+        print(f"{mask:>6} {n:>6} {dtype:>8} {name:>11} {medians[name] * 1e3:>9.1f} {ratio:>7.3f} "
+              f"{_fmt(traced):>11} {_fmt(rss):>8}   (max rel. diff to SDPA {err:.1e})", flush=True)
     return rows
 
 

@@ -25,7 +25,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import MARK as _MARK, prepare  # noqa: E402
+from _environment import header, prepare  # noqa: E402
 
 if __name__ == "__main__":
     prepare(sys.argv[1:], __file__, default_threads="1")
@@ -102,9 +102,7 @@ def main(argv=None):
     parser.add_argument("--threads", default="1")
     parser.add_argument("--keep-env", action="store_true")
     args = parser.parse_args(argv)
-    cleared = os.environ.get(_MARK)
-    print(f"environment: {'re-executed without ' + cleared if cleared else 'unchanged'}; one thread; "
-          f"N = M = {args.size}, head dim {args.dim}; load average {os.getloadavg()[0]:.2f}\n")
+    header(f"phases of streamed attention: one thread, N = M = {args.size}, head dim {args.dim}")
     n, d = args.size, args.dim
     for name in args.dtypes:
         dtype = np.dtype(name).type

@@ -31,6 +31,9 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _environment import header, summary, verdict  # noqa: E402
+
 WIDTHS = {  # hidden, intermediate, heads, key-value heads (head dimension 128 at every width)
     "full": (4096, 14336, 32, 8),
     "half": (2048, 7168, 16, 4),
@@ -111,6 +114,9 @@ def main(argv=None) -> None:
     parser.add_argument("--cases", nargs="+", default=["mistral", "gpt2"])
     args = parser.parse_args(argv)
     gib = 2.0**30
+    import numpy  # noqa: F401  (the header names its BLAS; the measurements run in child processes)
+
+    header(f"memory of a converted network: width {args.width}, each case in a fresh process")
     print(f"{'case':<22}{'dtype':<9}{'P GiB':>8}{'peak RSS GiB':>14}{'(peak-RSS0)/P':>15}"
           f"{'peak/P':>8}{'numpy peak/P':>14}{'numpy held/P':>14}")
     for case in args.cases:
@@ -122,8 +128,8 @@ def main(argv=None) -> None:
                   f"{r['hwm'] / p:>8.2f}{r['numpy_peak'] / p:>14.2f}{r['numpy_held'] / p:>14.2f}", flush=True)
             if dtype == "float64":
                 total = 1.0 + (r["hwm"] - r["rss_before"]) / p
-                print(f"  goal: module and converted model at the peak = {total:.2f} P <= 1.3 P: "
-                      f"{'met' if total <= 1.3 else 'NOT met'}", flush=True)
+                verdict(f"{name} float64 module and converted model at the peak / P", total, 1.3)
+    summary()
 
 
 if __name__ == "__main__":

@@ -17,10 +17,15 @@ paths agree where both run.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 import tracemalloc
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _environment import header, summary  # noqa: E402
 
 from ctformer.operators import local_attention, quadrature_attention, window_pattern
 
@@ -76,12 +81,14 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"sliding window W = {args.window}, {args.heads} heads, d_h = {args.head_dim}, float64")
+    header(f"sliding-window attention, banded against dense: W = {args.window}, {args.heads} heads, "
+           f"d_h = {args.head_dim}, float64, best of {args.repeat}")
     print(f"{'N':>7} {'banded s':>9} {'banded MiB':>11} {'dense s':>9} {'dense MiB':>10} {'max diff':>9}")
     for n, t_b, m_b, t_d, m_d, diff in run(sizes, args.window, args.heads, args.head_dim, args.dense_max,
                                             args.repeat):
         dense = f"{t_d:9.3f} {m_d:10.1f} {diff:9.1e}" if t_d is not None else f"{'-':>9} {'-':>10} {'-':>9}"
         print(f"{n:7d} {t_b:9.3f} {m_b:11.1f} {dense}")
+    summary()
 
 
 if __name__ == "__main__":

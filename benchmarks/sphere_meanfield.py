@@ -20,23 +20,13 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import cpu_model, prepare, timed_block  # noqa: E402
+from _environment import header, prepare, summary, timed_block  # noqa: E402
 
 prepare(sys.argv, __file__)
 
 import numpy as np  # noqa: E402
 
 from ctformer.particles import SelfAttentionDynamics, SphericalMeanField, ZonalMeanField  # noqa: E402
-
-
-def blas_kernel() -> str:
-    try:
-        from threadpoolctl import threadpool_info
-
-        info = [i for i in threadpool_info() if i.get("user_api") == "blas"]
-        return ", ".join(f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}" for i in info)
-    except Exception:  # pragma: no cover - informational only
-        return "unknown BLAS"
 
 
 def exponent(sizes, times) -> float:
@@ -74,10 +64,7 @@ def particles(counts):
 
 def main() -> int:
     quick = "--quick" in sys.argv
-    print(f"CPU: {cpu_model()}; BLAS: {blas_kernel()}; threads {os.environ['OPENBLAS_NUM_THREADS']}")
-    cleared = os.environ.get("CTFORMER_BENCH_CLEARED_ENV")
-    if cleared:
-        print(f"(this process runs without {cleared}: OpenBLAS picks its kernel for this CPU)")
+    header("sphere mean fields against their degree and against SA particles; median of 5")
     zonal_degrees = [16, 32, 64, 128, 256] if quick else [16, 32, 64, 128, 256, 512, 1024]
     sphere_degrees = [8, 16, 32, 64] if quick else [8, 16, 32, 64, 128]
     z = zonal(zonal_degrees)
@@ -94,6 +81,7 @@ def main() -> int:
         print(f"  {L:5d} {t * 1e3:10.3f} ms {tp * 1e3:10.3f} ms {t / tp:8.3f}   (n = {n})")
     print(f"  fitted exponents in L: mean field {exponent(*zip(*s)):.2f}, particles "
           f"{exponent([L for L, _ in s], [t for _, t in p]):.2f}")
+    summary()
     return 0
 
 
