@@ -104,8 +104,9 @@ def test_ctrl_c_at_random_moments_of_a_first_run_prints_one_line_and_exits_130(t
         if finished_first:
             continue                     # a machine fast enough to finish: nothing to interrupt
         lines = err.strip().splitlines()
-        # 130, or (rarely, the signal re-raised by LLVM's handler) death by SIGINT, which the
-        # shell reports as 130 too; the one line is what tells them apart from the old traceback
+        # 130, or (rarely: a KeyboardInterrupt out of the last exec() of a string before the
+        # exit, see the test below) death by SIGINT, which the shell reports as 130 too; the
+        # one line is what tells them apart from the old traceback
         assert status in (130, -signal.SIGINT), (delay, status, err[-2000:])
         assert len(lines) == 1 and lines[0].startswith("ctformer: interrupted"), (delay, err)
 
@@ -143,8 +144,8 @@ _WORKER_CHILD = textwrap.dedent("""
             taken.append(task)
             if threading.current_thread() is threading.main_thread():
                 time.sleep(0.01)               # the main thread's tasks: 2 s in all
-            elif task == 0:
-                gelu(z, out)                   # the first compile, on a pool thread
+            else:
+                gelu(z, out)                   # the first call compiles, on a pool thread
 
     try:
         threads.run_workers(worker, list(range(200)), 2)
@@ -174,3 +175,41 @@ def test_ctrl_c_while_a_worker_thread_compiles_waits_for_the_compile(tmp_path):
     assert log == "start ctformer-attention_0|end ctformer-attention_0|interrupt MainThread", log
     assert int(taken) < 200, taken          # the signal stopped the handing out of tasks
     assert float(error) < 1e-14             # the kernel compiled and ran: GELU against math.erf
+
+
+_SITECUSTOMIZE = textwrap.dedent("""
+    # Ctrl-C inside the exec() with which dataclasses builds the methods of the first dataclass
+    # of ctformer.solvers.base (the package is still loading)
+    import builtins, dataclasses, sys
+    done = []
+
+    def exec_(source, globals=None, locals=None):
+        if not done and (globals or {}).get("__name__") == "ctformer.solvers.base":
+            done.append(True)
+            print("SIGINT inside exec", file=sys.stderr, flush=True)
+            source = "__import__('os').kill(__import__('os').getpid(), 2)\\n" \\
+                     "for _ in range(1000): pass\\n" + source
+        return builtins.exec(source, globals, locals)
+
+    dataclasses.exec = exec_
+""")
+
+
+@pytest.mark.xfail(strict=True, reason="needs exec('pass') before the exit with 130 in "
+                   "ctformer.cli_interrupt.loading and ctformer.cli.main (reported to the lead)")
+@pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name != "posix", reason="needs POSIX signals")
+def test_ctrl_c_inside_an_exec_while_the_package_loads_exits_130(tmp_path):
+    """A KeyboardInterrupt that leaves an ``exec()`` of a string (dataclasses and namedtuple
+    build their methods so) sets a flag in CPython that the next such exec clears; when it is
+    the last one before the exit, ``python -m`` ends by killing itself with SIGINT after the
+    exit status 130 is set (Py_RunMain), so the one line came with status -2: the two tries in
+    30 that ended so, at 0.52 and 0.55 s of a first run (the package import)."""
+    (tmp_path / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}",
+               NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    result = subprocess.run([sys.executable, "-m", "ctformer", "study", "--refine", "tokens",
+                             "--levels", "4,8,16", "--no-progress"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.stderr.strip().splitlines() == ["SIGINT inside exec", "ctformer: interrupted"], \
+        result.stderr
+    assert result.returncode == 130, result.returncode
