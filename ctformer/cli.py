@@ -77,6 +77,7 @@ def main(argv=None) -> int:
             # the work is done and reported: a Ctrl-C while the interpreter shuts down (thread
             # joins, atexit) would only turn a finished run into a death by signal, no line
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            exec("pass")  # clears the interrupted-exec flag (see cli_interrupt.loading)
 
 
 def _main(argv: list) -> int:

@@ -69,6 +69,9 @@ def loading():
         if not received:
             raise
         print("ctformer: interrupted", file=sys.stderr, flush=True)
+        # a KeyboardInterrupt out of an exec() of a string (dataclasses) leaves a flag with
+        # which `python -m` kills itself by SIGINT after exiting 130; the next exec clears it
+        exec("pass")
         raise SystemExit(EXIT_INTERRUPTED) from None
     finally:
         if signal.getsignal(signal.SIGINT) is record:

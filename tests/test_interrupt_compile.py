@@ -195,8 +195,6 @@ _SITECUSTOMIZE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.xfail(strict=True, reason="needs exec('pass') before the exit with 130 in "
-                   "ctformer.cli_interrupt.loading and ctformer.cli.main (reported to the lead)")
 @pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name != "posix", reason="needs POSIX signals")
 def test_ctrl_c_inside_an_exec_while_the_package_loads_exits_130(tmp_path):
     """A KeyboardInterrupt that leaves an ``exec()`` of a string (dataclasses and namedtuple

@@ -172,10 +172,14 @@ class _one_torch_thread:
 
 @lru_cache(maxsize=1)
 def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
+    from .compiled import sigint_deferred
+
+    # an interrupted import of torch cannot be retried in the process: Ctrl-C waits for it
+    with sigint_deferred():
+        try:
+            import torch
+        except ImportError:
+            return None
     return torch
 
 
