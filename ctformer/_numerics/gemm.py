@@ -44,8 +44,8 @@ _PROVIDERS = ("auto", "numpy", "torch")
 # for a query chunk, and a feature map's rows. torch must win by this margin to be chosen.
 _SHAPES = ((256, 64, 4096), (256, 4096, 64), (256, 384, 1536))
 _MARGIN = 0.92
-_LOCAL = threading.local()
 _LOCK = threading.Lock()
+_POOL_PREFIX = "ctformer-"  # the worker pool's thread names (ctformer._numerics.threads)
 
 
 def gemm_provider(dtype) -> str:
@@ -153,7 +153,9 @@ def _tensor(torch, x):
 
 class _one_torch_thread:
     """torch limited to one thread on this thread for the block (OpenMP's setting is per
-    thread, so other threads, the caller's included, keep theirs)."""
+    thread, so other threads keep theirs). The caller's thread gets its count back after the
+    block; the library's own pool threads keep one thread (they never need more, and a count
+    above one would give each of them an OpenMP team of its own)."""
 
     __slots__ = ("torch", "before")
 
@@ -166,7 +168,7 @@ class _one_torch_thread:
             self.torch.set_num_threads(1)
 
     def __exit__(self, *exc):
-        if self.before != 1:
+        if self.before != 1 and not threading.current_thread().name.startswith(_POOL_PREFIX):
             self.torch.set_num_threads(self.before)
 
 

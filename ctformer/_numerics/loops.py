@@ -148,7 +148,8 @@ def row_max(row, end):
 
 # Sums of positive terms: LLVM may reorder them ('reassoc') to vectorize the loop. The order
 # is fixed when the kernel is compiled (a machine's result never depends on threads or runs).
-_sum_jit = njit(nogil=True, cache=True, fastmath={"contract", "reassoc"}, error_model="numpy", inline="always")
+# Not inlined: Numba's inlining would compile the loop with the caller's flags (no reassoc).
+_sum_jit = njit(nogil=True, cache=True, fastmath={"contract", "reassoc"}, error_model="numpy")
 
 
 @_sum_jit

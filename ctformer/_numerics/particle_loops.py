@@ -19,54 +19,63 @@ from __future__ import annotations
 
 import numpy as np
 
-from .loops import _sum_jit, exp_, jit, row_max, row_sum
+from .loops import exp_, jit
 
 
 @jit
 def sa_velocity(x, beta, log_w, normalized, out):
     """out[b, i] = the velocity of particle i of system b (x, out: (B, n, d), C order;
-    ``beta`` and ``log_w`` (n,) in the dtype of ``x``). Each system is transposed once into
-    a (d, n) buffer, so that every loop over the tokens j runs over contiguous memory (SIMD)."""
+    ``beta`` and ``log_w`` (n,) in the dtype of ``x``). Every inner loop runs over the query
+    particles i, which are independent: SIMD lanes without reordering any sum (the scores are
+    kept as S[j, i], the keys' rows)."""
     systems, n, d = x.shape
     xt = np.empty((d, n), dtype=x.dtype)
-    s = np.empty(n, dtype=x.dtype)
+    scores = np.empty((n, n), dtype=x.dtype)
+    top = np.empty(n, dtype=x.dtype)
+    total = np.empty(n, dtype=np.float64)
+    acc = np.empty((d, n), dtype=np.float64)
     for b in range(systems):
         xb = x[b]
-        for j in range(n):
-            for l in range(d):
-                xt[l, j] = xb[j, l]
         for i in range(n):
-            xi = xb[i]
-            for j in range(n):
-                s[j] = log_w[j]
             for l in range(d):
-                c = beta * xi[l]
-                row = xt[l]
-                for j in range(n):
-                    s[j] += c * row[j]
-            top = row_max(s, n)
-            for j in range(n):
-                s[j] = exp_(s[j] - top)
-            total = row_sum(s, n)
-            factor = 1.0 / total
+                xt[l, i] = xb[i, l]
+        for j in range(n):
+            row = scores[j]
+            for i in range(n):
+                row[i] = log_w[j]
+            for l in range(d):
+                c = beta * xb[j, l]
+                xl = xt[l]
+                for i in range(n):
+                    row[i] += c * xl[i]
+        top[:] = scores[0]
+        for j in range(1, n):
+            row = scores[j]
+            for i in range(n):
+                top[i] = max(top[i], row[i])
+        total[:] = 0.0
+        acc[:] = 0.0
+        for j in range(n):
+            row = scores[j]
+            for i in range(n):
+                e = exp_(row[i] - top[i])
+                row[i] = e
+                total[i] += e
+            for l in range(d):
+                c = np.float64(xb[j, l])
+                al = acc[l]
+                for i in range(n):
+                    al[i] += row[i] * c
+        for i in range(n):
+            factor = 1.0 / total[i]
             if not normalized:
-                factor = np.exp(np.float64(top))  # once per particle: libm
+                factor = np.exp(np.float64(top[i]))
             radial = 0.0
             for l in range(d):
-                a = weighted_sum(s, xt[l], n) * factor
-                out[b, i, l] = a
-                radial += a * xi[l]
+                acc[l, i] *= factor
+                radial += acc[l, i] * xt[l, i]
             for l in range(d):
-                out[b, i, l] -= radial * xi[l]
-
-
-@_sum_jit
-def weighted_sum(p, v, end):
-    """sum_j p[j] v[j] accumulated in float64, in SIMD lanes."""
-    total = 0.0
-    for j in range(end):
-        total += np.float64(p[j]) * np.float64(v[j])
-    return total
+                out[b, i, l] = acc[l, i] - radial * xt[l, i]
 
 
 @jit

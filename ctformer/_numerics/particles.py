@@ -2,9 +2,9 @@ r"""The fused velocity of many small particle systems and the row retraction, on
 
 :func:`fused_velocity` gives, where it applies, the self-attention velocity
 (:mod:`ctformer.particles.dynamics`, :math:`Q = K = V = I`, one head, no mask) of a batch of
-small systems, ``(B, n, d)``, as one compiled pass per particle
-(:func:`ctformer._numerics.particle_loops.sa_velocity`): for :math:`n \le 128` tokens the
-batched BLAS path spends its time in per-matrix calls and in passes over ``(B, n, n)`` score
+small systems, ``(B, n, d)`` with :math:`n \le 64` and :math:`d \le 16`, as one compiled
+pass per system (:func:`ctformer._numerics.particle_loops.sa_velocity`): for so few tokens
+the batched BLAS path spends its time in per-matrix calls and in passes over ``(B, n, n)`` score
 arrays that this pass never builds. The systems are split into blocks that depend on the shape
 only and run on the worker threads, so results do not depend on the thread count.
 :func:`unit_rows` is the scale-safe retraction :math:`x / \|x\|` in one pass, for the same
@@ -22,11 +22,12 @@ from . import threads as _threads
 
 __all__ = ["fused_velocity", "unit_rows"]
 
-# Where the fused velocity wins over batched BLAS (measured on an Intel Xeon, relative to the
-# BLAS path: n = 32, d = 2: 0.55x in float64, 0.79x in float32; d = 16 or n = 128: 1.3-6x, so
-# those stay on BLAS). The retraction's pass wins for every short row (2-10x at d <= 32).
+# Where the fused velocity wins over batched BLAS (Intel Xeon, two threads, against the BLAS
+# path: n = 32, d = 2: 0.40x in float64 and 0.45x in float32; d = 16: 0.52x / 0.77x; n = 64,
+# d = 4: 0.39x / 0.56x; n = 128, d = 8: 0.86x / 1.34x and n = 512: 1.1x, so those stay on
+# BLAS). The retraction's pass wins for every short row (2-10x at d <= 32).
 _MAX_TOKENS = 64
-_MAX_DIM = 3
+_MAX_DIM = 16
 _MAX_ROW = 32
 _BLOCK_SYSTEMS = 64      # systems per worker task
 _PARALLEL_MIN = 1 << 16  # score entries in all below which one thread does everything
