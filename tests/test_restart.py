@@ -97,3 +97,16 @@ def test_restarts_that_cannot_be_exact_are_refused():
         MODEL.evolve(_u0, steps_per_layer=2, initial=fixed, **GRIDS)
     with pytest.raises(TypeError, match="initial must be a ctformer.Solution"):
         MODEL.evolve(None, initial=3.0, **GRIDS)
+
+
+def test_particles_and_circle_refuse_a_restart_by_another_scheme(rng):
+    x0 = rng.standard_normal((12, 3))
+    x0 /= np.linalg.norm(x0, axis=1, keepdims=True)
+    dynamics = SelfAttentionDynamics(beta=4.0)
+    part = dynamics.evolve(x0, 0.5, rtol=1e-8, scheme="tsit5")
+    with pytest.raises(ValueError, match="solved with scheme 'tsit5'.*scheme='tsit5'"):
+        dynamics.evolve(None, 1.0, rtol=1e-8, scheme="dopri5", initial=part)
+    field = CircleMeanField(beta=2.0, n_modes=32)
+    part = field.evolve(lambda th: (1 + 0.3 * np.cos(th)) / (2 * np.pi), 0.5, dt=0.01, scheme="rk4")
+    with pytest.raises(ValueError, match="solved with scheme 'rk4'.*scheme='rk4'"):
+        field.evolve(None, 1.0, dt=0.01, scheme="heun", initial=part)

@@ -16,7 +16,7 @@ arithmetic in one pass per element, in SIMD registers. Two pieces make that poss
   :math:`\ln(\text{max})` they are ``inf``, and NaN stays NaN;
 * per-row kernels: the numerator of quadrature attention,
   :math:`p_{ij} = \exp(s_{ij} + \log w_j - \max_l (s_{il} + \log w_l))`, with the causal mask
-  applied by the loop bounds, and its row sums :math:`\sum_j p_{ij}` (eight partial sums);
+  applied by the loop bounds, and its row sums :math:`\sum_j p_{ij}` (accumulated in float64, in SIMD lanes);
   the activations of :mod:`ctformer.operators.activations` with the same formulas as its
   NumPy path (float64 GELU by :mod:`ctformer._numerics.normal_tail`).
 

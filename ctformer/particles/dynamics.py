@@ -590,15 +590,16 @@ class SelfAttentionDynamics:
             As for :meth:`ctformer.ContinuousTransformer.evolve`; ``condition(t, x)`` of an
             event receives the positions.
         initial : ctformer.Solution, saved result or xarray.Dataset, optional
-            Restart an error-controlled solve from its last saved accepted step (``x0`` None):
-            the continued states are those of the uninterrupted solve, bit for bit.
+            Restart a solve (``x0`` None): error-controlled from its last saved accepted step,
+            fixed-step from a saved state on its step grid, with the same scheme; the continued
+            states are those of the uninterrupted solve, bit for bit.
 
         Returns
         -------
         ctformer.Solution
             ``states`` of shape ``(T,) + x0.shape``.
         """
-        start = restart_of(initial, t1, dt)
+        start = restart_of(initial, t1, dt, scheme)
         if start is not None:
             if x0 is not None:
                 raise ValueError("x0 and initial both given: a restart takes its state from "

@@ -447,8 +447,9 @@ class CircleMeanField:
         ``numpy.fft.irfft(c, n=n_modes)``); the error norm is their RMS, which is the
         :math:`L^2` norm of the density's error by Parseval. ``rho0``, ``dt`` and the other
         arguments as for :meth:`solve` and :meth:`ctformer.ContinuousTransformer.evolve`;
-        ``condition(t, c)`` of an event receives the coefficients. ``initial`` restarts an
-        error-controlled solve from its last saved accepted step (``rho0`` None), bit for bit.
+        ``condition(t, c)`` of an event receives the coefficients. ``initial`` restarts a
+        solve (``rho0`` None) with the same scheme, error-controlled from its last saved accepted
+        step or fixed-step from a saved state on its step grid, bit for bit.
 
         Raises
         ------
@@ -456,7 +457,7 @@ class CircleMeanField:
             As :meth:`solve` for ``rho0``; with ``dt``, for a step above :meth:`stable_step`.
         """
         scheme_obj = solvers.get(scheme)
-        start = restart_of(initial, t1, dt)
+        start = restart_of(initial, t1, dt, scheme)
         if start is not None:
             if rho0 is not None:
                 raise ValueError("rho0 and initial both given: a restart takes its state from "
