@@ -79,18 +79,21 @@ def timed_block(call, repeats, warmup_s=0.5, min_calls=2):
     return statistics.median(times), min(times), max(times)
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), named with every figure a benchmark prints."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
+def add_run_options(parser, quick: str, repeats: int = 5, threads: int = 2) -> None:
+    """The options every timing script shares: ``--repeats``, ``--threads``, ``--quick`` (with
+    the script's own meaning ``quick``) and ``--keep-env``."""
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed runs per side (median)")
+    parser.add_argument("--threads", type=int, default=threads, help="threads of each side")
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--keep-env", action="store_true", help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE")
 
-    return platform.processor() or "unknown CPU"
+
+def cpu_model() -> str:
+    """The CPU's model name, named with every figure a benchmark prints (imported when called:
+    :func:`prepare` must run before NumPy, which importing ctformer loads)."""
+    from ctformer.environment import cpu_model as model
+
+    return model()
 
 
 def numpy_blas() -> list[str]:

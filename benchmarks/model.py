@@ -41,7 +41,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import TOLERANCE, header, limit_threads, prepare, summary, timed_block, verdict  # noqa: E402
+from _environment import (TOLERANCE, add_run_options, header, limit_threads, prepare, summary,  # noqa: E402
+                          timed_block, verdict)
 
 if __name__ == "__main__":
     prepare(sys.argv[1:], __file__)
@@ -131,11 +132,8 @@ def main(argv=None):
     parser.add_argument("--models", nargs="+", default=list(NETWORKS), choices=NETWORKS)
     parser.add_argument("--sizes", nargs="+", default=["1x16", "8x128", "4x512"], help="BATCHxTOKENS")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="cProfile ctformer's side at the last size")
-    parser.add_argument("--keep-env", action="store_true", help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE")
-    parser.add_argument("--quick", action="store_true", help="size 1x16 only, 3 repeats (a smoke test)")
+    add_run_options(parser, quick="size 1x16 only, 3 repeats (a smoke test)")
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.repeats = ["1x16"], 3

@@ -43,7 +43,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import TOLERANCE, header, limit_threads, prepare, summary, timed_block, verdict  # noqa: E402
+from _environment import (TOLERANCE, add_run_options, header, limit_threads, prepare, summary,  # noqa: E402
+                          timed_block, verdict)
 
 if __name__ == "__main__":
     prepare(sys.argv[1:], __file__)
@@ -176,11 +177,8 @@ def main(argv=None):
     parser.add_argument("--dt", type=float, default=0.1)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--dtypes", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-torch-input", action="store_true", help="skip ctformer on torch tensors")
-    parser.add_argument("--quick", action="store_true", help="batch 256, 20 steps, 3 repeats (a smoke test)")
-    parser.add_argument("--keep-env", action="store_true", help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE")
+    add_run_options(parser, quick="batch 256, 20 steps, 3 repeats (a smoke test)")
     args = parser.parse_args(argv)
     if args.quick:
         args.batch, args.steps, args.repeats = 256, 20, 3

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["positive_int"]
+__all__ = ["cpu_model", "positive_int"]
 
 
 def positive_int(name: str, default: int | None = None) -> int | None:
@@ -24,3 +24,17 @@ def positive_int(name: str, default: int | None = None) -> int | None:
     if number < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return number
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; else the platform's processor or machine name)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown CPU"

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import matmul_rows
+from ..environment import cpu_model
 from .threads import _INSIDE, blas_controller, single_thread_blas
 
 __all__ = ["attention_block", "gemm_provider", "matmul", "rows_product", "softmax_provider", "softmax_rows", "uses_torch"]
@@ -297,22 +298,9 @@ def _cache_file() -> Path | None:
     controller = blas_controller()
     blas = sorted({(str(i.get("internal_api")), str(i.get("version")), str(i.get("architecture")))
                    for i in (controller.info() if controller is not None else []) if i.get("user_api") == "blas"})
-    key = json.dumps([_cpu_model(), np.__version__, _torch_version(), blas], sort_keys=True)
+    key = json.dumps([cpu_model(), np.__version__, _torch_version(), blas], sort_keys=True)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "ctformer" / f"gemm-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def _read(path) -> dict:
