@@ -53,6 +53,7 @@ import array_api_compat
 import numpy as np
 
 from .. import validation
+from .._numerics.normalize import normalized_rows
 from ..backend import to_host
 from .activations import via_float32
 from .base import Constants, Grids, Normalization
@@ -186,6 +187,10 @@ class LayerNormProjection(Normalization):
             if type(u) is np.ndarray and u.dtype == np.float16:
                 return via_float32(layer_norm, u, "LayerNormProjection")
             w = constants("w", u)
+            gain, shift = constants("gain", u), constants("shift", u)
+            fused = normalized_rows(u, w, eps, True, gain, shift)
+            if fused is not None:
+                return fused
             plain = _plain_centred(u, w, eps, True)
             if plain is not None:  # both arrays are new: finished in place
                 centred, var = plain
@@ -193,7 +198,6 @@ class LayerNormProjection(Normalization):
                     var += eps
                 np.sqrt(var, out=var)
                 centred /= var
-                gain, shift = constants("gain", u), constants("shift", u)
                 if gain is not None:
                     centred *= gain
                 if shift is not None:
@@ -217,7 +221,6 @@ class LayerNormProjection(Normalization):
                 normalized = centred / xp.sqrt(var)
             else:
                 normalized = centred / xp.sqrt(var + _eps_over_square(xp, eps, s, u.dtype))
-            gain, shift = constants("gain", u), constants("shift", u)
             out = normalized if gain is None else normalized * gain
             return out if shift is None else out + shift
 
@@ -269,6 +272,9 @@ class SphereProjection(Normalization):
             if type(u) is np.ndarray and u.dtype == np.float16:
                 return via_float32(sphere, u, name)
             w = constants("w", u)
+            fused = normalized_rows(u, w, eps, False, None if plain else constants("gain", u))
+            if fused is not None:
+                return fused
             fast = _plain_centred(u, w, eps, False)
             if fast is not None:
                 _, square = fast

@@ -1,0 +1,56 @@
+r"""One-pass normalization of NumPy states by the compiled loops (LayerNorm, RMSNorm, sphere).
+
+:func:`normalized_rows` gives :math:`g (u - \mu) / \sqrt{\sigma^2 + \varepsilon} + c` for
+every token of a float32 or float64 NumPy state in one compiled pass
+(:func:`ctformer._numerics.normalization_loops.normalize_rows`) where the plain formula is the
+scale-safe one, else None: the NumPy engine is in use, or some token is too large or too small
+to square, or (:math:`\varepsilon = 0`) has no variance to speak of. The callers in
+:mod:`ctformer.operators.normalization` then evaluate their scale-safe NumPy formulas, which
+also name a degenerate token. A normalization evaluated this way makes one pass over the state
+and one call instead of about ten array operations, which is most of its cost on small states.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from . import compiled as _compiled
+
+__all__ = ["normalized_rows"]
+
+_EMPTY = np.empty(0)
+# The largest entry a row may have (sums of squares in float64 stay finite and normal), and
+# the rounding noise of a variance relative to the largest entry, per input dtype.
+_LIMITS = {np.dtype(np.float64): (2.0 ** 400, 64.0 * float(np.finfo(np.float64).eps)),
+           np.dtype(np.float32): (2.0 ** 126, 64.0 * float(np.finfo(np.float32).eps))}
+
+
+@lru_cache(maxsize=1)
+def _kernel():
+    from . import normalization_loops as _loops
+
+    return _compiled._compiling_uninterrupted(_loops.normalize_rows)
+
+
+def normalized_rows(u, w, eps: float, centre: bool, gain=None, shift=None):
+    """The normalized state (a new array of ``u``'s shape and dtype), or None (see the module).
+
+    ``w``: feature weights (d,) summing to 1; ``gain``, ``shift``: (d,) or None; NumPy arrays.
+    """
+    if type(u) is not np.ndarray or u.dtype not in _LIMITS or u.ndim < 1 or u.size == 0:
+        return None
+    d = u.shape[-1]
+    if (not _vector(w, d) or any(a is not None and not _vector(a, d) for a in (gain, shift))
+            or _compiled.loop_engine() != "numba"):
+        return None
+    largest, noise = _LIMITS[u.dtype]
+    rows = u.reshape(-1, d)
+    out = np.empty(rows.shape, dtype=u.dtype)
+    ok = _kernel()(rows, w, float(eps), centre, _EMPTY if gain is None else gain,
+                   _EMPTY if shift is None else shift, largest, noise, out)
+    return out.reshape(u.shape) if ok else None
+
+
+def _vector(a, d: int) -> bool:
+    return type(a) is np.ndarray and a.shape == (d,) and a.dtype.kind == "f"
