@@ -68,7 +68,7 @@ def kernels():
 
 
 _KERNELS = ("exp_array", "exp_rows", "silu32", "silu64", "gelu_tanh32", "gelu_tanh64",
-            "gelu32", "gelu64")
+            "gelu32", "gelu64", "rotate_pairs")
 
 
 @lru_cache(maxsize=None)

@@ -245,3 +245,18 @@ def gelu64(z, out):
         tail = exp64(-0.5 * p) * (1.0 - 0.5 * e) * (g * _C * r)
         value = max(v, 0.0) - a * tail
         out[i] = v if v != v else value  # NaN stays NaN
+
+
+@jit
+def rotate_pairs(q, cos, sin, out):
+    """out = (q1 cos - q2 sin, q2 cos + q1 sin) for the halves q1, q2 of the last axis of the
+    4-d ``q`` (any strides; ``cos``, ``sin``: (N, m), ``out`` C order like ``q``)."""
+    groups, heads, n, width = q.shape
+    m = width // 2
+    for a in range(groups):
+        for b in range(heads):
+            for i in range(n):
+                x, y, c, s = q[a, b, i], out[a, b, i], cos[i], sin[i]
+                for j in range(m):
+                    y[j] = x[j] * c[j] - x[j + m] * s[j]
+                    y[j + m] = x[j + m] * c[j] + x[j] * s[j]

@@ -63,6 +63,7 @@ import array_api_compat
 import numpy as np
 
 from .. import validation
+from .._numerics import compiled as _compiled
 from ..kernels import _to_host, cell_index
 from .absolute_positions import interpolate_table, sinusoidal_encoding
 
@@ -344,6 +345,16 @@ def rotate(xp, q, cos, sin):
     are those of the HuggingFace convention, ``q cos + rotate_half(q) sin``.
     """
     m = cos.shape[-1]
+    if (type(q) is np.ndarray and q.dtype in (np.float32, np.float64) and q.ndim <= 4
+            and type(cos) is np.ndarray and type(sin) is np.ndarray and cos.dtype == q.dtype
+            and sin.dtype == q.dtype and cos.shape == sin.shape == (q.shape[-2], q.shape[-1] // 2)
+            and q.shape[-1] == 2 * m):
+        kernels = _compiled.kernels()
+        if kernels is not None:  # one pass instead of six and a concatenation
+            out = np.empty(q.shape, dtype=q.dtype)
+            extra = (None,) * (4 - q.ndim)
+            kernels.rotate_pairs(q[extra], cos, sin, out[extra])
+            return out
     q1, q2 = q[..., :m], q[..., m:]
     return xp.concat([q1 * cos - q2 * sin, q2 * cos + q1 * sin], axis=-1)
 
