@@ -13,7 +13,10 @@ pass per particle, with :math:`Q = K = V = I`:
 :math:`m = \max_j s_j`: the score product, the row exponentials, the weighted sum and the
 tangent projection without a score matrix in memory. ``unit_rows`` is the scale-safe
 retraction :math:`x / \|x\|` (each row divided by its largest entry before squaring).
-Sums of exponentials accumulate in float64 for float32 states too.
+The sums accumulate in the state's precision, as torch's softmax does: for float32 states a
+float64 accumulator cost 1.3-1.5x the time of the whole kernel (every exponential converted,
+half the SIMD lanes) for an error that, over at most 64 terms, was 1e-7 instead of 3e-7
+relative (Intel Xeon, n = 32, d = 2 and n = 64, d = 4).
 """
 from __future__ import annotations
 
@@ -32,8 +35,8 @@ def sa_velocity(x, beta, log_w, normalized, out):
     xt = np.empty((d, n), dtype=x.dtype)
     scores = np.empty((n, n), dtype=x.dtype)
     top = np.empty(n, dtype=x.dtype)
-    total = np.empty(n, dtype=np.float64)
-    acc = np.empty((d, n), dtype=np.float64)
+    total = np.empty(n, dtype=x.dtype)
+    acc = np.empty((d, n), dtype=x.dtype)
     for b in range(systems):
         xb = x[b]
         for i in range(n):
@@ -53,8 +56,8 @@ def sa_velocity(x, beta, log_w, normalized, out):
             row = scores[j]
             for i in range(n):
                 top[i] = max(top[i], row[i])
-        total[:] = 0.0
-        acc[:] = 0.0
+        total[:] = 0
+        acc[:] = 0
         for j in range(n):
             row = scores[j]
             for i in range(n):
@@ -62,7 +65,7 @@ def sa_velocity(x, beta, log_w, normalized, out):
                 row[i] = e
                 total[i] += e
             for l in range(d):
-                c = np.float64(xb[j, l])
+                c = xb[j, l]
                 al = acc[l]
                 for i in range(n):
                     al[i] += row[i] * c
