@@ -1,12 +1,20 @@
-"""What every benchmark shares: a clean BLAS environment and timing in blocks.
+"""What every benchmark shares: a clean BLAS environment and timing in interleaved rounds.
 
 ``prepare(argv, script)`` fixes the thread counts and, unless ``--keep-env`` (or ``--child``)
 is given, re-executes ``script`` without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, so that
 OpenBLAS picks its kernel for the real CPU (those variables are set on some machines for old
 OpenBLAS builds and slow a current one by about 40%); the benchmark says so in its output.
-It must run before NumPy is imported. ``timed_block`` warms a call up in its own block and
-times it: torch's OpenMP threads and OpenBLAS's threads keep spinning after a call and slow
-the other library's next calls, so timings must never be interleaved.
+It must run before NumPy is imported.
+
+``rounds(calls, repeats)`` times ctformer and its peers in alternating rounds: each round
+times a short block of every call in turn, and a ratio is the median over rounds of the
+per-round ratio. On the shared virtual machines these benchmarks run on, the speed of the
+guest changes by up to 2x within a minute (the hypervisor gives its CPU time to other
+guests: "steal" time), so two sides timed in separate blocks a minute apart can disagree by
+that much; within one round both sides see the same machine. Between two blocks the script
+sleeps ``gap_s`` (0.2 s): torch's OpenMP threads and OpenBLAS's threads keep spinning for up
+to ~0.1 s after a call and would slow whatever runs next. Every run prints the share of CPU
+time stolen while it timed (:func:`steal_report`).
 
 ``header(title)`` prints what every figure depends on (the CPU model, NumPy's and torch's BLAS
 and kernel, threads, the environment, the load average); ``verdict(name, ratio, goal)`` prints
@@ -77,6 +85,88 @@ def timed_block(call, repeats, warmup_s=0.5, min_calls=2):
         call()
         times.append(time.perf_counter() - t)
     return statistics.median(times), min(times), max(times)
+
+
+class Rounds:
+    """Per-round times of several calls (:func:`rounds`): ``times[name]`` is one block median
+    per round, in seconds."""
+
+    def __init__(self, times: dict):
+        self.times = times
+
+    def median(self, name: str) -> float:
+        """The median over rounds of ``name``'s time (seconds)."""
+        return statistics.median(self.times[name])
+
+    def ratio(self, ours: str, peer: str) -> float:
+        """The median over rounds of ``ours / peer``, each ratio from one round's two blocks."""
+        return statistics.median(a / b for a, b in zip(self.times[ours], self.times[peer]))
+
+    def __getitem__(self, name: str) -> float:
+        return self.median(name)
+
+
+_STEAL: list[float] = []  # the stolen share of CPU time of every timed round so far
+
+
+def _cpu_ticks():
+    """(stolen, all) CPU ticks since boot over all CPUs (Linux /proc/stat), or None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def rounds(calls: dict, repeats: int, warmup_s: float = 0.5, gap_s: float = 0.2,
+           block_s: float = 0.1) -> Rounds:
+    """Time ``calls`` (name -> zero-argument call) in ``repeats`` alternating rounds.
+
+    Each call is first warmed up for ``warmup_s`` (at least once), which also sets its block:
+    as many calls as take about ``block_s`` (at least one). A round then times one block of
+    every call, in turn (the order reversed every other round, so that no call always follows
+    the same one), after a pause of ``gap_s`` and, for calls under 0.1 s, one untimed call;
+    a block's time is the median of its calls. The stolen share of CPU time of each round is
+    recorded for :func:`steal_report`.
+    """
+    counts = {}
+    for name, call in calls.items():
+        t0, done = time.perf_counter(), 0
+        while done < 1 or time.perf_counter() - t0 < warmup_s:
+            call()
+            done += 1
+        once = (time.perf_counter() - t0) / done
+        counts[name] = max(1, min(2000, int(block_s / max(once, 1e-7))))
+    times = {name: [] for name in calls}
+    names = list(calls)
+    for r in range(repeats):
+        before = _cpu_ticks()
+        for name in (names if r % 2 == 0 else names[::-1]):
+            call = calls[name]
+            time.sleep(gap_s)
+            if counts[name] > 1:
+                call()
+            block = []
+            for _ in range(counts[name]):
+                t = time.perf_counter()
+                call()
+                block.append(time.perf_counter() - t)
+            times[name].append(statistics.median(block))
+        after = _cpu_ticks()
+        if before and after and after[1] > before[1]:
+            _STEAL.append((after[0] - before[0]) / (after[1] - before[1]))
+    return Rounds(times)
+
+
+def steal_report() -> str | None:
+    """One line: the share of CPU time the hypervisor gave to other guests during the timed
+    rounds (mean and worst round), or None where nothing was measured."""
+    if not _STEAL:
+        return None
+    return (f"CPU time stolen by the hypervisor while timing: {100 * statistics.mean(_STEAL):.0f}% on "
+            f"average, {100 * max(_STEAL):.0f}% in the worst of {len(_STEAL)} rounds (ratios are "
+            "medians of per-round ratios, so both sides of a ratio saw the same machine)")
 
 
 def add_run_options(parser, quick: str, repeats: int = 5, threads: int = 2) -> None:
@@ -185,6 +275,9 @@ def verdict(name: str, ratio: float, goal: float, unit: str = "x", show: bool = 
 def summary() -> bool:
     """Print the load average and every recorded goal as a table for this CPU; True if all met."""
     print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
+    stolen = steal_report()
+    if stolen:
+        print(stolen)
     if not _VERDICTS:
         return True
     blas = "; ".join(line.split(",")[0] for line in numpy_blas())

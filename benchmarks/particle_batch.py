@@ -4,8 +4,9 @@ Run ``python benchmarks/particle_batch.py`` (a few minutes on 2 cores; ``--quick
 20 steps, a smoke test whose ratios are not the goal's). The workload is the phase-diagram
 sweep of Geshkovski et al.'s published script: ``--batch`` 2048 independent systems of n = 32
 particles on the circle (d = 2), Q = K = V = I, beta in {1, 4}, explicit Euler with dt = 0.1,
-100 steps, from uniform random starts. Timed in one process, each side in its own block after a
-0.5 s warm-up, median of ``--repeats`` (5), 2 threads each side:
+100 steps, from uniform random starts. Timed in one process after a 0.5 s warm-up, medians
+over ``--repeats`` (5) alternating rounds (:func:`_environment.rounds`; a ratio is the median
+of the rounds' ratios), 2 threads each side:
 
 * ``authors``: the loop of the published script, in torch, on the (batch, n, d) tensor M,
   with the tangent projection that ctformer's SA velocity applies added, so that both do the
@@ -43,8 +44,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import (TOLERANCE, add_run_options, header, limit_threads, prepare, summary,  # noqa: E402
-                          timed_block, verdict)
+from _environment import (TOLERANCE, add_run_options, header, limit_threads, prepare, rounds,  # noqa: E402
+                          summary, verdict)
 
 if __name__ == "__main__":
     prepare(sys.argv[1:], __file__)
@@ -155,15 +156,15 @@ def run_case(beta, dtype, args):
     x0 = uniform_start(args.batch, args.n, args.d).astype(dtype)
     cases = calls(x0, beta, args.dt, args.steps, not args.no_torch_input)
     finals = {name: np.asarray(call()) for name, call in cases.items()}
-    times = {name: timed_block(call, args.repeats, 0.5, min_calls=1)[0] for name, call in cases.items()}
+    timed = rounds(cases, args.repeats)
+    times = {name: timed[name] for name in cases}
     one, whole, ok, note = agreement(x0, beta, args.dt, args.steps, dtype, finals)
-    base = times["authors"]
     print(f"{beta:>5g} {dtype:>8} " + " ".join(f"{times[name] * 1e3:>10.1f}" for name in cases)
-          + f" {times['ctformer'] / base:>7.2f} "
-          + (f"{times['ctformer torch'] / base:>7.2f} " if "ctformer torch" in times else f"{'-':>7} ")
-          + f"{times['published'] / base:>7.2f} {one:>9.1e} {whole:>9.1e}"
+          + f" {timed.ratio('ctformer', 'authors'):>7.2f} "
+          + (f"{timed.ratio('ctformer torch', 'authors'):>7.2f} " if "ctformer torch" in times else f"{'-':>7} ")
+          + f"{timed.ratio('published', 'authors'):>7.2f} {one:>9.1e} {whole:>9.1e}"
           + ("" if ok else "  <- outputs differ beyond tolerance") + note, flush=True)
-    verdict(f"particles beta={beta:g} {dtype} ctformer / authors' loop", times["ctformer"] / base, GOAL,
+    verdict(f"particles beta={beta:g} {dtype} ctformer / authors' loop", timed.ratio("ctformer", "authors"), GOAL,
             show=False)
     return ok
 
@@ -185,7 +186,7 @@ def main(argv=None):
 
     limit_threads(args.threads)
     header(f"SA particles: {args.batch} systems, n = {args.n}, d = {args.d}, Euler dt = {args.dt}, "
-           f"{args.steps} steps; median of {args.repeats}, each side in its own block after 0.5 s")
+           f"{args.steps} steps; medians of {args.repeats} alternating rounds")
     print(f"{'beta':>5} {'dtype':>8} {'authors':>10} {'published':>10} {'ctformer':>10}"
           + ("" if args.no_torch_input else f" {'ct torch':>10}")
           + f" {'ct/auth':>7} {'ctT/aut':>7} {'pub/aut':>7} {'1 step':>9} {'100 st' if args.steps == 100 else 'run':>9}"

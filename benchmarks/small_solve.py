@@ -9,9 +9,9 @@ model's kernel matrices and biases are read once, then a loop of plain NumPy doe
 arithmetic (LayerNorm, packed Q/K/V product, softmax, output product, erf GELU feed-forward,
 the scheme's update). The script checks that both compute the same final state (relative
 difference <= 1e-11 after the 1024 steps; it prints the number) and prints the time per step
-of each (median of ``--repeats`` solves, each side timed in its own block after a warm-up),
-the ratio, and "met" / "not met" against the goal <= 1.1 (issue 25), after the CPU and the
-BLAS kernel.
+of each and their ratio (medians over ``--repeats`` alternating rounds,
+:func:`_environment.rounds`), and "met" / "not met" against the goal <= 1.1 (issue 25), after
+the CPU and the BLAS kernel.
 
 BLAS runs on one thread for both (the products are 16 x 16: threads only add overhead).
 ``--profile`` prints a cProfile of ctformer's ``euler`` solve instead, by own time.
@@ -24,7 +24,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import header, limit_threads, summary, timed_block as _timed_block, verdict  # noqa: E402
+from _environment import header, limit_threads, rounds, summary, verdict  # noqa: E402
 import numpy as np
 from scipy.special import erf
 
@@ -118,10 +118,6 @@ def plain_solve(u, p, scheme, steps=STEPS):
     return layer_norm(u, *p["final"])
 
 
-def timed_block(call, repeats, warmup_s=0.3):
-    """The median time of ``call`` after a warm-up in its own block."""
-    return _timed_block(call, repeats, warmup_s, min_calls=1)[0]
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--schemes", nargs="+", default=["euler", "strang"])
@@ -146,7 +142,7 @@ def main(argv=None):
     if args.profile:
         return profile(lambda: ours("euler"))
     header(f"small solve against a plain NumPy loop: BLAS 1 thread; {N_TOKENS} tokens x {N_FEATURES} features, "
-           f"2 heads, 1 pre-norm layer, {STEPS} steps; median of {args.repeats} solves, each side in its own block")
+           f"2 heads, 1 pre-norm layer, {STEPS} steps; medians of {args.repeats} alternating rounds")
     titles = f"{'scheme':>8} {'plain us/step':>14} {'ctformer us/step':>17} {'ratio':>7} {'rel. diff':>10} {'goal':>8}"
     print(titles)
     print("-" * len(titles))
@@ -156,9 +152,9 @@ def main(argv=None):
         diff = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
         if not diff <= 1e-11:
             raise SystemExit(f"{scheme}: ctformer and the plain loop differ by {diff:.1e} (> 1e-11)")
-        t_plain = timed_block(lambda: plain_solve(u0, params, scheme), args.repeats)
-        t_ours = timed_block(lambda: ours(scheme), args.repeats)
-        ratio = t_ours / t_plain
+        timed = rounds({"plain": lambda: plain_solve(u0, params, scheme), "ctformer": lambda: ours(scheme)},
+                       args.repeats, warmup_s=0.3)
+        t_plain, t_ours, ratio = timed["plain"], timed["ctformer"], timed.ratio("ctformer", "plain")
         met = verdict(f"small solve {scheme} / plain loop", ratio, GOAL, show=False)
         print(f"{scheme:>8} {t_plain / STEPS * 1e6:>14.1f} {t_ours / STEPS * 1e6:>17.1f} {ratio:>7.2f} {diff:>10.1e} "
               f"{'met' if met else 'not met':>8}", flush=True)
