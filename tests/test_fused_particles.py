@@ -84,3 +84,31 @@ def test_unit_rows_is_scale_safe(rng, dtype, tol):
         assert np.abs(got - exact).max() < tol, scale
     with np.errstate(invalid="ignore"):
         assert np.isnan(fused.unit_rows(np.zeros((2, 3)))).all()   # as the NumPy formula: no direction
+
+
+def _velocity_in_child(x):
+    return SelfAttentionDynamics(1.0).velocity(x)
+
+
+def test_openmp_blocks_match_the_pool_and_survive_a_fork(rng, monkeypatch):
+    """Large batches run on Numba's OpenMP threads (where that layer exists) with the bits of
+    the single-thread pass; a child forked after those threads started falls back to the pool
+    instead of aborting (GNU OpenMP is not fork-safe)."""
+    import multiprocessing
+    import os
+
+    import numba
+
+    x = sphere(rng, (2048, 32, 2), np.float32)
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "1")
+    one = SelfAttentionDynamics(1.0).velocity(x)
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "2")
+    two = SelfAttentionDynamics(1.0).velocity(x)
+    assert np.array_equal(one, two)
+    exact = reference_velocity(x, 1.0, np.full(32, 1 / 32), True)
+    assert np.abs(two - exact).max() / np.abs(exact).max() < 2e-6
+    assert fused._OPENMP["pid"] == os.getpid()
+    assert fused._OPENMP["usable"] == (numba.threading_layer() in ("omp", "tbb"))
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        child = pool.apply_async(_velocity_in_child, (x,)).get(timeout=120)
+    assert np.array_equal(child, two)

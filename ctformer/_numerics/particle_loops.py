@@ -21,8 +21,9 @@ relative (Intel Xeon, n = 32, d = 2 and n = 64, d = 4).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
 
-from .loops import exp_, jit
+from .loops import FLAGS, exp_, jit
 
 
 @jit
@@ -79,6 +80,16 @@ def sa_velocity(x, beta, log_w, normalized, out):
                 radial += acc[l, i] * xt[l, i]
             for l in range(d):
                 out[b, i, l] = acc[l, i] - radial * xt[l, i]
+
+
+@njit(parallel=True, nogil=True, cache=True, fastmath=set(FLAGS), error_model="numpy")
+def sa_velocity_blocks(x, beta, log_w, normalized, out, block):
+    """:func:`sa_velocity` over blocks of ``block`` systems shared by Numba's threads. Each
+    block is done whole by one thread, so the bits never depend on the thread count."""
+    systems = x.shape[0]
+    for t in prange((systems + block - 1) // block):
+        start, stop = t * block, min(systems, (t + 1) * block)
+        sa_velocity(x[start:stop], beta, log_w, normalized, out[start:stop])
 
 
 @jit
