@@ -14,7 +14,10 @@ the library uses and times each phase of its work, in ns per score entry:
 Against them it prints the limits it measures here: the GEMM rate of OpenBLAS on a large
 square product (one thread; the practical peak of this core), and the bandwidth of a copy of a
 block the size of the score chunk (it sits in the last-level cache) and of one 16x larger
-(main memory). The sum of the phases is checked against a whole single-threaded call.
+(main memory). The sum of the phases is checked against a whole single-threaded call. Where
+torch is installed it also times torch's (MKL's) two products on the same chunk, the provider
+the library picks on most Intel CPUs, and SDPA's whole call on one thread: the ratio of the
+two whole calls, without threads, is the kernel-level gap to the peer.
 
 Environment: as the other benchmarks, it re-executes itself without OPENBLAS_CORETYPE and
 OPENBLAS_L2_SIZE unless ``--keep-env`` is given.
@@ -90,7 +93,23 @@ def phases(n, d, dtype, engine):
          "P V": best(lambda: np.matmul(scores, v, out=out)),
          "divide": best(lambda: np.divide(out, sums, out=out))}
     whole = best(lambda: quadrature_attention(q, k, v, beta=beta))
-    return t, r, whole
+    return t, r, whole, peer_times(q, k, v, qs, scores, out, beta)
+
+
+def peer_times(q, k, v, qs, scores, out, beta):
+    """torch's (MKL's) two products on the same chunk and SDPA's whole call, one thread each
+    (best times, seconds); empty where torch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    torch.set_num_threads(1)
+    tq, tk, tv, tqs, ts, to = (torch.from_numpy(a) for a in (q, k, v, qs, scores, out))
+    with torch.no_grad():
+        return {"Q K^T (torch)": best(lambda: torch.mm(tqs, tk.T, out=ts)),
+                "P V (torch)": best(lambda: torch.mm(ts, tv, out=to)),
+                "SDPA": best(lambda: torch.nn.functional.scaled_dot_product_attention(
+                    tq[None, None], tk[None, None], tv[None, None], scale=beta))}
 
 
 def main(argv=None):
@@ -106,7 +125,7 @@ def main(argv=None):
     n, d = args.size, args.dim
     for name in args.dtypes:
         dtype = np.dtype(name).type
-        t, r, whole = phases(n, d, dtype, args.engine)
+        t, r, whole, peer = phases(n, d, dtype, args.engine)
         gemm, cache_bw, memory_bw = limits(dtype, r * n * np.dtype(dtype).itemsize)
         entries = r * n
         print(f"{name}: chunk {r} x {n} ({r * n * np.dtype(dtype).itemsize / 2**20:.0f} MiB of scores); "
@@ -124,7 +143,16 @@ def main(argv=None):
         total = sum(t.values()) / entries
         call = whole / (n * n)
         print(f"  {'sum':>12}: {total * 1e9:6.3f} ns/entry; a whole call {call * 1e9:.3f} ns/entry "
-              f"({call / total:.2f}x the sum of its phases)\n")
+              f"({call / total:.2f}x the sum of its phases)")
+        for phase in ("Q K^T (torch)", "P V (torch)"):
+            if phase in peer:
+                rate = 2 * entries * d / peer[phase] / 1e9
+                print(f"  {phase:>12}: {peer[phase] / entries * 1e9:6.3f} ns/entry  {rate:6.1f} GFLOP/s = "
+                      f"{rate / gemm:4.0%} of the GEMM rate")
+        if "SDPA" in peer:
+            print(f"  {'SDPA':>12}: {peer['SDPA'] / (n * n) * 1e9:6.3f} ns/entry, a whole call on one thread: "
+                  f"quadrature / SDPA = {whole / peer['SDPA']:.2f}")
+        print()
 
 
 if __name__ == "__main__":
