@@ -3,7 +3,24 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["cpu_model", "positive_int"]
+__all__ = ["cpu_model", "positive_int", "setting"]
+
+
+# CPython's os.environ keeps the encoded variables in a dict (``_data``, bytes keys on POSIX);
+# os.environ.get raises and catches a KeyError for every unset variable (about 2 us), and the
+# library's engine settings are read several times per solver step.
+_ENCODED = getattr(os.environ, "_data", None) if os.name == "posix" else None
+if not isinstance(_ENCODED, dict):
+    _ENCODED = None
+
+
+def setting(name: str, default: str = "") -> str:
+    """The value of the environment variable ``name`` (``default`` when unset), as
+    ``os.environ.get(name, default)`` but cheap enough to read in every step."""
+    if _ENCODED is None:
+        return os.environ.get(name, default)
+    value = _ENCODED.get(name.encode())
+    return default if value is None else os.fsdecode(value)
 
 
 def positive_int(name: str, default: int | None = None) -> int | None:
@@ -14,7 +31,7 @@ def positive_int(name: str, default: int | None = None) -> int | None:
     ValueError
         If the variable is set to anything but a positive integer (naming it and the value).
     """
-    value = os.environ.get(name, "").strip()
+    value = setting(name).strip()
     if not value:
         return default
     try:

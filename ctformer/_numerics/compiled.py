@@ -34,23 +34,31 @@ where a SIGINT cannot be held back: the main thread then holds it while it waits
 """
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from contextlib import contextmanager
 from functools import lru_cache, wraps
 from types import SimpleNamespace
 
+from ..environment import setting
+
 __all__ = ["loop_engine", "kernels", "sigint_deferred"]
 
 _ENGINES = ("auto", "numba", "numpy")
 
 
+_NORMALIZED: dict = {}  # the variable's raw value -> one of _ENGINES (valid values only)
+
+
 def loop_engine() -> str:
     """``"numba"`` or ``"numpy"``: who runs the fused loops, from ``CTFORMER_LOOP_ENGINE``."""
-    engine = os.environ.get("CTFORMER_LOOP_ENGINE", "auto").strip().lower() or "auto"
-    if engine not in _ENGINES:
-        raise ValueError(f"CTFORMER_LOOP_ENGINE must be one of {', '.join(_ENGINES)}, got {engine!r}")
+    raw = setting("CTFORMER_LOOP_ENGINE", "auto")  # read several times per solver step
+    engine = _NORMALIZED.get(raw)
+    if engine is None:
+        engine = raw.strip().lower() or "auto"
+        if engine not in _ENGINES:
+            raise ValueError(f"CTFORMER_LOOP_ENGINE must be one of {', '.join(_ENGINES)}, got {engine!r}")
+        _NORMALIZED[raw] = engine
     if engine == "numpy":
         return "numpy"
     try:

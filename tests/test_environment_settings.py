@@ -1,0 +1,41 @@
+"""ctformer.environment.setting: the cheap read of an environment variable, against os.environ."""
+import os
+
+import pytest
+
+from ctformer._numerics import compiled
+from ctformer.environment import positive_int, setting
+
+NAME = "CTFORMER_TEST_SETTING"
+
+
+@pytest.mark.parametrize("value", ["numpy", "", "  Numba ", "größe", "a=b"])
+def test_setting_reads_what_os_environ_holds(monkeypatch, value):
+    monkeypatch.setenv(NAME, value)
+    assert setting(NAME, "default") == os.environ.get(NAME, "default") == value
+    monkeypatch.delenv(NAME)
+    assert setting(NAME, "default") == os.environ.get(NAME, "default") == "default"
+    assert setting(NAME) == ""
+
+
+def test_setting_sees_changes_made_through_os_environ(monkeypatch):
+    monkeypatch.delenv(NAME, raising=False)
+    os.environ[NAME] = "3"
+    try:
+        assert setting(NAME) == "3" and positive_int(NAME) == 3
+        os.environ[NAME] = "7"
+        assert positive_int(NAME) == 7
+    finally:
+        del os.environ[NAME]
+    assert positive_int(NAME, 5) == 5
+
+
+def test_loop_engine_follows_the_variable_after_caching(monkeypatch):
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", " NumPy ")
+    assert compiled.loop_engine() == "numpy"
+    assert compiled.loop_engine() == "numpy"   # the normalized value, from the cache
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "fortran")
+    with pytest.raises(ValueError, match="got 'fortran'"):
+        compiled.loop_engine()
+    with pytest.raises(ValueError, match="got 'fortran'"):   # an invalid value is never cached
+        compiled.loop_engine()
