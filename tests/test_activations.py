@@ -4,7 +4,9 @@ import pytest
 
 from ctformer.operators import activations
 
-torch = pytest.importorskip("torch")
+from .conftest import require
+
+torch = require("torch")
 F = torch.nn.functional
 
 # every test runs with the compiled loops and with NumPy's
@@ -44,7 +46,7 @@ def test_activation_equals_float64_torch_to_rounding(name, dtype):
 def _exact(name, z):
     """(phi(z), its condition number |z phi'(z) / phi(z)|) in 120-digit arithmetic (mpmath):
     enough digits for 1 + tanh(u) ~ 1e-62 at z = -12."""
-    mpmath = pytest.importorskip("mpmath")
+    mpmath = require("mpmath")
     mpmath.mp.dps = 120
 
     def phi(x):

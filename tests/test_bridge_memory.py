@@ -11,8 +11,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from .conftest import require
+
+torch = require("torch")
+transformers = require("transformers")
 
 from ctformer.bridges import from_hf  # noqa: E402
 from ctformer.discretizations import Midpoint  # noqa: E402

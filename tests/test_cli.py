@@ -97,7 +97,7 @@ def test_progress_bar_only_on_a_terminal_and_once(tmp_path):
 
 
 def test_study_on_a_dask_scheduler_matches_in_process(tmp_path, capsys):
-    distributed = pytest.importorskip("distributed")
+    distributed = require("distributed")
     args = ["study", "--refine", "time", "--scheme", "strang", "--levels", "1,2,4,8",
             "--tokens", "gauss-legendre:8", "--features", "gauss-legendre:8", "--no-progress"]
     assert cli.main([*args, "--out", str(tmp_path / "local")]) == 0

@@ -15,10 +15,12 @@ from ctformer.discretizations.gauss import RECURRENCE_N, SMALL_N, _bessel, _newt
 from ctformer.discretizations.quadrature import clenshaw_curtis_weights
 from ctformer.kernels import SmoothRandom
 
+from .conftest import require
+
 
 def _mp_node(n, theta0):
     """Gauss node and weight near angle theta0 by Newton's method in 40-digit arithmetic."""
-    mpmath = pytest.importorskip("mpmath")  # installed with sympy (a torch dependency)
+    mpmath = require("mpmath")  # installed with sympy (a torch dependency)
     with mpmath.workdps(40):
         th = mpmath.mpf(theta0)
         for _ in range(6):

@@ -17,6 +17,8 @@ from ctformer import Event, SaveAt, solvers
 from ctformer.discretizations import GaussLegendre, Midpoint
 from ctformer.solvers import Piecewise, PIController, SplitProblem
 
+from .conftest import require
+
 RNG = np.random.default_rng(3)
 A = RNG.standard_normal((6, 6)) / 3 - 0.3 * np.eye(6)
 B = RNG.standard_normal((6, 6)) / 3
@@ -233,7 +235,7 @@ def _fine_gradient(torch):
 
 
 def test_torch_evolve_is_differentiable():
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     u0 = torch.tensor(np.cos(np.arange(48.0).reshape(8, 6) / 7), dtype=torch.float64,
                       requires_grad=True)
     adaptive = MODEL._readout(MODEL.evolve(u0, rtol=1e-10, atol=1e-13, **GRIDS),
@@ -246,7 +248,7 @@ def test_torch_evolve_is_differentiable():
 
 
 def test_adjoint_gradient_with_tolerances():
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from ctformer import adjoint
 
     u0 = torch.tensor(np.cos(np.arange(48.0).reshape(8, 6) / 7), dtype=torch.float64)
@@ -278,7 +280,7 @@ def test_work_precision_study_refines_the_tolerance():
         evaluations = [lv.rhs_evaluations for lv in levels]
         assert evaluations == sorted(evaluations) and evaluations[-1] > 3 * evaluations[0]
         assert 0.7 <= study.slope(scheme) <= 1.25, (scheme, study.table())
-    pytest.importorskip("xarray")
+    require("xarray")
     ds = study.to_xarray()
     assert ds["error"].dims == ("scheme", "rtol")
     np.testing.assert_array_equal(ds["error"].sel(scheme="bosh3").values,

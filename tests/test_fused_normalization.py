@@ -12,7 +12,9 @@ from ctformer.operators import LayerNormProjection, RMSNorm, SphereProjection
 from ctformer._numerics.normalize import normalized_rows
 from ctformer.operators import normalization
 
-pytest.importorskip("numba")
+from .conftest import require
+
+require("numba")
 
 
 def grids(tokens, features):

@@ -9,7 +9,9 @@ import pytest
 from ctformer._numerics import particles as fused
 from ctformer.particles import SelfAttentionDynamics
 
-pytest.importorskip("numba")
+from .conftest import require
+
+require("numba")
 
 
 def sphere(rng, shape, dtype=np.float64):

@@ -7,7 +7,9 @@ import pytest
 
 from ctformer.operators import positions
 
-pytest.importorskip("numba")
+from .conftest import require
+
+require("numba")
 
 
 @pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-15), (np.float32, 1e-6)])

@@ -11,7 +11,9 @@ import pytest
 
 from ctformer._numerics import gemm, streamed, threads
 
-torch = pytest.importorskip("torch")
+from .conftest import require
+
+torch = require("torch")
 
 
 @pytest.fixture

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import require
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_gpu_check_dry_run_passes():
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    require("torch")
+    require("transformers")
     env = {**os.environ, "CTFORMER_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     # --dry-run: the host run, also on a machine with a GPU
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run"], cwd=ROOT,

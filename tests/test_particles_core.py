@@ -23,6 +23,8 @@ from ctformer.particles import timegrid as timegrid_module
 from tests.conftest import fitted_order
 from tests.test_particles import exact_solution, sphere_points
 
+from .conftest import require
+
 # The order each scheme must show on a one-flow problem (design notes, section 4).
 ORDERS = {"euler": 1, "lie": 1, "parallel": 1, "heun": 2, "strang": 2, "rk4": 4,
           "bosh3": 3, "dopri5": 5, "tsit5": 5}
@@ -344,7 +346,7 @@ def test_nan_born_during_a_solve_names_the_time(rng):
 
 def test_generic_array_namespace_keeps_namespace_and_dtype(rng):
     """array_api_strict arrays (the one code path for every namespace): same answer as NumPy."""
-    xs = pytest.importorskip("array_api_strict")
+    xs = require("array_api_strict")
     x = sphere_points(rng, 2, 6, 3)
     dyn = SelfAttentionDynamics(1.5, Q=0.5 * rng.standard_normal((3, 3)), weights=rng.random(6) + 0.2,
                                 mask=np.tril(np.ones((6, 6), dtype=bool)))

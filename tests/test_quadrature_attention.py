@@ -231,7 +231,7 @@ def test_memory_is_chunk_times_n_not_n_squared(rng, monkeypatch):
 
 
 def test_array_api_strict_inputs(rng):
-    xp = pytest.importorskip("array_api_strict")
+    xp = require("array_api_strict")
     n = 20
     q, k, v = _qkv(rng, (2, n), (2, n))
     w = rng.uniform(0.5, 1.0, n)
@@ -287,7 +287,7 @@ def test_bad_types_raise_type_error(rng):
 
 @pytest.mark.cupy
 def test_cupy_matches_numpy(rng):
-    cupy = pytest.importorskip("cupy")
+    cupy = require("cupy")
     n = 300
     q, k, v = _qkv(rng, (2, 2, n), (2, 2, n), d=16, e=16)
     w = rng.uniform(0.5, 1.0, n)

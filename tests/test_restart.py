@@ -14,8 +14,10 @@ from ctformer import SaveAt, labelled, solvers
 from ctformer.discretizations import GaussLegendre
 from ctformer.particles import CircleMeanField, SelfAttentionDynamics
 
-pytest.importorskip("xarray")
-pytest.importorskip("zarr")
+from .conftest import require
+
+require("xarray")
+require("zarr")
 
 MODEL = ctformer.ContinuousTransformer.random_smooth(seed=0, layers=3)
 GRIDS = dict(tokens=GaussLegendre(8), features=GaussLegendre(6))

@@ -10,8 +10,10 @@ import math
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from .conftest import require
+
+require("torch")
+transformers = require("transformers")
 
 from ctformer.bridges.rope_study import (STUDY_ROPE_TYPES, refinement_versus_extension,  # noqa: E402
                                          rope_parameters_for)

@@ -17,7 +17,7 @@ from ctformer.particles import SphericalMeanField, ZonalMeanField
 
 from .conftest import require
 
-xr = pytest.importorskip("xarray")
+xr = require("xarray")
 EVERY = SaveAt(steps=True)
 
 

@@ -13,7 +13,9 @@ from ctformer.particles import ResolutionWarning
 from ctformer.particles.spherical import SphericalMeanField
 from ctformer.particles.zonal import ZonalMeanField
 
-pytest.importorskip("ducc0")
+from .conftest import require
+
+require("ducc0")
 
 
 def index(L, l, m):
@@ -191,7 +193,7 @@ def test_particles_follow_the_zonal_mean_field():
 
 def test_torch_density_is_converted_on_the_host():
     """The stated fallback: a torch density gives the NumPy solution of the same values, bit for bit."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     mf = SphericalMeanField(2.0, 8)
     values = np.exp(mf.points()[..., 0]) / 40
     from_torch = mf.solve(torch.from_numpy(values), 0.2, 0.05)
@@ -202,7 +204,7 @@ def test_torch_density_is_converted_on_the_host():
 def test_labelled_datasets_round_trip(tmp_path):
     """to_xarray/to_netcdf/to_zarr use the sphere layouts; the files give the coefficients back bit for bit
     and the stored weights integrate the density to the mass."""
-    xr = pytest.importorskip("xarray")
+    xr = require("xarray")
     zonal = ZonalMeanField(2.0, 3, 8).solve(np.exp, 0.2, 0.05)
     back = xr.open_dataset(zonal.to_netcdf(tmp_path / "zonal.nc"))
     assert back.attrs["ctformer_result"] == "ZonalSolution" and back.attrs["dimension"] == 3

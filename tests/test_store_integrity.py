@@ -13,6 +13,8 @@ from ctformer.studies import (CaseStore, CorruptRecordWarning, StudyInterrupted,
                               case_key, run_cases)
 from ctformer.studies.execution import RECORD_SCHEMA, record_checksum
 
+from .conftest import require
+
 
 def square_task(context, level):
     """A case with a known answer: values = level * context (a 2 x 3 array)."""
@@ -216,7 +218,7 @@ def test_nonfinite_result_is_returned_but_not_stored(tmp_path):
 
 
 def test_dask_worker_lost_is_one_line_and_rerun_resumes(tmp_path):
-    distributed = pytest.importorskip("distributed")
+    distributed = require("distributed")
     marker = tmp_path / "killed-once"
     store = tmp_path / "store"
     done = tmp_path / "done"
@@ -260,7 +262,7 @@ def test_dask_worker_lost_is_one_line_and_rerun_resumes(tmp_path):
     (b"\xff\xfe{}", "not UTF-8 text (invalid start byte at byte 0)"),
 ])
 def test_corrupt_hf_config_names_the_file(tmp_path, text, reason):
-    safetensors = pytest.importorskip("safetensors.numpy")
+    safetensors = require("safetensors.numpy")
     from ctformer.bridges import from_hf_bert
 
     safetensors.save_file({"encoder.layer.0.output.dense.bias": np.zeros(4, dtype=np.float32)},
@@ -273,7 +275,7 @@ def test_corrupt_hf_config_names_the_file(tmp_path, text, reason):
 
 
 def test_corrupt_safetensors_names_the_file(tmp_path):
-    safetensors = pytest.importorskip("safetensors.numpy")
+    safetensors = require("safetensors.numpy")
     from ctformer.bridges import from_hf_bert
 
     path = tmp_path / "model.safetensors"

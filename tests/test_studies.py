@@ -20,7 +20,7 @@ import ctformer.solvers as solvers
 from ctformer.discretizations import GaussLegendre, Midpoint
 from ctformer.studies import convergence, smooth_initial_state
 
-from .conftest import fitted_order
+from .conftest import fitted_order, require
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -346,7 +346,7 @@ def test_executors_give_the_same_table(exact_model):
 
 
 def test_dask_local_cluster_matches_in_process():
-    distributed = pytest.importorskip("distributed")
+    distributed = require("distributed")
     from ctformer.model import ContinuousTransformer
 
     model = ContinuousTransformer.random_smooth(seed=3, layers=2)

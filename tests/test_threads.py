@@ -6,8 +6,10 @@ import time
 import numpy as np
 import pytest
 
+from .conftest import require
+
 threads_module = importlib.import_module("ctformer._numerics.threads")
-threadpoolctl = pytest.importorskip("threadpoolctl")
+threadpoolctl = require("threadpoolctl")
 
 
 def _blas_threads():
