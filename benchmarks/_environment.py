@@ -220,6 +220,16 @@ def torch_blas() -> str | None:
             f"{backend.group(1).strip() if backend else '?'}, {torch.get_num_threads()} threads")
 
 
+def _strict_reproducibility() -> str:
+    """Whether ctformer runs its products on torch's threads (MKL's strict mode on) or by
+    blocks on one thread each; asked early, so that MKL still accepts the mode."""
+    from ctformer._numerics.gemm import threaded_products
+
+    if threaded_products():
+        return "on (ctformer's feature products run on torch's threads, as torch's own do)"
+    return "off (ctformer's products on many rows run by blocks, one thread each)"
+
+
 def _library(match) -> str:
     if match is None:
         return "version unknown"
@@ -243,6 +253,7 @@ def header(title: str, notes=()) -> None:
     described = torch_blas()
     if described:
         print(f"torch {sys.modules['torch'].__version__}: {described}")
+        print(f"MKL strict reproducibility: {_strict_reproducibility()}")
     threads = ", ".join(f"{name}={os.environ.get(name, 'unset')}" for name in THREAD_VARIABLES)
     print(f"threads: {threads}")
     cleared = os.environ.get(MARK)

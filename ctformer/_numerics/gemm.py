@@ -15,17 +15,30 @@ machine, dtype and set of library versions, on those shapes with one thread each
   gives the same bits run after run. Where the directory cannot be written the choice is
   made once per process.
 
-Only the engines' worker tasks use torch (:func:`matmul`): each runs on one thread, with torch
-limited to one thread for that call (a thread-local setting, restored after), so that, as with
-NumPy's BLAS, a product's rounding never depends on the number of threads. The two libraries
-round differently (relative differences of a few ulps), which is why the choice is fixed per
-machine rather than per call.
+The engines' worker tasks use torch (:func:`matmul`) on one thread each, with torch limited
+to one thread for that call (a thread-local setting, restored after), so that, as with NumPy's
+BLAS, a product's rounding never depends on the number of threads. The two libraries round
+differently (relative differences of a few ulps), which is why the choice is fixed per machine
+rather than per call.
+
+A threaded MKL product can round differently from a one-thread one (it may split the inner
+dimension between threads: on the Intel Xeon above, 47 of 168 products at the shapes of the
+networks, e.g. ``(16, 1536) @ (1536, 384)``). MKL's *strict conditional numerical
+reproducibility* mode (``MKL_CBWR=AUTO,STRICT``) removes that: its ``?gemm`` then gives the
+same bits for every thread count, at the same speed (measured within noise). So when ctformer
+loads torch, or is imported after torch, it turns that mode on (:func:`threaded_products`),
+unless ``MKL_CBWR`` is set in the environment (the user's choice stands). MKL accepts the mode
+only before its first computation; where it is on (checked, not assumed: one-thread and
+two-thread products must agree bit for bit on shapes that differ without it), the products
+outside worker tasks, :func:`rows_product` on a few rows, use torch's threads. Bits then
+depend on whether the mode is on, never on the thread count.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 from contextlib import contextmanager, nullcontext
@@ -36,9 +49,10 @@ import numpy as np
 
 from ..backend import matmul_rows
 from ..environment import cpu_model
-from .threads import _INSIDE, blas_controller, single_thread_blas
+from .threads import _INSIDE, blas_controller, num_threads, single_thread_blas
 
-__all__ = ["attention_block", "gemm_provider", "matmul", "rows_product", "softmax_provider", "softmax_rows", "uses_torch"]
+__all__ = ["attention_block", "gemm_provider", "matmul", "rows_product", "softmax_provider", "softmax_rows",
+           "threaded_products", "threaded_rows", "uses_torch"]
 
 _PROVIDERS = ("auto", "numpy", "torch")
 # The shapes measured, (m, k, n) per product: attention's score and weighted-sum products
@@ -47,6 +61,9 @@ _SHAPES = ((256, 64, 4096), (256, 4096, 64), (256, 384, 1536))
 _MARGIN = 0.92
 _LOCK = threading.Lock()
 _POOL_PREFIX = "ctformer-"  # the worker pool's thread names (ctformer._numerics.threads)
+_MKL_AUTO_STRICT = 2 | 0x10000  # MKL_CBWR_AUTO | MKL_CBWR_STRICT (mkl_cbwr_set's settings)
+_STRICT_ASKED: list = []  # [bool]: MKL's strict mode was asked for and accepted
+_STRICT_MKL: list = []  # [bool] once threaded_products has checked
 
 
 def gemm_provider(dtype) -> str:
@@ -110,17 +127,47 @@ def matmul(a, b, out):
 
 
 def rows_product(a, b):
-    """``a @ b`` for a matrix ``b`` (a feature map's rows, ``(..., d) @ (d, m)``): inside a
-    worker task, for C-contiguous NumPy float arrays, one product by :func:`matmul` on the
-    folded rows; anything else by :func:`ctformer.backend.matmul_rows` (NumPy's BLAS as
-    configured, torch, CuPy)."""
-    if (getattr(_INSIDE, "worker", False) and type(a) is np.ndarray and type(b) is np.ndarray
-            and a.ndim >= 2 and b.ndim == 2 and a.dtype == b.dtype and a.flags.c_contiguous
-            and uses_torch(a.dtype)):
-        out = np.empty((*a.shape[:-1], b.shape[1]), dtype=a.dtype)
-        matmul(a.reshape(-1, a.shape[-1]), b, out.reshape(-1, b.shape[1]))
-        return out
+    """``a @ b`` for a matrix ``b`` (a feature map's rows, ``(..., d) @ (d, m)``).
+
+    For C-contiguous NumPy float arrays where torch multiplies (:func:`gemm_provider`), one
+    product on the folded rows: inside a worker task by :func:`matmul` (one thread); outside,
+    where :func:`threaded_products` holds, by torch on :func:`~ctformer._numerics.threads.num_threads`
+    threads. Anything else by :func:`ctformer.backend.matmul_rows` (NumPy's BLAS as configured,
+    torch, CuPy)."""
+    if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim >= 2 and b.ndim == 2
+            and a.dtype == b.dtype and a.flags.c_contiguous and uses_torch(a.dtype)):
+        inside = getattr(_INSIDE, "worker", False)
+        if inside or threaded_products():  # else NumPy's BLAS, as configured
+            out = np.empty((*a.shape[:-1], b.shape[1]), dtype=a.dtype)
+            rows, flat = a.reshape(-1, a.shape[-1]), out.reshape(-1, b.shape[1])
+            if inside:
+                matmul(rows, b, flat)
+            else:
+                torch = _torch()
+                with _torch_threads(torch, num_threads()):
+                    torch.mm(_tensor(torch, rows), _tensor(torch, b), out=_tensor(torch, flat))
+            return out
     return matmul_rows(a, b)
+
+
+def threaded_rows(dtype) -> bool:
+    """True when :func:`rows_product` multiplies ``dtype`` rows outside worker tasks on
+    torch's threads (torch chosen, :func:`threaded_products` holds)."""
+    return uses_torch(dtype) and threaded_products()
+
+
+def threaded_products() -> bool:
+    """True when torch's MKL multiplies with the same bits on every thread count: its strict
+    reproducibility mode is on (accepted when :func:`_torch` asked, or asked for by
+    ``MKL_CBWR`` in the environment) and a check confirms it (one- and two-thread products
+    agree bit for bit on three shapes whose inner dimension MKL otherwise splits)."""
+    if _STRICT_MKL:
+        return _STRICT_MKL[0]
+    torch = _torch()
+    with _LOCK:
+        if not _STRICT_MKL:
+            _STRICT_MKL.append(torch is not None and _STRICT_ASKED == [True] and _thread_count_invariant(torch))
+    return _STRICT_MKL[0]
 
 
 def attention_block(qs, k, v, bias, out) -> None:
@@ -152,25 +199,65 @@ def _tensor(torch, x):
         return torch.from_numpy(x)
 
 
-class _one_torch_thread:
-    """torch limited to one thread on this thread for the block (OpenMP's setting is per
-    thread, so other threads keep theirs). The caller's thread gets its count back after the
-    block; the library's own pool threads keep one thread (they never need more, and a count
-    above one would give each of them an OpenMP team of its own)."""
+def _strict_mkl(torch) -> None:
+    """Ask torch's MKL for its strict reproducibility mode; note in ``_STRICT_ASKED`` whether
+    the mode is on: MKL accepted it (it refuses once it has computed), or ``MKL_CBWR`` in the
+    environment asks for it. Nothing is asked where ``MKL_CBWR`` is set (the user's choice) or
+    where torch carries no MKL with ``mkl_serv_cbwr_set``."""
+    if "MKL_CBWR" in os.environ:
+        _STRICT_ASKED[:] = ["STRICT" in os.environ["MKL_CBWR"].upper()]
+        return
+    if _STRICT_ASKED or not torch.backends.mkl.is_available():
+        return
+    import ctypes
 
-    __slots__ = ("torch", "before")
+    try:
+        library = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+        set_mode = library.mkl_serv_cbwr_set
+    except (OSError, AttributeError):  # another platform or build of torch
+        return
+    set_mode.restype, set_mode.argtypes = ctypes.c_int, [ctypes.c_int]
+    _STRICT_ASKED[:] = [set_mode(_MKL_AUTO_STRICT) == 0]  # MKL_CBWR_SUCCESS
 
-    def __init__(self, torch):
-        self.torch = torch
+
+def _thread_count_invariant(torch) -> bool:
+    """Whether torch's products on one and on two threads agree bit for bit, on shapes whose
+    inner dimension MKL splits between threads outside its strict mode."""
+    rng = np.random.default_rng(1)
+    for m, k, n, dtype in ((16, 1536, 384, np.float64), (128, 4096, 64, np.float64), (16, 2048, 512, np.float32)):
+        a, b = (torch.from_numpy(rng.standard_normal(shape).astype(dtype)) for shape in ((m, k), (k, n)))
+        with _torch_threads(torch, 1):
+            one = torch.mm(a, b)
+        with _torch_threads(torch, 2):
+            two = torch.mm(a, b)
+        if not torch.equal(one, two):
+            return False
+    return True
+
+
+class _torch_threads:
+    """torch on ``count`` threads on this thread for the block (OpenMP's setting is per thread,
+    so other threads keep theirs). The caller's thread gets its count back after the block;
+    the library's own pool threads keep one thread (they never need more, and a count above
+    one would give each of them an OpenMP team of its own)."""
+
+    __slots__ = ("torch", "count", "before")
+
+    def __init__(self, torch, count=1):
+        self.torch, self.count = torch, count
 
     def __enter__(self):
         self.before = self.torch.get_num_threads()
-        if self.before != 1:
-            self.torch.set_num_threads(1)
+        if self.before != self.count:
+            self.torch.set_num_threads(self.count)
 
     def __exit__(self, *exc):
-        if self.before != 1 and not threading.current_thread().name.startswith(_POOL_PREFIX):
+        if self.before != self.count and (self.count != 1 or not threading.current_thread().name.startswith(_POOL_PREFIX)):
             self.torch.set_num_threads(self.before)
+
+
+def _one_torch_thread(torch):
+    return _torch_threads(torch, 1)
 
 
 @lru_cache(maxsize=1)
@@ -183,6 +270,7 @@ def _torch():
             import torch
         except ImportError:
             return None
+    _strict_mkl(torch)
     return torch
 
 
@@ -321,3 +409,7 @@ def _write(path, stored) -> None:
         write_atomic(path, json.dumps(stored, indent=1, sort_keys=True))
     except OSError:  # a read-only home: the choice holds for this process only
         pass
+
+
+if "torch" in sys.modules:  # imported after torch: the mode, while MKL has not computed yet
+    _strict_mkl(sys.modules["torch"])

@@ -29,7 +29,7 @@ from .local_attention import BandedAttention, mask_pattern
 from .masks import Intersection
 from .positions import rotate
 from .quadrature_attention import quadrature_attention
-from .._numerics.gemm import rows_product
+from .._numerics.gemm import rows_product, threaded_rows
 from .._numerics.threads import by_row_blocks
 
 __all__ = ["DiscretizedAttention", "Layout", "plan_engine"]
@@ -185,10 +185,10 @@ class DiscretizedAttention:
         # the two projections are token-wise: large NumPy states run them by row blocks
         self._project_qkv = by_row_blocks(
             lambda v: plus_bias(rows_product(v, constants("QKV_t", v)), constants("b_QKV", v)),
-            width=constants.host["QKV_t"].shape[-1])
+            width=constants.host["QKV_t"].shape[-1], whole=threaded_rows)
         self._project_out = by_row_blocks(
             lambda v: plus_bias(rows_product(v, constants("O", v)), constants("b_O", v)),
-            width=constants.host["O"].shape[-1])
+            width=constants.host["O"].shape[-1], whole=threaded_rows)
 
     def with_padding(self, real) -> "DiscretizedAttention":
         """The same operator keeping only the keys ``real`` (bool ``(..., N)``, True = a real

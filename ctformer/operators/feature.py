@@ -30,7 +30,7 @@ from ..kernels import Kernel
 from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, relu, silu
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
-from .._numerics.gemm import rows_product
+from .._numerics.gemm import rows_product, threaded_rows
 from .._numerics.threads import by_row_blocks
 
 __all__ = ["FeatureMap", "FeedForward", "GatedFeedForward", "ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
@@ -175,7 +175,8 @@ class FeedForward(Operator):
         def feedforward(u):
             return w_2(phi(w_1(u)))
 
-        return by_row_blocks(feedforward)
+        dense = _dense_host(self.W_1) and _dense_host(self.W_2)
+        return by_row_blocks(feedforward, whole=threaded_rows if dense else None)
 
 
 class GatedFeedForward(Operator):
@@ -232,4 +233,5 @@ class GatedFeedForward(Operator):
         def gated_feedforward(u):
             return w_2(phi(w_gate(u)) * w_up(u))
 
-        return by_row_blocks(gated_feedforward)
+        dense = all(_dense_host(w) for w in (self.W_gate, self.W_up, self.W_2))
+        return by_row_blocks(gated_feedforward, whole=threaded_rows if dense else None)

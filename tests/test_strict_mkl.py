@@ -1,0 +1,112 @@
+"""MKL's strict reproducibility mode (ctformer._numerics.gemm.threaded_products): asked for
+when ctformer loads torch, refused once MKL has computed, never asked where MKL_CBWR is set;
+where it is on, torch's products have the same bits on 1, 2 and 3 threads, and the feature
+products outside worker tasks run on torch's threads.
+
+Each case runs in a fresh process: MKL takes the mode only before its first computation."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from ctformer._numerics import gemm, threads
+
+from .conftest import require
+
+torch = require("torch")
+
+_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    if sys.argv[1] == "torch first":
+        import torch
+        torch.mm(torch.ones(8, 8), torch.ones(8, 8))   # MKL has computed
+    from ctformer._numerics import gemm
+    import torch
+    on = gemm.threaded_products()
+    rng = np.random.default_rng(0)
+    same, error = True, 0.0
+    # shapes whose inner dimension MKL splits between threads outside the strict mode
+    for m, k, n, dtype in ((16, 1536, 384, np.float64), (33, 4096, 64, np.float64),
+                           (128, 1536, 384, np.float32), (1024, 4096, 64, np.float32)):
+        a, b = (rng.standard_normal(s).astype(dtype) for s in ((m, k), (k, n)))
+        products = []
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            products.append(torch.mm(torch.from_numpy(a), torch.from_numpy(b)).numpy())
+        same &= all(np.array_equal(p, products[0]) for p in products)
+        exact = a.astype(np.float64) @ b.astype(np.float64)
+        scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)
+        error = max(error, float(np.max(np.abs(products[0] - exact) / scale)) / np.finfo(dtype).eps)
+    print(on, same, error)
+""")
+
+
+def _run(order: str, **env) -> tuple[bool, bool, float]:
+    environment = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"} | env
+    result = subprocess.run([sys.executable, "-c", _SCRIPT, order], env=environment,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    on, same, error = result.stdout.split()
+    return on == "True", same == "True", float(error)
+
+
+def test_strict_mode_gives_the_same_bits_for_every_thread_count():
+    """ctformer imported before torch computes: the mode is on where torch carries MKL (these
+    machines' CPU wheel does), and then 1, 2 and 3 threads give the same bits; every product
+    is within 64 ulps (relative to sum |a||b|) of the float64 product."""
+    on, same, error = _run("ctformer first")
+    assert on == torch.backends.mkl.is_available()
+    if on:
+        assert same
+    assert error < 64
+
+
+@pytest.mark.parametrize("order, env", [("torch first", {}), ("ctformer first", {"MKL_CBWR": "AUTO"})])
+def test_the_mode_is_off_when_mkl_refuses_or_the_user_chose(order, env):
+    """After torch has computed, MKL refuses the mode; with MKL_CBWR set, the user's setting
+    stands. Either way the library's products stay on one thread per block."""
+    on, _, error = _run(order, **env)
+    assert not on
+    assert error < 64
+
+
+def test_rows_product_uses_torch_threads_only_where_the_mode_is_on(monkeypatch):
+    """Outside worker tasks, with torch chosen: torch's product on ``num_threads`` threads
+    where the mode is on, NumPy's BLAS where it is off; both the product to rounding."""
+    monkeypatch.setenv("CTFORMER_GEMM", "torch")
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "2")
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3, 40, 24)), rng.standard_normal((24, 30))
+    exact = np.einsum("...i,ij->...j", a.astype(np.longdouble), b.astype(np.longdouble)).astype(np.float64)
+    seen = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda x, y, out=None: seen.append(torch.get_num_threads())
+                        or real_mm(x, y, out=out))
+    for mode in (True, False):
+        monkeypatch.setattr(gemm, "_STRICT_MKL", [mode])
+        seen.clear()
+        product = gemm.rows_product(a, b)
+        assert product.shape == (3, 40, 30)
+        assert np.max(np.abs(product - exact)) < 1e-13 * np.max(np.abs(exact))
+        assert seen == ([2] if mode else [])
+        assert gemm.threaded_rows(np.float64) is mode
+
+
+def test_row_blocks_give_way_to_threaded_products(monkeypatch):
+    """A dense map on 1400 rows: one call on all rows where threaded products are on; blocks
+    of at least 256 rows where they are off."""
+    monkeypatch.setenv("CTFORMER_GEMM", "torch")
+    u = np.ones((2, 700, 4))
+    for mode, calls in ((True, [1400]), (False, [256] * 5 + [120])):
+        monkeypatch.setattr(gemm, "_STRICT_MKL", [mode])
+        rows = []
+        blocked = threads.by_row_blocks(lambda v: rows.append(v.size // v.shape[-1]) or 2 * v,
+                                        whole=gemm.threaded_rows)
+        assert np.array_equal(blocked(u), 2 * u)
+        assert sorted(rows, reverse=True) == sorted(calls, reverse=True)
