@@ -6,7 +6,11 @@ dimension 64, float32 and float64, without a mask and causal; about 15 minutes o
 configuration it times in the same process
 
 * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` (``is_causal`` for the mask),
-* ``quadrature``: :func:`ctformer.operators.quadrature_attention` (``mask="causal"``),
+* ``quadrature``: :func:`ctformer.operators.quadrature_attention` (``mask="causal"``), as a
+  user calls it: where torch does this machine's products and MKL's strict reproducibility
+  mode is on, this is torch's fused kernel on ctformer's threads (the header says which),
+* ``streamed``: the same with the library's own streamed path (``chunk`` given explicitly:
+  the default chunk of :func:`ctformer._numerics.streamed.stream_chunk`),
 * ``naive``: NumPy with the full N x N score matrix (in place, one softmax; N <= 8192 only,
   it needs 8 N^2 bytes),
 
@@ -89,10 +93,17 @@ def methods(causal):
         mask = "causal" if causal else None
         return lambda: quadrature_attention(q, k, v, beta=beta, mask=mask)
 
+    def streamed(q, k, v, beta):
+        from ctformer._numerics.streamed import stream_chunk
+        from ctformer.operators import quadrature_attention
+
+        mask, chunk = "causal" if causal else None, stream_chunk(len(q), len(k), q.dtype.itemsize, 1)
+        return lambda: quadrature_attention(q, k, v, beta=beta, mask=mask, chunk=chunk)
+
     def naive(q, k, v, beta):
         return lambda: naive_attention(q, k, v, beta, causal)
 
-    return {"sdpa": sdpa, "quadrature": quadrature, "naive": naive}
+    return {"sdpa": sdpa, "quadrature": quadrature, "streamed": streamed, "naive": naive}
 
 
 def _status_kib(field):

@@ -78,23 +78,27 @@ def test_the_mode_is_off_when_mkl_refuses_or_the_user_chose(order, env):
 
 def test_rows_product_uses_torch_threads_only_where_the_mode_is_on(monkeypatch):
     """Outside worker tasks, with torch chosen: torch's product on ``num_threads`` threads
-    where the mode is on, NumPy's BLAS where it is off; both the product to rounding."""
+    where the mode is on and the product has at least 2^18 multiply-adds; NumPy's BLAS
+    where the mode is off or the product is small. Each one the product to rounding."""
     monkeypatch.setenv("CTFORMER_GEMM", "torch")
     monkeypatch.setenv("CTFORMER_NUM_THREADS", "2")
     rng = np.random.default_rng(2)
-    a, b = rng.standard_normal((3, 40, 24)), rng.standard_normal((24, 30))
-    exact = np.einsum("...i,ij->...j", a.astype(np.longdouble), b.astype(np.longdouble)).astype(np.float64)
+    big = rng.standard_normal((3, 40, 96)), rng.standard_normal((96, 80))   # 921600 multiply-adds
+    small = rng.standard_normal((16, 16)), rng.standard_normal((16, 48))    # a small solve's
+    assert big[0].size * 80 >= gemm._THREADED_MIN_PRODUCTS > small[0].size * 48
     seen = []
     real_mm = torch.mm
     monkeypatch.setattr(torch, "mm", lambda x, y, out=None: seen.append(torch.get_num_threads())
                         or real_mm(x, y, out=out))
     for mode in (True, False):
         monkeypatch.setattr(gemm, "_STRICT_MKL", [mode])
-        seen.clear()
-        product = gemm.rows_product(a, b)
-        assert product.shape == (3, 40, 30)
-        assert np.max(np.abs(product - exact)) < 1e-13 * np.max(np.abs(exact))
-        assert seen == ([2] if mode else [])
+        for (a, b), torch_calls in ((big, [2] if mode else []), (small, [])):
+            exact = np.einsum("...i,ij->...j", a.astype(np.longdouble), b.astype(np.longdouble)).astype(np.float64)
+            seen.clear()
+            product = gemm.rows_product(a, b)
+            assert product.shape == exact.shape
+            assert np.max(np.abs(product - exact)) < 1e-13 * np.max(np.abs(exact))
+            assert seen == torch_calls
         assert gemm.threaded_rows(np.float64) is mode
 
 

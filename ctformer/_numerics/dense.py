@@ -22,6 +22,7 @@ import math
 import array_api_compat
 import numpy as np
 
+from . import gemm as _gemm
 from . import streamed as _numpy_paths
 
 _NUMPY = array_api_compat.array_namespace(np.zeros(0))
@@ -32,6 +33,8 @@ _CHUNK_ELEMENTS = 1 << 20
 _CHUNK_ELEMENTS_DEVICE = 1 << 27
 # Problems with fewer score entries per (batch, head) than this are done batched in one go.
 _STREAM_MIN_ENTRIES = 1 << 16
+# torch's fused kernel from this many score entries in all (its call costs ~50 us)
+_FUSED_MIN_ENTRIES = 1 << 16
 # Scores and weighted sums are kept below finfo.max / _HEADROOM (room for the log-weights,
 # the row-maximum subtraction and the sum over keys).
 _HEADROOM = 8.0
@@ -41,6 +44,11 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
     """The path for the problem's size and namespace; every row of ``keep`` keeps a key."""
     n, m = q.shape[-2], k.shape[-2]
     numpy = isinstance(q, np.ndarray)
+    if numpy and _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk):
+        out = _numpy_paths.output_array(lead, n, v.shape[-1], q.dtype)
+        if isinstance(beta, (int, float)):
+            return _gemm.fused_attention(q, k, v, beta, causal, lead, out)
+        return _gemm.fused_attention(q * beta, k, v, 1.0, causal, lead, out)
     if numpy and q.dtype in (np.float32, np.float64) and n * m >= _STREAM_MIN_ENTRIES:
         # beta scales each query chunk inside the workers
         return _numpy_paths.stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk)
@@ -56,6 +64,21 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
             chunk = max(1, min(n, target // max(1, m * (math.prod(lead) or 1))))
         out = _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, int(chunk))
     return out
+
+
+def _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk) -> bool:
+    """Whether torch's fused kernel takes the problem: softmax attention as the kernel knows it
+    (uniform weights, no mask but the square causal one, no chunking asked for), one float
+    dtype, at least ``_FUSED_MIN_ENTRIES`` scores in all (below, its call costs more than
+    the batched pass), and :func:`ctformer._numerics.gemm.fused_attention_ok`."""
+    if log_w is not None or keep is not None or diag_shift is not None or chunk is not None:
+        return False
+    n, m = q.shape[-2], k.shape[-2]
+    if (causal and n != m) or n * m * math.prod(lead) < _FUSED_MIN_ENTRIES:
+        return False
+    dims = len(lead) + 2
+    return (q.ndim == k.ndim == v.ndim == dims and q.dtype == k.dtype == v.dtype
+            and q.dtype in (np.float32, np.float64) and _gemm.fused_attention_ok(q.dtype))
 
 
 # -- queries without keys -------------------------------------------------------------------------

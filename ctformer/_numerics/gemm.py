@@ -48,13 +48,15 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import matmul_rows
-from ..environment import cpu_model
+from ..environment import cpu_model, setting
 from .threads import _INSIDE, blas_controller, num_threads, single_thread_blas
 
-__all__ = ["attention_block", "gemm_provider", "matmul", "rows_product", "softmax_provider", "softmax_rows",
+__all__ = ["attention_block", "fused_attention", "fused_attention_ok", "gemm_provider", "matmul", "rows_product", "softmax_provider", "softmax_rows",
            "threaded_products", "threaded_rows", "uses_torch"]
 
 _PROVIDERS = ("auto", "numpy", "torch")
+_CHOICES: dict = {}  # CTFORMER_GEMM's raw value -> one of _PROVIDERS (valid values only)
+_FLOAT_NAMES: dict = {}  # a dtype as given -> "float32", "float64", or "" (NumPy's BLAS)
 # The shapes measured, (m, k, n) per product: attention's score and weighted-sum products
 # for a query chunk, and a feature map's rows. torch must win by this margin to be chosen.
 _SHAPES = ((256, 64, 4096), (256, 4096, 64), (256, 384, 1536))
@@ -62,8 +64,10 @@ _MARGIN = 0.92
 _LOCK = threading.Lock()
 _POOL_PREFIX = "ctformer-"  # the worker pool's thread names (ctformer._numerics.threads)
 _MKL_AUTO_STRICT = 2 | 0x10000  # MKL_CBWR_AUTO | MKL_CBWR_STRICT (mkl_cbwr_set's settings)
+_THREADED_MIN_PRODUCTS = 1 << 18  # multiply-adds from which rows_product calls torch outside workers
 _STRICT_ASKED: list = []  # [bool]: MKL's strict mode was asked for and accepted
 _STRICT_MKL: list = []  # [bool] once threaded_products has checked
+_FUSED_OK: list = []  # [bool] once fused_attention_ok has checked the fused kernel
 
 
 def gemm_provider(dtype) -> str:
@@ -76,17 +80,33 @@ def gemm_provider(dtype) -> str:
     ImportError
         If ``CTFORMER_GEMM=torch`` and torch is not installed.
     """
-    choice = os.environ.get("CTFORMER_GEMM", "auto").strip().lower() or "auto"
-    if choice not in _PROVIDERS:
-        raise ValueError(f"CTFORMER_GEMM must be one of {', '.join(_PROVIDERS)}, got {choice!r}")
-    dtype = np.dtype(dtype)
-    if dtype not in (np.float32, np.float64) or choice == "numpy":
+    choice = _choice()
+    name = _FLOAT_NAMES.get(dtype)  # a dict lookup: asked for every product of a small solve
+    if name is None:
+        name = _FLOAT_NAMES.setdefault(dtype, _float_name(np.dtype(dtype)))
+    if not name or choice == "numpy":
         return "numpy"
     if choice == "torch":
         if _torch() is None:
             raise ImportError("CTFORMER_GEMM=torch needs torch: pip install torch")
         return "torch"
-    return _measured("products", dtype.name)
+    return _measured("products", name)
+
+
+def _float_name(dtype) -> str:
+    return dtype.name if dtype in (np.float32, np.float64) else ""
+
+
+def _choice() -> str:
+    """``CTFORMER_GEMM`` normalized (raw values cached: read for every product)."""
+    raw = setting("CTFORMER_GEMM", "auto")
+    choice = _CHOICES.get(raw)
+    if choice is None:
+        choice = raw.strip().lower() or "auto"
+        if choice not in _PROVIDERS:
+            raise ValueError(f"CTFORMER_GEMM must be one of {', '.join(_PROVIDERS)}, got {choice!r}")
+        _CHOICES[raw] = choice
+    return choice
 
 
 def uses_torch(dtype) -> bool:
@@ -101,7 +121,7 @@ def softmax_provider(dtype) -> str:
     where it also does the products."""
     if gemm_provider(dtype) == "numpy":
         return "numpy"
-    if os.environ.get("CTFORMER_GEMM", "auto").strip().lower() == "torch":
+    if _choice() == "torch":
         return "torch"
     return _measured("softmax", np.dtype(dtype).name)
 
@@ -131,13 +151,15 @@ def rows_product(a, b):
 
     For C-contiguous NumPy float arrays where torch multiplies (:func:`gemm_provider`), one
     product on the folded rows: inside a worker task by :func:`matmul` (one thread); outside,
-    where :func:`threaded_products` holds, by torch on :func:`~ctformer._numerics.threads.num_threads`
-    threads. Anything else by :func:`ctformer.backend.matmul_rows` (NumPy's BLAS as configured,
+    where :func:`threaded_products` holds and the product has at least 2^18 multiply-adds, by
+    torch on :func:`~ctformer._numerics.threads.num_threads` threads. Anything else by :func:`ctformer.backend.matmul_rows` (NumPy's BLAS as configured,
     torch, CuPy)."""
     if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim >= 2 and b.ndim == 2
-            and a.dtype == b.dtype and a.flags.c_contiguous and uses_torch(a.dtype)):
+            and a.dtype == b.dtype and a.flags.c_contiguous):
         inside = getattr(_INSIDE, "worker", False)
-        if inside or threaded_products():  # else NumPy's BLAS, as configured
+        # outside workers torch only for products worth its call (~5 us against NumPy's ~1 us)
+        if (inside or a.size * b.shape[1] >= _THREADED_MIN_PRODUCTS) and uses_torch(a.dtype) and \
+                (inside or threaded_products()):
             out = np.empty((*a.shape[:-1], b.shape[1]), dtype=a.dtype)
             rows, flat = a.reshape(-1, a.shape[-1]), out.reshape(-1, b.shape[1])
             if inside:
@@ -181,6 +203,68 @@ def attention_block(qs, k, v, bias, out) -> None:
             s += _tensor(torch, np.asarray(bias, dtype=qs.dtype))
         torch.ops.aten._softmax.out(s, -1, False, out=s)
         np.copyto(out, torch.matmul(s, _tensor(torch, v)).numpy())
+
+
+def fused_attention(q, k, v, scale, causal, lead, out):
+    r"""``softmax(scale q k^T) v`` over the leading axes ``lead`` by torch's fused kernel
+    (``scaled_dot_product_attention``) on :func:`~ctformer._numerics.threads.num_threads`
+    threads, for NumPy arrays of one float dtype: uniform weights, no mask but the causal one
+    (square), where :func:`fused_attention_ok` holds. Key/value heads shared by groups of
+    query heads (``k``, ``v`` of shape ``(..., H_kv, 1, M, d)`` against ``lead`` ending in
+    ``(H_kv, G)``) are passed as they are, not repeated. Writes and returns ``out``, of shape
+    ``(*lead, N, e)``; ``q``, ``k``, ``v`` have ``len(lead) + 2`` axes."""
+    torch = _torch()
+    n, m, e = q.shape[-2], k.shape[-2], v.shape[-1]
+    tq, tk, tv = (_tensor(torch, a) for a in (q, k, v))
+    grouped = len(lead) >= 2 and lead[-1] > 1 and k.shape[-3] == v.shape[-3] == 1 and q.shape[-3] == lead[-1]
+    tq = tq.expand(*lead, n, q.shape[-1])
+    if grouped:  # (..., H_kv, G, N, d) queries against (..., H_kv, 1, M, d) keys and values
+        tq = tq.flatten(-4, -3)
+        tk, tv = (t.expand(*lead[:-1], 1, *t.shape[-2:]).squeeze(-3) for t in (tk, tv))
+    else:
+        tk, tv = (t.expand(*lead, *t.shape[-2:]) for t in (tk, tv))
+    tq, tk, tv = (_four_axes(t) for t in (tq, tk, tv))
+    with _torch_threads(torch, num_threads()):
+        o = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, scale=float(scale),
+                                                             enable_gqa=grouped)
+    np.copyto(out, o.reshape(*lead, n, e).numpy())
+    return out
+
+
+def _four_axes(t):
+    """``t`` with its leading axes made exactly two (the kernel's (batch, heads))."""
+    if t.dim() == 4:
+        return t
+    if t.dim() < 4:
+        return t.reshape(*(1,) * (4 - t.dim()), *t.shape)
+    return t.flatten(0, t.dim() - 4)
+
+
+def fused_attention_ok(dtype) -> bool:
+    """True when :func:`fused_attention` serves ``dtype``: torch multiplies it
+    (:func:`gemm_provider`), outside worker tasks, with MKL's strict mode on
+    (:func:`threaded_products`) and a check that the fused kernel gives the same bits on one
+    and two threads (plain and causal)."""
+    if getattr(_INSIDE, "worker", False) or not uses_torch(dtype) or not threaded_products():
+        return False
+    if not _FUSED_OK:
+        with _LOCK:
+            if not _FUSED_OK:
+                _FUSED_OK.append(_fused_thread_count_invariant(_torch()))
+    return _FUSED_OK[0]
+
+
+def _fused_thread_count_invariant(torch) -> bool:
+    rng = np.random.default_rng(2)
+    for dtype, causal in ((np.float64, False), (np.float32, True)):
+        q, k, v = (torch.from_numpy(rng.standard_normal((2, 3, 300, 16)).astype(dtype)) for _ in range(3))
+        runs = []
+        for count in (1, 2):
+            with _torch_threads(torch, count):
+                runs.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        if not torch.equal(*runs):
+            return False
+    return True
 
 
 def _strides_ok(*arrays) -> bool:
