@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["cpu_model", "positive_int", "setting"]
+__all__ = ["choice", "cpu_model", "positive_int", "setting"]
 
 
 # CPython's os.environ keeps the encoded variables in a dict (``_data``, bytes keys on POSIX);
@@ -21,6 +21,28 @@ def setting(name: str, default: str = "") -> str:
         return os.environ.get(name, default)
     value = _ENCODED.get(name.encode())
     return default if value is None else os.fsdecode(value)
+
+
+_CHOSEN: dict = {}  # (name, raw value) -> the normalized choice (valid values only)
+
+
+def choice(name: str, allowed: tuple, default: str = "auto") -> str:
+    """The environment variable ``name`` as one of ``allowed`` (stripped, lower case; unset or
+    empty: ``default``), cheap enough to read for every product or step.
+
+    Raises
+    ------
+    ValueError
+        If the value is none of ``allowed`` (the message lists them).
+    """
+    raw = setting(name, default)
+    chosen = _CHOSEN.get((name, raw))
+    if chosen is None:
+        chosen = raw.strip().lower() or default
+        if chosen not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {chosen!r}")
+        _CHOSEN[(name, raw)] = chosen
+    return chosen
 
 
 def positive_int(name: str, default: int | None = None) -> int | None:

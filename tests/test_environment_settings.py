@@ -39,3 +39,19 @@ def test_loop_engine_follows_the_variable_after_caching(monkeypatch):
         compiled.loop_engine()
     with pytest.raises(ValueError, match="got 'fortran'"):   # an invalid value is never cached
         compiled.loop_engine()
+
+
+def test_a_choice_follows_the_variable_and_names_a_bad_value(monkeypatch):
+    """``choice`` normalizes as ``os.environ.get(name, default).strip().lower()`` would, for
+    every value the variable takes in turn (its cache is keyed by the raw value)."""
+    from ctformer.environment import choice
+
+    allowed = ("auto", "numpy", "torch")
+    for raw in (" Torch ", "numpy", "", "AUTO", "torch"):
+        monkeypatch.setenv(NAME, raw)
+        assert choice(NAME, allowed) == (os.environ.get(NAME, "auto").strip().lower() or "auto")
+    monkeypatch.delenv(NAME)
+    assert choice(NAME, allowed) == "auto"
+    monkeypatch.setenv(NAME, "mkl")
+    with pytest.raises(ValueError, match=f"{NAME} must be one of auto, numpy, torch, got 'mkl'"):
+        choice(NAME, allowed)

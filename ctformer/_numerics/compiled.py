@@ -40,25 +40,16 @@ from contextlib import contextmanager
 from functools import lru_cache, wraps
 from types import SimpleNamespace
 
-from ..environment import setting
+from ..environment import choice
 
 __all__ = ["loop_engine", "kernels", "sigint_deferred"]
 
 _ENGINES = ("auto", "numba", "numpy")
 
 
-_NORMALIZED: dict = {}  # the variable's raw value -> one of _ENGINES (valid values only)
-
-
 def loop_engine() -> str:
     """``"numba"`` or ``"numpy"``: who runs the fused loops, from ``CTFORMER_LOOP_ENGINE``."""
-    raw = setting("CTFORMER_LOOP_ENGINE", "auto")  # read several times per solver step
-    engine = _NORMALIZED.get(raw)
-    if engine is None:
-        engine = raw.strip().lower() or "auto"
-        if engine not in _ENGINES:
-            raise ValueError(f"CTFORMER_LOOP_ENGINE must be one of {', '.join(_ENGINES)}, got {engine!r}")
-        _NORMALIZED[raw] = engine
+    engine = choice("CTFORMER_LOOP_ENGINE", _ENGINES)  # read several times per solver step
     if engine == "numpy":
         return "numpy"
     try:

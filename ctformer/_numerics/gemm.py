@@ -48,14 +48,13 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import matmul_rows
-from ..environment import cpu_model, setting
+from ..environment import choice, cpu_model
 from .threads import _INSIDE, blas_controller, num_threads, single_thread_blas
 
 __all__ = ["attention_block", "fused_attention", "fused_attention_ok", "gemm_provider", "matmul", "rows_product", "softmax_provider", "softmax_rows",
            "threaded_products", "threaded_rows", "uses_torch"]
 
 _PROVIDERS = ("auto", "numpy", "torch")
-_CHOICES: dict = {}  # CTFORMER_GEMM's raw value -> one of _PROVIDERS (valid values only)
 _FLOAT_NAMES: dict = {}  # a dtype as given -> "float32", "float64", or "" (NumPy's BLAS)
 # The shapes measured, (m, k, n) per product: attention's score and weighted-sum products
 # for a query chunk, and a feature map's rows. torch must win by this margin to be chosen.
@@ -98,15 +97,7 @@ def _float_name(dtype) -> str:
 
 
 def _choice() -> str:
-    """``CTFORMER_GEMM`` normalized (raw values cached: read for every product)."""
-    raw = setting("CTFORMER_GEMM", "auto")
-    choice = _CHOICES.get(raw)
-    if choice is None:
-        choice = raw.strip().lower() or "auto"
-        if choice not in _PROVIDERS:
-            raise ValueError(f"CTFORMER_GEMM must be one of {', '.join(_PROVIDERS)}, got {choice!r}")
-        _CHOICES[raw] = choice
-    return choice
+    return choice("CTFORMER_GEMM", _PROVIDERS)  # read for every product
 
 
 def uses_torch(dtype) -> bool:
