@@ -114,3 +114,25 @@ def test_row_blocks_give_way_to_threaded_products(monkeypatch):
                                         whole=gemm.threaded_rows)
         assert np.array_equal(blocked(u), 2 * u)
         assert sorted(rows, reverse=True) == sorted(calls, reverse=True)
+
+
+@pytest.mark.parametrize("mode", [True, False])
+def test_the_bias_enters_the_threaded_product(monkeypatch, mode):
+    """``rows_product(a, b, bias)`` is ``a @ b + bias`` to rounding on every path: torch's
+    ``addmm`` (the bias inside the product) where the mode is on, NumPy's product and an
+    in-place add where it is off."""
+    monkeypatch.setenv("CTFORMER_GEMM", "torch")
+    monkeypatch.setattr(gemm, "_STRICT_MKL", [mode])
+    rng = np.random.default_rng(4)
+    calls = []
+    real = torch.addmm
+    monkeypatch.setattr(torch, "addmm", lambda *x, **y: calls.append(1) or real(*x, **y))
+    for dtype, tol in ((np.float64, 1e-13), (np.float32, 1e-5)):
+        a, b = rng.standard_normal((2, 60, 96)).astype(dtype), rng.standard_normal((96, 70)).astype(dtype)
+        bias = rng.standard_normal(70).astype(dtype)
+        calls.clear()
+        product = gemm.rows_product(a, b, bias)
+        exact = (np.einsum("...i,ij->...j", a.astype(np.longdouble), b.astype(np.longdouble)) + bias).astype(np.float64)
+        assert product.dtype == dtype and product.shape == (2, 60, 70)
+        assert np.max(np.abs(product - exact)) < tol * np.max(np.abs(exact))
+        assert calls == ([1] if mode else [])

@@ -46,8 +46,9 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
     numpy = isinstance(q, np.ndarray)
     if numpy and _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk):
         out = _numpy_paths.output_array(lead, n, v.shape[-1], q.dtype)
-        if isinstance(beta, (int, float)):
-            return _gemm.fused_attention(q, k, v, beta, causal, lead, out)
+        scale = _one_value(beta)  # one beta for all heads: the kernel scales (no pass over q)
+        if scale is not None:
+            return _gemm.fused_attention(q, k, v, scale, causal, lead, out)
         return _gemm.fused_attention(q * beta, k, v, 1.0, causal, lead, out)
     if numpy and q.dtype in (np.float32, np.float64) and n * m >= _STREAM_MIN_ENTRIES:
         # beta scales each query chunk inside the workers
@@ -64,6 +65,14 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
             chunk = max(1, min(n, target // max(1, m * (math.prod(lead) or 1))))
         out = _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, int(chunk))
     return out
+
+
+def _one_value(beta):
+    """``beta`` as a float when it is one number (a float, or an array of equal entries), else None."""
+    if isinstance(beta, (int, float)):
+        return float(beta)
+    flat = np.asarray(beta).reshape(-1)
+    return float(flat[0]) if flat.size and bool(np.all(flat == flat[0])) else None
 
 
 def _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk) -> bool:

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend import matmul_rows
+from ..backend import matmul_rows, plus_bias
 from ..environment import choice, cpu_model
 from .threads import _INSIDE, blas_controller, num_threads, single_thread_blas
 
@@ -137,14 +137,17 @@ def matmul(a, b, out):
     return np.matmul(a, b, out=out)
 
 
-def rows_product(a, b):
-    """``a @ b`` for a matrix ``b`` (a feature map's rows, ``(..., d) @ (d, m)``).
+def rows_product(a, b, bias=None):
+    """``a @ b + bias`` for a matrix ``b`` (a feature map's rows, ``(..., d) @ (d, m)``; ``bias``
+    an ``(m,)`` array of the same dtype, or None for no bias).
 
     For C-contiguous NumPy float arrays where torch multiplies (:func:`gemm_provider`), one
     product on the folded rows: inside a worker task by :func:`matmul` (one thread); outside,
     where :func:`threaded_products` holds and the product has at least 2^18 multiply-adds, by
-    torch on :func:`~ctformer._numerics.threads.num_threads` threads. Anything else by :func:`ctformer.backend.matmul_rows` (NumPy's BLAS as configured,
-    torch, CuPy)."""
+    torch on :func:`~ctformer._numerics.threads.num_threads` threads, the bias entering the
+    product (``addmm``: one pass over the output less). Anything else by
+    :func:`ctformer.backend.matmul_rows` (NumPy's BLAS as configured, torch, CuPy) and
+    :func:`ctformer.backend.plus_bias`."""
     if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim >= 2 and b.ndim == 2
             and a.dtype == b.dtype and a.flags.c_contiguous):
         inside = getattr(_INSIDE, "worker", False)
@@ -154,13 +157,17 @@ def rows_product(a, b):
             out = np.empty((*a.shape[:-1], b.shape[1]), dtype=a.dtype)
             rows, flat = a.reshape(-1, a.shape[-1]), out.reshape(-1, b.shape[1])
             if inside:
-                matmul(rows, b, flat)
-            else:
-                torch = _torch()
-                with _torch_threads(torch, num_threads()):
-                    torch.mm(_tensor(torch, rows), _tensor(torch, b), out=_tensor(torch, flat))
+                return plus_bias(matmul(rows, b, flat).reshape(out.shape), bias)
+            torch = _torch()
+            ta, tb, tout = _tensor(torch, rows), _tensor(torch, b), _tensor(torch, flat)
+            with _torch_threads(torch, num_threads()):
+                if type(bias) is np.ndarray and bias.dtype == a.dtype and bias.shape == (b.shape[1],):
+                    torch.addmm(_tensor(torch, bias), ta, tb, out=tout)
+                else:
+                    torch.mm(ta, tb, out=tout)
+                    return plus_bias(out, bias)
             return out
-    return matmul_rows(a, b)
+    return plus_bias(matmul_rows(a, b), bias)
 
 
 def threaded_rows(dtype) -> bool:

@@ -24,7 +24,7 @@ import math
 import array_api_compat
 import numpy as np
 
-from ..backend import namespace, plus_bias
+from ..backend import namespace
 from .local_attention import BandedAttention, mask_pattern
 from .masks import Intersection
 from .positions import rotate
@@ -184,10 +184,10 @@ class DiscretizedAttention:
         self.constants, self.layout, self.rotation, self.engine = constants, layout, rotation, engine
         # the two projections are token-wise: large NumPy states run them by row blocks
         self._project_qkv = by_row_blocks(
-            lambda v: plus_bias(rows_product(v, constants("QKV_t", v)), constants("b_QKV", v)),
+            lambda v: rows_product(v, constants("QKV_t", v), constants("b_QKV", v)),
             width=constants.host["QKV_t"].shape[-1], whole=threaded_rows)
         self._project_out = by_row_blocks(
-            lambda v: plus_bias(rows_product(v, constants("O", v)), constants("b_O", v)),
+            lambda v: rows_product(v, constants("O", v), constants("b_O", v)),
             width=constants.host["O"].shape[-1], whole=threaded_rows)
 
     def with_padding(self, real) -> "DiscretizedAttention":

@@ -25,7 +25,6 @@ The activations :math:`\phi` (:data:`ACTIVATIONS`: relu, gelu, gelu_tanh, silu) 
 """
 from __future__ import annotations
 
-from ..backend import plus_bias
 from ..kernels import Kernel
 from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, relu, silu
 from .base import Constants, Grids, Operator
@@ -78,7 +77,7 @@ def _affine(kernel, bias, out, inp):
     if _dense_host(kernel):
         constants = Constants(bias=constants.host["bias"],
                               matrix_t=kernel.transposed_matrix(out, inp))
-        return lambda v: plus_bias(rows_product(v, constants("matrix_t", v)), constants("bias", v))
+        return lambda v: rows_product(v, constants("matrix_t", v), constants("bias", v))
 
     def apply(v):
         z = kernel.apply(v, out, inp, axis=-1)  # may be any array: never changed in place
