@@ -32,6 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
+import numpy as np
+
 from ..validation import boolean, real
 from .base import Scheme, SplitProblem, check_dt, register
 
@@ -120,12 +122,26 @@ def _check_dense(t: "ButcherTableau") -> None:
                          f"{t.dense_order!r}")
 
 
+_IN_PLACE_MIN = 1 << 16  # entries from which a stage term is summed into itself (no second array)
+
+
 def _combine(u, h: float, weights, ks):
-    r""":math:`u + h \sum_i w_i k_i`, skipping the zero weights."""
+    r""":math:`u + h \sum_i w_i k_i`, skipping the zero weights; a factor :math:`h w_i = 1`
+    (a residual block in the discrete limit) adds :math:`k_i` as it is, and a large NumPy term
+    is scaled and summed in one new array (the same bits: IEEE products by 1 and sums commute)."""
     out = u
     for w_i, k in zip(weights, ks):
         if w_i:
-            out = out + (h * w_i) * k
+            c = h * w_i
+            if c == 1:
+                out = out + k
+            elif (type(k) is np.ndarray and k.size >= _IN_PLACE_MIN and type(out) is np.ndarray
+                  and k.shape == out.shape and k.dtype == out.dtype):  # small arrays: the plain sum is cheaper
+                term = c * k
+                term += out
+                out = term
+            else:
+                out = out + c * k
     return out
 
 
