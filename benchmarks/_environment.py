@@ -223,7 +223,7 @@ def torch_blas() -> str | None:
 def _strict_reproducibility() -> str:
     """Whether ctformer runs its products on torch's threads (MKL's strict mode on) or by
     blocks on one thread each; asked early, so that MKL still accepts the mode."""
-    from ctformer._numerics.gemm import threaded_products
+    from ctformer._numerics.torch_threads import threaded_products
 
     if threaded_products():
         return "on (ctformer's feature products run on torch's threads, as torch's own do)"

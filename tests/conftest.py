@@ -19,14 +19,14 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np
 import pytest
 
-from ctformer._numerics import gemm as _gemm
+from ctformer._numerics import torch_threads as _torch_threads
 from ctformer.backend import cupy_available
 
 # ctformer asks torch's MKL for its strict reproducibility mode when it loads torch; MKL takes
 # it only before its first computation, and tests compute with torch in any order: load it
 # here, as a program that imports ctformer first would (tests/test_strict_mkl.py runs the
 # other orders in fresh processes).
-_gemm._torch()
+_torch_threads._torch()
 
 
 try:  # numpy may have been imported before this file: limit its pools directly too

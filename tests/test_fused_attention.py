@@ -1,5 +1,5 @@
 """torch's fused attention kernel as a path of quadrature attention
-(ctformer._numerics.gemm.fused_attention): softmax attention to rounding against a longdouble
+(ctformer._numerics.fused.fused_attention): softmax attention to rounding against a longdouble
 reference, for plain and causal masks, per-head beta, grouped key/value heads and any number
 of leading axes; the same bits for 1, 2 and 3 threads; the other cases (weights, padding
 masks, the half-weight diagonal, chunks, small problems) keep the library's own paths."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ctformer._numerics import dense, gemm
+from ctformer._numerics import dense, fused
 from ctformer.operators.quadrature_attention import quadrature_attention
 
 from .conftest import require
@@ -30,11 +30,11 @@ def _exact(q, k, v, beta, causal):
 def fused_calls(monkeypatch):
     """The fused path on (where this machine's torch allows it), its calls counted."""
     monkeypatch.setenv("CTFORMER_GEMM", "torch")
-    if not gemm.fused_attention_ok(np.float64):
+    if not fused.fused_attention_ok(np.float64):
         pytest.fail("torch's MKL strict mode is off in the test process: import ctformer before torch computes")
     calls = []
-    real = gemm.fused_attention
-    monkeypatch.setattr(gemm, "fused_attention", lambda *a: calls.append(a[4]) or real(*a))  # a[4]: causal
+    real = fused.fused_attention
+    monkeypatch.setattr(fused, "fused_attention", lambda *a: calls.append(a[4]) or real(*a))  # a[4]: causal
     return calls
 
 

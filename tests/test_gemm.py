@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from ctformer._numerics import gemm, streamed, threads
+from ctformer._numerics import gemm, streamed, threads, torch_threads
 
 from .conftest import require
 
@@ -120,7 +120,7 @@ def test_feature_rows_use_the_choice_inside_workers_only(monkeypatch):
     """Without MKL's strict mode (tests/test_strict_mkl.py has it on), only worker tasks
     multiply by torch."""
     monkeypatch.setenv("CTFORMER_GEMM", "torch")
-    monkeypatch.setattr(gemm, "_STRICT_MKL", [False])
+    monkeypatch.setattr(torch_threads, "_STRICT_MKL", [False])
     calls = []
     monkeypatch.setattr(gemm, "matmul", lambda a, b, out: calls.append(a.shape) or np.matmul(a, b, out=out))
     a, b = np.ones((4, 8, 3)), np.ones((3, 5))

@@ -1,4 +1,4 @@
-"""MKL's strict reproducibility mode (ctformer._numerics.gemm.threaded_products): asked for
+"""MKL's strict reproducibility mode (ctformer._numerics.torch_threads.threaded_products): asked for
 when ctformer loads torch, refused once MKL has computed, never asked where MKL_CBWR is set;
 where it is on, torch's products have the same bits on 1, 2 and 3 threads, and the feature
 products outside worker tasks run on torch's threads.
@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from ctformer._numerics import gemm, threads
+from ctformer._numerics import gemm, threads, torch_threads
 
 from .conftest import require
 
@@ -26,9 +26,9 @@ _SCRIPT = textwrap.dedent("""
     if sys.argv[1] == "torch first":
         import torch
         torch.mm(torch.ones(8, 8), torch.ones(8, 8))   # MKL has computed
-    from ctformer._numerics import gemm
+    from ctformer._numerics import torch_threads
     import torch
-    on = gemm.threaded_products()
+    on = torch_threads.threaded_products()
     rng = np.random.default_rng(0)
     same, error = True, 0.0
     # shapes whose inner dimension MKL splits between threads outside the strict mode
@@ -91,7 +91,7 @@ def test_rows_product_uses_torch_threads_only_where_the_mode_is_on(monkeypatch):
     monkeypatch.setattr(torch, "mm", lambda x, y, out=None: seen.append(torch.get_num_threads())
                         or real_mm(x, y, out=out))
     for mode in (True, False):
-        monkeypatch.setattr(gemm, "_STRICT_MKL", [mode])
+        monkeypatch.setattr(torch_threads, "_STRICT_MKL", [mode])
         for (a, b), torch_calls in ((big, [2] if mode else []), (small, [])):
             exact = np.einsum("...i,ij->...j", a.astype(np.longdouble), b.astype(np.longdouble)).astype(np.float64)
             seen.clear()
@@ -108,7 +108,7 @@ def test_row_blocks_give_way_to_threaded_products(monkeypatch):
     monkeypatch.setenv("CTFORMER_GEMM", "torch")
     u = np.ones((2, 700, 4))
     for mode, calls in ((True, [1400]), (False, [256] * 5 + [120])):
-        monkeypatch.setattr(gemm, "_STRICT_MKL", [mode])
+        monkeypatch.setattr(torch_threads, "_STRICT_MKL", [mode])
         rows = []
         blocked = threads.by_row_blocks(lambda v: rows.append(v.size // v.shape[-1]) or 2 * v,
                                         whole=gemm.threaded_rows)
@@ -122,7 +122,7 @@ def test_the_bias_enters_the_threaded_product(monkeypatch, mode):
     ``addmm`` (the bias inside the product) where the mode is on, NumPy's product and an
     in-place add where it is off."""
     monkeypatch.setenv("CTFORMER_GEMM", "torch")
-    monkeypatch.setattr(gemm, "_STRICT_MKL", [mode])
+    monkeypatch.setattr(torch_threads, "_STRICT_MKL", [mode])
     rng = np.random.default_rng(4)
     calls = []
     real = torch.addmm

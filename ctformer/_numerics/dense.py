@@ -22,7 +22,7 @@ import math
 import array_api_compat
 import numpy as np
 
-from . import gemm as _gemm
+from . import fused as _fused_kernel
 from . import streamed as _numpy_paths
 
 _NUMPY = array_api_compat.array_namespace(np.zeros(0))
@@ -48,8 +48,8 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
         out = _numpy_paths.output_array(lead, n, v.shape[-1], q.dtype)
         scale = _one_value(beta)  # one beta for all heads: the kernel scales (no pass over q)
         if scale is not None:
-            return _gemm.fused_attention(q, k, v, scale, causal, lead, out)
-        return _gemm.fused_attention(q * beta, k, v, 1.0, causal, lead, out)
+            return _fused_kernel.fused_attention(q, k, v, scale, causal, lead, out)
+        return _fused_kernel.fused_attention(q * beta, k, v, 1.0, causal, lead, out)
     if numpy and q.dtype in (np.float32, np.float64) and n * m >= _STREAM_MIN_ENTRIES:
         # beta scales each query chunk inside the workers
         return _numpy_paths.stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk)
@@ -79,7 +79,7 @@ def _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk) -> bool:
     """Whether torch's fused kernel takes the problem: softmax attention as the kernel knows it
     (uniform weights, no mask but the square causal one, no chunking asked for), one float
     dtype, at least ``_FUSED_MIN_ENTRIES`` scores in all (below, its call costs more than
-    the batched pass), and :func:`ctformer._numerics.gemm.fused_attention_ok`."""
+    the batched pass), and :func:`ctformer._numerics.fused.fused_attention_ok`."""
     if log_w is not None or keep is not None or diag_shift is not None or chunk is not None:
         return False
     n, m = q.shape[-2], k.shape[-2]
@@ -87,7 +87,7 @@ def _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk) -> bool:
         return False
     dims = len(lead) + 2
     return (q.ndim == k.ndim == v.ndim == dims and q.dtype == k.dtype == v.dtype
-            and q.dtype in (np.float32, np.float64) and _gemm.fused_attention_ok(q.dtype))
+            and q.dtype in (np.float32, np.float64) and _fused_kernel.fused_attention_ok(q.dtype))
 
 
 # -- queries without keys -------------------------------------------------------------------------

@@ -21,24 +21,15 @@ BLAS, a product's rounding never depends on the number of threads. The two libra
 differently (relative differences of a few ulps), which is why the choice is fixed per machine
 rather than per call.
 
-A threaded MKL product can round differently from a one-thread one (it may split the inner
-dimension between threads: on the Intel Xeon above, 47 of 168 products at the shapes of the
-networks, e.g. ``(16, 1536) @ (1536, 384)``). MKL's *strict conditional numerical
-reproducibility* mode (``MKL_CBWR=AUTO,STRICT``) removes that: its ``?gemm`` then gives the
-same bits for every thread count, at the same speed (measured within noise). So when ctformer
-loads torch, or is imported after torch, it turns that mode on (:func:`threaded_products`),
-unless ``MKL_CBWR`` is set in the environment (the user's choice stands). MKL accepts the mode
-only before its first computation; where it is on (checked, not assumed: one-thread and
-two-thread products must agree bit for bit on shapes that differ without it), the products
-outside worker tasks, :func:`rows_product` on a few rows, use torch's threads. Bits then
-depend on whether the mode is on, never on the thread count.
+Whether torch's products may run on its own threads (MKL's strict reproducibility mode) is
+:mod:`ctformer._numerics.torch_threads`; torch's fused attention kernel is
+:mod:`ctformer._numerics.fused`.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import sys
 import threading
 import time
 from contextlib import contextmanager, nullcontext
@@ -50,9 +41,10 @@ import numpy as np
 from ..backend import matmul_rows, plus_bias
 from ..environment import choice, cpu_model
 from .threads import _INSIDE, blas_controller, num_threads, single_thread_blas
+from .torch_threads import _one_torch_thread, _tensor, _torch, _torch_threads, _torch_version, threaded_products
 
-__all__ = ["attention_block", "fused_attention", "fused_attention_ok", "gemm_provider", "matmul", "rows_product", "softmax_provider", "softmax_rows",
-           "threaded_products", "threaded_rows", "uses_torch"]
+__all__ = ["attention_block", "gemm_provider", "matmul", "rows_product", "softmax_provider", "softmax_rows",
+           "threaded_rows", "uses_torch"]
 
 _PROVIDERS = ("auto", "numpy", "torch")
 _FLOAT_NAMES: dict = {}  # a dtype as given -> "float32", "float64", or "" (NumPy's BLAS)
@@ -61,12 +53,7 @@ _FLOAT_NAMES: dict = {}  # a dtype as given -> "float32", "float64", or "" (NumP
 _SHAPES = ((256, 64, 4096), (256, 4096, 64), (256, 384, 1536))
 _MARGIN = 0.92
 _LOCK = threading.Lock()
-_POOL_PREFIX = "ctformer-"  # the worker pool's thread names (ctformer._numerics.threads)
-_MKL_AUTO_STRICT = 2 | 0x10000  # MKL_CBWR_AUTO | MKL_CBWR_STRICT (mkl_cbwr_set's settings)
 _THREADED_MIN_PRODUCTS = 1 << 18  # multiply-adds from which rows_product calls torch outside workers
-_STRICT_ASKED: list = []  # [bool]: MKL's strict mode was asked for and accepted
-_STRICT_MKL: list = []  # [bool] once threaded_products has checked
-_FUSED_OK: list = []  # [bool] once fused_attention_ok has checked the fused kernel
 
 
 def gemm_provider(dtype) -> str:
@@ -176,20 +163,6 @@ def threaded_rows(dtype) -> bool:
     return uses_torch(dtype) and threaded_products()
 
 
-def threaded_products() -> bool:
-    """True when torch's MKL multiplies with the same bits on every thread count: its strict
-    reproducibility mode is on (accepted when :func:`_torch` asked, or asked for by
-    ``MKL_CBWR`` in the environment) and a check confirms it (one- and two-thread products
-    agree bit for bit on three shapes whose inner dimension MKL otherwise splits)."""
-    if _STRICT_MKL:
-        return _STRICT_MKL[0]
-    torch = _torch()
-    with _LOCK:
-        if not _STRICT_MKL:
-            _STRICT_MKL.append(torch is not None and _STRICT_ASKED == [True] and _thread_count_invariant(torch))
-    return _STRICT_MKL[0]
-
-
 def attention_block(qs, k, v, bias, out) -> None:
     """``out = softmax(qs k^T + bias) v`` over the leading axes, by torch on one thread
     (NumPy arrays of one float dtype; ``bias`` None or broadcasting to the scores; every
@@ -203,168 +176,8 @@ def attention_block(qs, k, v, bias, out) -> None:
         np.copyto(out, torch.matmul(s, _tensor(torch, v)).numpy())
 
 
-def fused_attention(q, k, v, scale, causal, lead, out):
-    r"""``softmax(scale q k^T) v`` over the leading axes ``lead`` by torch's fused kernel
-    (``scaled_dot_product_attention``) on :func:`~ctformer._numerics.threads.num_threads`
-    threads, for NumPy arrays of one float dtype: uniform weights, no mask but the causal one
-    (square), where :func:`fused_attention_ok` holds. Key/value heads shared by groups of
-    query heads (``k``, ``v`` of shape ``(..., H_kv, 1, M, d)`` against ``lead`` ending in
-    ``(H_kv, G)``) are passed as they are, not repeated. Writes and returns ``out``, of shape
-    ``(*lead, N, e)``; ``q``, ``k``, ``v`` have ``len(lead) + 2`` axes."""
-    torch = _torch()
-    n, m, e = q.shape[-2], k.shape[-2], v.shape[-1]
-    tq, tk, tv = (_tensor(torch, a) for a in (q, k, v))
-    grouped = len(lead) >= 2 and lead[-1] > 1 and k.shape[-3] == v.shape[-3] == 1 and q.shape[-3] == lead[-1]
-    tq = tq.expand(*lead, n, q.shape[-1])
-    if grouped:  # (..., H_kv, G, N, d) queries against (..., H_kv, 1, M, d) keys and values
-        tq = tq.flatten(-4, -3)
-        tk, tv = (t.expand(*lead[:-1], 1, *t.shape[-2:]).squeeze(-3) for t in (tk, tv))
-    else:
-        tk, tv = (t.expand(*lead, *t.shape[-2:]) for t in (tk, tv))
-    tq, tk, tv = (_four_axes(t) for t in (tq, tk, tv))
-    with _torch_threads(torch, num_threads()):
-        o = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, scale=float(scale),
-                                                             enable_gqa=grouped)
-    np.copyto(out, o.reshape(*lead, n, e).numpy())
-    return out
-
-
-def _four_axes(t):
-    """``t`` with its leading axes made exactly two (the kernel's (batch, heads))."""
-    if t.dim() == 4:
-        return t
-    if t.dim() < 4:
-        return t.reshape(*(1,) * (4 - t.dim()), *t.shape)
-    return t.flatten(0, t.dim() - 4)
-
-
-def fused_attention_ok(dtype) -> bool:
-    """True when :func:`fused_attention` serves ``dtype``: torch multiplies it
-    (:func:`gemm_provider`), outside worker tasks, with MKL's strict mode on
-    (:func:`threaded_products`) and a check that the fused kernel gives the same bits on one
-    and two threads (plain and causal)."""
-    if getattr(_INSIDE, "worker", False) or not uses_torch(dtype) or not threaded_products():
-        return False
-    if not _FUSED_OK:
-        with _LOCK:
-            if not _FUSED_OK:
-                _FUSED_OK.append(_fused_thread_count_invariant(_torch()))
-    return _FUSED_OK[0]
-
-
-def _fused_thread_count_invariant(torch) -> bool:
-    rng = np.random.default_rng(2)
-    for dtype, causal in ((np.float64, False), (np.float32, True)):
-        q, k, v = (torch.from_numpy(rng.standard_normal((2, 3, 300, 16)).astype(dtype)) for _ in range(3))
-        runs = []
-        for count in (1, 2):
-            with _torch_threads(torch, count):
-                runs.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal))
-        if not torch.equal(*runs):
-            return False
-    return True
-
-
 def _strides_ok(*arrays) -> bool:
     return all(x.ndim == 2 and min(x.strides) >= 0 for x in arrays)
-
-
-def _tensor(torch, x):
-    """A torch view of ``x`` (no copy); read-only arrays too, which a product only reads
-    (torch.from_numpy would warn about them)."""
-    if x.flags.writeable:
-        return torch.from_numpy(x)
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(x)
-
-
-def _strict_mkl(torch) -> None:
-    """Ask torch's MKL for its strict reproducibility mode; note in ``_STRICT_ASKED`` whether
-    the mode is on: MKL accepted it (it refuses once it has computed), or ``MKL_CBWR`` in the
-    environment asks for it. Nothing is asked where ``MKL_CBWR`` is set (the user's choice) or
-    where torch carries no MKL with ``mkl_serv_cbwr_set``."""
-    if "MKL_CBWR" in os.environ:
-        _STRICT_ASKED[:] = ["STRICT" in os.environ["MKL_CBWR"].upper()]
-        return
-    if _STRICT_ASKED or not torch.backends.mkl.is_available():
-        return
-    import ctypes
-
-    try:
-        library = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-        set_mode = library.mkl_serv_cbwr_set
-    except (OSError, AttributeError):  # another platform or build of torch
-        return
-    set_mode.restype, set_mode.argtypes = ctypes.c_int, [ctypes.c_int]
-    _STRICT_ASKED[:] = [set_mode(_MKL_AUTO_STRICT) == 0]  # MKL_CBWR_SUCCESS
-
-
-def _thread_count_invariant(torch) -> bool:
-    """Whether torch's products on one and on two threads agree bit for bit, on shapes whose
-    inner dimension MKL splits between threads outside its strict mode."""
-    rng = np.random.default_rng(1)
-    for m, k, n, dtype in ((16, 1536, 384, np.float64), (128, 4096, 64, np.float64), (16, 2048, 512, np.float32)):
-        a, b = (torch.from_numpy(rng.standard_normal(shape).astype(dtype)) for shape in ((m, k), (k, n)))
-        with _torch_threads(torch, 1):
-            one = torch.mm(a, b)
-        with _torch_threads(torch, 2):
-            two = torch.mm(a, b)
-        if not torch.equal(one, two):
-            return False
-    return True
-
-
-class _torch_threads:
-    """torch on ``count`` threads on this thread for the block (OpenMP's setting is per thread,
-    so other threads keep theirs). The caller's thread gets its count back after the block;
-    the library's own pool threads keep one thread (they never need more, and a count above
-    one would give each of them an OpenMP team of its own)."""
-
-    __slots__ = ("torch", "count", "before")
-
-    def __init__(self, torch, count=1):
-        self.torch, self.count = torch, count
-
-    def __enter__(self):
-        self.before = self.torch.get_num_threads()
-        if self.before != self.count:
-            self.torch.set_num_threads(self.count)
-
-    def __exit__(self, *exc):
-        if self.before != self.count and (self.count != 1 or not threading.current_thread().name.startswith(_POOL_PREFIX)):
-            self.torch.set_num_threads(self.before)
-
-
-def _one_torch_thread(torch):
-    return _torch_threads(torch, 1)
-
-
-@lru_cache(maxsize=1)
-def _torch():
-    from .compiled import sigint_deferred
-
-    # an interrupted import of torch cannot be retried in the process: Ctrl-C waits for it
-    with sigint_deferred():
-        try:
-            import torch
-        except ImportError:
-            return None
-    _strict_mkl(torch)
-    return torch
-
-
-@lru_cache(maxsize=1)
-def _torch_version() -> str | None:
-    """torch's installed version (from its metadata: no import), or None."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None
 
 
 @lru_cache(maxsize=None)
@@ -493,5 +306,3 @@ def _write(path, stored) -> None:
         pass
 
 
-if "torch" in sys.modules:  # imported after torch: the mode, while MKL has not computed yet
-    _strict_mkl(sys.modules["torch"])

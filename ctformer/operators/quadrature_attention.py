@@ -130,7 +130,7 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     but the square causal one, ``diagonal="full"``, no ``chunk``, at least 65536 scores) goes
     to that kernel (``scaled_dot_product_attention``) on ``CTFORMER_NUM_THREADS`` threads,
     where torch does this machine's products and MKL's strict reproducibility mode is on
-    (:mod:`ctformer._numerics.gemm`; a check at first use confirms that one and two threads
+    (:mod:`ctformer._numerics.torch_threads`; a check at first use confirms that one and two threads
     give the same bits); it was 2-2.6x faster than the paths below on the attention of
     networks (8 x 128 and 4 x 512 tokens, 12 heads, Intel Xeon). Otherwise: small NumPy
     problems are done batched in one go (a handful of NumPy calls).

@@ -1,0 +1,151 @@
+r"""torch as this machine's BLAS: loading it, its threads, and MKL's strict reproducibility mode.
+
+A threaded MKL product can round differently from a one-thread one (it may split the inner
+dimension between threads: on an Intel Xeon with AVX-512, 47 of 168 products at the shapes of the
+networks, e.g. ``(16, 1536) @ (1536, 384)``). MKL's *strict conditional numerical
+reproducibility* mode (``MKL_CBWR=AUTO,STRICT``) removes that: its ``?gemm`` then gives the
+same bits for every thread count, at the same speed (measured within noise). So when ctformer
+loads torch, or is imported after torch, it turns that mode on (:func:`threaded_products`),
+unless ``MKL_CBWR`` is set in the environment (the user's choice stands). MKL accepts the mode
+only before its first computation; where it is on (checked, not assumed: one-thread and
+two-thread products must agree bit for bit on shapes that differ without it), the products
+outside worker tasks (:func:`ctformer._numerics.gemm.rows_product`) and torch's fused attention
+(:mod:`ctformer._numerics.fused`) use torch's threads. Bits then depend on whether the mode is
+on, never on the thread count.
+
+The rest of the library reaches torch through :func:`_torch` (imported once, and only when
+needed), :func:`_tensor` (a view of a NumPy array) and :class:`_torch_threads` (a thread
+count for one block, restored after).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from functools import lru_cache
+
+import numpy as np
+
+__all__ = ["threaded_products"]
+
+_LOCK = threading.Lock()
+_POOL_PREFIX = "ctformer-"  # the worker pool's thread names (ctformer._numerics.threads)
+_MKL_AUTO_STRICT = 2 | 0x10000  # MKL_CBWR_AUTO | MKL_CBWR_STRICT (mkl_cbwr_set's settings)
+_STRICT_ASKED: list = []  # [bool]: MKL's strict mode was asked for and accepted
+_STRICT_MKL: list = []  # [bool] once threaded_products has checked
+
+
+def threaded_products() -> bool:
+    """True when torch's MKL multiplies with the same bits on every thread count: its strict
+    reproducibility mode is on (accepted when :func:`_torch` asked, or asked for by
+    ``MKL_CBWR`` in the environment) and a check confirms it (one- and two-thread products
+    agree bit for bit on three shapes whose inner dimension MKL otherwise splits)."""
+    if _STRICT_MKL:
+        return _STRICT_MKL[0]
+    torch = _torch()
+    with _LOCK:
+        if not _STRICT_MKL:
+            _STRICT_MKL.append(torch is not None and _STRICT_ASKED == [True] and _thread_count_invariant(torch))
+    return _STRICT_MKL[0]
+
+
+def _tensor(torch, x):
+    """A torch view of ``x`` (no copy); read-only arrays too, which a product only reads
+    (torch.from_numpy would warn about them)."""
+    if x.flags.writeable:
+        return torch.from_numpy(x)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(x)
+
+
+def _strict_mkl(torch) -> None:
+    """Ask torch's MKL for its strict reproducibility mode; note in ``_STRICT_ASKED`` whether
+    the mode is on: MKL accepted it (it refuses once it has computed), or ``MKL_CBWR`` in the
+    environment asks for it. Nothing is asked where ``MKL_CBWR`` is set (the user's choice) or
+    where torch carries no MKL with ``mkl_serv_cbwr_set``."""
+    if "MKL_CBWR" in os.environ:
+        _STRICT_ASKED[:] = ["STRICT" in os.environ["MKL_CBWR"].upper()]
+        return
+    if _STRICT_ASKED or not torch.backends.mkl.is_available():
+        return
+    import ctypes
+
+    try:
+        library = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+        set_mode = library.mkl_serv_cbwr_set
+    except (OSError, AttributeError):  # another platform or build of torch
+        return
+    set_mode.restype, set_mode.argtypes = ctypes.c_int, [ctypes.c_int]
+    _STRICT_ASKED[:] = [set_mode(_MKL_AUTO_STRICT) == 0]  # MKL_CBWR_SUCCESS
+
+
+def _thread_count_invariant(torch) -> bool:
+    """Whether torch's products on one and on two threads agree bit for bit, on shapes whose
+    inner dimension MKL splits between threads outside its strict mode."""
+    rng = np.random.default_rng(1)
+    for m, k, n, dtype in ((16, 1536, 384, np.float64), (128, 4096, 64, np.float64), (16, 2048, 512, np.float32)):
+        a, b = (torch.from_numpy(rng.standard_normal(shape).astype(dtype)) for shape in ((m, k), (k, n)))
+        with _torch_threads(torch, 1):
+            one = torch.mm(a, b)
+        with _torch_threads(torch, 2):
+            two = torch.mm(a, b)
+        if not torch.equal(one, two):
+            return False
+    return True
+
+
+class _torch_threads:
+    """torch on ``count`` threads on this thread for the block (OpenMP's setting is per thread,
+    so other threads keep theirs). The caller's thread gets its count back after the block;
+    the library's own pool threads keep one thread (they never need more, and a count above
+    one would give each of them an OpenMP team of its own)."""
+
+    __slots__ = ("torch", "count", "before")
+
+    def __init__(self, torch, count=1):
+        self.torch, self.count = torch, count
+
+    def __enter__(self):
+        self.before = self.torch.get_num_threads()
+        if self.before != self.count:
+            self.torch.set_num_threads(self.count)
+
+    def __exit__(self, *exc):
+        if self.before != self.count and (self.count != 1 or not threading.current_thread().name.startswith(_POOL_PREFIX)):
+            self.torch.set_num_threads(self.before)
+
+
+def _one_torch_thread(torch):
+    return _torch_threads(torch, 1)
+
+
+@lru_cache(maxsize=1)
+def _torch():
+    from .compiled import sigint_deferred
+
+    # an interrupted import of torch cannot be retried in the process: Ctrl-C waits for it
+    with sigint_deferred():
+        try:
+            import torch
+        except ImportError:
+            return None
+    _strict_mkl(torch)
+    return torch
+
+
+@lru_cache(maxsize=1)
+def _torch_version() -> str | None:
+    """torch's installed version (from its metadata: no import), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+if getattr(sys.modules.get("torch"), "backends", None) is not None:  # imported after torch:
+    _strict_mkl(sys.modules["torch"])  # ask while MKL may not have computed yet
