@@ -115,6 +115,8 @@ def test_engine_switch_is_validated(monkeypatch):
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numpy")
     assert compiled.loop_engine() == "numpy" and compiled.kernels() is None
     monkeypatch.setitem(sys.modules, "numba", None)  # as if Numba were not installed
+    # the import is tried once per process: this test looks again, past the cache
+    monkeypatch.setattr(compiled, "_numba_installed", compiled._numba_installed.__wrapped__)
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
     with pytest.raises(ImportError, match=r"needs Numba: pip install 'ctformer\[fast\]'"):
         compiled.loop_engine()

@@ -129,6 +129,9 @@ def test_registry_and_bad_input(linear_pair):
         solvers.get("rk4").step(problem, u0, 0.0)
     with pytest.raises(ValueError, match="dt must be a finite positive"):
         solvers.get("strang").step(problem, u0, float("nan"))
+    for bad in (float("inf"), -0.5, -0.0):  # the fast path for floats lets none of these through
+        with pytest.raises(ValueError, match="dt must be a finite positive"):
+            solvers.get("euler").step(problem, u0, bad)
     with pytest.raises(TypeError, match="dt must be a real number"):
         solvers.get("lie").step(problem, u0, "0.1")
     with pytest.raises(ValueError, match="projections must be empty or one per flow"):

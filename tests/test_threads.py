@@ -99,3 +99,20 @@ def test_row_blocks_equal_the_whole_map_and_do_not_depend_on_threads(monkeypatch
     seen.clear()
     small = blocked(u[:, :100])                   # 300 rows: one call of the map itself
     assert len(seen) == 1 and small.shape == (3, 100, 40)
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3])
+def test_thread_count_follows_blas_limits_as_threadpoolctl_reports_them(monkeypatch, limit):
+    """num_threads reads the libraries' counts directly (not threadpoolctl's info(), 10-20 us):
+    it must agree with info() under every limit, and again after the limit is lifted."""
+    np.ones(2) @ np.ones(2)
+    monkeypatch.delenv("CTFORMER_NUM_THREADS", raising=False)
+    controller = threadpoolctl.ThreadpoolController()
+
+    def reported():
+        return max(i["num_threads"] for i in controller.info() if i["user_api"] == "blas")
+
+    before = reported()
+    with threadpoolctl.threadpool_limits(limits=limit, user_api="blas"):
+        assert threads_module.num_threads() == reported() == limit
+    assert threads_module.num_threads() == reported() == before

@@ -52,13 +52,20 @@ def loop_engine() -> str:
     engine = choice("CTFORMER_LOOP_ENGINE", _ENGINES)  # read several times per solver step
     if engine == "numpy":
         return "numpy"
+    if _numba_installed():
+        return "numba"
+    if engine == "numba":
+        raise ImportError("CTFORMER_LOOP_ENGINE=numba needs Numba: pip install 'ctformer[fast]'")
+    return "numpy"
+
+
+@lru_cache(maxsize=1)
+def _numba_installed() -> bool:
     try:
         import numba  # noqa: F401
     except ImportError:
-        if engine == "numba":
-            raise ImportError("CTFORMER_LOOP_ENGINE=numba needs Numba: pip install 'ctformer[fast]'")
-        return "numpy"
-    return "numba"
+        return False
+    return True
 
 
 def kernels():

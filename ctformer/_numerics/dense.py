@@ -56,7 +56,7 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
     qs = q * beta  # beta folded into the queries: O(N d), cheaper than scaling every score
     if numpy and chunk is None and n * m * math.prod(lead) <= _CHUNK_ELEMENTS and n * m < _STREAM_MIN_ENTRIES:
         out = _numpy_paths.small(qs, k, v, log_w, keep, causal, diag_shift,
-                                 out=_numpy_paths.output_array(lead, n, v.shape[-1], np.result_type(qs, k, v)))
+                                 out=_numpy_paths.output_array(lead, n, v.shape[-1], _common_dtype(qs, k, v)))
     elif numpy and chunk is None and n * m < _STREAM_MIN_ENTRIES and keep is None:
         out = _numpy_paths.small_blocks(qs, k, v, log_w, causal, diag_shift, lead)
     else:
@@ -65,6 +65,12 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
             chunk = max(1, min(n, target // max(1, m * (math.prod(lead) or 1))))
         out = _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, int(chunk))
     return out
+
+
+def _common_dtype(qs, k, v):
+    """``np.result_type(qs, k, v)``, answered at once when the three share a dtype."""
+    dtype = qs.dtype
+    return dtype if k.dtype == dtype and v.dtype == dtype else np.result_type(qs, k, v)
 
 
 def _one_value(beta):

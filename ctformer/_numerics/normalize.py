@@ -41,8 +41,8 @@ def normalized_rows(u, w, eps: float, centre: bool, gain=None, shift=None):
     if type(u) is not np.ndarray or u.dtype not in _LIMITS or u.ndim < 1 or u.size == 0:
         return None
     d = u.shape[-1]
-    if (not _vector(w, d) or any(a is not None and not _vector(a, d) for a in (gain, shift))
-            or _compiled.loop_engine() != "numba"):
+    if (not _vector(w, d) or (gain is not None and not _vector(gain, d))
+            or (shift is not None and not _vector(shift, d)) or _compiled.loop_engine() != "numba"):
         return None
     largest, noise = _LIMITS[u.dtype]
     rows = u.reshape(-1, d)

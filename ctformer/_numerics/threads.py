@@ -49,6 +49,7 @@ _MAX_BLOCKS = 8
 _INSIDE = threading.local()  # .worker: this thread is running a worker of run_workers
 _POOL: dict = {}
 _CONTROLLER: list = []
+_BLAS: list = []  # [tuple of BLAS library controllers]
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
@@ -75,6 +76,16 @@ def blas_controller():
         return _CONTROLLER[0]
 
 
+def _blas_libraries() -> tuple:
+    """threadpoolctl's controllers of the BLAS libraries (each reads its thread count from
+    the library when asked: a few microseconds, where the controller's ``info()`` takes 10-20)."""
+    if not _BLAS:
+        controller = blas_controller()
+        libraries = getattr(controller, "lib_controllers", None) or ()
+        _BLAS.append(tuple(lib for lib in libraries if getattr(lib, "user_api", None) == "blas"))
+    return _BLAS[0]
+
+
 def single_thread_blas():
     """A context limiting BLAS to one thread for the duration of a call (None if impossible)."""
     controller = blas_controller()
@@ -94,11 +105,9 @@ def num_threads() -> int:
     count = positive_int("CTFORMER_NUM_THREADS")
     if count is not None:
         return count
-    controller = blas_controller()
-    if controller is not None:
-        counts = [info.get("num_threads") or 1 for info in controller.info() if info.get("user_api") == "blas"]
-        if counts:
-            return max(counts)
+    libraries = _blas_libraries()
+    if libraries:
+        return max(library.num_threads or 1 for library in libraries)
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         try:
             return max(1, int(os.environ.get(name, "").split(",")[0]))

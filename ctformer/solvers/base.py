@@ -45,8 +45,13 @@ def warn_inconsistent_depth(what: str, stacklevel: int = 2) -> None:
                   stacklevel=stacklevel + 1)
 
 
+_INF = float("inf")
+
+
 def check_dt(dt) -> float:
     """Validate a time step: a finite positive real number."""
+    if type(dt) is float and 0.0 < dt < _INF:  # the common case, checked every step
+        return dt
     if not is_real(dt):
         raise TypeError(f"dt must be a real number, got {type(dt).__name__}")
     value = float(dt)
@@ -105,6 +110,8 @@ class SplitProblem:
 
     def project_all(self, u):
         """Apply every projection in order (after an unsplit step)."""
+        if not self.projections:
+            return u
         for k in range(len(self.flows)):
             u = self.project(k, u)
         return u
