@@ -93,3 +93,43 @@ def test_what_the_kernel_does_not_take(rng):
     assert normalized_rows(rng.standard_normal((3, 8)).astype(np.float16), w, 0.0, True) is None
     assert normalized_rows(rng.standard_normal((3, 8)), np.full(7, 1 / 7), 0.0, True) is None
     assert normalized_rows(rng.standard_normal((3, 8)), w, 0.0, True, gain=np.ones(5)) is None
+
+
+@pytest.mark.parametrize("scale, eps, taken", [(2.0 ** 600, 1e-5, False), (2.0 ** 300, 1e-5, True),
+                                               (2.0 ** -450, 1e-200, True), (2.0 ** -450, 1e-300, False),
+                                               (2.0 ** -600, 1e-300, False)])
+def test_with_eps_the_kernel_tests_the_variance_after_the_sums(rng, scale, eps, taken):
+    """eps > 0, float64: no largest-entry pass; a row is refused only where its squares
+    overflow (2^600) or var + eps is below 2^-800 (squares may have underflowed), and either
+    path gives the formula evaluated on the rescaled row v = u / s:
+    N(u) = (v - mean v) / sqrt(var v + eps / s^2)."""
+    u = rng.standard_normal((5, 16))
+    u[3] *= scale
+    w = np.full(16, 1 / 16)
+    assert (normalized_rows(u, w, eps, True) is not None) == taken
+    got = LayerNormProjection(eps=eps).discretize(grids(Midpoint(5), Midpoint(16)))(u)
+    s = np.abs(u).max(axis=-1, keepdims=True)
+    c = u / s - (u / s).mean(-1, keepdims=True)
+    expected = c / np.sqrt((c * c).mean(-1, keepdims=True) + (np.sqrt(eps) / s) ** 2)
+    error = np.abs(got - expected).max(axis=-1) / np.abs(expected).max(axis=-1)
+    assert error.max() < 1e-13
+
+
+def test_with_eps_float32_rows_of_any_finite_size_are_taken(rng):
+    """Float32 rows are summed in float64, where squares of every finite float32 (subnormal
+    ones included) are normal numbers: the kernel takes them all and matches float64."""
+    u = rng.standard_normal((4, 32)).astype(np.float32)
+    u[1] *= np.float32(2.0 ** -140)     # subnormal float32 entries
+    u[2] *= np.float32(2.0 ** 125)      # near float32's largest
+    w = np.full(32, 1 / 32)
+    out = normalized_rows(u, w, 1e-30, True)
+    assert out is not None and out.dtype == np.float32
+    np.testing.assert_allclose(out, reference(u, w, 1.0, 0.0, 1e-30, True), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_with_eps_a_row_holding_inf_or_nan_is_refused(rng, bad):
+    u = rng.standard_normal((3, 8))
+    u[1, 4] = bad
+    assert normalized_rows(u, np.full(8, 1 / 8), 1e-5, True) is None
+    assert normalized_rows(u.astype(np.float32), np.full(8, 1 / 8), 1e-5, False) is None

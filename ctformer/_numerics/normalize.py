@@ -20,10 +20,13 @@ from . import compiled as _compiled
 __all__ = ["normalized_rows"]
 
 _EMPTY = np.empty(0)
-# The largest entry a row may have (sums of squares in float64 stay finite and normal), and
+# With eps = 0: the largest entry a row may have (sums of squares in float64 stay finite and normal), and
 # the rounding noise of a variance relative to the largest entry, per input dtype.
 _LIMITS = {np.dtype(np.float64): (2.0 ** 400, 64.0 * float(np.finfo(np.float64).eps)),
            np.dtype(np.float32): (2.0 ** 126, 64.0 * float(np.finfo(np.float32).eps))}
+# With eps > 0: the smallest variance + eps taken without rescaling, per input dtype (float32
+# rows are summed in float64, where their squares never underflow).
+_SMALLEST = {np.dtype(np.float64): 2.0 ** -800, np.dtype(np.float32): 0.0}
 
 
 @lru_cache(maxsize=1)
@@ -48,7 +51,7 @@ def normalized_rows(u, w, eps: float, centre: bool, gain=None, shift=None):
     rows = u.reshape(-1, d)
     out = np.empty(rows.shape, dtype=u.dtype)
     ok = _kernel()(rows, w, float(eps), centre, _EMPTY if gain is None else gain,
-                   _EMPTY if shift is None else shift, largest, noise, out)
+                   _EMPTY if shift is None else shift, largest, noise, _SMALLEST[u.dtype], out)
     return out.reshape(u.shape) if ok else None
 
 
