@@ -75,9 +75,11 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
                                         for block in model.blocks),
                                        t0=0.0 if start is None else start.t0)
     weights = solvers.grid_weights(grids) if u.ndim >= 2 else None
+    # the order serves step doubling only: fixed steps skip its walk over the blocks
     solution = solvers.integrate(problem, u, control, scheme=integrator, save_at=save_at,
                                  events=tuple(events), weights=weights,
-                                 order=integrator.order(model), what="the state", layered=True,
+                                 order=None if steps_per_layer is not None else integrator.order(model),
+                                 what="the state", layered=True,
                                  checkpoint=checkpoint,
                                  start=start if start is not None and start.h is not None else None,
                                  labels={"grids": grids})
