@@ -136,3 +136,20 @@ def test_the_bias_enters_the_threaded_product(monkeypatch, mode):
         assert product.dtype == dtype and product.shape == (2, 60, 70)
         assert np.max(np.abs(product - exact)) < tol * np.max(np.abs(exact))
         assert calls == ([1] if mode else [])
+
+
+def test_read_only_views_share_memory_and_warn_nothing():
+    """A network's weights are read-only: torch views them without a copy, and no warning
+    reaches the user, on the first view (torch's warn-once is silenced) or any later one."""
+    import warnings
+
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((5, 7)), rng.standard_normal((7, 4))
+    for m in (a, b):
+        m.flags.writeable = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        views = [torch_threads._tensor(torch, m) for m in (a, b, a, b)]
+    assert not caught, [str(w.message) for w in caught]
+    assert all(t.data_ptr() == m.ctypes.data for t, m in zip(views, (a, b, a, b)))
+    np.testing.assert_allclose(torch.mm(views[0], views[1]).numpy(), a @ b, rtol=1e-14, atol=1e-14)

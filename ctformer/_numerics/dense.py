@@ -45,7 +45,7 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
     n, m = q.shape[-2], k.shape[-2]
     numpy = isinstance(q, np.ndarray)
     if numpy and _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk):
-        out = _numpy_paths.output_array(lead, n, v.shape[-1], q.dtype)
+        out = _numpy_paths.output_array(lead, n, v.shape[-1], q.dtype, _numpy_paths.head_axes(q, k, lead))
         scale = _one_value(beta)  # one beta for all heads: the kernel scales (no pass over q)
         if scale is not None:
             return _fused_kernel.fused_attention(q, k, v, scale, causal, lead, out)
@@ -56,7 +56,8 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
     qs = q * beta  # beta folded into the queries: O(N d), cheaper than scaling every score
     if numpy and chunk is None and n * m * math.prod(lead) <= _CHUNK_ELEMENTS and n * m < _STREAM_MIN_ENTRIES:
         out = _numpy_paths.small(qs, k, v, log_w, keep, causal, diag_shift,
-                                 out=_numpy_paths.output_array(lead, n, v.shape[-1], _common_dtype(qs, k, v)))
+                                 out=_numpy_paths.output_array(lead, n, v.shape[-1], _common_dtype(qs, k, v),
+                                                                _numpy_paths.head_axes(q, k, lead)))
     elif numpy and chunk is None and n * m < _STREAM_MIN_ENTRIES and keep is None:
         out = _numpy_paths.small_blocks(qs, k, v, log_w, causal, diag_shift, lead)
     else:

@@ -83,10 +83,10 @@ def small_blocks(qs, k, v, log_w, causal, diag_shift, lead):
     ``_SMALL_TASK_ELEMENTS`` entries, at least ``_MIN_TASKS`` blocks when there are that many
     problems, shared by the worker threads. The blocks depend on the shapes only."""
     n, m, e = qs.shape[-2], k.shape[-2], v.shape[-1]
+    out = output_array(lead, n, e, np.result_type(qs.dtype, v.dtype), head_axes(qs, k, lead))
     qs, k, v = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (qs, k, v))
     count, inner = math.prod(lead), lead[-1]
     step = max(1, min(inner, _SMALL_TASK_ELEMENTS // (n * m), -(-count // _MIN_TASKS)))
-    out = output_array(lead, n, e, np.result_type(qs.dtype, v.dtype))
     tasks = [(idx, slice(start, start + step)) for idx in np.ndindex(*lead[:-1])
              for start in range(0, inner, step)]
     dtype = out.dtype
@@ -116,13 +116,23 @@ def _small_torch(qs, k, v, log_w, keep, causal, diag_shift, out):
     return out
 
 
-def output_array(lead, n, e, dtype):
-    """An uninitialised (*lead, n, e) result laid out as (*lead[:-1], n, lead[-1], e) in memory:
-    with heads as the last leading axis, the caller's concatenation of the heads along the
-    features, (..., n, heads * e), is then a view rather than a copy."""
+def output_array(lead, n, e, dtype, head_axes=1):
+    """An uninitialised (*lead, n, e) result laid out as (*lead[:-h], n, *lead[-h:], e) in
+    memory, ``h = head_axes``: with the heads as the last leading axis (``h = 1``), or as
+    (key/value head, group) for grouped queries (``h = 2``), the caller's concatenation of
+    the heads along the features, (..., n, heads * e), is then a view rather than a copy."""
     if not lead:
         return np.empty((n, e), dtype=dtype)
-    return np.empty((*lead[:-1], n, lead[-1], e), dtype=dtype).swapaxes(-3, -2)
+    h = min(head_axes, len(lead))
+    out = np.empty((*lead[:-h], n, *lead[-h:], e), dtype=dtype)
+    return np.moveaxis(out, -2 - h, -2) if h > 1 else out.swapaxes(-3, -2)
+
+
+def head_axes(q, k, lead) -> int:
+    """2 for grouped queries (``q`` (..., H_kv, G, N, d) against ``k`` (..., H_kv, 1, M, d):
+    :func:`output_array` then lays the groups next to their key/value head), else 1."""
+    return 2 if (len(lead) >= 2 and lead[-1] > 1 and k.ndim == q.ndim and k.shape[-3] == 1
+                 and q.shape[-3] == lead[-1]) else 1
 
 
 def _run_tasks(worker, tasks, entries):
@@ -161,7 +171,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk):
     if chunk is None:
         chunk = stream_chunk(n, m, dtype.itemsize, math.prod(lead))
     chunk = int(min(chunk, n))
-    out = output_array(lead, n, e, dtype)
+    out = output_array(lead, n, e, dtype, head_axes(q, k, lead))
     # BLAS-friendly strides and one dtype (no-ops for the usual inputs)
     k, v = (np.ascontiguousarray(a, dtype=dtype) for a in (k, v))
     q, k, v = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (q, k, v))

@@ -33,6 +33,7 @@ _POOL_PREFIX = "ctformer-"  # the worker pool's thread names (ctformer._numerics
 _MKL_AUTO_STRICT = 2 | 0x10000  # MKL_CBWR_AUTO | MKL_CBWR_STRICT (mkl_cbwr_set's settings)
 _STRICT_ASKED: list = []  # [bool]: MKL's strict mode was asked for and accepted
 _STRICT_MKL: list = []  # [bool] once threaded_products has checked
+_READ_ONLY_WARNED: list = []  # non-empty once torch has warned (once) about a read-only array
 
 
 def threaded_products() -> bool:
@@ -50,15 +51,22 @@ def threaded_products() -> bool:
 
 
 def _tensor(torch, x):
-    """A torch view of ``x`` (no copy); read-only arrays too, which a product only reads
-    (torch.from_numpy would warn about them)."""
-    if x.flags.writeable:
+    """A torch view of ``x`` (no copy); read-only arrays too, which a product only reads.
+
+    torch.from_numpy warns about a read-only array once per process (a warn-once), so only
+    the first such view is made with that warning silenced: ``warnings.catch_warnings`` costs
+    about 4 us per call (a network's weights are read-only: every product would pay it) and
+    is not thread-safe, which the later calls then need not be."""
+    if x.flags.writeable or _READ_ONLY_WARNED:
         return torch.from_numpy(x)
     import warnings
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(x)
+    with _LOCK:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            view = torch.from_numpy(x)
+        _READ_ONLY_WARNED.append(True)
+    return view
 
 
 def _strict_mkl(torch) -> None:
