@@ -51,3 +51,26 @@ def test_steal_share_of_the_rounds_is_a_fraction(env):
         return
     assert all(0.0 <= share <= 1.0 for share in env._STEAL)
     assert "stolen by the hypervisor" in env.steal_report()
+
+
+def test_model_floor_counts_only_the_shared_kernels():
+    """benchmarks/model.py's floor: the share of a call spent in torch's mm / addmm / fused
+    attention. A call of nothing but one large product is almost all kernel; a call that
+    calls none of them is none; the functions are torch's own again afterwards."""
+    torch = pytest.importorskip("torch")
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("_bench_model", os.path.join(ROOT, "benchmarks", "model.py"))
+        model = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(model)
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    a = torch.ones(700, 700, dtype=torch.float64)  # tens of ms: the wrappers cost microseconds
+    before = (torch.mm, torch.addmm, torch.nn.functional.scaled_dot_product_attention)
+    assert model.shared_kernel_share(lambda: torch.mm(a, a)) > 0.9
+    assert model.shared_kernel_share(lambda: time.sleep(0.01)) == 0.0
+    q = torch.ones(1, 4, 512, 64, dtype=torch.float64)
+    assert model.shared_kernel_share(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q)) > 0.5
+    assert (torch.mm, torch.addmm, torch.nn.functional.scaled_dot_product_attention) == before
