@@ -126,6 +126,34 @@ def test_gated_feedforward_equals_torch_llama_mlp(activation, torch_act):
     assert set(op.parameters()) == {"W_gate.weight", "W_up.weight", "W_2.weight", "b_gate", "b_up", "b_2"}
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gated_feedforward_product_changes_no_array_but_its_own(dtype):
+    """The built-in activation's new array takes the product phi(W_g u) (W_u u) in place: the
+    result has the bits of the plain NumPy formula, the state is unchanged, and a custom
+    activation's output (here an array it keeps and returns every time) is never written."""
+    rng = np.random.default_rng(4)
+    w_g, w_u, w_2 = rng.standard_normal((12, 6)), rng.standard_normal((12, 6)), rng.standard_normal((6, 12))
+    grids = Grids(Midpoint(5), Midpoint(6), hidden=Midpoint(12))
+    u = rng.standard_normal((3, 5, 6)).astype(dtype)
+    kept = u.copy()
+    op = GatedFeedForward(PiecewiseConstant(w_g), PiecewiseConstant(w_u), PiecewiseConstant(w_2), activation="silu")
+    flow = op.discretize(grids)
+    # on midpoint grids a piecewise-constant kernel is its matrix (the discrete limit)
+    gate, up = (u @ w.T.astype(dtype) for w in (w_g, w_u))
+    silu = gate / (1 + np.exp(-gate.astype(np.float64))).astype(dtype)
+    ref = (silu.astype(np.float64) * up) @ w_2.T
+    for _ in range(2):  # a second call sees the same (unchanged) inputs
+        got = flow(u)
+        assert got.dtype == dtype and _rel(got, ref) < (1e-14 if dtype == np.float64 else 2e-6)
+    np.testing.assert_array_equal(u, kept)
+    constant = np.full((3, 5, 12), 0.5, dtype=dtype)
+    custom = GatedFeedForward(PiecewiseConstant(w_g), PiecewiseConstant(w_u), PiecewiseConstant(w_2),
+                              activation=lambda z: constant)
+    got = custom.discretize(grids)(u)
+    np.testing.assert_array_equal(constant, 0.5)
+    assert _rel(got, (0.5 * up.astype(np.float64)) @ w_2.T) < (1e-14 if dtype == np.float64 else 2e-6)
+
+
 def test_gated_feedforward_is_a_product_in_the_hidden_variable():
     """On Gauss-Legendre hidden nodes the r integral of smooth kernels converges spectrally."""
     kg, ku, k2 = SmoothRandom(1, scale=0.5), SmoothRandom(2, scale=0.5), SmoothRandom(3, scale=0.5)

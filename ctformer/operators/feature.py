@@ -25,6 +25,8 @@ The activations :math:`\phi` (:data:`ACTIVATIONS`: relu, gelu, gelu_tanh, silu) 
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..kernels import Kernel
 from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, relu, silu
 from .base import Constants, Grids, Operator
@@ -228,9 +230,16 @@ class GatedFeedForward(Operator):
         y, r = grids.features, grids.hidden
         w_gate, w_up = _affine(self.W_gate, self.b_gate, r, y), _affine(self.W_up, self.b_up, r, y)
         w_2, phi = _affine(self.W_2, self.b_2, y, r), _pointwise(self)
+        fresh = is_built_in(self.activation_name, self.phi)  # returns a new array for NumPy input
 
         def gated_feedforward(u):
-            return w_2(phi(w_gate(u)) * w_up(u))
+            gate, up = phi(w_gate(u)), w_up(u)
+            if fresh and type(gate) is np.ndarray and type(up) is np.ndarray \
+                    and gate.shape == up.shape and gate.dtype == up.dtype:
+                # the activation's own new array takes the product: no third array of the
+                # hidden width per evaluation (the same bits)
+                return w_2(np.multiply(gate, up, out=gate))
+            return w_2(gate * up)
 
         dense = all(_dense_host(w) for w in (self.W_gate, self.W_up, self.W_2))
         return by_row_blocks(gated_feedforward, whole=threaded_rows if dense else None)
