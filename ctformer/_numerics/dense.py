@@ -68,6 +68,14 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
     return out
 
 
+def batched(n: int, m: int, problems: int) -> bool:
+    """Whether :func:`attend` does ``problems`` NumPy (batch, head) problems of ``n`` queries
+    and ``m`` keys in the one batched pass of :func:`~ctformer._numerics.streamed.small`, for
+    every weight and mask (fewer scores in all than torch's fused kernel and the streamed
+    engine start from)."""
+    return n * m * problems < min(_FUSED_MIN_ENTRIES, _STREAM_MIN_ENTRIES, _CHUNK_ELEMENTS)
+
+
 def _common_dtype(qs, k, v):
     """``np.result_type(qs, k, v)``, answered at once when the three share a dtype."""
     dtype = qs.dtype

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..backend import matmul_rows, plus_bias
 from ..environment import choice, cpu_model
-from .threads import _INSIDE, blas_controller, num_threads, single_thread_blas
+from .threads import _INSIDE, _ROW_BLOCKS_MIN_ROWS, blas_controller, num_threads, single_thread_blas
 from .torch_threads import _one_torch_thread, _tensor, _torch, _torch_threads, _torch_version, threaded_products
 
 __all__ = ["attention_block", "gemm_provider", "matmul", "rows_product", "softmax_provider", "softmax_rows",
@@ -154,10 +154,25 @@ def rows_product(a, b, bias=None):
                     torch.mm(ta, tb, out=tout)
                     return plus_bias(out, bias)
             return out
-        # NumPy's BLAS, written out (small solves make four of these per step): as matmul_rows
-        out = a @ b if a.ndim == 2 else (a.reshape(-1, a.shape[-1]) @ b).reshape(*a.shape[:-1], b.shape[1])
-        return plus_bias(out, bias)
+        return numpy_rows(a, b, bias)
     return plus_bias(matmul_rows(a, b), bias)
+
+
+def numpy_rows(a, b, bias=None):
+    """NumPy's ``a @ b + bias`` for the C-contiguous NumPy rows ``a`` and a matrix ``b``: one
+    product on the folded rows (as :func:`ctformer.backend.matmul_rows`, written out: small
+    solves make four of these per step), the bias added in place."""
+    out = a @ b if a.ndim == 2 else (a.reshape(-1, a.shape[-1]) @ b).reshape(*a.shape[:-1], b.shape[1])
+    return plus_bias(out, bias)
+
+
+def plain_rows(rows: int, d: int, width: int) -> bool:
+    """Whether :func:`rows_product` of ``rows`` C-contiguous NumPy rows of width ``d`` by a
+    ``(d, width)`` matrix of their dtype, called outside worker tasks through
+    :func:`~ctformer._numerics.threads.by_row_blocks`, is NumPy's ``@`` on the whole input
+    followed by the bias added in place (the products too small for torch's call and for
+    row blocks)."""
+    return rows < _ROW_BLOCKS_MIN_ROWS and rows * d * width < _THREADED_MIN_PRODUCTS
 
 
 def threaded_rows(dtype) -> bool:

@@ -29,8 +29,12 @@ from .local_attention import BandedAttention, mask_pattern
 from .masks import Intersection
 from .positions import rotate
 from .quadrature_attention import quadrature_attention
-from .._numerics.gemm import rows_product, threaded_rows
-from .._numerics.threads import by_row_blocks
+from .._numerics import dense as _dense
+from .._numerics import streamed as _streamed
+from .._numerics.gemm import numpy_rows, plain_rows, rows_product, threaded_rows
+from .._numerics.threads import _INSIDE, by_row_blocks
+
+_SMALL_SHAPES = 64  # shapes whose small-path decision a discretized attention remembers
 
 __all__ = ["DiscretizedAttention", "Layout", "plan_engine"]
 
@@ -178,10 +182,11 @@ class DiscretizedAttention:
     operator.
     """
 
-    __slots__ = ("constants", "layout", "rotation", "engine", "_project_qkv", "_project_out")
+    __slots__ = ("constants", "layout", "rotation", "engine", "_project_qkv", "_project_out", "_small")
 
     def __init__(self, constants, layout: Layout, rotation: bool, engine):
         self.constants, self.layout, self.rotation, self.engine = constants, layout, rotation, engine
+        self._small = {}  # (shape, dtype) -> _SmallPlan or None (the general path)
         # the two projections are token-wise: large NumPy states run them by row blocks
         self._project_qkv = by_row_blocks(
             lambda v: rows_product(v, constants("QKV_t", v), constants("b_QKV", v)),
@@ -203,32 +208,99 @@ class DiscretizedAttention:
             return self._attend(u, True)
 
     def _attend(self, u, check):
+        if not check and type(u) is np.ndarray and u.flags.c_contiguous and not getattr(_INSIDE, "worker", False):
+            plan = self._small.get((u.shape, u.dtype), self)
+            if plan is self:
+                plan = self._small_plan(u)
+            if plan is not None:
+                return self._attend_small(u, plan)
         xp, constants, L = namespace(u), self.constants, self.layout
+        q, k, v = self._heads(xp, self._project_qkv(u), u)
+        if check:
+            for name, a in (("query", q), ("key", k), ("value", v)):
+                _refuse_overflow(xp, a, u, f"the {name} projection")
+        attended = self.engine(q, k, v, constants("beta", u), constants("w_tokens", u), check)
+        out = self._project_out(self._concatenated(xp, attended))
+        if check:
+            _refuse_overflow(xp, out, u, "the output projection")
+        return out
+
+    def _heads(self, xp, qkv, u):
+        """``(q, k, v)`` of the projected ``qkv`` (..., N, (H + 2 H_kv) d_h), rotated by the
+        position encoding; grouped-query heads as (..., H_kv, groups, N, d_h) against the
+        key/value heads' (..., H_kv, 1, N, d_h)."""
+        L = self.layout
         heads, kv_heads, n_tokens, n_sigma = L.heads, L.kv_heads, L.n_tokens, L.n_sigma
-        qkv = self._project_qkv(u)
         lead = tuple(u.shape[:-2])
         # one reshape and one axis move for all projections: (..., H + 2 H_kv, N, d_h)
         qkv = _swap_heads_tokens(xp, _reshape(xp, qkv, (*lead, n_tokens, heads + 2 * kv_heads, n_sigma)))
         q, k, v = qkv[..., :heads, :, :], qkv[..., heads:heads + kv_heads, :, :], \
             qkv[..., heads + kv_heads:, :, :]
         if self.rotation:
-            cos, sin = constants("cos", u), constants("sin", u)
+            cos, sin = self.constants("cos", u), self.constants("sin", u)
             q, k = rotate(xp, q, cos, sin), rotate(xp, k, cos, sin)
-        if check:
-            for name, a in (("query", q), ("key", k), ("value", v)):
-                _refuse_overflow(xp, a, u, f"the {name} projection")
         if L.groups > 1:  # head h = g * groups + r reads key/value head g (no copies)
             q = xp.reshape(q, (*lead, kv_heads, L.groups, n_tokens, n_sigma))
             k, v = k[..., None, :, :], v[..., None, :, :]
-        attended = self.engine(q, k, v, constants("beta", u), constants("w_tokens", u), check)
+        return q, k, v
+
+    def _concatenated(self, xp, attended):
+        """The heads of ``attended`` concatenated along the features: (..., N, H d_h)."""
+        L = self.layout
         if L.groups > 1:
-            attended = xp.reshape(attended, (*attended.shape[:-4], heads, n_tokens, n_sigma))
-        # concatenate heads along the features and contract with the stacked W_O
-        concat = _reshape(xp, _swap_heads_tokens(xp, attended), (*attended.shape[:-3], n_tokens, -1))
-        out = self._project_out(concat)
-        if check:
-            _refuse_overflow(xp, out, u, "the output projection")
-        return out
+            attended = xp.reshape(attended, (*attended.shape[:-4], L.heads, L.n_tokens, L.n_sigma))
+        return _reshape(xp, _swap_heads_tokens(xp, attended), (*attended.shape[:-3], L.n_tokens, -1))
+
+    def _small_plan(self, u):
+        """The :class:`_SmallPlan` of the NumPy state ``u`` (trusted, C order), or None when
+        ``u`` takes the general path; remembered per shape and dtype."""
+        if len(self._small) >= _SMALL_SHAPES:
+            self._small.clear()
+        plan = self._small[(u.shape, u.dtype)] = _SmallPlan.of(self, u)
+        return plan
+
+    def _attend_small(self, u, plan):
+        """The evaluation of a small NumPy state in a few NumPy calls: the operations of the
+        general path for its size (NumPy's products with the biases added in place, the
+        batched pass of the dense engine) without its dispatch (the same bits)."""
+        q, k, v = self._heads(_dense._NUMPY, numpy_rows(u, plan.qkv_t, plan.b_qkv), u)
+        lead, n = q.shape[:-2], q.shape[-2]
+        out = _streamed.output_array(lead, n, v.shape[-1], u.dtype, _streamed.head_axes(q, k, lead))
+        attended = _streamed.small(q * plan.beta, k, v, plan.log_w, None, plan.causal, plan.diag_shift, out=out)
+        return numpy_rows(self._concatenated(_dense._NUMPY, attended), plan.o, plan.b_o)
+
+
+class _SmallPlan:
+    """What the small path of one discretized attention needs for one shape and dtype: the
+    constants in that dtype, the temperatures against the heads, the log-weights and the mask's
+    flags, read once (:meth:`DiscretizedAttention._attend_small`)."""
+
+    __slots__ = ("qkv_t", "b_qkv", "o", "b_o", "beta", "log_w", "causal", "diag_shift")
+
+    @classmethod
+    def of(cls, attention, u):
+        """The plan of ``attention`` for ``u``, or None where the general path does something
+        else: a mask other than none or the causal one, constants given as tensors, products
+        or score counts large enough for torch's call, row blocks, the streamed or the fused
+        engine."""
+        L, engine, constants = attention.layout, attention.engine, attention.constants
+        if (u.dtype not in (np.float32, np.float64) or u.ndim < 2 or u.shape[-2] != L.n_tokens
+                or not L.n_tokens or type(engine) is not _DenseEngine or engine.keep is not None
+                or engine.pattern is not None or constants._tensors):
+            return None
+        rows, d = math.prod(u.shape[:-1]), u.shape[-1]
+        qkv_t, o = constants("QKV_t", u), constants("O", u)
+        if (qkv_t.shape[0] != d or not plain_rows(rows, d, qkv_t.shape[1]) or not plain_rows(rows, o.shape[0], o.shape[1])
+                or not _dense.batched(L.n_tokens, L.n_tokens, math.prod(u.shape[:-2]) * L.heads)):
+            return None
+        plan = cls()
+        plan.qkv_t, plan.b_qkv, plan.o, plan.b_o = qkv_t, constants("b_QKV", u), o, constants("b_O", u)
+        beta, weights = constants("beta", u), constants("w_tokens", u)
+        plan.beta = float(beta) if beta.ndim == 0 else beta[..., None, None]  # as the dense engine's
+        plan.log_w = None if weights is None else np.log(weights)
+        plan.causal = engine.causal
+        plan.diag_shift = math.log(0.5) if engine.causal and engine.diagonal == "half" else None
+        return plan
 
 
 def _refuse_overflow(xp, a, u, what: str) -> None:

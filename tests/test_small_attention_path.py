@@ -1,0 +1,129 @@
+"""The small path of a discretized attention: a NumPy state whose products and scores are too
+small for torch's call, row blocks or the streamed engine is evaluated in a few NumPy calls,
+without the dispatch of the general path. It must give the general path's bits for every
+mask, weight rule, head layout, position encoding, batch shape and dtype it takes, leave
+the others to the general path, and agree with an evaluation of the formula from the
+operator's own kernel matrices (longdouble)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ctformer.discretizations import GaussLegendre, Midpoint
+from ctformer.model import ContinuousTransformer
+from ctformer.operators import attention_flow
+
+CASES = {  # name: random_smooth options, token rule
+    "plain": (dict(), Midpoint),
+    "causal": (dict(mask="causal"), Midpoint),
+    "causal, half diagonal": (dict(mask="causal", diagonal="half"), Midpoint),
+    "Gauss-Legendre weights": (dict(), GaussLegendre),
+    "grouped query, causal": (dict(heads=4, kv_heads=2, mask="causal"), Midpoint),
+    "RoPE, grouped query": (dict(heads=4, kv_heads=2, positions="rope", context_length=12.0), Midpoint),
+}
+
+
+def _attention(case, n=12, d=16):
+    options, rule = CASES[case]
+    options = {"heads": 2, **options}
+    model = ContinuousTransformer.random_smooth(seed=3, layers=1, **options)
+    grids = model.grids(rule(n), Midpoint(d))
+    op = model.blocks[0].attention
+    return op, grids, op.discretize(grids)
+
+
+def _general(monkeypatch):
+    """Make every discretized attention take the general path from now on."""
+    monkeypatch.setattr(attention_flow._SmallPlan, "of", classmethod(lambda cls, attention, u: None))
+
+
+def _state(rng, lead, n, d, dtype):
+    return rng.standard_normal((*lead, n, d)).astype(dtype)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("lead, dtype", [((), np.float64), ((3,), np.float64), ((2, 2), np.float32)])
+def test_small_path_gives_the_general_paths_bits(monkeypatch, case, lead, dtype):
+    op, grids, flow = _attention(case)
+    u = _state(np.random.default_rng(len(case)), lead, 12, 16, dtype)
+    got = flow(u)
+    assert (u.shape, np.dtype(dtype)) in flow._small and flow._small[(u.shape, np.dtype(dtype))] is not None
+    _general(monkeypatch)
+    general = op.discretize(grids)  # the same discretization, its remembered plans dropped
+    general._small.clear()
+    ref = general(u)
+    assert got.dtype == ref.dtype == dtype and got.shape == ref.shape
+    np.testing.assert_array_equal(got, ref)
+
+
+def _formula(op, grids, u, causal, half):
+    """The attention operator from its host kernel matrices, in longdouble (no RoPE)."""
+    host = {k: (None if v is None else np.asarray(v, dtype=np.longdouble))
+            for k, v in op.host_arrays(grids).items()}
+    u = np.asarray(u, dtype=np.longdouble)
+    heads, kv = host["Q"].shape[0], host["K"].shape[0]
+    n = u.shape[-2]
+    w = host["w_tokens"] if host["w_tokens"] is not None else np.full(n, 1.0 / n, dtype=np.longdouble)
+    outs = []
+    for h in range(heads):
+        g = h // (heads // kv)
+        q = (u @ host["Q"][h].T) * host["w_sigma"]
+        k, v = u @ host["K"][g].T, u @ host["V"][g].T
+        if host["b_Q"] is not None:
+            q, k, v = q + host["b_Q"][h] * host["w_sigma"], k + host["b_K"][g], v + host["b_V"][g]
+        s = host["beta"][h] * (q @ k.swapaxes(-1, -2)) + np.log(w)
+        if causal:
+            s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+            if half:
+                s = s + np.diag(np.full(n, math.log(0.5)))
+        p = np.exp(s - s.max(-1, keepdims=True))
+        outs.append((p / p.sum(-1, keepdims=True)) @ v)
+    out = np.concatenate(outs, axis=-1) @ host["O"]
+    return out if host["b_O"] is None else out + host["b_O"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "RoPE" not in c])
+def test_small_path_matches_the_formula(case):
+    op, grids, flow = _attention(case)
+    u = _state(np.random.default_rng(1), (2,), 12, 16, np.float64)
+    got = flow(u)
+    assert flow._small[(u.shape, u.dtype)] is not None
+    options = CASES[case][0]
+    ref = _formula(op, grids, u, options.get("mask") == "causal", options.get("diagonal") == "half").astype(np.float64)
+    assert np.max(np.abs(got - ref)) <= 1e-13 * np.max(np.abs(ref))
+
+
+def test_general_path_keeps_large_products_padding_and_checked_calls(monkeypatch):
+    op, grids, flow = _attention("plain", n=12, d=16)
+    rng = np.random.default_rng(2)
+    # 600 rows: row blocks (and torch's threaded products) belong to the general path
+    big = _state(rng, (50,), 12, 16, np.float64)
+    flow(big)
+    assert flow._small[(big.shape, big.dtype)] is None
+    # a padding mask composes a keep mask: the general path
+    padded = flow.with_padding(np.array([[True] * 10 + [False] * 2]))
+    u = _state(rng, (1,), 12, 16, np.float64)
+    out = padded(u)
+    assert padded._small[(u.shape, u.dtype)] is None
+    assert np.all(np.isfinite(out))
+    # check=True (what Attention.__call__ passes) never consults the small path
+    flow._small.clear()
+    flow(u, check=True)
+    assert not flow._small
+    # a non-contiguous state goes to the general path with the same values
+    wide = _state(rng, (), 12, 32, np.float64)[:, ::2]
+    np.testing.assert_array_equal(flow(wide), flow(np.ascontiguousarray(wide)))
+
+
+def test_remembered_plans_are_bounded():
+    _, _, flow = _attention("plain")
+    rng = np.random.default_rng(4)
+    leads = [(1,) * k + (b,) for k in range(5) for b in range(1, 15)]  # 70 shapes, each small
+    assert len(leads) > attention_flow._SMALL_SHAPES
+    for lead in leads:
+        u = _state(rng, lead, 12, 16, np.float64)
+        flow(u)
+        assert flow._small[(u.shape, u.dtype)] is not None
+    assert 0 < len(flow._small) <= attention_flow._SMALL_SHAPES
