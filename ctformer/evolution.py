@@ -10,6 +10,7 @@ segment ends are those jump times, with either ``steps_per_layer`` fixed steps o
 from __future__ import annotations
 
 from . import solvers
+from ._numerics.threads import fixed_threads
 from .model_inputs import check_padding_mask, check_steps
 from .solvers.restart import restart_point
 
@@ -76,11 +77,11 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
                                        t0=0.0 if start is None else start.t0)
     weights = solvers.grid_weights(grids) if u.ndim >= 2 else None
     # the order serves step doubling only: fixed steps skip its walk over the blocks
-    solution = solvers.integrate(problem, u, control, scheme=integrator, save_at=save_at,
+    with fixed_threads():  # the thread count read once, not at every product of every step
+        return solvers.integrate(problem, u, control, scheme=integrator, save_at=save_at,
                                  events=tuple(events), weights=weights,
                                  order=None if steps_per_layer is not None else integrator.order(model),
                                  what="the state", layered=True,
                                  checkpoint=checkpoint,
                                  start=start if start is not None and start.h is not None else None,
                                  labels={"grids": grids})
-    return solution

@@ -1,4 +1,5 @@
 """The worker threads of attention and activations: how many run, BLAS limits, nesting."""
+import contextlib
 import importlib
 import threading
 import time
@@ -116,3 +117,49 @@ def test_thread_count_follows_blas_limits_as_threadpoolctl_reports_them(monkeypa
     with threadpoolctl.threadpool_limits(limits=limit, user_api="blas"):
         assert threads_module.num_threads() == reported() == limit
     assert threads_module.num_threads() == reported() == before
+
+
+def test_fixed_threads_keeps_the_entry_count_on_its_thread_only(monkeypatch):
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "3")
+    seen = []
+    with threads_module.fixed_threads():
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", "1")
+        assert threads_module.num_threads() == 3
+        with threads_module.fixed_threads():  # nested: the outer count
+            assert threads_module.num_threads() == 3
+        assert threads_module.num_threads() == 3
+        other = threading.Thread(target=lambda: seen.append(threads_module.num_threads()))
+        other.start()
+        other.join()
+    assert seen == [1]  # another thread reads the variable as it is now
+    assert threads_module.num_threads() == 1  # and so does this one after the block
+    with threadpoolctl.threadpool_limits(1, user_api="blas"):
+        monkeypatch.delenv("CTFORMER_NUM_THREADS")
+        with threads_module.fixed_threads():
+            assert threads_module.num_threads() == _blas_threads() == 1
+
+
+def test_a_solve_reads_the_thread_count_once(monkeypatch):
+    from ctformer.discretizations import Midpoint
+    from ctformer.model import ContinuousTransformer
+    from ctformer import evolution
+
+    model = ContinuousTransformer.random_smooth(layers=2, heads=2)
+    u0 = np.cos(np.arange(600 * 16).reshape(600, 16) / 7.0)  # row blocks and streamed attention
+    grid = dict(tokens=Midpoint(600), features=Midpoint(16), steps_per_layer=2, scheme="strang")
+    reads = []
+    real = threads_module.positive_int
+    monkeypatch.setattr(threads_module, "positive_int", lambda *a, **k: reads.append(a) or real(*a, **k))
+    first = model.solve(u0, **grid)
+    assert reads == [("CTFORMER_NUM_THREADS",)]
+    reads.clear()
+    with monkeypatch.context() as m:  # without the fixed count, every threaded call reads it
+        m.setattr(evolution, "fixed_threads", lambda: contextlib.nullcontext())
+        np.testing.assert_array_equal(model.solve(u0, **grid), first)
+    assert len(reads) > 10
+    # the count decides how work is shared, not the result: the same bits on one thread
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "1")
+    np.testing.assert_array_equal(model.solve(u0, **grid), first)
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "two")
+    with pytest.raises(ValueError, match="CTFORMER_NUM_THREADS"):
+        model.solve(u0, **grid)

@@ -37,7 +37,7 @@ import numpy as np
 from ..environment import positive_int
 from .compiled import sigint_deferred
 
-__all__ = ["num_threads", "single_thread_blas", "run_workers", "run_blas_tasks", "by_row_blocks"]
+__all__ = ["num_threads", "fixed_threads", "single_thread_blas", "run_workers", "run_blas_tasks", "by_row_blocks"]
 
 _LOCK = threading.Lock()
 # by_row_blocks: inputs with fewer rows take the map as it is (threaded BLAS splits the
@@ -47,6 +47,7 @@ _ROW_BLOCKS_MIN_ROWS = 512
 _BLOCK_ROWS = 256
 _MAX_BLOCKS = 8
 _INSIDE = threading.local()  # .worker: this thread is running a worker of run_workers
+_FIXED = threading.local()  # .count: the thread count fixed by fixed_threads on this thread
 _POOL: dict = {}
 _CONTROLLER: list = []
 _BLAS: list = []  # [tuple of BLAS library controllers]
@@ -95,13 +96,17 @@ def single_thread_blas():
 
 
 def num_threads() -> int:
-    """Worker threads: ``CTFORMER_NUM_THREADS``, else the BLAS library's current thread count.
+    """Worker threads: ``CTFORMER_NUM_THREADS``, else the BLAS library's current thread count
+    (inside :class:`fixed_threads` on this thread: the count read when it was entered).
 
     Raises
     ------
     ValueError
         If ``CTFORMER_NUM_THREADS`` is set but is not a positive integer.
     """
+    fixed = getattr(_FIXED, "count", None)
+    if fixed is not None:
+        return fixed
     count = positive_int("CTFORMER_NUM_THREADS")
     if count is not None:
         return count
@@ -117,6 +122,28 @@ def num_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
+
+
+class fixed_threads:
+    """A block in which :func:`num_threads` on this thread returns the count it had on entry.
+
+    A solve reads the count for every product, attention and activation call, 2-5 us each
+    through the BLAS libraries (about 1% of a 16-token network forward); a model's and a
+    particle system's solves read it once. The count only decides how work is shared, never
+    a result (see the module docstring), so a limit changed during a solve applies from the
+    next one. Nested blocks keep the outer count; other threads are not affected."""
+
+    __slots__ = ("entered",)
+
+    def __enter__(self):
+        self.entered = getattr(_FIXED, "count", None) is None
+        if self.entered:
+            _FIXED.count = num_threads()
+        return self
+
+    def __exit__(self, *exc):
+        if self.entered:
+            _FIXED.count = None
 
 
 def run_workers(worker, tasks: list, threads: int) -> None:

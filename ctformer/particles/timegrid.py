@@ -17,6 +17,7 @@ import array_api_compat
 import numpy as np
 
 from .. import solvers
+from .._numerics.threads import fixed_threads
 from ..model_inputs import check_step_count
 from ..solvers import SolveInterrupted
 from ..validation import integer, is_real
@@ -168,10 +169,11 @@ def march(scheme, problem, state, steps: int, h: float, save_every: int, saved, 
     if steps == 0:
         return build([0.0], saved[:1, ...])
     try:
-        solution = solvers.integrate(solvers.Piecewise.single(problem, steps * h), state,
-                                     (steps, h), scheme=scheme, save_at=solvers.SaveAt(steps=True),
-                                     what=f"the {what} solution", save_every=save_every,
-                                     out=saved, on_save=on_save, hint=hint)
+        with fixed_threads():  # the thread count read once, not at every step
+            solution = solvers.integrate(solvers.Piecewise.single(problem, steps * h), state,
+                                         (steps, h), scheme=scheme, save_at=solvers.SaveAt(steps=True),
+                                         what=f"the {what} solution", save_every=save_every,
+                                         out=saved, on_save=on_save, hint=hint)
     except SolveInterrupted as exc:
         partial = exc.result
         message = str(exc).replace(f"{what} solution solve", f"{what} solve", 1)
@@ -265,11 +267,12 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
     else:
         control = controller_for(rtol, atol, controller, max_steps)
         t_end = t1
-    solution = solvers.integrate(solvers.Piecewise.single(problem, t_end, t0), state, control,
-                                 scheme=scheme, save_at=save_at, events=tuple(events),
-                                 order=scheme.nominal_order, what=f"the {what} solution", hint=hint,
-                                 start=start if start is not None and start.h is not None else None,
-                                 labels={"axes": axes, "time_axis": "time"})
+    with fixed_threads():
+        solution = solvers.integrate(solvers.Piecewise.single(problem, t_end, t0), state, control,
+                                     scheme=scheme, save_at=save_at, events=tuple(events),
+                                     order=scheme.nominal_order, what=f"the {what} solution", hint=hint,
+                                     start=start if start is not None and start.h is not None else None,
+                                     labels={"axes": axes, "time_axis": "time"})
     if k:
         solution = _grid_times(solution, t0, k, h, save_at is None or save_at.times is None)
     return solution
