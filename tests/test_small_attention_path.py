@@ -127,3 +127,19 @@ def test_remembered_plans_are_bounded():
         flow(u)
         assert flow._small[(u.shape, u.dtype)] is not None
     assert 0 < len(flow._small) <= attention_flow._SMALL_SHAPES
+
+
+@pytest.mark.parametrize("case", ["causal", "RoPE, grouped query"])
+@pytest.mark.parametrize("lead", [(0,), (2, 0)])
+def test_an_empty_batch_gives_an_empty_result_on_both_paths(monkeypatch, case, lead):
+    op, grids, flow = _attention(case)
+    u = np.zeros((*lead, 12, 16))
+    assert flow(u).shape == u.shape  # the small path (it failed to reshape the heads before)
+    _general(monkeypatch)
+    flow._small.clear()
+    assert flow(u).shape == u.shape
+    options, rule = CASES[case]
+    model = ContinuousTransformer.random_smooth(seed=3, layers=2, heads=2 if "heads" not in options else 4,
+                                                **{k: v for k, v in options.items() if k != "heads"})
+    out = model.solve(u, tokens=rule(12), features=Midpoint(16), scheme="strang")
+    assert out.shape == u.shape

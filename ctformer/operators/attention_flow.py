@@ -249,7 +249,8 @@ class DiscretizedAttention:
         L = self.layout
         if L.groups > 1:
             attended = xp.reshape(attended, (*attended.shape[:-4], L.heads, L.n_tokens, L.n_sigma))
-        return _reshape(xp, _swap_heads_tokens(xp, attended), (*attended.shape[:-3], L.n_tokens, -1))
+        # the width named, not -1: an empty batch has no size to infer it from
+        return _reshape(xp, _swap_heads_tokens(xp, attended), (*attended.shape[:-3], L.n_tokens, L.heads * L.n_sigma))
 
     def _small_plan(self, u):
         """The :class:`_SmallPlan` of the NumPy state ``u`` (trusted, C order), or None when
