@@ -94,7 +94,9 @@ def _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk) -> bool:
     """Whether torch's fused kernel takes the problem: softmax attention as the kernel knows it
     (uniform weights, no mask but the square causal one, no chunking asked for), one float
     dtype, at least ``_FUSED_MIN_ENTRIES`` scores in all (below, its call costs more than
-    the batched pass), and :func:`ctformer._numerics.fused.fused_attention_ok`."""
+    the batched pass), :func:`ctformer._numerics.fused.fused_attention_ok` and
+    :func:`~ctformer._numerics.fused.fused_chosen` (the engine setting, and for long causal
+    problems the engine measured faster on this machine)."""
     if log_w is not None or keep is not None or diag_shift is not None or chunk is not None:
         return False
     n, m = q.shape[-2], k.shape[-2]
@@ -102,7 +104,8 @@ def _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk) -> bool:
         return False
     dims = len(lead) + 2
     return (q.ndim == k.ndim == v.ndim == dims and q.dtype == k.dtype == v.dtype
-            and q.dtype in (np.float32, np.float64) and _fused_kernel.fused_attention_ok(q.dtype))
+            and q.dtype in (np.float32, np.float64) and _fused_kernel.fused_attention_ok(q.dtype)
+            and _fused_kernel.fused_chosen(q.dtype, causal, n * m))
 
 
 # -- queries without keys -------------------------------------------------------------------------

@@ -6,17 +6,89 @@ for every thread count (:func:`ctformer._numerics.torch_threads.threaded_product
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
+from ..environment import choice
+from . import gemm as _gemm
 from .gemm import uses_torch
 from .threads import _INSIDE, num_threads
 from .torch_threads import _tensor, _torch, _torch_threads, threaded_products
 
-__all__ = ["fused_attention", "fused_attention_ok"]
+__all__ = ["fused_attention", "fused_attention_ok", "fused_chosen"]
 
 _LOCK = threading.Lock()
 _FUSED_OK: list = []  # [bool] once fused_attention_ok has checked the fused kernel
+_ENGINES = ("auto", "fused", "streamed")
+# Causal problems with at least this many scores each run on the engine measured faster on
+# this machine (the kernel or the streamed query chunks); smaller ones, and plain problems,
+# on the kernel (2-2.6x the library's paths on networks' attention).
+_CALIBRATED_MIN_SCORES = 1 << 20
+# The measurement: pairs of calls, and how clearly the streamed engine must win to be kept.
+_PAIRS, _WINS, _MARGIN = 9, 7, 0.92
+
+
+def fused_chosen(dtype, causal: bool, scores: int) -> bool:
+    """Whether a problem that torch's fused kernel can take (:func:`fused_attention_ok`) goes
+    to it, by ``CTFORMER_ATTENTION_ENGINE``: ``fused``, always; ``streamed``, never (the
+    library's own paths); ``auto`` (the default), except causal problems of at least
+    ``_CALIBRATED_MIN_SCORES`` ``scores`` each, where the engine measured faster on this
+    machine runs (:func:`_measure_causal`, stored with the product choices).
+
+    Raises
+    ------
+    ValueError
+        If ``CTFORMER_ATTENTION_ENGINE`` is not one of auto, fused, streamed.
+    """
+    engine = choice("CTFORMER_ATTENTION_ENGINE", _ENGINES)
+    if engine != "auto":
+        return engine == "fused"
+    if not causal or scores < _CALIBRATED_MIN_SCORES:
+        return True
+    name = np.dtype(dtype).name
+    _gemm.softmax_provider(name)  # stored first: the measurement below runs under the store's lock
+    return _gemm._measured("causal attention", name, _measure_causal) == "torch"
+
+
+def _measure_causal(dtype) -> dict:
+    """Alternating times of torch's fused kernel and the streamed engine on one causal problem
+    (2048 tokens, 64 features), ``_PAIRS`` pairs after a warm-up, the order swapped every other
+    pair. The streamed engine is kept (``"numpy"``) only when its median ratio to the kernel
+    is at most ``_MARGIN`` and it was faster in at least ``_WINS`` of the pairs, so that a
+    noisy machine keeps the kernel."""
+    from . import streamed
+
+    q, k, v = (np.random.default_rng(seed).standard_normal((1, 1, 2048, 64)).astype(dtype) for seed in range(3))
+    out = np.empty_like(q)
+
+    def kernel():
+        fused_attention(q, k, v, 0.125, True, (1, 1), out)
+
+    def ours():
+        streamed.stream(q, 0.125, k, v, None, None, True, None, (1, 1), None)
+
+    for call in (kernel, ours, kernel, ours):
+        call()
+    times = {kernel: [], ours: []}
+    for i in range(_PAIRS):
+        for call in ((kernel, ours) if i % 2 == 0 else (ours, kernel)):
+            start = time.perf_counter()
+            call()
+            times[call].append(time.perf_counter() - start)
+    return causal_verdict(times[kernel], times[ours])
+
+
+def causal_verdict(kernel_s, streamed_s) -> dict:
+    """The stored choice from paired times: ``"numpy"`` (the streamed engine) when the median
+    of the per-pair ratios streamed / kernel is at most ``_MARGIN`` and the streamed engine won
+    at least ``_WINS`` pairs, else ``"torch"`` (the kernel); with the medians, the ratio and
+    the wins."""
+    ratios = [s / k for k, s in zip(kernel_s, streamed_s)]
+    ratio, wins = float(np.median(ratios)), sum(r < 1.0 for r in ratios)
+    provider = "numpy" if ratio <= _MARGIN and wins >= _WINS else "torch"
+    return {"provider": provider, "numpy_s": float(np.median(streamed_s)),
+            "torch_s": float(np.median(kernel_s)), "ratio": ratio, "wins": int(wins)}
 
 
 def fused_attention(q, k, v, scale, causal, lead, out):

@@ -199,9 +199,11 @@ def _strides_ok(*arrays) -> bool:
 
 
 @lru_cache(maxsize=None)
-def _measured(kind: str, dtype: str) -> str:
-    """The stored choice for ``kind`` ("products" or "softmax") and ``dtype`` on this machine,
-    measured and stored when missing (torch is imported only to measure, or when chosen)."""
+def _measured(kind: str, dtype: str, measure=None) -> str:
+    """The stored choice, ``"numpy"`` or ``"torch"``, for ``kind`` ("products", "softmax", or a
+    caller's kind with its ``measure(dtype) -> {"provider": ...}``) and ``dtype`` on this
+    machine, measured and stored when missing (torch is imported only to measure, or when
+    chosen). A ``measure`` must not ask for a choice not stored yet (the lock is held)."""
     if _torch_version() is None:
         return "numpy"
     key = f"{kind} {dtype}"
@@ -210,7 +212,8 @@ def _measured(kind: str, dtype: str) -> str:
         if key not in stored:
             if _torch() is None:  # installed but not importable: NumPy's BLAS
                 return "numpy"
-            measure = _measure_products if kind == "products" else _measure_softmax
+            if measure is None:
+                measure = _measure_products if kind == "products" else _measure_softmax
             stored[key] = measure(np.dtype(dtype))
             _write(path, stored)
         return stored[key]["provider"]

@@ -132,7 +132,10 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     where torch does this machine's products and MKL's strict reproducibility mode is on
     (:mod:`ctformer._numerics.torch_threads`; a check at first use confirms that one and two threads
     give the same bits); it was 2-2.6x faster than the paths below on the attention of
-    networks (8 x 128 and 4 x 512 tokens, 12 heads, Intel Xeon). Otherwise: small NumPy
+    networks (8 x 128 and 4 x 512 tokens, 12 heads, Intel Xeon). ``CTFORMER_ATTENTION_ENGINE``
+    pins the kernel (``fused``) or the paths below (``streamed``); with ``auto`` a causal
+    problem of at least 2^20 scores runs on the one of the two measured faster on this
+    machine (once, stored). Otherwise: small NumPy
     problems are done batched in one go (a handful of NumPy calls).
     Large NumPy problems are split into (batch, head, query chunk) tasks shared by
     ``CTFORMER_NUM_THREADS`` worker threads (default: the thread count of the BLAS library),

@@ -1,0 +1,88 @@
+"""Which engine takes softmax attention that torch's fused kernel could take:
+``CTFORMER_ATTENTION_ENGINE`` pins it (``fused`` / ``streamed``), and with ``auto`` long causal
+problems run on the engine measured faster on this machine, kept only when it wins clearly
+(ctformer._numerics.fused.fused_chosen, causal_verdict). Either engine gives softmax attention
+to rounding against a float64 evaluation of the formula."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ctformer._numerics import fused, gemm
+from ctformer.operators.quadrature_attention import quadrature_attention
+
+from .conftest import require
+
+torch = require("torch")
+
+BIG = fused._CALIBRATED_MIN_SCORES
+
+
+def test_verdict_keeps_the_kernel_unless_the_streamed_engine_wins_clearly():
+    kernel = [1.0] * 9
+    clear = fused.causal_verdict(kernel, [0.8] * 9)
+    assert clear["provider"] == "numpy" and clear["wins"] == 9 and clear["ratio"] == pytest.approx(0.8)
+    # a median below the margin from a few large wins, most pairs lost: the kernel stays
+    mixed = fused.causal_verdict(kernel, [0.5] * 5 + [1.05] * 4)
+    assert mixed["ratio"] == pytest.approx(0.5) and mixed["wins"] == 5 and mixed["provider"] == "torch"
+    # every pair won, but by less than the margin: the kernel stays
+    close = fused.causal_verdict(kernel, [0.95] * 9)
+    assert close["wins"] == 9 and close["provider"] == "torch"
+    assert fused.causal_verdict([2.0] * 9, [1.0] * 9)["torch_s"] == 2.0
+
+
+@pytest.mark.parametrize("engine, causal, scores, expected", [
+    ("fused", True, BIG, True), ("fused", False, 10, True),
+    ("streamed", True, BIG, False), ("streamed", False, BIG, False),
+])
+def test_the_setting_pins_the_engine(monkeypatch, engine, causal, scores, expected):
+    monkeypatch.setenv("CTFORMER_ATTENTION_ENGINE", engine)
+    monkeypatch.setattr(gemm, "_measured", lambda *a: pytest.fail("a pinned engine measures nothing"))
+    assert fused.fused_chosen(np.float64, causal, scores) is expected
+
+
+@pytest.mark.parametrize("stored", ["numpy", "torch"])
+def test_auto_asks_the_measurement_for_long_causal_problems_only(monkeypatch, stored):
+    monkeypatch.delenv("CTFORMER_ATTENTION_ENGINE", raising=False)
+    asked = []
+    monkeypatch.setattr(gemm, "_measured", lambda kind, dtype, measure=None: asked.append((kind, dtype)) or stored)
+    assert fused.fused_chosen(np.float64, False, 4 * BIG) is True  # plain: the kernel
+    assert fused.fused_chosen(np.float64, True, BIG - 1) is True  # short causal: the kernel
+    assert not asked
+    assert fused.fused_chosen(np.float32, True, BIG) is (stored == "torch")
+    assert ("causal attention", "float32") in asked
+
+
+def test_a_bad_setting_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("CTFORMER_ATTENTION_ENGINE", "flash")
+    with pytest.raises(ValueError, match="CTFORMER_ATTENTION_ENGINE"):
+        fused.fused_chosen(np.float64, True, BIG)
+
+
+@pytest.mark.parametrize("engine", ["fused", "streamed"])
+def test_either_engine_gives_causal_attention(monkeypatch, engine):
+    monkeypatch.setenv("CTFORMER_GEMM", "torch")
+    monkeypatch.setenv("CTFORMER_ATTENTION_ENGINE", engine)
+    if not fused.fused_attention_ok(np.float64):
+        pytest.fail("torch's MKL strict mode is off in the test process: import ctformer before torch computes")
+    calls = []
+    real = fused.fused_attention
+    monkeypatch.setattr(fused, "fused_attention", lambda *a: calls.append(a[4]) or real(*a))
+    n = 1024  # 2^20 scores: a problem the measurement decides under auto
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((n, 16)) for _ in range(3))
+    out = quadrature_attention(q, k, v, beta=0.3, mask="causal")
+    assert calls == ([True] if engine == "fused" else [])
+    s = 0.3 * (q @ k.T)
+    s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = (p / p.sum(-1, keepdims=True)) @ v
+    assert np.max(np.abs(out - ref)) <= 1e-13 * np.max(np.abs(ref))
+
+
+def test_the_measurement_returns_a_stored_choice_by_its_rule():
+    gemm.softmax_provider("float64")
+    result = fused._measure_causal(np.dtype(np.float64))
+    assert result["numpy_s"] > 0 and result["torch_s"] > 0 and 0 <= result["wins"] <= fused._PAIRS
+    clear = result["ratio"] <= fused._MARGIN and result["wins"] >= fused._WINS
+    assert result["provider"] == ("numpy" if clear else "torch")
