@@ -106,6 +106,25 @@ def methods(causal):
     return {"sdpa": sdpa, "quadrature": quadrature, "streamed": streamed, "naive": naive}
 
 
+def _print_causal_engine(dtypes):
+    """Which engine the direct call used for causal problems of 2^20 scores and more: the
+    setting, or the stored measurement of this machine (ctformer._numerics.fused.fused_chosen)."""
+    import os
+
+    from ctformer._numerics import gemm
+
+    setting = os.environ.get("CTFORMER_ATTENTION_ENGINE", "auto") or "auto"
+    stored = gemm._read(gemm._cache_file()) if setting == "auto" else {}
+    for dtype in dtypes:
+        entry = stored.get(f"causal attention {dtype}")
+        if setting != "auto":
+            print(f"causal attention, >= 2^20 scores, {dtype}: CTFORMER_ATTENTION_ENGINE={setting}")
+        elif entry:
+            engine = "torch's kernel" if entry["provider"] == "torch" else "the streamed engine"
+            print(f"causal attention, >= 2^20 scores, {dtype}: {engine} (measured streamed / kernel "
+                  f"{entry['ratio']:.2f}, streamed faster in {entry['wins']} of 9 pairs)")
+
+
 def _status_kib(field):
     with open("/proc/self/status") as f:
         for line in f:
@@ -233,6 +252,7 @@ def main(argv=None):
             for n in args.sizes:
                 rows += _configuration(mask == "causal", n, dtype, args, waiter)
     print(f"\ntiming rounds started on an idle machine (>= 90% of CPU idle): {waiter.idle_rounds} of {waiter.rounds}")
+    _print_causal_engine(args.dtypes)
     for r in rows:
         if r["method"] == "quadrature":
             verdict(f"attention {r['mask']:<7} N={r['n']:<5} {r['dtype']} / SDPA", r["ratio"], GOAL_RATIO, show=False)
