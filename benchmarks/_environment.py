@@ -100,7 +100,21 @@ class Rounds:
 
     def ratio(self, ours: str, peer: str) -> float:
         """The median over rounds of ``ours / peer``, each ratio from one round's two blocks."""
-        return statistics.median(a / b for a, b in zip(self.times[ours], self.times[peer]))
+        return statistics.median(self.ratios(ours, peer))
+
+    def ratios(self, ours: str, peer: str) -> list:
+        """The per-round ratios ``ours / peer``, in round order."""
+        return [a / b for a, b in zip(self.times[ours], self.times[peer])]
+
+    def spread(self, ours: str, peer: str) -> tuple:
+        """``(q1, q3)``: the lower and upper quartiles of the per-round ratios ``ours / peer``
+        (linear interpolation between order statistics; one round: that ratio twice). A goal
+        between them is decided by the noise of the machine as much as by the code."""
+        ratios = sorted(self.ratios(ours, peer))
+        if len(ratios) == 1:
+            return ratios[0], ratios[0]
+        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+        return q1, q3
 
     def __getitem__(self, name: str) -> float:
         return self.median(name)
@@ -266,21 +280,40 @@ def header(title: str, notes=()) -> None:
     print(f"load average at start: {os.getloadavg()[0]:.2f}\n", flush=True)
 
 
-_VERDICTS: list[tuple[str, float, float, str, bool]] = []
+_VERDICTS: list[tuple[str, float, float, str, bool, tuple | None]] = []
 
 
-def verdict(name: str, ratio: float, goal: float, unit: str = "x", show: bool = True) -> bool:
+def verdict(name: str, ratio: float, goal: float, unit: str = "x", show: bool = True,
+            spread: tuple | None = None) -> bool:
     """Record (and print, unless ``show=False``) whether ``ratio <= goal``: "met" or "not met".
 
     ``unit`` is ``"x"`` for a time ratio ctformer / peer, or e.g. ``"MiB"``; a NaN never meets
-    its goal. Returns whether the goal is met; :func:`summary` prints them all.
+    its goal. ``spread``: the quartiles of the per-round ratios (:meth:`Rounds.spread`), or
+    None; a goal between them is marked "within the spread" (the median decides, but another
+    run may decide otherwise). Returns whether the goal is met; :func:`summary` prints them all.
     """
     met = bool(ratio <= goal)
-    _VERDICTS.append((name, float(ratio), float(goal), unit, met))
+    spread = None if spread is None else (float(spread[0]), float(spread[1]))
+    _VERDICTS.append((name, float(ratio), float(goal), unit, met, spread))
     if show:
-        print(f"goal {name}: {_figure(ratio, unit)} <= {_figure(goal, unit)} -> {'met' if met else 'not met'}",
-              flush=True)
+        print(f"goal {name}: {_figure(ratio, unit)}{_spread_text(spread, unit)} <= {_figure(goal, unit)} -> "
+              f"{_outcome(met, goal, spread)}", flush=True)
     return met
+
+
+def within_spread(goal: float, spread: tuple | None) -> bool:
+    """Whether ``goal`` lies between the quartiles ``spread`` (False without one)."""
+    return spread is not None and spread[0] <= goal <= spread[1]
+
+
+def _outcome(met: bool, goal: float, spread) -> str:
+    return ("met" if met else "not met") + (" (within the spread)" if within_spread(goal, spread) else "")
+
+
+def _spread_text(spread, unit: str) -> str:
+    if spread is None or unit != "x":
+        return ""
+    return f" [{spread[0]:.2f}-{spread[1]:.2f}]"
 
 
 def summary() -> bool:
@@ -296,12 +329,15 @@ def summary() -> bool:
     print(f"goals on {cpu_model()} (BLAS {blas}"
           + (f"; torch {torch_line.split(',')[0]}" if torch_line else "") + "):")
     width = max(len(v[0]) for v in _VERDICTS)
-    for name, ratio, goal, unit, met in _VERDICTS:
-        print(f"  {name:<{width}}  {_figure(ratio, unit):>10} <= {_figure(goal, unit):<9} "
-              f"{'met' if met else 'not met'}")
+    print(f"  {'goal':<{width}}  {'ratio':>10} {'quartiles':>11}    {'goal':<9} verdict")
+    for name, ratio, goal, unit, met, spread in _VERDICTS:
+        print(f"  {name:<{width}}  {_figure(ratio, unit):>10} {_spread_text(spread, unit):>11} <= "
+              f"{_figure(goal, unit):<9} {_outcome(met, goal, spread)}")
     count = sum(v[4] for v in _VERDICTS)
-    print(f"{count} of {len(_VERDICTS)} goals met -> {'met' if count == len(_VERDICTS) else 'not met'}",
-          flush=True)
+    close = sum(within_spread(v[2], v[5]) for v in _VERDICTS)
+    print(f"{count} of {len(_VERDICTS)} goals met -> {'met' if count == len(_VERDICTS) else 'not met'}"
+          + (f"; {close} of them within the spread of the rounds (the quartiles of the per-round "
+             f"ratios), decided by this run's noise as much as by the code" if close else ""), flush=True)
     return count == len(_VERDICTS)
 
 

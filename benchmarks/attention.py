@@ -255,7 +255,8 @@ def main(argv=None):
     _print_causal_engine(args.dtypes)
     for r in rows:
         if r["method"] == "quadrature":
-            verdict(f"attention {r['mask']:<7} N={r['n']:<5} {r['dtype']} / SDPA", r["ratio"], GOAL_RATIO, show=False)
+            verdict(f"attention {r['mask']:<7} N={r['n']:<5} {r['dtype']} / SDPA", r["ratio"], GOAL_RATIO, show=False,
+                    spread=r["spread"])
             if r["n"] == 8192 and r["dtype"] == "float64":
                 verdict(f"attention {r['mask']:<7} N=8192  float64 extra memory", r["traced"], GOAL_MIB, "MiB",
                         show=False)
@@ -283,7 +284,7 @@ def _configuration(causal, n, dtype, args, waiter):
         rss = math.nan if args.no_rss else rss_extra(name, n, args.dim, dtype, causal)
         ratio = timed.ratio(name, "sdpa")
         rows.append(dict(mask=mask, n=n, dtype=dtype, method=name, ms=timed[name] * 1e3, ratio=ratio,
-                         traced=traced, rss=rss, err=err))
+                         spread=timed.spread(name, "sdpa"), traced=traced, rss=rss, err=err))
         print(f"{mask:>6} {n:>6} {dtype:>8} {name:>11} {timed[name] * 1e3:>9.1f} {ratio:>7.3f} "
               f"{_fmt(traced):>11} {_fmt(rss):>8}   (max rel. diff to SDPA {err:.1e})", flush=True)
     return rows

@@ -103,7 +103,8 @@ def main(argv=None):
         med = {n: timed[n] for n in calls}
         relative = {n: timed.ratio(n, "numpy.fft") for n in calls}
         print(f"{m:>7} " + " ".join(f"{med[n] * 1e3:>11.3f}" if n in med else f"{'-':>11}" for n in names))
-        met = verdict(f"convolution M={m} ctformer / numpy.fft", relative["ctformer"], 1.0, show=False)
+        met = verdict(f"convolution M={m} ctformer / numpy.fft", relative["ctformer"], 1.0, show=False,
+                      spread=timed.spread("ctformer", "numpy.fft"))
         print(f"{'':>7} " + " ".join(f"{relative[n]:>11.2f}" if n in med else f"{'-':>11}" for n in names)
               + f"   {'met' if met else 'not met'}"
               + ("   (planning MEASURE %.2f s)" % plan_seconds["measured"] if "measured" in plan_seconds else ""))

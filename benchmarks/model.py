@@ -190,7 +190,7 @@ def main(argv=None):
         return profile(*load_model(args.models[-1]), *sizes[-1], args.dtypes[0])
 
     titles = (f"{'network':>8} {'B x N':>8} {'dtype':>8} {'torch ms':>10} {'ctformer ms':>12} {'ratio':>7} "
-              f"{'floor':>6} {'rel. diff':>10} {'goal':>8}")
+              f"{'quartiles':>11} {'floor':>6} {'rel. diff':>10} {'goal':>8}")
     print(titles)
     print("-" * len(titles))
     rows = []
@@ -230,9 +230,11 @@ def _network_rows(name, model, ct, sizes, args):
             floor = shared_kernel_share(c_call) * ratio
             rows.append(dict(network=name, size=f"{batch}x{tokens}", dtype=dtype, ratio=ratio, floor=floor,
                              diff=diff, ok=ok))
-            met = verdict(f"{name} {batch}x{tokens} {dtype} / HuggingFace", ratio, GOAL, show=False)
+            spread = timed.spread("ctformer", "torch")
+            met = verdict(f"{name} {batch}x{tokens} {dtype} / HuggingFace", ratio, GOAL, show=False, spread=spread)
             print(f"{name:>8} {batch:>3} x {tokens:<4}{dtype:>8} {timed['torch'] * 1e3:>10.2f} {timed['ctformer'] * 1e3:>12.2f} "
-                  f"{ratio:>7.2f} {floor:>6.2f} {diff:>10.1e} {'met' if met else 'not met':>8}"
+                  f"{ratio:>7.2f} {f'[{spread[0]:.2f}-{spread[1]:.2f}]':>11} {floor:>6.2f} {diff:>10.1e} "
+                  f"{'met' if met else 'not met':>8}"
                   f"{'' if ok else '  <- outputs differ beyond tolerance'}", flush=True)
     return rows
 

@@ -165,7 +165,7 @@ def run_case(beta, dtype, args):
           + f"{timed.ratio('published', 'authors'):>7.2f} {one:>9.1e} {whole:>9.1e}"
           + ("" if ok else "  <- outputs differ beyond tolerance") + note, flush=True)
     verdict(f"particles beta={beta:g} {dtype} ctformer / authors' loop", timed.ratio("ctformer", "authors"), GOAL,
-            show=False)
+            show=False, spread=timed.spread("ctformer", "authors"))
     return ok
 
 

@@ -24,6 +24,37 @@ def test_ratio_is_the_median_of_the_rounds_ratios(env):
     assert timed["ours"] == 4.0 and timed.median("peer") == 1.0
 
 
+def test_spread_is_the_quartiles_of_the_rounds_ratios(env):
+    # ratios 1, 2, 3, 4, 5: inclusive quartiles at positions 1 and 3 of 0..4 -> 2 and 4
+    timed = env.Rounds({"ours": [1.0, 4.0, 9.0, 16.0, 25.0], "peer": [1.0, 2.0, 3.0, 4.0, 5.0]})
+    assert timed.ratios("ours", "peer") == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert timed.spread("ours", "peer") == (2.0, 4.0)
+    # four ratios 1, 2, 3, 5: positions 0.75 and 2.25 -> 1.75 and 3.5 (linear interpolation)
+    four = env.Rounds({"ours": [1.0, 2.0, 3.0, 5.0], "peer": [1.0] * 4})
+    assert four.spread("ours", "peer") == (1.75, 3.5)
+    assert env.Rounds({"ours": [3.0], "peer": [2.0]}).spread("ours", "peer") == (1.5, 1.5)
+
+
+def test_a_goal_inside_the_spread_is_marked(env, capsys):
+    env._VERDICTS.clear()
+    try:
+        assert env.verdict("close", 0.79, 0.8, spread=(0.75, 0.85)) is True
+        assert env.verdict("clear", 0.60, 0.8, spread=(0.55, 0.65)) is True
+        assert env.verdict("far", 1.10, 0.8, spread=(1.0, 1.2)) is False
+        assert env.verdict("memory", 4.0, 64.0, "MiB") is True
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == "goal close: 0.790x [0.75-0.85] <= 0.800x -> met (within the spread)"
+        assert lines[1].endswith("-> met") and lines[2].endswith("-> not met")
+        assert lines[3] == "goal memory: 4 MiB <= 64 MiB -> met"
+        assert env.within_spread(0.8, (0.75, 0.85)) and not env.within_spread(0.8, (0.55, 0.65))
+        assert not env.within_spread(0.8, None)
+        assert env.summary() is False
+        out = capsys.readouterr().out
+        assert "3 of 4 goals met -> not met; 1 of them within the spread" in out
+    finally:
+        env._VERDICTS.clear()
+
+
 def test_rounds_time_every_call_in_each_round(env):
     order = []
 
