@@ -59,6 +59,42 @@ def test_a_bad_setting_is_refused_by_name(monkeypatch):
         fused.fused_chosen(np.float64, True, BIG)
 
 
+@pytest.mark.parametrize("where", ["small path", "general path", "quadrature_attention", "torch"])
+def test_a_bad_setting_is_refused_at_every_size(monkeypatch, where):
+    """Every attention evaluation reads the setting, also those it decides nothing for (a
+    16-token problem, torch tensors): a typo is refused at once, not at the first long problem."""
+    from ctformer.discretizations import Midpoint
+    from ctformer.model import ContinuousTransformer
+    from ctformer.operators import attention_flow
+
+    rng = np.random.default_rng(5)
+    model = ContinuousTransformer.random_smooth(seed=3, layers=1, heads=2, mask="causal")
+    flow = model.blocks[0].attention.discretize(model.grids(Midpoint(12), Midpoint(16)))
+    u = rng.standard_normal((2, 12, 16))
+    q, k, v = (rng.standard_normal((2, 8, 4)) for _ in range(3))
+    calls = {"small path": lambda: flow(u),
+             "general path": lambda: flow(u),
+             "quadrature_attention": lambda: quadrature_attention(q, k, v, beta=0.5),
+             "torch": lambda: quadrature_attention(*(torch.from_numpy(a) for a in (q, k, v)), beta=0.5)}
+    expected = calls[where]()  # the default setting (auto)
+    if where == "general path":
+        monkeypatch.setattr(attention_flow._SmallPlan, "of", classmethod(lambda cls, attention, u: None))
+        flow._small.clear()
+    for value in ("flash", "Fused!"):
+        monkeypatch.setenv("CTFORMER_ATTENTION_ENGINE", value)
+        with pytest.raises(ValueError, match=r"CTFORMER_ATTENTION_ENGINE must be one of auto, fused, streamed"):
+            calls[where]()
+    monkeypatch.setenv("CTFORMER_ATTENTION_ENGINE", " Streamed ")  # case and blanks do not matter
+    np.testing.assert_array_equal(np.asarray(calls[where]()), np.asarray(expected))
+    if where == "small path":
+        assert flow._small[(u.shape, u.dtype)] is not None  # the small path was the one taken
+    # and against the formula: softmax(beta q k^T) v with uniform weights, float64
+    if where == "quadrature_attention":
+        s = 0.5 * q @ np.swapaxes(k, -1, -2)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        np.testing.assert_allclose(expected, (p / p.sum(-1, keepdims=True)) @ v, rtol=1e-13, atol=1e-14)
+
+
 @pytest.mark.parametrize("engine", ["fused", "streamed"])
 def test_either_engine_gives_causal_attention(monkeypatch, engine):
     monkeypatch.setenv("CTFORMER_GEMM", "torch")

@@ -44,7 +44,8 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
     """The path for the problem's size and namespace; every row of ``keep`` keeps a key."""
     n, m = q.shape[-2], k.shape[-2]
     numpy = isinstance(q, np.ndarray)
-    if numpy and _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk):
+    engine = _fused_kernel.engine_setting()  # read (and a bad value refused) at every size
+    if numpy and _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk, engine):
         out = _numpy_paths.output_array(lead, n, v.shape[-1], q.dtype, _numpy_paths.head_axes(q, k, lead))
         scale = _one_value(beta)  # one beta for all heads: the kernel scales (no pass over q)
         if scale is not None:
@@ -90,7 +91,7 @@ def _one_value(beta):
     return float(flat[0]) if flat.size and bool(np.all(flat == flat[0])) else None
 
 
-def _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk) -> bool:
+def _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk, engine) -> bool:
     """Whether torch's fused kernel takes the problem: softmax attention as the kernel knows it
     (uniform weights, no mask but the square causal one, no chunking asked for), one float
     dtype, at least ``_FUSED_MIN_ENTRIES`` scores in all (below, its call costs more than
@@ -105,7 +106,7 @@ def _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk) -> bool:
     dims = len(lead) + 2
     return (q.ndim == k.ndim == v.ndim == dims and q.dtype == k.dtype == v.dtype
             and q.dtype in (np.float32, np.float64) and _fused_kernel.fused_attention_ok(q.dtype)
-            and _fused_kernel.fused_chosen(q.dtype, causal, n * m))
+            and _fused_kernel.fused_chosen(q.dtype, causal, n * m, engine))
 
 
 # -- queries without keys -------------------------------------------------------------------------

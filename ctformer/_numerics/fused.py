@@ -16,7 +16,7 @@ from .gemm import uses_torch
 from .threads import _INSIDE, num_threads
 from .torch_threads import _tensor, _torch, _torch_threads, threaded_products
 
-__all__ = ["fused_attention", "fused_attention_ok", "fused_chosen"]
+__all__ = ["engine_setting", "fused_attention", "fused_attention_ok", "fused_chosen"]
 
 _LOCK = threading.Lock()
 _FUSED_OK: list = []  # [bool] once fused_attention_ok has checked the fused kernel
@@ -29,7 +29,21 @@ _CALIBRATED_MIN_SCORES = 1 << 20
 _PAIRS, _WINS, _MARGIN = 9, 7, 0.92
 
 
-def fused_chosen(dtype, causal: bool, scores: int) -> bool:
+def engine_setting() -> str:
+    """``CTFORMER_ATTENTION_ENGINE``: ``"auto"`` (unset or empty), ``"fused"`` or ``"streamed"``.
+
+    Read by every attention evaluation, whatever its size and array namespace, so that a bad
+    value is refused at once rather than only by the problems the setting decides.
+
+    Raises
+    ------
+    ValueError
+        If the variable is none of auto, fused, streamed (the message lists them).
+    """
+    return choice("CTFORMER_ATTENTION_ENGINE", _ENGINES)
+
+
+def fused_chosen(dtype, causal: bool, scores: int, engine: str | None = None) -> bool:
     """Whether a problem that torch's fused kernel can take (:func:`fused_attention_ok`) goes
     to it, by ``CTFORMER_ATTENTION_ENGINE``: ``fused``, always; ``streamed``, never (the
     library's own paths); ``auto`` (the default), except causal problems of at least
@@ -41,7 +55,7 @@ def fused_chosen(dtype, causal: bool, scores: int) -> bool:
     ValueError
         If ``CTFORMER_ATTENTION_ENGINE`` is not one of auto, fused, streamed.
     """
-    engine = choice("CTFORMER_ATTENTION_ENGINE", _ENGINES)
+    engine = engine_setting() if engine is None else engine
     if engine != "auto":
         return engine == "fused"
     if not causal or scores < _CALIBRATED_MIN_SCORES:

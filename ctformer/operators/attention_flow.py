@@ -31,6 +31,7 @@ from .positions import rotate
 from .quadrature_attention import quadrature_attention
 from .._numerics import dense as _dense
 from .._numerics import streamed as _streamed
+from .._numerics.fused import engine_setting
 from .._numerics.gemm import numpy_rows, plain_rows, rows_product, threaded_rows
 from .._numerics.threads import _INSIDE, by_row_blocks
 
@@ -264,6 +265,7 @@ class DiscretizedAttention:
         """The evaluation of a small NumPy state in a few NumPy calls: the operations of the
         general path for its size (NumPy's products with the biases added in place, the
         batched pass of the dense engine) without its dispatch (the same bits)."""
+        engine_setting()  # a bad CTFORMER_ATTENTION_ENGINE is refused here too, as by the general path
         q, k, v = self._heads(_dense._NUMPY, numpy_rows(u, plan.qkv_t, plan.b_qkv), u)
         lead, n = q.shape[:-2], q.shape[-2]
         out = _streamed.output_array(lead, n, v.shape[-1], u.dtype, _streamed.head_axes(q, k, lead))
