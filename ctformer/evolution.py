@@ -12,6 +12,7 @@ from __future__ import annotations
 from . import solvers
 from ._numerics.threads import fixed_threads
 from .model_inputs import check_padding_mask, check_steps
+from .shared_tensors import check_unchanged
 from .solvers.restart import restart_point
 
 __all__ = ["evolve", "controller_for"]
@@ -66,6 +67,7 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
                              f"{len(model.blocks)} layers: nothing is left to solve")
         u0 = start.u0
     u, grids = model._initial_state(u0, tokens, features, head_features, hidden, context_length)
+    check_unchanged(model)  # a converted model whose module's tensors changed in place
     model._check_namespaces(u)
     if padding_mask is not None:
         if not grids.is_nodal:

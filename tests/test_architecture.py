@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "ctformer"
 
 LAYERS = {
     "environment": -2, "validation": -2, "labelled_methods": -2, "fft": -1,
-    "backend": 0, "atomic": 0,
+    "backend": 0, "atomic": 0, "shared_tensors": 0,
     "discretizations": 1, "solvers": 1, "model_inputs": 1,
     "state": 2, "kernels": 2,
     "_numerics": 2.5,  # the fast kernels: below the operators that call them

@@ -17,7 +17,9 @@
   frequencies and an attention temperature (:mod:`ctformer.bridges.rope_scaling`);
 - :mod:`ctformer.bridges.minilm`: the packaged all-MiniLM-L6-v2 and ``discrete_limit_report``;
 - :func:`limit_report`: the discrete limit and continuous-depth refinement of a small random
-  network of each class (``ctformer limit --model``).
+  network of each class (``ctformer limit --model``);
+- :class:`StaleConversionError`: raised by a solve of a model converted from a float64
+  module whose tensors were changed in place since (:mod:`ctformer.shared_tensors`).
 
 torch and transformers are imported only when a bridge is called.
 """
@@ -31,8 +33,9 @@ from .rope_scaling import SUPPORTED_ROPE_TYPES, rope_from_config, scaled_frequen
 from .spec import HF_ACTIVATIONS, ArchitectureSpec, register, supported
 from .torch import from_torch
 from .vit import from_hf_vit, patch_position_table
+from ..shared_tensors import StaleConversionError
 
 __all__ = ["from_torch", "from_hf", "from_hf_bert", "from_gpt2", "from_llama", "from_albert",
            "from_hf_vit", "patch_position_table", "float64_reference", "rope_frequencies", "limit_report",
            "rope_from_config", "scaled_frequencies", "SUPPORTED_ROPE_TYPES", "supported", "register",
-           "ArchitectureSpec", "HF_ACTIVATIONS"]
+           "ArchitectureSpec", "HF_ACTIVATIONS", "StaleConversionError"]

@@ -84,9 +84,11 @@ def shared_weight(tensor, name: str, order: str = "C") -> np.ndarray | None:
     (``"F"`` for a matrix :math:`A` that is applied from the right as :math:`u A^T`: then
     :math:`A^T` is C-contiguous, the layout of the product, and no second copy is made).
 
-    A shared weight follows the module: changing the tensor in place afterwards (training it)
-    changes the converted model's numbers, but not the discretizations it has already built;
-    convert after training, or pass ``model.double()`` copies that nothing else changes.
+    A shared weight follows the module, but what the model derives from it (packed
+    projections, float32 copies) does not: once the tensor is changed in place (training
+    it), a solve of a model converted by :func:`ctformer.bridges.from_hf` raises
+    :class:`~ctformer.shared_tensors.StaleConversionError`. Convert after training, or pass a
+    copy (``copy.deepcopy(model).double()``) that nothing else changes.
 
     Raises
     ------

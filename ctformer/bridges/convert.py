@@ -19,6 +19,7 @@ import numpy as np
 
 from ..discretizations import Midpoint
 from ..model import Block, ContinuousTransformer
+from ..shared_tensors import watch
 from .common import (feedforward_from_weights, gated_feedforward_from_weights, grouped_attention_from_weights,
                      layer_norm_from_weights, rms_norm_from_weights, shared_weight)
 from .composite import EulerNetwork, OutputNormalized
@@ -78,6 +79,7 @@ class Weights:
 
     def __init__(self, state, label: str, transposed: bool = False):
         self.state, self.label, self.transposed = state, label, transposed
+        self.shared: dict = {}  # id -> (name, tensor): the tensors whose memory the model shares
 
     def __call__(self, name: str, optional: bool = False):
         if name not in self.state:
@@ -89,7 +91,16 @@ class Weights:
         # one float64 copy at most: a float64 tensor is shared; a conversion is laid out so that
         # the matrix A applied as u A^T has a C-contiguous A^T (the layout of the product)
         array = shared_weight(tensor, name, order="C" if self.transposed or not matrix else "F")
+        if _shares_memory(tensor):
+            self.shared.setdefault(id(tensor), (name, tensor))
         return array.T if self.transposed and array.ndim == 2 else array
+
+
+def _shares_memory(tensor) -> bool:
+    """Whether :func:`~ctformer.bridges.common.shared_weight` returns a view of ``tensor``'s
+    memory: a float64 torch tensor on the CPU."""
+    return (str(getattr(tensor, "dtype", "")) == "torch.float64"
+            and getattr(getattr(tensor, "device", None), "type", None) == "cpu")
 
 
 def convert(spec: ArchitectureSpec, model) -> ContinuousTransformer:
@@ -246,8 +257,10 @@ def build(spec: ArchitectureSpec, state, cfg, rotary=None) -> ContinuousTransfor
     final = _norm(spec, w, spec.final, eps)
     d_ff = widths[0]
     network = EulerNetwork if spec.parallel and config_value(cfg, spec.parallel, False) else ContinuousTransformer
-    return network(blocks, final_normalization=final, head_features=Midpoint(head_dim), hidden=Midpoint(d_ff),
-                   features=Midpoint(d))
+    network = network(blocks, final_normalization=final, head_features=Midpoint(head_dim), hidden=Midpoint(d_ff),
+                      features=Midpoint(d))
+    watch(network, spec.hf_class, w.shared.values())  # a solve refuses the model once they change
+    return network
 
 
 def _block(spec, w, p, layer, cfg, sizes, order, activation, eps, positions, temperature, window):
