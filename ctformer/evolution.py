@@ -10,10 +10,12 @@ segment ends are those jump times, with either ``steps_per_layer`` fixed steps o
 from __future__ import annotations
 
 from . import solvers
+from ._numerics.elementwise import add as threaded_add
 from ._numerics.threads import fixed_threads
 from .model_inputs import check_padding_mask, check_steps
 from .shared_tensors import check_unchanged
 from .solvers.restart import restart_point
+from .solvers.runge_kutta import summing
 
 __all__ = ["evolve", "controller_for"]
 
@@ -79,7 +81,9 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
                                        t0=0.0 if start is None else start.t0)
     weights = solvers.grid_weights(grids) if u.ndim >= 2 else None
     # the order serves step doubling only: fixed steps skip its walk over the blocks
-    with fixed_threads():  # the thread count read once, not at every product of every step
+    # the thread count read once, not at every product of every step; the residual sums of
+    # large NumPy states on torch's threads, where its products run (the same bits)
+    with fixed_threads(), summing(threaded_add):
         return solvers.integrate(problem, u, control, scheme=integrator, save_at=save_at,
                                  events=tuple(events), weights=weights,
                                  order=None if steps_per_layer is not None else integrator.order(model),

@@ -31,6 +31,7 @@ from ..kernels import Kernel
 from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, relu, silu
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
+from .._numerics.elementwise import multiply_into
 from .._numerics.gemm import rows_product, threaded_rows
 from .._numerics.threads import by_row_blocks
 
@@ -237,8 +238,8 @@ class GatedFeedForward(Operator):
             if fresh and type(gate) is np.ndarray and type(up) is np.ndarray \
                     and gate.shape == up.shape and gate.dtype == up.dtype:
                 # the activation's own new array takes the product: no third array of the
-                # hidden width per evaluation (the same bits)
-                return w_2(np.multiply(gate, up, out=gate))
+                # hidden width per evaluation (the same bits; torch's threads when large)
+                return w_2(multiply_into(gate, up))
             return w_2(gate * up)
 
         dense = all(_dense_host(w) for w in (self.W_gate, self.W_up, self.W_2))
