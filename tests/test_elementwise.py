@@ -39,8 +39,8 @@ def _pair(dtype, shape=LARGE, seed=0):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("count", ["1", "2", "3"])
 def test_large_sums_and_products_have_numpys_bits_on_any_thread_count(monkeypatch, torch_calls, dtype, count):
-    if not threaded_rows(dtype):
-        pytest.skip("torch does not do this machine's products (MKL strict mode off)")
+    """Where torch does this machine's products, torch computes them; elsewhere (MKL's strict
+    mode off, no MKL) NumPy does: NumPy's bits either way."""
     monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
     a, b = _pair(dtype)
     total = elementwise.add(a, b)
@@ -49,7 +49,19 @@ def test_large_sums_and_products_have_numpys_bits_on_any_thread_count(monkeypatc
     target = a.copy()
     assert elementwise.multiply_into(target, b) is target
     np.testing.assert_array_equal(target, a * b)
-    assert torch_calls == ["add", "mul"]
+    assert torch_calls == (["add", "mul"] if threaded_rows(dtype) else [])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_without_torchs_threaded_products_numpy_computes(monkeypatch, torch_calls, dtype):
+    """The other branch on every machine: with torch's products off its threads (as where
+    MKL's strict mode is off), large arrays are NumPy's own calls, with the same bits."""
+    monkeypatch.setattr(elementwise, "threaded_rows", lambda dtype: False)
+    a, b = _pair(dtype, seed=1)
+    np.testing.assert_array_equal(elementwise.add(a, b), a + b)
+    target = a.copy()
+    np.testing.assert_array_equal(elementwise.multiply_into(target, b), a * b)
+    assert torch_calls == []
 
 
 @pytest.mark.parametrize("case", ["small", "strided", "broadcast", "mixed dtypes", "float16",
