@@ -94,10 +94,11 @@ def methods(causal):
         return lambda: quadrature_attention(q, k, v, beta=beta, mask=mask)
 
     def streamed(q, k, v, beta):
-        from ctformer._numerics.streamed import stream_chunk
+        from ctformer._numerics.streamed import key_blocked, stream_chunk
         from ctformer.operators import quadrature_attention
 
-        mask, chunk = "causal" if causal else None, stream_chunk(len(q), len(k), q.dtype.itemsize, 1)
+        blocked = key_blocked(len(k), None, q.dtype, causal)
+        mask, chunk = "causal" if causal else None, stream_chunk(len(q), len(k), q.dtype.itemsize, 1, blocked)
         return lambda: quadrature_attention(q, k, v, beta=beta, mask=mask, chunk=chunk)
 
     def naive(q, k, v, beta):

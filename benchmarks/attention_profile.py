@@ -73,7 +73,7 @@ def phases(n, d, dtype, engine):
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((n, d)).astype(dtype) for _ in range(3))
     beta = 1 / np.sqrt(d)
-    r = attention_numpy.stream_chunk(n, n, np.dtype(dtype).itemsize, 1)
+    r = attention_numpy.stream_chunk(n, n, np.dtype(dtype).itemsize, 1, False)  # the (chunk, M) block
     scores, out, sums = np.empty((r, n), dtype), np.empty((r, d), dtype), np.empty((r, 1), dtype)
     qs = (q[:r] * beta).astype(dtype)
     made = compiled.kernels()

@@ -88,3 +88,23 @@ def loop_engine(request, monkeypatch):
         require("numba")
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", request.param)
     return request.param
+
+
+def fused_path_on(monkeypatch) -> bool:
+    """torch's products and fused attention kernel for the test (``CTFORMER_GEMM=torch``).
+    Returns True where the path had to be turned on by hand: MKL's strict mode is on, but the
+    library's check found this machine's MKL rounding by thread count (an AMD EPYC), so the
+    library keeps the path off; the tests still check its arithmetic. Fails the test when
+    the mode itself is off (torch computed before ctformer was imported)."""
+    import numpy as np
+
+    from ctformer._numerics import fused, torch_threads
+
+    monkeypatch.setenv("CTFORMER_GEMM", "torch")
+    if fused.fused_attention_ok(np.float64):
+        return False
+    if torch_threads._STRICT_ASKED != [True]:
+        pytest.fail("torch's MKL strict mode is off in the test process: import ctformer before torch computes")
+    monkeypatch.setattr(torch_threads, "_STRICT_MKL", [True])
+    monkeypatch.setattr(fused, "_FUSED_OK", [True])
+    return True

@@ -11,7 +11,7 @@ import pytest
 from ctformer._numerics import fused, gemm
 from ctformer.operators.quadrature_attention import quadrature_attention
 
-from .conftest import require
+from .conftest import fused_path_on, require
 
 torch = require("torch")
 
@@ -99,8 +99,7 @@ def test_a_bad_setting_is_refused_at_every_size(monkeypatch, where):
 def test_either_engine_gives_causal_attention(monkeypatch, engine):
     monkeypatch.setenv("CTFORMER_GEMM", "torch")
     monkeypatch.setenv("CTFORMER_ATTENTION_ENGINE", engine)
-    if not fused.fused_attention_ok(np.float64):
-        pytest.fail("torch's MKL strict mode is off in the test process: import ctformer before torch computes")
+    fused_path_on(monkeypatch)
     calls = []
     real = fused.fused_attention
     monkeypatch.setattr(fused, "fused_attention", lambda *a: calls.append(a[4]) or real(*a))

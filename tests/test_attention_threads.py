@@ -34,6 +34,10 @@ SCRIPT = textwrap.dedent("""
         # many small problems: the blocked batched path on the workers
         qs, ks, vs = (rng.standard_normal((64, 48, 20, 8)).astype(dtype) for _ in range(3))
         results[f"{dtype}-blocks"] = quadrature_attention(qs, ks, vs, beta=np.linspace(0.5, 1.5, 48))
+        # keys in blocks (online softmax) where the compiled kernels run: 2100 keys, weights
+        qb, kb, vb = (rng.standard_normal((1, 2100, 16)).astype(dtype) for _ in range(3))
+        results[f"{dtype}-keyblocks"] = quadrature_attention(qb, kb, vb, beta=0.7,
+                                                             weights=rng.uniform(0.5, 1.5, 2100))
         p = np.arange(1100, dtype=float)
         results[f"{dtype}-window"] = local_attention(q, k, v, beta=0.7, pattern=window_pattern(p, 300))
     np.savez(sys.argv[1], **results)
@@ -55,7 +59,7 @@ def test_attention_is_bit_identical_for_1_2_3_threads(tmp_path, engine):
         require("numba")
     runs = {threads: _run(tmp_path, engine, threads) for threads in (1, 2, 3)}
     names = sorted(runs[1])
-    assert len(names) == 10
+    assert len(names) == 12
     for threads in (2, 3):
         for name in names:
             a, b = runs[1][name], runs[threads][name]

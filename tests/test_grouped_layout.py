@@ -11,7 +11,7 @@ import pytest
 
 from ctformer._numerics import dense, streamed
 
-from .conftest import require
+from .conftest import fused_path_on, require
 
 
 def _exact(q, k, v, beta, causal):
@@ -81,8 +81,7 @@ def test_grouped_fused_kernel_writes_the_concatenation_layout(monkeypatch, causa
     from ctformer._numerics import fused
 
     monkeypatch.setenv("CTFORMER_GEMM", "torch")
-    if not fused.fused_attention_ok(np.float64):
-        pytest.fail("torch's MKL strict mode is off in the test process: import ctformer before torch computes")
+    fused_path_on(monkeypatch)
     rng = np.random.default_rng(7)
     q, k, v = _grouped(rng, 2, 2, 3, 40, 8)
     got = dense.attend_trusted(q, k, v, 0.3, None, "causal" if causal else None, "full")

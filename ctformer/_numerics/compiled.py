@@ -73,8 +73,8 @@ def kernels():
     return _build() if loop_engine() == "numba" else None
 
 
-_KERNELS = ("exp_array", "exp_rows", "silu32", "silu64", "gelu_tanh32", "gelu_tanh64",
-            "gelu32", "gelu64", "rotate_pairs")
+_KERNELS = ("exp_array", "exp_rows", "exp_rows_online", "rescale_add", "silu32", "silu64", "gelu_tanh32",
+            "gelu_tanh64", "gelu32", "gelu64", "rotate_pairs")
 
 
 @lru_cache(maxsize=None)

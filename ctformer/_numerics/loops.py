@@ -184,6 +184,49 @@ def exp_rows(s, log_w, causal_start, period, diag_shift, sums):
         sums[i] = row_sum(row, end)
 
 
+@jit
+def exp_rows_online(s, log_w, col0, causal_start, diag_shift, top, sums, alpha):
+    """One key block of online softmax, in place. ``s`` holds the scores of keys
+    ``col0 .. col0 + cols`` for each row; ``top[i]`` is row i's running maximum over the
+    earlier blocks (-inf before the first) and ``sums[i]`` its running sum of exponentials
+    (float64). Afterwards s[i, j] = exp(s[i, j] + log_w[col0 + j] - top_new[i]),
+    ``alpha[i] = exp(top_old[i] - top_new[i])`` (the factor for what the earlier blocks
+    accumulated) and ``sums[i] = alpha[i] sums[i] + sum_j s[i, j]``. With ``causal_start`` >= 0
+    row i is the query at position causal_start + i: it keeps keys up to that position (the
+    rest 0), and its diagonal key gets ``diag_shift`` added; a row with no key in the block
+    keeps its maximum and sum (alpha 1, its scores 0)."""
+    rows, cols = s.shape
+    for i in range(rows):
+        row = s[i]
+        end = cols if causal_start < 0 else min(cols, causal_start + i + 1 - col0)
+        if end > 0 and log_w.size:
+            for j in range(end):
+                row[j] += log_w[col0 + j]
+        if end > 0 and causal_start >= 0 and diag_shift != 0 and causal_start + i - col0 < cols:
+            row[end - 1] += diag_shift
+        end = max(end, 0)
+        new = max(row_max(row, end), top[i]) if end > 0 else top[i]
+        finite = new > -np.inf  # else no key so far: nothing accumulated, nothing to rescale
+        # one factor per row: libm's exp (a second inlined exp_ trips Numba's SSA check)
+        a = math.exp(np.float64(top[i]) - np.float64(new)) if finite else 1.0
+        for j in range(end if finite else 0):
+            row[j] = exp_(row[j] - new)
+        for j in range(end if finite else 0, cols):
+            row[j] = 0
+        sums[i] = sums[i] * a + row_sum(row, end if finite else 0)
+        top[i], alpha[i] = new, a
+
+
+@jit
+def rescale_add(acc, t, alpha):
+    """In place: acc[i, j] <- alpha[i] acc[i, j] + t[i, j] (online softmax's weighted sums)."""
+    rows, e = acc.shape
+    for i in range(rows):
+        a = alpha[i]
+        for j in range(e):
+            acc[i, j] = acc[i, j] * a + t[i, j]
+
+
 def _silu(ftype):
     one = ftype(1)
 

@@ -1,0 +1,98 @@
+"""Streamed attention with the keys in blocks (online softmax, ctformer._numerics.streamed):
+every block updates the running row maxima, sums and weighted sums; the result is softmax
+attention, checked against the float64 formula (scipy's softmax) with weights, causal masks,
+a diagonal shift, chunks that do not divide the blocks, and scores far outside exp's range."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.special import softmax
+
+from ctformer._numerics import compiled, streamed
+from tests.conftest import require
+
+TOL = {np.float32: 2e-6, np.float64: 1e-13}
+
+
+def reference(q, k, v, beta, log_w=None, causal=False, shift=None):
+    s = beta * np.einsum("bnd,bmd->bnm", q.astype(np.float64), k.astype(np.float64))
+    if log_w is not None:
+        s = s + log_w.astype(np.float64)
+    if causal:
+        n = s.shape[-1]
+        if shift is not None:
+            s[:, np.arange(n), np.arange(n)] += shift
+        s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+    return softmax(s, axis=-1) @ v.astype(np.float64)
+
+
+@pytest.fixture
+def blocks(monkeypatch):
+    """The compiled kernels, and key blocks for every problem streamed (causal ones too)."""
+    require("numba")
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
+    monkeypatch.setenv("CTFORMER_GEMM", "numpy")
+    original = streamed.key_blocked
+    monkeypatch.setattr(streamed, "key_blocked", lambda m, keep=None, dtype=None, causal=False:
+                        original(m, keep, dtype, False))
+
+
+def test_the_rule_asks_for_two_blocks_and_no_mask(monkeypatch):
+    require("numba")
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
+    monkeypatch.setenv("CTFORMER_GEMM", "numpy")
+    b = streamed._KEY_BLOCK
+    assert streamed.key_blocked(2 * b, None, np.float64) and not streamed.key_blocked(2 * b - 1, None, np.float64)
+    assert not streamed.key_blocked(4 * b, np.ones((4, 4 * b), bool), np.float64)
+    assert not streamed.key_blocked(4 * b, None, np.float64, causal=True)
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numpy")
+    assert not streamed.key_blocked(4 * b, None, np.float64)
+    # the chunk: _BLOCKED_ROWS query rows where blocked, ~8 MiB of scores where not
+    assert streamed.stream_chunk(8192, 8192, 8, 1, True) == streamed._BLOCKED_ROWS == 256
+    assert streamed.stream_chunk(8192, 8192, 8, 1, False) == (8 << 20) // (8192 * 8)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal, shift, weights, chunk", [
+    (False, None, False, None), (False, None, True, 100), (True, None, False, None),
+    (True, 0.7, True, 100), (True, -2.0, False, 300)])
+def test_key_blocks_give_softmax_attention(blocks, dtype, causal, shift, weights, chunk):
+    rng = np.random.default_rng(4)
+    n = 2 * streamed._KEY_BLOCK + 77  # a last block of 77 keys
+    q, k, v = (rng.standard_normal((2, n, 16)).astype(dtype) for _ in range(3))
+    log_w = np.log(rng.uniform(0.5, 2.0, n)).astype(dtype) if weights else None
+    assert streamed.key_blocked(n, None, np.dtype(dtype), causal)
+    out = streamed.stream(q, 0.3, k, v, log_w, None, causal, shift, (2,), chunk)
+    ref = reference(q, k, v, 0.3, log_w, causal, shift)
+    assert out.dtype == dtype
+    assert np.abs(out - ref).max() / np.abs(ref).max() < TOL[dtype]
+
+
+def test_scores_beyond_the_exponential_range_are_rescaled_not_overflowed(blocks):
+    # row maxima grow from block to block by far more than exp's range (e^710 overflows)
+    rng = np.random.default_rng(5)
+    n = 3 * streamed._KEY_BLOCK
+    q = rng.standard_normal((1, 64, 8))
+    k = rng.standard_normal((1, n, 8)) * np.linspace(1.0, 400.0, n)[:, None]
+    v = rng.standard_normal((1, n, 3))
+    out = streamed.stream(q, 1.0, k, v, None, None, False, None, (1,), None)
+    ref = reference(q, k, v, 1.0)
+    assert np.all(np.isfinite(out)) and np.abs(out - ref).max() / np.abs(ref).max() < 1e-13
+
+
+def test_a_row_without_keys_in_a_block_keeps_its_running_values():
+    require("numba")
+    made = compiled._build()
+    s = np.full((2, 4), 7.0)
+    top, sums, alpha = np.array([1.0, -np.inf]), np.array([3.0, 0.0]), np.empty(2)
+    # causal rows at positions 0, 1 against keys 4..7: no key for either
+    made.exp_rows_online(s, np.empty(0), 4, 0, 0.0, top, sums, alpha)
+    assert np.array_equal(s, np.zeros((2, 4))) and list(alpha) == [1.0, 1.0]
+    assert list(top) == [1.0, -np.inf] and list(sums) == [3.0, 0.0]
+    # and a block that raises the maximum: alpha = e^(old - new), sums rescaled (closed form)
+    s = np.array([[0.0, 2.0, 1.0, 2.0]])
+    top, sums, alpha = np.array([1.0]), np.array([3.0]), np.empty(1)
+    made.exp_rows_online(s, np.empty(0), 0, -1, 0.0, top, sums, alpha)
+    assert top[0] == 2.0 and abs(alpha[0] - np.exp(-1.0)) < 1e-16
+    assert np.allclose(s[0], np.exp([-2.0, 0.0, -1.0, 0.0]), rtol=1e-15, atol=0)
+    assert abs(sums[0] - (3.0 * np.exp(-1.0) + np.exp(-2.0) + 2.0 + np.exp(-1.0))) < 1e-15
