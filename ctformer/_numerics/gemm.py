@@ -40,10 +40,11 @@ import numpy as np
 
 from ..backend import matmul_rows, plus_bias
 from ..environment import choice, cpu_model
+from . import packed as _packed
 from .threads import _INSIDE, _ROW_BLOCKS_MIN_ROWS, blas_controller, num_threads, single_thread_blas
 from .torch_threads import _one_torch_thread, _tensor, _torch, _torch_threads, _torch_version, threaded_products
 
-__all__ = ["attention_block", "gemm_provider", "matmul", "rows_product", "softmax_provider", "softmax_rows",
+__all__ = ["attention_block", "gemm_provider", "matmul", "packed_products", "rows_product", "softmax_provider", "softmax_rows",
            "threaded_rows", "uses_torch"]
 
 _PROVIDERS = ("auto", "numpy", "torch")
@@ -92,6 +93,19 @@ def uses_torch(dtype) -> bool:
     return gemm_provider(dtype) == "torch"
 
 
+def packed_products(dtype) -> bool:
+    """Whether feature maps multiply ``dtype`` rows by their packed matrices on this machine
+    (:mod:`ctformer._numerics.packed`; float32 only, ``CTFORMER_GEMM=auto``, measured once).
+    Asked for every product: a comparison and two cached reads."""
+    if dtype != np.float32 or _choice() != "auto":
+        return False
+    return _measured("packed", "float32", _measure_packed) == "torch"
+
+
+def _measure_packed(dtype) -> dict:
+    return _packed.measure(dtype, _best)
+
+
 def softmax_provider(dtype) -> str:
     """``"numpy"`` (the compiled row kernel, or NumPy passes) or ``"torch"`` (torch's
     vectorized softmax): who normalizes the score rows of streamed attention in worker tasks,
@@ -124,11 +138,14 @@ def matmul(a, b, out):
     return np.matmul(a, b, out=out)
 
 
-def rows_product(a, b, bias=None):
+def rows_product(a, b, bias=None, packed=None):
     """``a @ b + bias`` for a matrix ``b`` (a feature map's rows, ``(..., d) @ (d, m)``; ``bias``
     an ``(m,)`` array of the same dtype, or None for no bias).
 
-    For C-contiguous NumPy float arrays where torch multiplies (:func:`gemm_provider`), one
+    ``packed``: None, or the :class:`~ctformer._numerics.packed.PackedMatrix` of ``b`` and
+    ``bias`` (where this machine packs, :meth:`ctformer.operators.base.Constants.packed`),
+    which multiplies C-contiguous float32 NumPy rows within its bounds. Otherwise, for C-contiguous NumPy
+    float arrays where torch multiplies (:func:`gemm_provider`), one
     product on the folded rows: inside a worker task by :func:`matmul` (one thread); outside,
     where :func:`threaded_products` holds and the product has at least 2^18 multiply-adds, by
     torch on :func:`~ctformer._numerics.threads.num_threads` threads, the bias entering the
@@ -137,6 +154,8 @@ def rows_product(a, b, bias=None):
     :func:`ctformer.backend.plus_bias`."""
     if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim >= 2 and b.ndim == 2
             and a.dtype == b.dtype and a.flags.c_contiguous):
+        if packed is not None and a.dtype == np.float32 and packed.applies(a.size // a.shape[-1]):
+            return packed(a)
         inside = getattr(_INSIDE, "worker", False)
         # outside workers torch only for products worth its call (~5 us against NumPy's ~1 us)
         if (inside or a.size * b.shape[1] >= _THREADED_MIN_PRODUCTS) and uses_torch(a.dtype) and \
@@ -177,7 +196,10 @@ def plain_rows(rows: int, d: int, width: int) -> bool:
 
 def threaded_rows(dtype) -> bool:
     """True when :func:`rows_product` multiplies ``dtype`` rows outside worker tasks on
-    torch's threads (torch chosen, :func:`threaded_products` holds)."""
+    torch's threads (torch chosen, :func:`threaded_products` holds). Packed products
+    (:mod:`ctformer._numerics.packed`) do not count: large states keep their row blocks, each
+    block's packed product on one thread (GPT-2 and Llama at 4 x 512 in float32: 0.52 of
+    HuggingFace's time by blocks, 0.65-0.67 as one product on two threads; AMD EPYC)."""
     return uses_torch(dtype) and threaded_products()
 
 
