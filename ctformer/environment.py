@@ -66,12 +66,22 @@ def positive_int(name: str, default: int | None = None) -> int | None:
 
 
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; else the platform's processor or machine name)."""
+    """The CPU's model name with its family and model numbers (``/proc/cpuinfo``; else the
+    platform's processor or machine name). Virtual machines often report a bare name ("AMD
+    EPYC") for CPUs of different generations, whose measured choices differ."""
     try:
         with open("/proc/cpuinfo") as f:
+            fields = {}
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "cpu family", "model") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:  # the first processor's block is enough
+                    break
+        if "model name" in fields:
+            numbers = ", ".join(f"{key} {fields[key]}" for key in ("cpu family", "model") if key in fields)
+            return fields["model name"] + (f" ({numbers})" if numbers else "")
     except OSError:
         pass
     import platform
