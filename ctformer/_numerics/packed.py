@@ -122,4 +122,3 @@ def measure(dtype, best) -> dict:
     ratio = float(np.exp(np.mean(np.log(ratios))))  # each shape counts alike, few rows or many
     provider = "torch" if ratio < _MARGIN else "numpy"
     return {"provider": provider, "ratio": ratio, "ratios": ratios}
-
