@@ -80,8 +80,9 @@ def cpu_model() -> str:
                 if not line.strip() and fields:  # the first processor's block is enough
                     break
         if "model name" in fields:
-            numbers = ", ".join(f"{key} {fields[key]}" for key in ("cpu family", "model") if key in fields)
-            return fields["model name"] + (f" ({numbers})" if numbers else "")
+            if "cpu family" in fields and "model" in fields:
+                return f"{fields['model name']} (cpu family {fields['cpu family']}, model {fields['model']})"
+            return fields["model name"]
     except OSError:
         pass
     import platform
