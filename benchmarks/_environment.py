@@ -244,17 +244,18 @@ def _strict_reproducibility() -> str:
     return "off (ctformer's products on many rows run by blocks, one thread each)"
 
 
-def _packed_products() -> str:
-    """Whether float32 feature products multiply by matrices packed once (oneDNN), with the
-    measurement this machine stored."""
+def _prepared_products(dtype: str, key: str, how: str) -> str:
+    """Whether ``dtype`` feature products run on a product prepared once per matrix (float32:
+    packed by oneDNN; float64 of few rows: the compiled kernel), with the measurement this
+    machine stored under ``key``."""
     import numpy as np
 
     from ctformer._numerics import gemm
 
-    if not gemm.packed_products(np.float32):
+    if not gemm.prepared_products(np.dtype(dtype)):
         return "no (NumPy's or torch's BLAS)"
-    stored = gemm._read(gemm._cache_file()).get("packed float32", {})
-    return f"yes (oneDNN, measured {stored.get('ratio', float('nan')):.2f} of NumPy's time at 16 and 256 rows)"
+    stored = gemm._read(gemm._cache_file()).get(key, {})
+    return f"yes ({how}, measured {stored.get('ratio', float('nan')):.2f} of NumPy's time, one thread)"
 
 
 def _library(match) -> str:
@@ -281,7 +282,9 @@ def header(title: str, notes=()) -> None:
     if described:
         print(f"torch {sys.modules['torch'].__version__}: {described}")
         print(f"MKL strict reproducibility: {_strict_reproducibility()}")
-        print(f"float32 feature products packed once: {_packed_products()}")
+        print(f"float32 feature products packed once: {_prepared_products('float32', 'packed float32', 'oneDNN')}")
+    print("float64 feature products of 4-16 rows compiled: "
+          f"{_prepared_products('float64', 'few rows float64', 'Numba, OpenMP threads')}")
     threads = ", ".join(f"{name}={os.environ.get(name, 'unset')}" for name in THREAD_VARIABLES)
     print(f"threads: {threads}")
     cleared = os.environ.get(MARK)

@@ -215,18 +215,13 @@ class Kernel(abc.ABC):
     def transposed_matrix(self, out, inp) -> np.ndarray:
         r"""The host matrix :math:`A^T` of :meth:`matrix`, for products :math:`u A^T` from the right.
 
-        A matrix that is the kernel's own weight (:class:`PiecewiseConstant` in the discrete
-        limit) gives its transposed view, whatever its layout (no copy); a matrix built for
-        these grids gives a C-contiguous copy of its transpose (the layout BLAS reads fastest).
-        Cached with the kernel, like :meth:`matrix`.
+        The transposed view of :meth:`matrix`, whatever its layout (no copy): the kernel's own
+        weight (:class:`PiecewiseConstant` in the discrete limit) or the matrix built for these
+        grids. BLAS reads either layout; the few-row float64 kernel
+        (:mod:`ctformer._numerics.few_rows`) reads the rows of :meth:`matrix`. Cached with the
+        kernel, like :meth:`matrix`.
         """
-        def build():
-            mat = self.matrix(out, inp)
-            if mat.T.flags.c_contiguous or np.may_share_memory(mat, getattr(self, "weight", None)):
-                return mat.T
-            return np.ascontiguousarray(mat.T)
-
-        return _cached(self, ("matrix_t", out, inp), build)
+        return _cached(self, ("matrix_t", out, inp), lambda: self.matrix(out, inp).T)
 
     def _build_matrix(self, out, inp) -> np.ndarray:
         s = _reference_points(out)

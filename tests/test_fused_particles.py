@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ctformer._numerics import particles as fused
+from ctformer._numerics import openmp, particles as fused
 from ctformer.particles import SelfAttentionDynamics
 
 from .conftest import require
@@ -109,8 +109,8 @@ def test_openmp_blocks_match_the_pool_and_survive_a_fork(rng, monkeypatch):
     assert np.array_equal(one, two)
     exact = reference_velocity(x, 1.0, np.full(32, 1 / 32), True)
     assert np.abs(two - exact).max() / np.abs(exact).max() < 2e-6
-    assert fused._OPENMP["pid"] == os.getpid()
-    assert fused._OPENMP["usable"] == (numba.threading_layer() in ("omp", "tbb"))
+    assert openmp._OPENMP["pid"] == os.getpid()
+    assert openmp._OPENMP["usable"] == (numba.threading_layer() in ("omp", "tbb"))
     with multiprocessing.get_context("fork").Pool(1) as pool:
         child = pool.apply_async(_velocity_in_child, (x,)).get(timeout=120)
     assert np.array_equal(child, two)

@@ -23,7 +23,7 @@ def packing_on(monkeypatch):
     """Products packed for float32 whatever this machine measured (the arithmetic is tested
     everywhere oneDNN is there; the measured choice only decides speed)."""
     monkeypatch.delenv("CTFORMER_GEMM", raising=False)
-    monkeypatch.setattr(gemm, "packed_products", lambda dtype: dtype == np.float32)
+    monkeypatch.setattr(gemm, "prepared_products", lambda dtype: dtype == np.float32)
 
 
 def _operands(rows, inner, width, lead=(), seed=0):
@@ -111,22 +111,22 @@ def test_a_product_that_rounds_by_thread_count_is_refused(monkeypatch):
 def test_constants_pack_float32_numpy_states_once(packing_on):
     a, m, b = _operands(16, 96, 128, seed=3)
     constants = Constants(matrix=m.astype(np.float64), bias=b.astype(np.float64))
-    first = constants.packed("matrix", "bias", a)
-    assert first is constants.packed("matrix", "bias", a)  # made once
-    assert constants.packed("matrix", "bias", a.astype(np.float64)) is None  # float64: NumPy's BLAS
-    assert constants.packed("matrix", "bias", torch.from_numpy(a)) is None  # torch states compute in torch
+    first = constants.prepared("matrix", "bias", a)
+    assert first is constants.prepared("matrix", "bias", a)  # made once
+    assert constants.prepared("matrix", "bias", a.astype(np.float64)) is None  # float64: NumPy's BLAS
+    assert constants.prepared("matrix", "bias", torch.from_numpy(a)) is None  # torch states compute in torch
     exact = a.astype(np.float64) @ m.astype(np.float64) + b
     assert np.abs(first(a) - exact).max() / np.abs(exact).max() < 4e-6
     with_tensor = Constants(matrix=torch.from_numpy(m), bias=None)  # a tensor handed in
-    assert with_tensor.packed("matrix", "bias", a) is None
+    assert with_tensor.prepared("matrix", "bias", a) is None
 
 
 @needs_onednn
 def test_no_packing_where_numpy_is_asked_for(monkeypatch):
     monkeypatch.setenv("CTFORMER_GEMM", "numpy")
     a, m, b = _operands(16, 96, 128, seed=4)
-    assert not gemm.packed_products(np.float32)
-    assert Constants(matrix=m, bias=b).packed("matrix", "bias", a) is None
+    assert not gemm.prepared_products(np.float32)
+    assert Constants(matrix=m, bias=b).prepared("matrix", "bias", a) is None
 
 
 @needs_onednn

@@ -40,11 +40,11 @@ import numpy as np
 
 from ..backend import matmul_rows, plus_bias
 from ..environment import choice, cpu_model
-from . import packed as _packed
+from . import few_rows as _few_rows, packed as _packed
 from .threads import _INSIDE, _ROW_BLOCKS_MIN_ROWS, blas_controller, num_threads, single_thread_blas
 from .torch_threads import _one_torch_thread, _tensor, _torch, _torch_threads, _torch_version, threaded_products
 
-__all__ = ["attention_block", "gemm_provider", "matmul", "packed_products", "rows_product", "softmax_provider", "softmax_rows",
+__all__ = ["attention_block", "gemm_provider", "matmul", "prepared_products", "rows_product", "softmax_provider", "softmax_rows",
            "threaded_rows", "uses_torch"]
 
 _PROVIDERS = ("auto", "numpy", "torch")
@@ -54,6 +54,7 @@ _FLOAT_NAMES: dict = {}  # a dtype as given -> "float32", "float64", or "" (NumP
 _SHAPES = ((256, 64, 4096), (256, 4096, 64), (256, 384, 1536))
 _MARGIN = 0.92
 _LOCK = threading.Lock()
+_TORCH_FREE = frozenset({"few rows"})  # choices measured without torch
 _THREADED_MIN_PRODUCTS = 1 << 18  # multiply-adds from which rows_product calls torch outside workers
 
 
@@ -93,17 +94,26 @@ def uses_torch(dtype) -> bool:
     return gemm_provider(dtype) == "torch"
 
 
-def packed_products(dtype) -> bool:
-    """Whether feature maps multiply ``dtype`` rows by their packed matrices on this machine
-    (:mod:`ctformer._numerics.packed`; float32 only, ``CTFORMER_GEMM=auto``, measured once).
-    Asked for every product: a comparison and two cached reads."""
-    if dtype != np.float32 or _choice() != "auto":
+def prepared_products(dtype) -> bool:
+    """Whether feature maps multiply ``dtype`` rows by a product prepared once per matrix on
+    this machine: float32 by the packed matrix (:mod:`ctformer._numerics.packed`), float64 of
+    few rows by the compiled kernel (:mod:`ctformer._numerics.few_rows`); ``CTFORMER_GEMM=auto``
+    only, each measured once. Asked for every product: two comparisons and a cached read."""
+    if _choice() != "auto":
         return False
-    return _measured("packed", "float32", _measure_packed) == "torch"
+    if dtype == np.float32:
+        return _measured("packed", "float32", _measure_packed) == "torch"
+    if dtype == np.float64:
+        return _measured("few rows", "float64", _measure_few_rows) == "compiled"
+    return False
 
 
 def _measure_packed(dtype) -> dict:
     return _packed.measure(dtype, _best)
+
+
+def _measure_few_rows(dtype) -> dict:
+    return _few_rows.measure(dtype, _best)
 
 
 def softmax_provider(dtype) -> str:
@@ -138,13 +148,15 @@ def matmul(a, b, out):
     return np.matmul(a, b, out=out)
 
 
-def rows_product(a, b, bias=None, packed=None):
+def rows_product(a, b, bias=None, prepared=None):
     """``a @ b + bias`` for a matrix ``b`` (a feature map's rows, ``(..., d) @ (d, m)``; ``bias``
     an ``(m,)`` array of the same dtype, or None for no bias).
 
-    ``packed``: None, or the :class:`~ctformer._numerics.packed.PackedMatrix` of ``b`` and
-    ``bias`` (where this machine packs, :meth:`ctformer.operators.base.Constants.packed`),
-    which multiplies C-contiguous float32 NumPy rows within its bounds. Otherwise, for C-contiguous NumPy
+    ``prepared``: None, or the product by ``b`` and ``bias`` prepared once
+    (:meth:`ctformer.operators.base.Constants.prepared`: a
+    :class:`~ctformer._numerics.packed.PackedMatrix` for float32, a
+    :class:`~ctformer._numerics.few_rows.FewRowsMatrix` for float64), which multiplies
+    C-contiguous NumPy rows of its dtype within its bounds. Otherwise, for C-contiguous NumPy
     float arrays where torch multiplies (:func:`gemm_provider`), one
     product on the folded rows: inside a worker task by :func:`matmul` (one thread); outside,
     where :func:`threaded_products` holds and the product has at least 2^18 multiply-adds, by
@@ -154,8 +166,8 @@ def rows_product(a, b, bias=None, packed=None):
     :func:`ctformer.backend.plus_bias`."""
     if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim >= 2 and b.ndim == 2
             and a.dtype == b.dtype and a.flags.c_contiguous):
-        if packed is not None and a.dtype == np.float32 and packed.applies(a.size // a.shape[-1]):
-            return packed(a)
+        if prepared is not None and a.dtype == prepared.dtype and prepared.applies(a.size // a.shape[-1]):
+            return prepared(a)
         inside = getattr(_INSIDE, "worker", False)
         # outside workers torch only for products worth its call (~5 us against NumPy's ~1 us)
         if (inside or a.size * b.shape[1] >= _THREADED_MIN_PRODUCTS) and uses_torch(a.dtype) and \
@@ -222,17 +234,19 @@ def _strides_ok(*arrays) -> bool:
 
 @lru_cache(maxsize=None)
 def _measured(kind: str, dtype: str, measure=None) -> str:
-    """The stored choice, ``"numpy"`` or ``"torch"``, for ``kind`` ("products", "softmax", or a
-    caller's kind with its ``measure(dtype) -> {"provider": ...}``) and ``dtype`` on this
-    machine, measured and stored when missing (torch is imported only to measure, or when
-    chosen). A ``measure`` must not ask for a choice not stored yet (the lock is held)."""
-    if _torch_version() is None:
+    """The stored choice, ``"numpy"``, ``"torch"`` or ``"compiled"``, for ``kind`` ("products",
+    "softmax", or a caller's kind with its ``measure(dtype) -> {"provider": ...}``) and ``dtype``
+    on this machine, measured and stored when missing (torch is imported only to measure, or
+    when chosen; the kinds of ``_TORCH_FREE`` do without it). A ``measure`` must not ask for a
+    choice not stored yet (the lock is held)."""
+    needs_torch = kind not in _TORCH_FREE
+    if needs_torch and _torch_version() is None:
         return "numpy"
     key = f"{kind} {dtype}"
     with _LOCK, _machine_lock(path := _cache_file()):
         stored = _read(path)
         if key not in stored:
-            if _torch() is None:  # installed but not importable: NumPy's BLAS
+            if needs_torch and _torch() is None:  # installed but not importable: NumPy's BLAS
                 return "numpy"
             if measure is None:
                 measure = _measure_products if kind == "products" else _measure_softmax
@@ -335,7 +349,7 @@ def _read(path) -> dict:
     except (OSError, ValueError):
         return {}
     ok = isinstance(stored, dict) and all(
-        isinstance(v, dict) and v.get("provider") in ("numpy", "torch") for v in stored.values())
+        isinstance(v, dict) and v.get("provider") in ("numpy", "torch", "compiled") for v in stored.values())
     return stored if ok else {}
 
 

@@ -62,6 +62,7 @@ class PackedMatrix:
     """:math:`v \\mapsto v M + b` for a float32 host matrix ``M`` (inner x width), packed once."""
 
     __slots__ = ("weight", "bias", "inner", "width", "_product")
+    dtype = np.dtype(np.float32)
 
     def __init__(self, matrix_t, bias, torch):
         reorder, self._product = _ops(torch)

@@ -7,11 +7,11 @@ pass per system (:func:`ctformer._numerics.particle_loops.sa_velocity`): for so 
 the batched BLAS path spends its time in per-matrix calls and in passes over ``(B, n, n)`` score
 arrays that this pass never builds. The systems are split into blocks that depend on the shape
 only, so results do not depend on the thread count. The blocks run on Numba's OpenMP threads
-(:func:`_openmp_threads`) where that threading layer is available: a solve hands them a few
-milliseconds of work per step, and the library's own pool threads, woken from sleep at every
-step, started 0.2-0.6 ms late (median and 90th percentile on a virtual Intel Xeon), so two of
-them gave 1.2x one thread where OpenMP's spinning threads gave 1.7x. Elsewhere (no OpenMP
-layer, a forked child of a process that used it, inside a worker) the library's pool runs them.
+(:func:`ctformer._numerics.openmp.openmp_threads`) where that threading layer is available: a
+solve hands them a few milliseconds of work per step, and the library's own pool threads, woken
+from sleep at every step, gave 1.2x one thread where OpenMP's spinning threads gave 1.7x.
+Elsewhere (no OpenMP layer, a forked child of a process that used it, inside a worker) the
+library's pool runs them.
 :func:`unit_rows` is the scale-safe retraction :math:`x / \|x\|` in one pass, for the same
 kind of states. Both need the compiled loops (Numba); without them they return None and the
 callers use their NumPy formulas.
@@ -20,13 +20,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import os
-import threading
-
 import numpy as np
 
 from . import compiled as _compiled
 from . import threads as _threads
+from .openmp import openmp_threads
 
 __all__ = ["fused_velocity", "unit_rows"]
 
@@ -73,7 +71,7 @@ def fused_velocity(like, beta: float, log_w, normalized: bool):
         x3 = np.ascontiguousarray(x).reshape(-1, *x.shape[-2:])
         out = np.empty_like(x3)
         threads = _threads.num_threads() if x3.size * n >= _PARALLEL_MIN else 1
-        if threads > 1 and _openmp_threads(lambda: blocks_kernel(x3, beta_, logs, normalized, out,
+        if threads > 1 and openmp_threads(lambda: blocks_kernel(x3, beta_, logs, normalized, out,
                                                                  _BLOCK_SYSTEMS), threads):
             return out.reshape(x.shape)
         _by_blocks(lambda block: kernel(x3[block], beta_, logs, normalized, out[block]),
@@ -92,54 +90,6 @@ def unit_rows(x):
     out = np.empty_like(rows)
     kernels["unit_rows"](rows, out)
     return out.reshape(x.shape)
-
-
-_OPENMP = {"pid": None, "usable": None}  # the process that launched first; its layer's verdict
-_OPENMP_LOCK = threading.Lock()
-
-
-def _openmp_threads(call, threads: int) -> bool:
-    """Run ``call()`` (a Numba ``parallel`` kernel) on ``threads`` of Numba's threads; False,
-    without running it, where that is not safe here:
-
-    * inside a worker of the library's pool (no nested teams);
-    * in a process forked from one that has started the OpenMP threads (GNU OpenMP is not
-      fork-safe; Numba would abort the child);
-    * where Numba's threading layer is not OpenMP or TBB (its fallback, ``workqueue``, aborts
-      on launches from two threads at once). The first launch, alone, finds out which it is.
-    """
-    if getattr(_threads._INSIDE, "worker", False):
-        return False
-    import numba
-
-    with _OPENMP_LOCK:
-        first = _OPENMP["pid"] is None
-        if first:
-            _OPENMP["pid"] = os.getpid()
-            with _numba_threads(numba, threads):
-                call()
-            _OPENMP["usable"] = numba.threading_layer() in ("omp", "tbb")
-            return True
-    if _OPENMP["pid"] != os.getpid() or not _OPENMP["usable"]:
-        return False
-    with _numba_threads(numba, threads):
-        call()
-    return True
-
-
-class _numba_threads:
-    """Numba's thread count (a per-thread setting) at ``threads``, at most the size of its
-    pool, for the block; restored after."""
-
-    def __init__(self, numba, threads):
-        self.numba, self.threads = numba, max(1, min(threads, numba.config.NUMBA_NUM_THREADS))
-
-    def __enter__(self):
-        self.before = self.numba.get_num_threads()
-        self.numba.set_num_threads(self.threads)
-
-    def __exit__(self, *exc):
-        self.numba.set_num_threads(self.before)
 
 
 def _by_blocks(call, systems: int, entries_per_system: int) -> None:

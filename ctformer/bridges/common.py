@@ -81,8 +81,8 @@ def shared_weight(tensor, name: str, order: str = "C") -> np.ndarray | None:
     a read-only NumPy view of its memory (``tensor.detach().numpy()``), so the converted model
     and the module hold one copy of the weight between them. Any other dtype is converted
     once, exactly as :func:`to_numpy` does, into a new array of memory layout ``order``
-    (``"F"`` for a matrix :math:`A` that is applied from the right as :math:`u A^T`: then
-    :math:`A^T` is C-contiguous, the layout of the product, and no second copy is made).
+    (``"C"``, the module's own layout, is the one the converters use: a matrix :math:`A`
+    applied from the right as :math:`u A^T` is then read as the shared float64 weights are).
 
     A shared weight follows the module, but what the model derives from it (packed
     projections, float32 copies) does not: once the tensor is changed in place (training

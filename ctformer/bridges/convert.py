@@ -87,10 +87,9 @@ class Weights:
                 return None
             raise ValueError(f"missing {self.label} weight {name}")
         tensor = self.state[name]
-        matrix = getattr(tensor, "ndim", 0) == 2
-        # one float64 copy at most: a float64 tensor is shared; a conversion is laid out so that
-        # the matrix A applied as u A^T has a C-contiguous A^T (the layout of the product)
-        array = shared_weight(tensor, name, order="C" if self.transposed or not matrix else "F")
+        # one float64 copy at most: a float64 tensor is shared; a conversion keeps the module's
+        # layout (A C-contiguous, read as A^T by BLAS and row by row by the few-row kernel)
+        array = shared_weight(tensor, name)
         if _shares_memory(tensor):
             self.shared.setdefault(id(tensor), (name, tensor))
         return array.T if self.transposed and array.ndim == 2 else array

@@ -331,14 +331,16 @@ class Attention(Operator):
         arrays = self._small_arrays(grids, _NUMPY, lambda a: a)
         w_sigma, n_sigma = arrays["w_sigma"], len(sigma.quadrature_nodes)
         kernels = self.W_Q + self.W_K + self.W_V
-        qkv_t = np.empty((len(y.quadrature_nodes), len(kernels) * n_sigma))
+        qkv = np.empty((len(kernels) * n_sigma, len(y.quadrature_nodes)))
         for c, kernel in enumerate(kernels):
-            block, m_t = qkv_t[:, c * n_sigma:(c + 1) * n_sigma], kernel.matrix(sigma, y).T
+            block, m = qkv[c * n_sigma:(c + 1) * n_sigma], kernel.matrix(sigma, y)
             if c < self.heads:
-                np.multiply(m_t, w_sigma[None, :], out=block)
+                np.multiply(m, w_sigma[:, None], out=block)
             else:
-                block[...] = m_t
-        arrays["QKV_t"], arrays["O"] = qkv_t, _output_matrix([k.matrix(y, sigma) for k in self.W_O])
+                block[...] = m
+        # held transposed, as the feature maps hold their weights: a product of few rows then
+        # reads each output column's weights as one contiguous row (ctformer._numerics.few_rows)
+        arrays["QKV_t"], arrays["O"] = qkv.T, _output_matrix([k.matrix(y, sigma) for k in self.W_O])
         return arrays
 
     def _constants(self, host: dict, grids: Grids) -> Constants:
@@ -364,7 +366,7 @@ class Attention(Operator):
         rotation = self.positions.rotation(grids)
         cos, sin = (None, None) if rotation is None else rotation
         return Constants(
-            QKV_t=np.ascontiguousarray(qkv_t) if isinstance(qkv_t, np.ndarray) else qkv_t,
+            QKV_t=qkv_t,
             b_QKV=bias, O=host["O"], b_O=host["b_O"], w_tokens=host["w_tokens"],
             beta=host["beta"] if groups == 1 else host["beta"].reshape(kv_heads, groups),
             cos=cos, sin=sin,

@@ -191,10 +191,10 @@ class DiscretizedAttention:
         # the two projections are token-wise: large NumPy states run them by row blocks
         self._project_qkv = by_row_blocks(
             lambda v: rows_product(v, constants("QKV_t", v), constants("b_QKV", v),
-                                   constants.packed("QKV_t", "b_QKV", v)),
+                                   constants.prepared("QKV_t", "b_QKV", v)),
             width=constants.host["QKV_t"].shape[-1], whole=threaded_rows)
         self._project_out = by_row_blocks(
-            lambda v: rows_product(v, constants("O", v), constants("b_O", v), constants.packed("O", "b_O", v)),
+            lambda v: rows_product(v, constants("O", v), constants("b_O", v), constants.prepared("O", "b_O", v)),
             width=constants.host["O"].shape[-1], whole=threaded_rows)
 
     def with_padding(self, real) -> "DiscretizedAttention":
@@ -267,11 +267,11 @@ class DiscretizedAttention:
         general path for its size (NumPy's products with the biases added in place, the
         batched pass of the dense engine) without its dispatch (the same bits)."""
         engine_setting()  # a bad CTFORMER_ATTENTION_ENGINE is refused here too, as by the general path
-        q, k, v = self._heads(_dense._NUMPY, _plain_product(u, plan.qkv_t, plan.b_qkv, plan.packed_qkv), u)
+        q, k, v = self._heads(_dense._NUMPY, _plain_product(u, plan.qkv_t, plan.b_qkv, plan.prepared_qkv), u)
         lead, n = q.shape[:-2], q.shape[-2]
         out = _streamed.output_array(lead, n, v.shape[-1], u.dtype, _streamed.head_axes(q, k, lead))
         attended = _streamed.small(q * plan.beta, k, v, plan.log_w, None, plan.causal, plan.diag_shift, out=out)
-        return _plain_product(self._concatenated(_dense._NUMPY, attended), plan.o, plan.b_o, plan.packed_o)
+        return _plain_product(self._concatenated(_dense._NUMPY, attended), plan.o, plan.b_o, plan.prepared_o)
 
 
 class _SmallPlan:
@@ -279,7 +279,7 @@ class _SmallPlan:
     constants in that dtype, the temperatures against the heads, the log-weights and the mask's
     flags, read once (:meth:`DiscretizedAttention._attend_small`)."""
 
-    __slots__ = ("qkv_t", "b_qkv", "o", "b_o", "packed_qkv", "packed_o", "beta", "log_w", "causal", "diag_shift")
+    __slots__ = ("qkv_t", "b_qkv", "o", "b_o", "prepared_qkv", "prepared_o", "beta", "log_w", "causal", "diag_shift")
 
     @classmethod
     def of(cls, attention, u):
@@ -299,10 +299,10 @@ class _SmallPlan:
             return None
         plan = cls()
         plan.qkv_t, plan.b_qkv, plan.o, plan.b_o = qkv_t, constants("b_QKV", u), o, constants("b_O", u)
-        # the general path's packed products where they apply (float32 on some machines)
-        packed_qkv, packed_o = constants.packed("QKV_t", "b_QKV", u), constants.packed("O", "b_O", u)
-        plan.packed_qkv = packed_qkv if packed_qkv is not None and packed_qkv.applies(rows) else None
-        plan.packed_o = packed_o if packed_o is not None and packed_o.applies(rows) else None
+        # the general path's prepared products where they apply (on some machines)
+        qkv, out = constants.prepared("QKV_t", "b_QKV", u), constants.prepared("O", "b_O", u)
+        plan.prepared_qkv = qkv if qkv is not None and qkv.applies(rows) else None
+        plan.prepared_o = out if out is not None and out.applies(rows) else None
         beta, weights = constants("beta", u), constants("w_tokens", u)
         plan.beta = float(beta) if beta.ndim == 0 else beta[..., None, None]  # as the dense engine's
         plan.log_w = None if weights is None else np.log(weights)
@@ -311,10 +311,10 @@ class _SmallPlan:
         return plan
 
 
-def _plain_product(a, b, bias, packed):
-    """:func:`rows_product` of a small plan's C-contiguous NumPy rows: the packed product
+def _plain_product(a, b, bias, prepared):
+    """:func:`rows_product` of a small plan's C-contiguous NumPy rows: the prepared product
     where the plan found one, else NumPy's."""
-    return numpy_rows(a, b, bias) if packed is None else packed(a)
+    return numpy_rows(a, b, bias) if prepared is None else prepared(a)
 
 
 def _refuse_overflow(xp, a, u, what: str) -> None:

@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from ..backend import constant
-from .._numerics import gemm as _gemm, packed as _packed
+from .._numerics import few_rows as _few_rows, gemm as _gemm, packed as _packed
 from ..kernels import is_host
 from ..state import Grids
 
@@ -53,12 +53,12 @@ class Constants:
     cache entry with it) while nothing else refers to it.
     """
 
-    __slots__ = ("host", "_numpy", "_packs", "_tensors", "__weakref__")
+    __slots__ = ("host", "_numpy", "_prepared", "_tensors", "__weakref__")
 
     def __init__(self, **host):
         self.host = host
         self._numpy = {}  # (name, dtype) -> array, for NumPy states: one dict lookup per use
-        self._packs = {}  # (matrix, bias) -> PackedMatrix or None, for float32 NumPy states
+        self._prepared = {}  # (matrix, bias, dtype) -> a prepared product or None, for NumPy states
         # values assembled from tensors (with_parameters) are used as they are: they already
         # live in the state's namespace, and autograd must see them
         self._tensors = frozenset(k for k, v in host.items() if not is_host(v))
@@ -74,18 +74,21 @@ class Constants:
             return found
         return constant(self, name, self.host[name], like)
 
-    def packed(self, matrix, bias, like):
-        """The packed float32 product by ``host[matrix]`` plus ``host[bias]`` (a name, or
-        None) for the NumPy state ``like`` (:mod:`ctformer._numerics.packed`), made once like
-        the converted constants; None for other states, for tensors handed in, or where this
-        machine does not pack."""
-        if type(like) is not np.ndarray or like.dtype != np.float32 or not _gemm.packed_products(like.dtype):
+    def prepared(self, matrix, bias, like):
+        """The product by ``host[matrix]`` plus ``host[bias]`` (a name, or None) prepared once
+        for the NumPy state ``like``, where this machine prepares products of its dtype
+        (:func:`ctformer._numerics.gemm.prepared_products`): float32 by the packed matrix
+        (:mod:`ctformer._numerics.packed`), float64 of few rows by the compiled kernel
+        (:mod:`ctformer._numerics.few_rows`). None for other states, for tensors handed in, or
+        where the machine does not prepare them."""
+        if type(like) is not np.ndarray or not _gemm.prepared_products(like.dtype):
             return None
-        key = (matrix, bias)
-        found = self._packs.get(key, self)
+        key = (matrix, bias, like.dtype)
+        found = self._prepared.get(key, self)
         if found is self:
-            found = self._packs[key] = None if matrix in self._tensors or bias in self._tensors else \
-                _packed.pack(self(matrix, like), None if bias is None else self(bias, like))
+            make = _packed.pack if like.dtype == np.float32 else _few_rows.prepare
+            found = self._prepared[key] = None if matrix in self._tensors or bias in self._tensors else \
+                make(self(matrix, like), None if bias is None else self(bias, like))
         return found
 
 

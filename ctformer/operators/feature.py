@@ -81,7 +81,7 @@ def _affine(kernel, bias, out, inp):
         constants = Constants(bias=constants.host["bias"],
                               matrix_t=kernel.transposed_matrix(out, inp))
         return lambda v: rows_product(v, constants("matrix_t", v), constants("bias", v),
-                                      constants.packed("matrix_t", "bias", v))
+                                      constants.prepared("matrix_t", "bias", v))
 
     def apply(v):
         z = kernel.apply(v, out, inp, axis=-1)  # may be any array: never changed in place

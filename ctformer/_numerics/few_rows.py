@@ -1,0 +1,149 @@
+r"""Feature-map products of few rows in float64, by a compiled kernel that reads the matrix as it is.
+
+A feature map multiplies the rows of every token by one matrix, :math:`v \mapsto v W^T + b`.
+With 4-16 rows (a 16-token forward) a BLAS product spends much of its time copying ("packing")
+:math:`W` into panels, and float64 has no packed-once product to turn to (oneDNN's, which
+:mod:`ctformer._numerics.packed` uses for float32, is float32 only). The kernel of
+:mod:`ctformer._numerics.few_rows_loops` reads the rows of :math:`W` where they lie (a
+converted model's weight, no copy), four columns by four rows at a time, each sum in SIMD
+lanes, and splits the columns between Numba's OpenMP threads
+(:func:`ctformer._numerics.openmp.openmp_threads`), which start at once where the library's
+own pool threads wake from sleep. On an AMD EPYC (family 26, model 2; two threads) the four
+products of a 16-token MiniLM layer took 0.6-0.85 of OpenBLAS's time, and whole 16-token
+float64 forwards 0.78-0.82 (MiniLM, GPT-2, Llama).
+
+A product runs here where all of these hold:
+
+* float64 C-contiguous NumPy rows, a host matrix and Numba (the compiled loops);
+* ``CTFORMER_GEMM`` is ``auto`` and this machine's measurement (:func:`measure`, stored with
+  the products' choice) chose it: one-thread time at a 16-row layer's shapes below ``0.92`` of
+  NumPy's, and the same bits from one thread and from the threads' column blocks;
+* ``_MIN_ROWS`` to ``_MAX_ROWS`` rows and at least ``_MIN_PRODUCT`` multiply-adds (below,
+  launching threads costs more than it saves; above 16 rows the rows no longer stay in the
+  first-level cache while the columns pass, and BLAS caught up: 0.8-1.7x at 32 rows).
+
+The kernel reads the rows of :math:`W` (the output columns' weights), which is how converted
+weights, the attention projections and the matrices built for refined grids are laid out: they
+are read where they lie. A matrix stored the other way (GPT-2's ``Conv1D`` weights, stored
+``(in, out)``) is copied once, transposed, at its first product of few rows: one more float64
+copy of it, as float32 holds one packed copy. The reason not to leave such a matrix to BLAS
+instead: OpenMP's threads spin for a while after a product, and a BLAS product on its own
+threads right after one waited for the core they held; a 16-token GPT-2 forward with some
+products compiled and the others on OpenBLAS took 48 ms instead of 7. So every product of a
+few-row forward runs here.
+
+Results never depend on the thread count: the columns are split in blocks of four, and every
+entry is computed by the same code whichever thread runs it. Where the OpenMP threads cannot
+run (module :mod:`ctformer._numerics.openmp`) and more than one thread is asked for, the
+product is NumPy's, on BLAS's threads.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from functools import lru_cache
+
+import numpy as np
+
+from . import compiled as _compiled
+from .openmp import openmp_threads
+from .threads import _INSIDE, num_threads, single_thread_blas
+
+__all__ = ["FewRowsMatrix", "measure", "prepare"]
+
+_MIN_ROWS = 4
+_MAX_ROWS = 16
+_MIN_PRODUCT = 1 << 16
+# (rows, inner, width): the bits of one thread against the threads' column blocks (a width
+# with columns left over, and rows left over); the time at a 16-row layer's shapes
+_INVARIANCE_SHAPES = ((16, 384, 1152), (13, 96, 262), (_MIN_ROWS, 70, 1027))
+_TIMED_SHAPES = ((16, 384, 1152), (16, 1536, 384), (16, 384, 384))
+_MARGIN = 0.92
+
+
+@lru_cache(maxsize=1)
+def _kernels():
+    if _compiled.loop_engine() != "numba":
+        return None
+    from . import few_rows_loops as _loops
+
+    return {name: _compiled._compiling_uninterrupted(getattr(_loops, name)) for name in ("columns", "columns_parallel")}
+
+
+class FewRowsMatrix:
+    """:math:`v \\mapsto v M + b` for a float64 host matrix ``M`` (inner x width), by the
+    compiled kernel (module docstring)."""
+
+    __slots__ = ("matrix_t", "bias", "inner", "width", "_weight", "_bias")
+    dtype = np.dtype(np.float64)
+
+    def __init__(self, matrix_t, bias):
+        self.matrix_t, self.bias = matrix_t, bias
+        self.inner, self.width = matrix_t.shape
+        # the rows of W; a matrix stored the other way is copied, once, at its first use
+        self._weight = matrix_t.T if matrix_t.T.flags.c_contiguous else None
+        self._bias = np.zeros(self.width) if bias is None else np.ascontiguousarray(
+            np.broadcast_to(bias, (self.width,)), dtype=np.float64)
+
+    def applies(self, rows: int) -> bool:
+        """Whether ``rows`` rows are multiplied here (the bounds of the module docstring)."""
+        return _MIN_ROWS <= rows <= _MAX_ROWS and rows * self.inner * self.width >= _MIN_PRODUCT
+
+    def __call__(self, a):
+        """``a @ M + b`` for C-contiguous float64 rows ``a`` (..., inner): a new NumPy array."""
+        rows = np.ascontiguousarray(a.reshape(-1, self.inner))
+        out = np.empty((rows.shape[0], self.width))
+        threads = 1 if getattr(_INSIDE, "worker", False) else num_threads()
+        if not self._multiply(rows, out, threads):  # no OpenMP threads here: BLAS's threads
+            out = rows @ self.matrix_t
+            if self.bias is not None:
+                out += self.bias
+        return out.reshape(*a.shape[:-1], self.width)
+
+    def _multiply(self, rows, out, threads) -> bool:
+        kernels = _kernels()
+        if self._weight is None:
+            self._weight = np.ascontiguousarray(self.matrix_t.T)
+        if threads <= 1:
+            kernels["columns"](rows, self._weight, self._bias, out, 0, self.width)
+            return True
+        block = -(-self.width // (4 * threads)) * 4
+        return openmp_threads(lambda: kernels["columns_parallel"](rows, self._weight, self._bias, out, block), threads)
+
+
+def prepare(matrix_t, bias):
+    """The :class:`FewRowsMatrix` of a float64 host matrix (inner x width) and bias (None:
+    none), or None for anything but a 2-d float64 NumPy array, or where the compiled loops are
+    off."""
+    if (type(matrix_t) is not np.ndarray or matrix_t.ndim != 2 or matrix_t.dtype != np.float64
+            or _kernels() is None):
+        return None
+    return FewRowsMatrix(matrix_t, bias)
+
+
+def measure(dtype, best) -> dict:
+    """The stored verdict: ``"compiled"`` where the compiled loops are on, the threads' column
+    blocks give the bits of one thread at ``_INVARIANCE_SHAPES``, and one thread takes less than
+    ``_MARGIN`` of NumPy's one-thread time at ``_TIMED_SHAPES`` (the geometric mean of the
+    shapes' ratios, ``best(call)`` a call's best time); else ``"numpy"`` with the reason."""
+    kernels = _kernels()
+    if kernels is None:
+        return {"provider": "numpy", "reason": "the compiled loops are off (CTFORMER_LOOP_ENGINE or no Numba)"}
+    rng = np.random.default_rng(3)
+    for m, k, n in _INVARIANCE_SHAPES:
+        a, w, b = rng.standard_normal((m, k)), rng.standard_normal((n, k)), rng.standard_normal(n)
+        one, blocks = np.empty((m, n)), np.empty((m, n))
+        kernels["columns"](a, w, b, one, 0, n)
+        for block in (4, 8, 4 * (n // 12) + 4):
+            blocks.fill(np.nan)
+            ran = openmp_threads(lambda: kernels["columns_parallel"](a, w, b, blocks, block), 3)
+            if ran and not np.array_equal(one, blocks):
+                return {"provider": "numpy", "reason": f"column blocks round differently at {(m, k, n)}"}
+    ratios = []
+    limiter = single_thread_blas()
+    with limiter if limiter is not None else nullcontext():
+        for m, k, n in _TIMED_SHAPES:
+            a, w = rng.standard_normal((m, k)), rng.standard_normal((n, k))
+            out, zero, w_t = np.empty((m, n)), np.zeros(n), w.T
+            ratios.append(best(lambda: kernels["columns"](a, w, zero, out, 0, n)) / best(lambda: a @ w_t))
+    ratio = float(np.exp(np.mean(np.log(ratios))))  # each shape counts alike
+    return {"provider": "compiled" if ratio < _MARGIN else "numpy", "ratio": ratio, "ratios": ratios}

@@ -1,0 +1,95 @@
+r"""Numba kernels of :mod:`ctformer._numerics.few_rows` (imported only when they are used).
+
+``columns`` computes the columns ``j0 <= j < j1`` of :math:`C = A W^T + b` for rows ``A``
+(m x k), a matrix ``W`` (n x k) and a bias ``b`` (n,; zeros for none), all C-contiguous:
+
+.. math::
+
+    C_{ij} = \sum_{p < k} A_{ip} W_{jp} + b_j .
+
+Four columns and four rows at a time (sixteen sums, each over a row of ``A`` and a row of
+``W``, both contiguous), then the rows left over four columns at a time, then the columns left
+over one at a time. Each sum runs in SIMD lanes: 'reassoc' lets LLVM split it into partial
+sums, an order fixed by the compiled code and the shape, never by the thread count.
+``columns_parallel`` hands blocks of columns (multiples of four) to Numba's threads: every
+entry is computed by the same code on every partition, so the bits are those of ``columns``
+on the whole matrix.
+"""
+from __future__ import annotations
+
+from numba import njit, prange
+
+from .loops import FLAGS
+
+_FLAGS = set(FLAGS) | {"reassoc"}
+jit = njit(nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy", boundscheck=False)
+
+
+@jit
+def columns(a, w, bias, out, j0, j1):
+    """out[:, j0:j1] = a @ w[j0:j1].T + bias[j0:j1] (module docstring; j0 a multiple of 4)."""
+    m, k = a.shape
+    tiled = j0 + (j1 - j0) // 4 * 4
+    for j in range(j0, tiled, 4):
+        b0 = bias[j]
+        b1 = bias[j + 1]
+        b2 = bias[j + 2]
+        b3 = bias[j + 3]
+        i = 0
+        while i + 4 <= m:
+            s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = 0.0
+            s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = 0.0
+            for p in range(k):
+                w0, w1, w2, w3 = w[j, p], w[j + 1, p], w[j + 2, p], w[j + 3, p]
+                a0, a1, a2, a3 = a[i, p], a[i + 1, p], a[i + 2, p], a[i + 3, p]
+                s00 += a0 * w0
+                s01 += a0 * w1
+                s02 += a0 * w2
+                s03 += a0 * w3
+                s10 += a1 * w0
+                s11 += a1 * w1
+                s12 += a1 * w2
+                s13 += a1 * w3
+                s20 += a2 * w0
+                s21 += a2 * w1
+                s22 += a2 * w2
+                s23 += a2 * w3
+                s30 += a3 * w0
+                s31 += a3 * w1
+                s32 += a3 * w2
+                s33 += a3 * w3
+            _store4(out, i, j, s00 + b0, s01 + b1, s02 + b2, s03 + b3)
+            _store4(out, i + 1, j, s10 + b0, s11 + b1, s12 + b2, s13 + b3)
+            _store4(out, i + 2, j, s20 + b0, s21 + b1, s22 + b2, s23 + b3)
+            _store4(out, i + 3, j, s30 + b0, s31 + b1, s32 + b2, s33 + b3)
+            i += 4
+        for r in range(i, m):
+            s0 = s1 = s2 = s3 = 0.0
+            for p in range(k):
+                x = a[r, p]
+                s0 += x * w[j, p]
+                s1 += x * w[j + 1, p]
+                s2 += x * w[j + 2, p]
+                s3 += x * w[j + 3, p]
+            _store4(out, r, j, s0 + b0, s1 + b1, s2 + b2, s3 + b3)
+    for j in range(tiled, j1):
+        b0 = bias[j]
+        for r in range(m):
+            s = 0.0
+            for p in range(k):
+                s += a[r, p] * w[j, p]
+            out[r, j] = s + b0
+
+
+@njit(nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy", boundscheck=False, inline="always")
+def _store4(out, i, j, c0, c1, c2, c3):
+    out[i, j], out[i, j + 1], out[i, j + 2], out[i, j + 3] = c0, c1, c2, c3
+
+
+@njit(parallel=True, nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy", boundscheck=False)
+def columns_parallel(a, w, bias, out, block):
+    """``columns`` on all of ``out``'s columns, blocks of ``block`` (a multiple of 4) at a time
+    on Numba's threads."""
+    n = w.shape[0]
+    for t in prange((n + block - 1) // block):
+        columns(a, w, bias, out, t * block, min(n, (t + 1) * block))

@@ -1,0 +1,179 @@
+"""Float64 feature-map products of few rows by the compiled kernel (ctformer._numerics.few_rows):
+values against NumPy's float64 product, the same bits from one thread and from any split of
+the columns, the verdict's arithmetic, where it applies, and whole networks against their
+float64 HuggingFace modules."""
+from __future__ import annotations
+
+import multiprocessing
+
+import numpy as np
+import pytest
+
+from ctformer._numerics import few_rows, gemm, openmp
+from ctformer.operators.base import Constants
+
+from .conftest import require
+
+pytest.importorskip("numba")
+
+
+@pytest.fixture
+def compiled_on(monkeypatch):
+    """Few-row float64 products compiled whatever this machine measured (the arithmetic is
+    tested here; the choice is the measurement's)."""
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
+    monkeypatch.setattr(gemm, "prepared_products", lambda dtype: dtype == np.float64)
+
+
+def _operands(m, k, n, seed, transposed=True):
+    rng = np.random.default_rng(seed)
+    weight = rng.standard_normal((n, k)) / np.sqrt(k)  # a module's (out, in) weight
+    matrix_t = weight.T if transposed else np.ascontiguousarray(weight.T)
+    return rng.standard_normal((m, k)), matrix_t, rng.standard_normal(n)
+
+
+@pytest.mark.parametrize("m, k, n", [(16, 384, 1152), (13, 96, 262), (4, 70, 1027), (7, 1536, 97)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_products_agree_with_numpy_float64(compiled_on, m, k, n, with_bias):
+    a, matrix_t, b = _operands(m, k, n, seed=m + n)
+    product = few_rows.prepare(matrix_t, b if with_bias else None)
+    exact = a @ matrix_t + (b if with_bias else 0.0)
+    # sums of k products in SIMD lanes: a few ulps of the sum of |terms| from NumPy's
+    scale = np.abs(a) @ np.abs(matrix_t) + (np.abs(b) if with_bias else 0.0)
+    assert np.all(np.abs(product(a) - exact) <= 8 * k * np.finfo(float).eps * scale)
+
+
+def test_every_split_of_the_columns_gives_the_bits_of_one_thread(compiled_on, monkeypatch):
+    kernels = few_rows._kernels()
+    a, matrix_t, b = _operands(16, 200, 1030, seed=5)
+    w = np.ascontiguousarray(matrix_t.T)
+    one = np.empty((16, 1030))
+    kernels["columns"](a, w, b, one, 0, 1030)
+    for block in (4, 8, 516, 1032):
+        split = np.full((16, 1030), np.nan)
+        for start in range(0, 1030, block):  # the blocks one by one, as the threads take them
+            kernels["columns"](a, w, b, split, start, min(1030, start + block))
+        assert np.array_equal(one, split)
+        threaded = np.full((16, 1030), np.nan)
+        kernels["columns_parallel"](a, w, b, threaded, block)
+        assert np.array_equal(one, threaded)
+    product = few_rows.prepare(matrix_t, b)
+    outs = []
+    for count in ("1", "2", "3"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+        outs.append(product(a))
+    assert all(np.array_equal(outs[0], other) for other in outs[1:])
+    assert np.array_equal(outs[0], one)
+
+
+def test_a_matrix_stored_the_other_way_is_copied_once(compiled_on):
+    a, matrix_t, b = _operands(16, 64, 260, seed=6, transposed=False)  # (in, out) C-contiguous
+    product = few_rows.prepare(matrix_t, b)
+    assert product._weight is None  # nothing copied before the first product
+    first = product(a)
+    weight = product._weight
+    assert weight.flags.c_contiguous and np.array_equal(weight, matrix_t.T)
+    assert np.array_equal(product(a), first) and product._weight is weight
+    view = few_rows.prepare(np.ascontiguousarray(matrix_t.T).T, b)
+    assert np.shares_memory(view._weight, view.matrix_t)  # the rows where they lie
+
+
+def test_bounds_of_rows_and_size(compiled_on):
+    _, matrix_t, b = _operands(1, 384, 1152, seed=7)
+    product = few_rows.prepare(matrix_t, b)
+    assert [product.applies(r) for r in (1, 3, 4, 16, 17, 1024)] == [False, False, True, True, False, False]
+    small = few_rows.prepare(_operands(1, 32, 32, seed=8)[1], None)
+    assert not small.applies(16)  # 16 x 32 x 32 multiply-adds: BLAS's
+    assert few_rows.prepare(matrix_t.astype(np.float32), None) is None
+    assert few_rows.prepare(np.zeros(5), None) is None
+
+
+def test_the_verdict_is_the_geometric_mean_against_the_margin(compiled_on, monkeypatch):
+    def timer(times):
+        it = iter(times)
+        return lambda call: next(it)
+
+    # (compiled, numpy) per timed shape: ratios 0.5, 0.8, 2.0 -> geometric mean 0.928 > 0.92
+    slow = few_rows.measure(np.float64, timer([1.0, 2.0, 0.8, 1.0, 2.0, 1.0]))
+    assert slow["provider"] == "numpy"
+    assert slow["ratio"] == pytest.approx((0.5 * 0.8 * 2.0) ** (1 / 3))
+    fast = few_rows.measure(np.float64, timer([1.0, 2.0, 0.8, 1.0, 1.5, 1.0]))
+    assert fast["provider"] == "compiled" and fast["ratio"] == pytest.approx((0.5 * 0.8 * 1.5) ** (1 / 3))
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numpy")
+    few_rows._kernels.cache_clear()
+    try:
+        assert few_rows.measure(np.float64, timer([]))["provider"] == "numpy"
+    finally:
+        few_rows._kernels.cache_clear()
+
+
+def test_constants_prepare_float64_numpy_states_once(compiled_on):
+    a, matrix_t, b = _operands(16, 96, 128, seed=9)
+    constants = Constants(matrix=matrix_t, bias=b)
+    first = constants.prepared("matrix", "bias", a)
+    assert isinstance(first, few_rows.FewRowsMatrix) and first is constants.prepared("matrix", "bias", a)
+    assert constants.prepared("matrix", "bias", a.astype(np.float32)) is None  # float32: not here
+    product = gemm.rows_product(a, constants("matrix", a), constants("bias", a), first)
+    exact = a @ matrix_t + b
+    assert np.abs(product - exact).max() <= 1e-14 * np.abs(exact).max()
+
+
+def test_no_compiled_products_where_numpy_is_asked_for(monkeypatch):
+    monkeypatch.setenv("CTFORMER_GEMM", "numpy")
+    a, matrix_t, b = _operands(16, 96, 128, seed=10)
+    assert not gemm.prepared_products(np.float64)
+    assert Constants(matrix=matrix_t, bias=b).prepared("matrix", "bias", a) is None
+
+
+def _product_in_child(matrix_t, b, a):
+    return few_rows.prepare(matrix_t, b)(a)
+
+
+def test_a_forked_child_multiplies_on_blas_threads(compiled_on, monkeypatch):
+    """A child forked after the OpenMP threads started gets NumPy's product (its own threads
+    would abort it), equal to the parent's to rounding."""
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "2")
+    a, matrix_t, b = _operands(16, 128, 256, seed=11)
+    parent = few_rows.prepare(matrix_t, b)(a)
+    assert openmp.usable() is not None
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        child = pool.apply_async(_product_in_child, (matrix_t, b, a)).get(timeout=120)
+    exact = a @ matrix_t + b
+    assert np.abs(child - exact).max() <= 1e-14 * np.abs(exact).max()
+    assert np.abs(parent - exact).max() <= 1e-14 * np.abs(exact).max()
+
+
+def _network(name):
+    torch, transformers = require("torch"), require("transformers")
+    from ctformer.bridges import float64_reference
+
+    torch.manual_seed(0)
+    if name == "gpt2":  # Conv1D weights, stored (in, out): copied once, transposed
+        config = transformers.GPT2Config(vocab_size=32, n_positions=64, n_embd=128, n_layer=2, n_head=4,
+                                         n_inner=256, bos_token_id=0, eos_token_id=0)
+        return transformers.GPT2Model(config).double().eval()
+    config = transformers.LlamaConfig(vocab_size=32, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return float64_reference(transformers.LlamaModel(config))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_16_token_float64_networks_are_their_float64_modules(compiled_on, monkeypatch, name):
+    """Every layer's products compiled, and the network equal to its float64 HuggingFace
+    module to 1e-12."""
+    import torch
+
+    from ctformer.bridges import from_hf
+
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "2")
+    module = _network(name)
+    with torch.no_grad():  # the embedding output (positions added) is the continuous model's u0
+        out = module(inputs_embeds=torch.randn(1, 16, 128, dtype=torch.float64), output_hidden_states=True)
+    x, reference = out.hidden_states[0].numpy(), out.last_hidden_state[0].numpy()
+    calls = []
+    call = few_rows.FewRowsMatrix.__call__
+    monkeypatch.setattr(few_rows.FewRowsMatrix, "__call__", lambda self, a: calls.append(a.shape) or call(self, a))
+    got = from_hf(module).run(x)
+    # every layer's products: qkv, out, and the feed-forward's two (GPT-2) or three (Llama)
+    assert len(calls) == 2 * (4 if name == "gpt2" else 5)
+    assert np.abs(got[0] - reference).max() / np.abs(reference).max() < 1e-12
