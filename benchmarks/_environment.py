@@ -283,7 +283,7 @@ def header(title: str, notes=()) -> None:
         print(f"torch {sys.modules['torch'].__version__}: {described}")
         print(f"MKL strict reproducibility: {_strict_reproducibility()}")
         print(f"float32 feature products packed once: {_prepared_products('float32', 'packed float32', 'oneDNN')}")
-    print("float64 feature products of 4-16 rows compiled: "
+    print("float64 feature products of 2-16 rows compiled: "
           f"{_prepared_products('float64', 'few rows float64', 'Numba, OpenMP threads')}")
     threads = ", ".join(f"{name}={os.environ.get(name, 'unset')}" for name in THREAD_VARIABLES)
     print(f"threads: {threads}")

@@ -4,14 +4,15 @@ Compares, in one process, for a batch of ``tokens`` rows of ``M`` features on ``
 
 * ``numpy.fft`` : the circulant product written directly with ``numpy.fft.rfft/irfft`` (the peer),
 * ``ctformer``  : ``Convolution(profile).apply`` through the backend's planned pyFFTW
-  transforms (:class:`ctformer.fft.PlannedFFT`), one thread, the default planner
-  (``FFTW_ESTIMATE``),
-* ``fft only``  : the backend's two transforms alone, ``fft.irfft(fft.rfft(u) * symbol)``
+  transforms (:class:`ctformer.fft.PlannedFFT`) as a user gets them: the default planner
+  (``FFTW_ESTIMATE``), transforms of at least 2^18 points on the library's worker count of FFTW
+  threads (``--threads``, default ``CTFORMER_NUM_THREADS`` or the BLAS thread count),
+* ``fft only``  : the same transforms alone, ``fft.irfft(fft.rfft(u) * symbol)``
   (the same arithmetic as ``numpy.fft``, without the kernel's own per-call work),
-* ``ctf x2``    : ``apply`` with 2 FFTW threads for transforms of at least 2^18 points
-  (``--threads``),
-* ``measured``  : the same with ``FFTW_MEASURE`` plans (planning happens in the warm-up call and
-  is reported; skipped with ``--no-measure``),
+* ``1 thread``  : ``apply`` with one FFTW thread at every size (``numpy.fft`` has no threads:
+  the like-for-like column),
+* ``measured``  : one thread with ``FFTW_MEASURE`` plans (planning happens in the warm-up call
+  and is reported; skipped with ``--no-measure``),
 * ``dense``     : the ``M x M`` matrix product (BLAS), the O(M^2) peer, for M <= 4096.
 
 The methods are timed in ``--repeats`` alternating rounds after a 0.2 s warm-up each
@@ -47,7 +48,8 @@ def main(argv=None):
     parser.add_argument("--sizes", type=int, nargs="+", default=[2**k for k in range(4, 17)])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5, help="alternating rounds")
-    parser.add_argument("--threads", type=int, default=2, help="FFTW threads of the 'ctf xN' column")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="FFTW threads of the 'ctformer' column (default: the library's worker count)")
     parser.add_argument("--no-measure", action="store_true", help="skip the FFTW_MEASURE column")
     parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     parser.add_argument("--quick", action="store_true", help="M = 16, 64, ..., 4096 (a smoke test)")
@@ -58,15 +60,18 @@ def main(argv=None):
     import ctformer.backend as backend_module
 
     backend = backend_module.get_backend("numpy")
-    variants = {"ctformer": PlannedFFT(threads=1, effort="FFTW_ESTIMATE")}
+    variants = {"ctformer": PlannedFFT(threads=args.threads, effort="FFTW_ESTIMATE"),
+                "1 thread": PlannedFFT(threads=1, effort="FFTW_ESTIMATE")}
     if not args.no_measure:
         variants["measured"] = PlannedFFT(threads=1, effort="FFTW_MEASURE")
-    variants[f"ctf x{args.threads}"] = PlannedFFT(threads=args.threads, effort="FFTW_ESTIMATE")
 
     kernel = Convolution(lambda z: np.exp(np.cos(2 * np.pi * z)))
     rng = np.random.default_rng(0)
+    from ctformer._numerics.threads import num_threads
+
     header(f"FFT convolution against numpy.fft: {args.tokens} rows, {args.dtype}, median of "
-           f"{args.repeats} alternating rounds")
+           f"{args.repeats} alternating rounds; ctformer's transforms of >= 2^18 points on "
+           f"{args.threads or num_threads()} FFTW threads (numpy.fft: one)")
     names = ["numpy.fft", "fft only", *variants, "dense"]
     print(f"{'M':>7} " + " ".join(f"{n:>11}" for n in names) + "   (ms; ratio to numpy.fft below)")
     ratios = {}
@@ -114,6 +119,8 @@ def main(argv=None):
     # calls of tens of microseconds): the goal is strict, the worst "fft only" shows the band.
     worst = max(r["fft only"] for r in ratios.values())
     print(f"\nworst 'fft only' / numpy.fft (the same two transforms, no kernel work): {worst:.2f}")
+    single = max(r["1 thread"] for r in ratios.values())
+    print(f"worst '1 thread' / numpy.fft (one FFTW thread, as numpy.fft): {single:.2f}")
     summary()
     return ratios
 

@@ -136,7 +136,8 @@ class Backend:
         """FFT/DCT module with the ``scipy.fft`` interface.
 
         :class:`ctformer.fft.PlannedFFT` on the CPU (pyFFTW plans executed directly, cached;
-        ``CTFORMER_FFT_THREADS`` threads for large transforms, default 1; planner effort
+        ``CTFORMER_FFT_THREADS`` threads for large transforms, default the library's worker
+        count; planner effort
         ``CTFORMER_FFTW_PLANNER``, default ``FFTW_ESTIMATE``); ``cupyx.scipy.fft`` on the GPU.
         """
         if self.name == "cupy":

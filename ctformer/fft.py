@@ -14,16 +14,27 @@
   costs 10 us a call), so results of earlier calls are never overwritten;
 * ``irfft`` always copies its input first (complex-to-real transforms destroy their input)
   and scales by ``1/n`` in place;
-* transforms of at least ``2**18`` points in all use ``CTFORMER_FFT_THREADS`` threads
-  (default 1); smaller ones one thread (threads cost more than they give there);
+* transforms of at least ``2**18`` points in all run on ``CTFORMER_FFT_THREADS`` FFTW
+  threads, by default the library's worker count (:func:`ctformer._numerics.threads.num_threads`:
+  ``CTFORMER_NUM_THREADS``, else the BLAS library's thread count), read when the transform's
+  plan is made; smaller ones, and those called inside the library's worker tasks, on one
+  thread (threads cost more than they give there). A threaded plan is kept only where it gives
+  the bits of a one-thread plan of the same transform (checked once, on random data, when it
+  is made; otherwise the one-thread plan runs), so the thread count never changes a result of
+  a pinned engine. On an AMD EPYC (family 26, model 2), FFT convolutions of 64 rows of
+  8192-65536 points took 0.44-0.71 of ``numpy.fft``'s time on two threads (``numpy.fft`` has
+  none) and 0.83-0.99 on one;
 * each plan has a lock, so threads may share the object;
 * the engine of each (transform, shape, dtype, axis, n) is chosen once, when its plan is made:
   with ``CTFORMER_FFT_ENGINE=auto`` (the default) the FFTW plan and ``numpy.fft`` (pocketfft)
-  are each timed on the plan's buffers (best of at least five calls and 2 ms) and the faster one is kept, so a
+  are each timed on the plan's buffers (best of at least five calls each, in turn, and 4 ms)
+  and the faster one is kept, so a
   transform is never slower than ``numpy.fft`` and FFTW is used where its plans pay (long or
   batched transforms, ``FFTW_MEASURE``, threads); ``fftw`` or ``numpy`` pins the engine. The
   two engines agree to rounding (1e-15 relative), not bit for bit: pin the engine when runs
-  must repeat bit for bit (as with ``FFTW_MEASURE``, whose plans are also chosen by timing).
+  must repeat bit for bit (as with ``FFTW_MEASURE``, whose plans are also chosen by timing;
+  with ``auto`` the choice can also differ between thread counts, as FFTW's threads speed its
+  plans and not ``numpy.fft``).
 
 Going through ``pyfftw.interfaces`` instead re-validates arguments, re-plans or copies on
 every call and was 1.2-2.3x slower than ``numpy.fft``; executing the plan directly removes that
@@ -69,9 +80,23 @@ def fft_engine() -> str:
     return engine
 
 
-def fft_threads() -> int:
-    """``CTFORMER_FFT_THREADS`` (default 1), validated."""
-    return positive_int("CTFORMER_FFT_THREADS", 1)
+# The library's worker count and whether this thread runs a worker task, as two functions:
+# given by ctformer._numerics.threads (a layer above this module) when it is imported, which
+# every operator imports; one thread until then.
+_WORKERS = (lambda: 1, lambda: False)
+
+
+def use_workers(count, inside_worker) -> None:
+    """Set the functions that give the library's worker count and whether the calling thread
+    runs a worker task (:mod:`ctformer._numerics.threads` calls this when it is imported)."""
+    global _WORKERS
+    _WORKERS = (count, inside_worker)
+
+
+def fft_threads() -> int | None:
+    """``CTFORMER_FFT_THREADS``, validated; None when unset (the library's worker count,
+    :func:`ctformer._numerics.threads.num_threads`, read when a plan is made)."""
+    return positive_int("CTFORMER_FFT_THREADS")
 
 
 class PlannedFFT:
@@ -80,7 +105,8 @@ class PlannedFFT:
     Parameters
     ----------
     threads : int, optional
-        Threads for large transforms; default ``CTFORMER_FFT_THREADS`` (1).
+        Threads for large transforms; default ``CTFORMER_FFT_THREADS``, else the library's
+        worker count when each plan is made.
     effort : str, optional
         FFTW planner effort; default ``CTFORMER_FFTW_PLANNER`` (``FFTW_ESTIMATE``).
     engine : {"auto", "fftw", "numpy"}, optional
@@ -98,7 +124,7 @@ class PlannedFFT:
         pyfftw.interfaces.cache.set_keepalive_time(60.0)
         self._pyfftw = pyfftw
         self._interfaces = pfft
-        self.threads = fft_threads() if threads is None else max(1, int(threads))
+        self.threads = fft_threads() if threads is None else max(1, int(threads))  # None: the workers' count
         self.planner_effort = planner_effort() if effort is None else one_of(effort, "effort", _EFFORTS)
         self.engine = fft_engine() if engine is None else one_of(engine, "engine", _ENGINES)
         self._alignment = pyfftw.simd_alignment
@@ -207,7 +233,7 @@ class PlannedFFT:
         func = getattr(self._interfaces, name)
 
         def call(*args, **kwargs):
-            kwargs.setdefault("workers", self.threads)
+            kwargs.setdefault("workers", self.threads or 1)
             return func(*args, **kwargs)
 
         call.__name__ = name
@@ -231,11 +257,11 @@ class PlannedFFT:
         buffer[...] = 0.5  # any finite data: the time of an FFT does not depend on the values
         source = np.array(buffer)  # an ordinary NumPy array, as callers pass
         if kind == "rfft":
-            fftw_time = _best_time(lambda: self._run_rfft(entry, source, axis))
-            numpy_time = _best_time(lambda: np.fft.rfft(source, axis=axis))
+            fftw_time, numpy_time = _best_times(lambda: self._run_rfft(entry, source, axis),
+                                                lambda: np.fft.rfft(source, axis=axis))
         else:
-            fftw_time = _best_time(lambda: self._run_irfft(entry, source, axis, n))
-            numpy_time = _best_time(lambda: np.fft.irfft(source, n=n, axis=axis))
+            fftw_time, numpy_time = _best_times(lambda: self._run_irfft(entry, source, axis, n),
+                                                lambda: np.fft.irfft(source, n=n, axis=axis))
         return numpy_time < fftw_time
 
     def _empty(self, shape, dtype):
@@ -254,16 +280,13 @@ class PlannedFFT:
         complex_shape = real_shape[:axis] + (n // 2 + 1,) + real_shape[axis + 1:]
         real = self._empty(real_shape, real_dtype)
         spectrum = self._empty(complex_shape, complex_dtype)
-        points = int(np.prod(real_shape))
-        threads = self.threads if points >= _THREADED_MIN_POINTS else 1
-        if kind == "rfft":
-            plan = self._pyfftw.FFTW(real, spectrum, axes=(axis,), direction="FFTW_FORWARD",
-                                     flags=(self.planner_effort,), threads=threads)
-            entry = (plan, real, threading.Lock())
-        else:
-            plan = self._pyfftw.FFTW(spectrum, real, axes=(axis,), direction="FFTW_BACKWARD",
-                                     flags=(self.planner_effort, "FFTW_DESTROY_INPUT"), threads=threads)
-            entry = (plan, spectrum, threading.Lock())
+        threads = self._threads(int(np.prod(real_shape)))
+        source, target = (real, spectrum) if kind == "rfft" else (spectrum, real)
+        plan = self._fftw(kind, source, target, axis, threads)
+        if threads > 1 and not same_bits(plan, self._fftw(kind, self._empty(source.shape, source.dtype),
+                                                          self._empty(target.shape, target.dtype), axis, 1), source):
+            plan = self._fftw(kind, source, target, axis, 1)
+        entry = (plan, source, threading.Lock())
         if self.engine == "numpy" or (self.engine == "auto" and self._numpy_is_faster(kind, entry, axis, n)):
             entry = (None, None, None)
         with self._lock:
@@ -274,17 +297,53 @@ class PlannedFFT:
         return entry
 
 
-def _best_time(call, calls=5, seconds=0.002) -> float:
-    """The fastest of at least ``calls`` calls, repeated until ``seconds`` have passed (so that
-    transforms of a few microseconds are compared on many calls, not on noise)."""
-    call()  # first call: caches, page faults
-    best, spent, done = float("inf"), 0.0, 0
+    def _threads(self, points: int) -> int:
+        """FFTW threads of a plan of ``points`` points in all (module docstring)."""
+        count, inside_worker = _WORKERS
+        if points < _THREADED_MIN_POINTS or inside_worker():
+            return 1
+        return self.threads if self.threads is not None else count()
+
+    def _fftw(self, kind, source, target, axis, threads):
+        """An FFTW plan from ``source`` to ``target`` (c2r plans may destroy their input)."""
+        if kind == "rfft":
+            return self._pyfftw.FFTW(source, target, axes=(axis,), direction="FFTW_FORWARD",
+                                     flags=(self.planner_effort,), threads=threads)
+        return self._pyfftw.FFTW(source, target, axes=(axis,), direction="FFTW_BACKWARD",
+                                 flags=(self.planner_effort, "FFTW_DESTROY_INPUT"), threads=threads)
+
+
+def same_bits(threaded, single, source) -> bool:
+    """Whether the plans ``threaded`` and ``single`` (the same transform, from ``source``, the
+    threaded plan's input) give the same bits on random data; ``source`` is left filled."""
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal(source.shape)
+    if source.dtype.kind == "c":
+        data = data + 1j * rng.standard_normal(source.shape)
+    data = data.astype(source.dtype)
+    results = []
+    for plan in (threaded, single):
+        plan.input_array[...] = data  # c2r plans destroy their input: filled afresh each time
+        plan.execute()
+        results.append(np.array(plan.output_array))
+    return np.array_equal(*results)
+
+
+def _best_times(first, second, calls=5, seconds=0.004) -> tuple:
+    """The fastest of at least ``calls`` calls of each of ``first`` and ``second``, called in
+    turn until ``seconds`` have passed (so that transforms of a few microseconds are compared
+    on many calls, and a machine whose speed drifts slows both alike)."""
+    first(), second()  # first calls: caches, page faults
+    best, spent, done = [float("inf")] * 2, 0.0, 0
     while done < calls or spent < seconds:
-        start = time.perf_counter()
-        call()
-        elapsed = time.perf_counter() - start
-        best, spent, done = min(best, elapsed), spent + elapsed, done + 1
-    return best
+        for index, call in enumerate((first, second) if done % 2 == 0 else (second, first)):
+            side = index if done % 2 == 0 else 1 - index
+            start = time.perf_counter()
+            call()
+            elapsed = time.perf_counter() - start
+            best[side], spent = min(best[side], elapsed), spent + elapsed
+        done += 1
+    return best[0], best[1]
 
 
 def _axis(axis, ndim):

@@ -32,7 +32,8 @@ def _operands(m, k, n, seed, transposed=True):
     return rng.standard_normal((m, k)), matrix_t, rng.standard_normal(n)
 
 
-@pytest.mark.parametrize("m, k, n", [(16, 384, 1152), (13, 96, 262), (4, 70, 1027), (7, 1536, 97)])
+@pytest.mark.parametrize("m, k, n", [(16, 384, 1152), (13, 96, 262), (4, 70, 1027), (7, 1536, 97), (2, 384, 130),
+                                     (3, 1536, 384), (6, 100, 1025)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_products_agree_with_numpy_float64(compiled_on, m, k, n, with_bias):
     a, matrix_t, b = _operands(m, k, n, seed=m + n)
@@ -45,18 +46,19 @@ def test_products_agree_with_numpy_float64(compiled_on, m, k, n, with_bias):
 
 def test_every_split_of_the_columns_gives_the_bits_of_one_thread(compiled_on, monkeypatch):
     kernels = few_rows._kernels()
-    a, matrix_t, b = _operands(16, 200, 1030, seed=5)
-    w = np.ascontiguousarray(matrix_t.T)
-    one = np.empty((16, 1030))
-    kernels["columns"](a, w, b, one, 0, 1030)
-    for block in (4, 8, 516, 1032):
-        split = np.full((16, 1030), np.nan)
-        for start in range(0, 1030, block):  # the blocks one by one, as the threads take them
-            kernels["columns"](a, w, b, split, start, min(1030, start + block))
-        assert np.array_equal(one, split)
-        threaded = np.full((16, 1030), np.nan)
-        kernels["columns_parallel"](a, w, b, threaded, block)
-        assert np.array_equal(one, threaded)
+    for rows in (16, 7):  # row tiles of four; of four, two and one
+        a, matrix_t, b = _operands(rows, 200, 1030, seed=5)
+        w = np.ascontiguousarray(matrix_t.T)
+        one = np.empty((rows, 1030))
+        kernels["columns"](a, w, b, one, 0, 1030)
+        for block in (4, 8, 516, 1032):
+            split = np.full((rows, 1030), np.nan)
+            for start in range(0, 1030, block):  # the blocks one by one, as the threads take them
+                kernels["columns"](a, w, b, split, start, min(1030, start + block))
+            assert np.array_equal(one, split)
+            threaded = np.full((rows, 1030), np.nan)
+            kernels["columns_parallel"](a, w, b, threaded, block)
+            assert np.array_equal(one, threaded)
     product = few_rows.prepare(matrix_t, b)
     outs = []
     for count in ("1", "2", "3"):
@@ -81,7 +83,7 @@ def test_a_matrix_stored_the_other_way_is_copied_once(compiled_on):
 def test_bounds_of_rows_and_size(compiled_on):
     _, matrix_t, b = _operands(1, 384, 1152, seed=7)
     product = few_rows.prepare(matrix_t, b)
-    assert [product.applies(r) for r in (1, 3, 4, 16, 17, 1024)] == [False, False, True, True, False, False]
+    assert [product.applies(r) for r in (1, 2, 3, 16, 17, 1024)] == [False, True, True, True, False, False]
     small = few_rows.prepare(_operands(1, 32, 32, seed=8)[1], None)
     assert not small.applies(16)  # 16 x 32 x 32 multiply-adds: BLAS's
     assert few_rows.prepare(matrix_t.astype(np.float32), None) is None

@@ -167,3 +167,73 @@ def test_engines_agree_and_auto_keeps_one_of_them(rng, dtype):
         assert any(np.array_equal(results["auto"], results[e]) for e in ("numpy", "fftw"))
     again = by["auto"].rfft(x)
     np.testing.assert_array_equal(again, forward["auto"])
+
+
+def _planned_threads(monkeypatch, fft):
+    """The thread counts of the FFTW plans ``fft`` makes from now on, in order."""
+    made = []
+    original = PlannedFFT._fftw
+
+    def record(self, kind, source, target, axis, threads):
+        made.append(threads)
+        return original(self, kind, source, target, axis, threads)
+
+    monkeypatch.setattr(PlannedFFT, "_fftw", record)
+    return made
+
+
+def test_large_transforms_run_on_the_workers_count_by_default(rng, monkeypatch):
+    """Unset, CTFORMER_FFT_THREADS means the library's worker count, read when a plan is made;
+    below 2^18 points, and inside worker tasks, one thread. The threaded plans give the bits
+    of one-thread plans (checked as each is made) and numpy.fft's values to rounding."""
+    from ctformer._numerics import threads
+
+    monkeypatch.delenv("CTFORMER_FFT_THREADS", raising=False)
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "3")
+    fft = PlannedFFT(engine="fftw")
+    assert fft.threads is None
+    made = _planned_threads(monkeypatch, fft)
+    x = rng.standard_normal((8, 1 << 15))                    # 2^18 points: threaded
+    spectrum = fft.rfft(x)
+    back = fft.irfft(spectrum, n=x.shape[-1])
+    assert made == [3, 1, 3, 1]  # each threaded plan, then the one-thread plan it is checked against
+    single = PlannedFFT(threads=1, engine="fftw")
+    assert np.array_equal(spectrum, single.rfft(x)) and np.array_equal(back, single.irfft(spectrum, n=x.shape[-1]))
+    assert _rel(spectrum, np.fft.rfft(x)) < 1e-13 and _rel(back, x) < 1e-13
+    made.clear()
+    fft.rfft(rng.standard_normal((7, 1 << 15)))  # 7 x 2^15 < 2^18 points: one thread
+    threads.run_workers(lambda next_task: next_task() and fft.rfft(x[:, :-2]), [1], 2)  # inside a worker
+    assert made == [1, 1]
+    monkeypatch.setenv("CTFORMER_FFT_THREADS", "2")
+    assert PlannedFFT().threads == 2
+
+
+def test_a_threaded_plan_that_rounds_differently_is_replaced(rng, monkeypatch):
+    monkeypatch.setattr("ctformer.fft.same_bits", lambda threaded, single, source: False)
+    fft = PlannedFFT(threads=2, engine="fftw")
+    made = _planned_threads(monkeypatch, fft)
+    x = rng.standard_normal((8, 1 << 15))
+    assert _rel(fft.rfft(x), np.fft.rfft(x)) < 1e-13
+    assert made == [2, 1, 1]  # threaded, the one-thread check, then the one-thread plan kept
+
+
+def test_the_bit_check_compares_real_plans():
+    from ctformer.fft import same_bits
+
+    fft = PlannedFFT(threads=1)
+    source, target = fft._empty((4, 96), np.float64), fft._empty((4, 49), np.complex128)
+    two = fft._fftw("rfft", source, target, -1, 2)
+    one = fft._fftw("rfft", fft._empty((4, 96), np.float64), fft._empty((4, 49), np.complex128), -1, 1)
+    assert same_bits(two, one, source)
+    assert not same_bits(_Scaled(two), one, source)
+
+
+class _Scaled:
+    """A plan whose results are 1 + 2^-40 times another's (as a plan that rounds differently)."""
+
+    def __init__(self, plan):
+        self.plan, self.input_array = plan, plan.input_array
+
+    def execute(self):
+        self.plan.execute()
+        self.output_array = self.plan.output_array * (1 + 2.0 ** -40)

@@ -152,3 +152,23 @@ def test_many_small_problems_by_either_provider(monkeypatch, provider, causal):
     p = np.exp(s - s.max(-1, keepdims=True))
     exact = (p / p.sum(-1, keepdims=True)) @ v
     assert np.abs(runs[0] - exact).max() / np.abs(exact).max() < 1e-14
+
+
+def test_a_verdict_checked_on_other_shapes_is_measured_again(fresh_choice):
+    """A verdict stored by a version with other bounds (another bit-for-bit check) is not
+    reused: the measurement runs again and the new record names what it checked."""
+    calls = []
+
+    def measure(dtype):
+        calls.append(dtype)
+        return {"provider": "compiled" if len(calls) > 1 else "numpy"}
+
+    assert gemm._measured("test kind", "float64", measure, "shapes A") == "numpy"
+    gemm._measured.cache_clear()  # a later process
+    assert gemm._measured("test kind", "float64", measure, "shapes A") == "numpy"
+    assert len(calls) == 1  # read from the store
+    gemm._measured.cache_clear()
+    assert gemm._measured("test kind", "float64", measure, "shapes B") == "compiled"
+    assert len(calls) == 2
+    stored = json.loads(gemm._cache_file().read_text())
+    assert stored["test kind float64"] == {"provider": "compiled", "checked": "shapes B"}

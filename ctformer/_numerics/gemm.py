@@ -102,9 +102,9 @@ def prepared_products(dtype) -> bool:
     if _choice() != "auto":
         return False
     if dtype == np.float32:
-        return _measured("packed", "float32", _measure_packed) == "torch"
+        return _measured("packed", "float32", _measure_packed, _packed.CHECKED) == "torch"
     if dtype == np.float64:
-        return _measured("few rows", "float64", _measure_few_rows) == "compiled"
+        return _measured("few rows", "float64", _measure_few_rows, _few_rows.CHECKED) == "compiled"
     return False
 
 
@@ -233,24 +233,28 @@ def _strides_ok(*arrays) -> bool:
 
 
 @lru_cache(maxsize=None)
-def _measured(kind: str, dtype: str, measure=None) -> str:
+def _measured(kind: str, dtype: str, measure=None, checked: str | None = None) -> str:
     """The stored choice, ``"numpy"``, ``"torch"`` or ``"compiled"``, for ``kind`` ("products",
     "softmax", or a caller's kind with its ``measure(dtype) -> {"provider": ...}``) and ``dtype``
     on this machine, measured and stored when missing (torch is imported only to measure, or
     when chosen; the kinds of ``_TORCH_FREE`` do without it). A ``measure`` must not ask for a
-    choice not stored yet (the lock is held)."""
+    choice not stored yet (the lock is held). ``checked`` names what the measurement verified
+    (the shapes of its bit-for-bit check): a choice stored with another ``checked`` (an older
+    version's, with other bounds) is measured again, never reused for bounds it did not check."""
     needs_torch = kind not in _TORCH_FREE
     if needs_torch and _torch_version() is None:
         return "numpy"
     key = f"{kind} {dtype}"
     with _LOCK, _machine_lock(path := _cache_file()):
         stored = _read(path)
-        if key not in stored:
+        if key not in stored or stored[key].get("checked") != checked:
             if needs_torch and _torch() is None:  # installed but not importable: NumPy's BLAS
                 return "numpy"
             if measure is None:
                 measure = _measure_products if kind == "products" else _measure_softmax
             stored[key] = measure(np.dtype(dtype))
+            if checked is not None:
+                stored[key]["checked"] = checked
             _write(path, stored)
         return stored[key]["provider"]
 

@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .. import fft as _fft
 from ..environment import positive_int
 from .compiled import sigint_deferred
 
@@ -250,3 +251,8 @@ def by_row_blocks(flow, width=None, whole=None):
 
     blocked.__wrapped__ = flow
     return blocked
+
+
+# large FFTs run on the worker count too, one thread inside worker tasks (ctformer.fft sits
+# below this package and cannot import it)
+_fft.use_workers(num_threads, lambda: getattr(_INSIDE, "worker", False))
