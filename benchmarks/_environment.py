@@ -255,7 +255,8 @@ def _prepared_products(dtype: str, key: str, how: str) -> str:
     if not gemm.prepared_products(np.dtype(dtype)):
         return "no (NumPy's or torch's BLAS)"
     stored = gemm._read(gemm._cache_file()).get(key, {})
-    return f"yes ({how}, measured {stored.get('ratio', float('nan')):.2f} of NumPy's time, one thread)"
+    against = {"numpy": "NumPy's", "torch": "torch's"}.get(stored.get("against"), "NumPy's")
+    return f"yes ({how}, measured {stored.get('ratio', float('nan')):.2f} of {against} time, one thread)"
 
 
 def _library(match) -> str:

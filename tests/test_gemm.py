@@ -172,3 +172,39 @@ def test_a_verdict_checked_on_other_shapes_is_measured_again(fresh_choice):
     assert len(calls) == 2
     stored = json.loads(gemm._cache_file().read_text())
     assert stored["test kind float64"] == {"provider": "compiled", "checked": "shapes B"}
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_the_rows_peer_is_the_product_the_rows_get_otherwise(monkeypatch, threaded):
+    monkeypatch.setattr(gemm, "threaded_rows", lambda dtype: threaded)
+    against, product = gemm.rows_peer(np.float64)
+    assert against == ("torch" if threaded else "numpy")
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((16, 96)), rng.standard_normal((40, 96)).T
+    out = np.empty((16, 40))
+    before = torch.get_num_threads()
+    product(a, b, out)
+    assert torch.get_num_threads() == before
+    exact = a @ b
+    if threaded:
+        assert np.abs(out - exact).max() <= 1e-14 * np.abs(exact).max()
+    else:
+        assert np.array_equal(out, exact)
+
+
+def test_prepared_products_are_timed_against_the_rows_peer(monkeypatch):
+    """A prepared product must beat what the rows would get without it (torch's MKL where it
+    multiplies them, as on an Intel Xeon), not NumPy's BLAS whatever the machine."""
+    pytest.importorskip("numba")
+    peer_calls = []
+
+    def peer(a, b, out):
+        peer_calls.append(a.shape)
+        np.matmul(a, b, out=out)
+
+    monkeypatch.setattr(gemm, "rows_peer", lambda dtype: ("torch", peer))
+    times = iter([1.0, 1.0, 1.0, 1.0, 1.0, 1.0])  # kernel, peer per timed shape: ratio 1 each
+    monkeypatch.setattr(gemm, "_best", lambda call: (call(), next(times))[1])
+    verdict = gemm._measure_few_rows(np.dtype(np.float64))
+    assert verdict["against"] == "torch" and verdict["provider"] == "numpy" and verdict["ratio"] == 1.0
+    assert len(peer_calls) == 3  # each timed shape once (the fake timer calls once)

@@ -17,7 +17,8 @@ A product runs here where all of these hold:
 * float64 C-contiguous NumPy rows, a host matrix and Numba (the compiled loops);
 * ``CTFORMER_GEMM`` is ``auto`` and this machine's measurement (:func:`measure`, stored with
   the products' choice) chose it: one-thread time at a 16-row layer's shapes below ``0.92`` of
-  NumPy's, and the same bits from one thread and from the threads' column blocks;
+  the product the rows get otherwise (:func:`ctformer._numerics.gemm.rows_peer`), and the
+  same bits from one thread and from the threads' column blocks;
 * ``_MIN_ROWS`` to ``_MAX_ROWS`` rows and at least ``_MIN_PRODUCT`` multiply-adds (below,
   launching threads costs more than it saves; above 16 rows the rows no longer stay in the
   first-level cache while the columns pass, and BLAS caught up: 0.8-1.7x at 32 rows).
@@ -57,8 +58,8 @@ _MIN_PRODUCT = 1 << 16
 # with columns left over, and rows left over); the time at a 16-row layer's shapes
 _INVARIANCE_SHAPES = ((16, 384, 1152), (13, 96, 262), (7, 70, 1027), (_MIN_ROWS, 70, 1027))
 _TIMED_SHAPES = ((16, 384, 1152), (16, 1536, 384), (16, 384, 384))
-# what a stored verdict checked: a verdict stored with other shapes is measured again
-CHECKED = repr(_INVARIANCE_SHAPES)
+# what a stored verdict checked, and against what: a verdict stored otherwise is measured again
+CHECKED = f"{_INVARIANCE_SHAPES!r} against the rows' own product"
 _MARGIN = 0.92
 
 
@@ -122,11 +123,13 @@ def prepare(matrix_t, bias):
     return FewRowsMatrix(matrix_t, bias)
 
 
-def measure(dtype, best) -> dict:
+def measure(dtype, best, peer=None) -> dict:
     """The stored verdict: ``"compiled"`` where the compiled loops are on, the threads' column
     blocks give the bits of one thread at ``_INVARIANCE_SHAPES``, and one thread takes less than
-    ``_MARGIN`` of NumPy's one-thread time at ``_TIMED_SHAPES`` (the geometric mean of the
-    shapes' ratios, ``best(call)`` a call's best time); else ``"numpy"`` with the reason."""
+    ``_MARGIN`` of the time of ``peer(a, b, out)`` (the product the rows get otherwise, on one
+    thread; default NumPy's) at ``_TIMED_SHAPES`` (the geometric mean of the shapes' ratios,
+    ``best(call)`` a call's best time); else ``"numpy"`` with the reason."""
+    peer = peer or (lambda a, b, out: np.matmul(a, b, out=out))
     kernels = _kernels()
     if kernels is None:
         return {"provider": "numpy", "reason": "the compiled loops are off (CTFORMER_LOOP_ENGINE or no Numba)"}
@@ -146,6 +149,6 @@ def measure(dtype, best) -> dict:
         for m, k, n in _TIMED_SHAPES:
             a, w = rng.standard_normal((m, k)), rng.standard_normal((n, k))
             out, zero, w_t = np.empty((m, n)), np.zeros(n), w.T
-            ratios.append(best(lambda: kernels["columns"](a, w, zero, out, 0, n)) / best(lambda: a @ w_t))
+            ratios.append(best(lambda: kernels["columns"](a, w, zero, out, 0, n)) / best(lambda: peer(a, w_t, out)))
     ratio = float(np.exp(np.mean(np.log(ratios))))  # each shape counts alike
     return {"provider": "compiled" if ratio < _MARGIN else "numpy", "ratio": ratio, "ratios": ratios}

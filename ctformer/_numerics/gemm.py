@@ -44,7 +44,7 @@ from . import few_rows as _few_rows, packed as _packed
 from .threads import _INSIDE, _ROW_BLOCKS_MIN_ROWS, blas_controller, num_threads, single_thread_blas
 from .torch_threads import _one_torch_thread, _tensor, _torch, _torch_threads, _torch_version, threaded_products
 
-__all__ = ["attention_block", "gemm_provider", "matmul", "prepared_products", "rows_product", "softmax_provider", "softmax_rows",
+__all__ = ["attention_block", "gemm_provider", "matmul", "prepared_products", "rows_peer", "rows_product", "softmax_provider", "softmax_rows",
            "threaded_rows", "uses_torch"]
 
 _PROVIDERS = ("auto", "numpy", "torch")
@@ -55,6 +55,7 @@ _SHAPES = ((256, 64, 4096), (256, 4096, 64), (256, 384, 1536))
 _MARGIN = 0.92
 _LOCK = threading.Lock()
 _TORCH_FREE = frozenset({"few rows"})  # choices measured without torch
+_PEERS_DECIDED: set = set()  # dtypes whose rows_peer is decided (prepared_products asks once)
 _THREADED_MIN_PRODUCTS = 1 << 18  # multiply-adds from which rows_product calls torch outside workers
 
 
@@ -102,18 +103,41 @@ def prepared_products(dtype) -> bool:
     if _choice() != "auto":
         return False
     if dtype == np.float32:
-        return _measured("packed", "float32", _measure_packed, _packed.CHECKED) == "torch"
-    if dtype == np.float64:
-        return _measured("few rows", "float64", _measure_few_rows, _few_rows.CHECKED) == "compiled"
-    return False
+        kind, name, measure, checked, chosen = "packed", "float32", _measure_packed, _packed.CHECKED, "torch"
+    elif dtype == np.float64:
+        kind, name, measure, checked, chosen = "few rows", "float64", _measure_few_rows, _few_rows.CHECKED, "compiled"
+    else:
+        return False
+    if name not in _PEERS_DECIDED:  # decided first: the measurement times against it, under the store's lock
+        threaded_rows(dtype)
+        _PEERS_DECIDED.add(name)
+    return _measured(kind, name, measure, checked) == chosen
 
 
 def _measure_packed(dtype) -> dict:
-    return _packed.measure(dtype, _best)
+    against, peer = rows_peer(dtype)
+    return {**_packed.measure(dtype, _best, peer), "against": against}
 
 
 def _measure_few_rows(dtype) -> dict:
-    return _few_rows.measure(dtype, _best)
+    against, peer = rows_peer(dtype)
+    return {**_few_rows.measure(dtype, _best, peer), "against": against}
+
+
+def rows_peer(dtype) -> tuple:
+    """``(name, product)``: what multiplies a feature map's rows of ``dtype`` outside worker
+    tasks when no prepared product does, as a one-thread ``product(a, b, out)`` to time a
+    prepared product against: torch's where it multiplies them on its threads
+    (:func:`threaded_rows`; MKL on an Intel Xeon was 1.25-1.5x faster than OpenBLAS), else
+    NumPy's BLAS."""
+    if threaded_rows(dtype):
+        torch = _torch()
+
+        def product(a, b, out):
+            with _one_torch_thread(torch):
+                torch.mm(_tensor(torch, a), _tensor(torch, b), out=_tensor(torch, out))
+        return "torch", product
+    return "numpy", lambda a, b, out: np.matmul(a, b, out=out)
 
 
 def softmax_provider(dtype) -> str:

@@ -13,8 +13,9 @@ A product is packed where all of these hold:
 * float32 (oneDNN has no float64 inner product) C-contiguous NumPy rows, and a host matrix
   (the packed copy is made once per discretized operator, like its other converted constants);
 * ``CTFORMER_GEMM`` is ``auto`` and this machine's measurement (:func:`measure`, stored with
-  the products' choice by :func:`ctformer._numerics.gemm.packed_products`) chose it: one-thread
-  time at a feature map's shapes below ``0.92`` of NumPy's, and one, two and three threads
+  the products' choice by :func:`ctformer._numerics.gemm.prepared_products`) chose it: one-thread
+  time at a feature map's shapes below ``0.92`` of the product the rows get otherwise
+  (:func:`ctformer._numerics.gemm.rows_peer`), and one, two and three threads
   giving the same bits at the corners of the shapes used;
 * at least ``_MIN_ROWS`` rows, a width of at least ``_MIN_WIDTH`` and an inner dimension of at
   most ``_MAX_INNER``. oneDNN splits the inner dimension between threads, and so rounds by
@@ -45,8 +46,8 @@ _MAX_INNER = 16384
 _INVARIANCE_SHAPES = ((_MIN_ROWS, _MAX_INNER, _MIN_WIDTH), (_MIN_ROWS, 384, 1152), (5, 4096, 384),
                       (16, 1536, 384), (1000, 384, 1536), (1024, _MAX_INNER, _MIN_WIDTH))
 _TIMED_SHAPES = ((16, 384, 1152), (16, 1536, 384), (256, 384, 1536))
-# what a stored verdict checked: a verdict stored with other shapes is measured again
-CHECKED = repr(_INVARIANCE_SHAPES)
+# what a stored verdict checked, and against what: a verdict stored otherwise is measured again
+CHECKED = f"{_INVARIANCE_SHAPES!r} against the rows' own product"
 _MARGIN = 0.92
 
 
@@ -97,11 +98,13 @@ def pack(matrix_t, bias):
     return PackedMatrix(matrix_t, bias, _torch())
 
 
-def measure(dtype, best) -> dict:
+def measure(dtype, best, peer=None) -> dict:
     """The stored verdict: ``"torch"`` where oneDNN is there, gives the same bits on one, two
-    and three threads at ``_INVARIANCE_SHAPES`` and takes less than ``_MARGIN`` of NumPy's
-    time at ``_TIMED_SHAPES`` (the geometric mean of the shapes' ratios, best of 5, one thread
-    each, ``best(call)`` its best time); else ``"numpy"`` with the reason."""
+    and three threads at ``_INVARIANCE_SHAPES`` and takes less than ``_MARGIN`` of the time
+    of ``peer(a, b, out)`` (the product the rows get otherwise, on one thread; default NumPy's)
+    at ``_TIMED_SHAPES`` (the geometric mean of the shapes' ratios, one thread each,
+    ``best(call)`` its best time); else ``"numpy"`` with the reason."""
+    peer = peer or (lambda a, b, out: np.matmul(a, b, out=out))
     torch = _torch()
     if _ops(torch) is None:
         return {"provider": "numpy", "reason": "torch has no oneDNN inner product"}
@@ -120,9 +123,9 @@ def measure(dtype, best) -> dict:
     with limiter if limiter is not None else nullcontext(), _torch_threads(torch, 1):
         for m, k, n in _TIMED_SHAPES:
             a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
-            packed, ta = PackedMatrix(b, None, torch), torch.from_numpy(a)
+            packed, ta, out = PackedMatrix(b, None, torch), torch.from_numpy(a), np.empty((m, n), np.float32)
             ratios.append(best(lambda: packed._product(ta, packed.weight, None, "none", [], ""))
-                          / best(lambda: a @ b))
+                          / best(lambda: peer(a, b, out)))
     ratio = float(np.exp(np.mean(np.log(ratios))))  # each shape counts alike, few rows or many
     provider = "torch" if ratio < _MARGIN else "numpy"
     return {"provider": provider, "ratio": ratio, "ratios": ratios}
