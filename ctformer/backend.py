@@ -22,6 +22,7 @@ Nothing here copies data between host and device unless asked to.
 """
 from __future__ import annotations
 
+import sys
 import weakref
 from functools import cached_property
 
@@ -202,6 +203,9 @@ def _placement(like):
     """(namespace name, device, dtype string) of the array ``like``."""
     if type(like) is np.ndarray:  # the hot path: a plain NumPy state
         return "numpy", None, like.dtype.str
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor):  # torch states: no namespace lookup
+        return "array_api_compat.torch", str(like.device), str(like.dtype)
     if array_api_compat.is_numpy_array(like):
         return "numpy", None, like.dtype.str
     if array_api_compat.is_cupy_array(like):

@@ -364,8 +364,8 @@ class ContinuousTransformer:
 
     def _check_namespaces(self, u) -> None:
         """A state and tensor parameters must live in one namespace and on one device."""
-        if type(u) is np.ndarray and all(op is None or has_host_parameters(op) for op in self._operators()):
-            return  # every operator was checked when it was discretized (cheap: no walk)
+        if all(op is None or has_host_parameters(op) for op in self._operators()):
+            return  # host parameters only, known since each operator was discretized (no walk)
         tensors = [v for v in self.parameters().values() if not is_host(v)]
         if not tensors:
             return

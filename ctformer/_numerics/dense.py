@@ -141,9 +141,9 @@ def zero_rows(xp, out, empty):
 def _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, chunk):
     """Query chunks with functional array-API operations; returns (..., N, e)."""
     n, e = qs.shape[-2], v.shape[-1]
-    # the column of ones gives the denominator from the same product as the numerator
-    ones = xp.ones((*v.shape[:-1], 1), dtype=v.dtype)
-    v1 = xp.concat([v, ones], axis=-1)
+    softmax = _torch_softmax(qs)
+    if softmax is None:  # the column of ones gives the denominator from the numerator's product
+        v1 = xp.concat([v, xp.ones((*v.shape[:-1], 1), dtype=v.dtype)], axis=-1)
     blocks = []
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
@@ -156,10 +156,24 @@ def _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, chunk):
         elif keep is not None:
             rows = keep[..., start:stop, :] if keep.shape[-2] > 1 else keep
             s = xp.where(rows, s, -xp.inf)
+        if softmax is not None:
+            blocks.append(softmax(s) @ v[..., :cols, :])
+            continue
         p = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
         num = p @ v1[..., :cols, :]
         blocks.append(num[..., :e] / num[..., e:])
     return xp.concat(blocks, axis=-2) if len(blocks) > 1 else blocks[0]
+
+
+def _torch_softmax(a):
+    """For torch tensors, torch's softmax over the last axis (one fused pass, where maximum,
+    exponential, sum and division as tensor operations took four; differentiable to any
+    order); None for other arrays."""
+    if not array_api_compat.is_torch_array(a):
+        return None
+    import torch
+
+    return lambda s: torch.softmax(s, dim=-1)
 
 
 def _mask_diagonal_block(xp, s, start, stop, diag_shift):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 from contextlib import contextmanager, nullcontext
@@ -185,7 +186,8 @@ def rows_product(a, b, bias=None, prepared=None):
     product on the folded rows: inside a worker task by :func:`matmul` (one thread); outside,
     where :func:`threaded_products` holds and the product has at least 2^18 multiply-adds, by
     torch on :func:`~ctformer._numerics.threads.num_threads` threads, the bias entering the
-    product (``addmm``: one pass over the output less). Anything else by
+    product (``addmm``: one pass over the output less). torch tensors with a bias of their
+    dtype and device by ``torch.addmm``, as torch's ``Linear``. Anything else by
     :func:`ctformer.backend.matmul_rows` (NumPy's BLAS as configured, torch, CuPy) and
     :func:`ctformer.backend.plus_bias`."""
     if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim >= 2 and b.ndim == 2
@@ -210,7 +212,18 @@ def rows_product(a, b, bias=None, prepared=None):
                     return plus_bias(out, bias)
             return out
         return numpy_rows(a, b, bias)
+    if bias is not None and _torch_operands(a, b, bias):  # the bias in the product's pass, as torch's Linear
+        rows = a.reshape(-1, a.shape[-1])
+        return _torch().addmm(bias, rows, b).reshape(*a.shape[:-1], b.shape[1])
     return plus_bias(matmul_rows(a, b), bias)
+
+
+def _torch_operands(a, b, bias) -> bool:
+    """Whether ``a`` (..., d), ``b`` (d, m) and ``bias`` (m,) are torch tensors of one dtype and device."""
+    torch = sys.modules.get("torch")
+    return (torch is not None and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and isinstance(bias, torch.Tensor) and a.ndim >= 2 and b.ndim == 2 and bias.shape == (b.shape[1],)
+            and a.dtype == b.dtype == bias.dtype and a.device == b.device == bias.device)
 
 
 def numpy_rows(a, b, bias=None):

@@ -12,7 +12,12 @@ r"""Pointwise activations :math:`\phi` of the feed-forward operator, in any arra
 with :math:`\Phi` the standard normal distribution function and :math:`\sigma` the logistic
 function. ReLU is the projection onto :math:`\{v \ge 0\}` (Tai et al.).
 
-Torch and CuPy arrays use their own libraries' functions. NumPy arrays take a faster path
+Torch tensors use torch's fused functions (``torch.nn.functional.gelu``, ``silu``, ``relu``:
+one pass each, where the formulas as tensor operations took four to six; a 128-token MiniLM
+forward on torch tensors spent 1.3x HuggingFace's time), CuPy arrays their library's ``erf``.
+torch's GELU is the form :math:`\tfrac{z}{2}(1 + \mathrm{erf}(z/\sqrt2))`, which cancels in
+the negative tail: accurate there to :math:`\epsilon |z|` absolutely, not relatively (as the
+HuggingFace modules compute it); the NumPy path below is relatively accurate everywhere. NumPy arrays take a faster path
 whose results are the same to rounding: the array is cut into blocks that stay in cache, each
 block is finished with a few in-place passes, and large arrays share the blocks among threads
 (NumPy's element-wise loops release the GIL; the result does not depend on the thread count,
@@ -220,8 +225,19 @@ def _silu_block(z, out):
 def relu(z):
     r""":math:`\max(z, 0)`; NaN stays NaN (as torch's ``relu``), so a NaN born in a solve is
     still reported rather than hidden as zero."""
+    if array_api_compat.is_torch_array(z):
+        return _torch_functional().relu(z)
     xp = namespace(z)
     return xp.where(z < 0, xp.zeros_like(z), z)
+
+
+def _torch_functional():
+    """``torch.nn.functional``: torch tensors take torch's own fused activations (one pass,
+    computed in float32 for half-precision tensors, differentiable to any order), as the
+    HuggingFace modules do; the formulas are the ones above."""
+    import torch.nn.functional as functional
+
+    return functional
 
 
 def _erf(z):
@@ -248,6 +264,8 @@ def gelu(z):
         return _blockwise(_loop("gelu", _gelu_block, z.dtype), z)
     if _host_half(z):
         return via_float32(gelu, z, "gelu")
+    if array_api_compat.is_torch_array(z):
+        return _torch_functional().gelu(z)
     return z * 0.5 * (1.0 + _erf(z * _SQRT_HALF))
 
 
@@ -258,6 +276,8 @@ def gelu_tanh(z):
         return _blockwise(_loop("gelu_tanh", _gelu_tanh_block, z.dtype), z)
     if _host_half(z):
         return via_float32(gelu_tanh, z, "gelu_tanh")
+    if array_api_compat.is_torch_array(z):
+        return _torch_functional().gelu(z, approximate="tanh")
     xp = namespace(z)
     return 0.5 * z * (1.0 + xp.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z * z * z)))
 
@@ -269,6 +289,8 @@ def silu(z):
         return _blockwise(_loop("silu", _silu_block, z.dtype), z)
     if _host_half(z):
         return via_float32(silu, z, "silu")
+    if array_api_compat.is_torch_array(z):
+        return _torch_functional().silu(z)
     xp = namespace(z)
     e = xp.exp(-xp.abs(z))  # in (0, 1]: no overflow for any z
     return z * xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))

@@ -48,6 +48,7 @@ raises :class:`OverflowError` rather than becoming inf.
 from __future__ import annotations
 
 import math
+import sys
 
 import array_api_compat
 import numpy as np
@@ -88,6 +89,37 @@ def _plain_centred(u, w, eps: float, centre: bool):
     if eps == 0.0 and not float(var.min(initial=np.inf)) > (noise * top) ** 2:
         return None
     return c, var
+
+
+def _torch_fused(u, uniform: bool, eps: float, centre: bool, gain, shift=None):
+    """torch's fused ``layer_norm`` (``centre``) or ``rms_norm`` for a float32 or float64 torch
+    tensor, where that is the scale-safe result: uniform feature weights (a midpoint grid, as
+    converted networks use), ``eps > 0`` and the largest entry within the squaring range of
+    ``_PLAIN`` (one reduction, outside autograd); else ``None``. One pass where the general
+    path takes about fifteen tensor operations (a 16-token MiniLM forward on torch tensors:
+    1.7 ms of 7 in its twelve normalizations)."""
+    torch = sys.modules.get("torch")
+    if not uniform or eps <= 0.0 or torch is None or not isinstance(u, torch.Tensor) or u.numel() == 0:
+        return None
+    plain = _PLAIN.get(np.dtype(np.float64) if u.dtype == torch.float64 else
+                       np.dtype(np.float32) if u.dtype == torch.float32 else None)
+    if plain is None:
+        return None
+    with torch.no_grad():
+        top = float(u.abs().amax())
+    if not 1.0 / plain[0] <= top <= plain[0]:
+        return None
+    d = u.shape[-1]
+    weight = None if gain is None else torch.broadcast_to(gain, (d,))
+    if centre:
+        bias = None if shift is None else torch.broadcast_to(shift, (d,))
+        return torch.nn.functional.layer_norm(u, (d,), weight, bias, eps)
+    return torch.nn.functional.rms_norm(u, (d,), weight, eps)
+
+
+def _uniform(w) -> bool:
+    """Whether the host feature weights ``w`` are all equal (the mean is the plain average)."""
+    return bool(w.size) and bool(np.all(w == w[0]))
 
 
 def _rescaled(xp, u):
@@ -181,7 +213,7 @@ class LayerNormProjection(Normalization):
         y = grids.features
         constants = Constants(w=_feature_weights(grids), gain=self.gain.evaluate(y),
                               shift=self.shift.evaluate(y))
-        eps = self.eps
+        eps, uniform = self.eps, _uniform(_feature_weights(grids))
 
         def layer_norm(u):
             if type(u) is np.ndarray and u.dtype == np.float16:
@@ -189,6 +221,9 @@ class LayerNormProjection(Normalization):
             w = constants("w", u)
             gain, shift = constants("gain", u), constants("shift", u)
             fused = normalized_rows(u, w, eps, True, gain, shift)
+            if fused is not None:
+                return fused
+            fused = _torch_fused(u, uniform, eps, True, gain, shift)
             if fused is not None:
                 return fused
             plain = _plain_centred(u, w, eps, True)
@@ -266,13 +301,15 @@ class SphereProjection(Normalization):
         y = grids.features
         plain = self.is_projection
         constants = Constants(w=_feature_weights(grids), gain=None if plain else self.gain.evaluate(y))
-        eps, name = self.eps, type(self).__name__
+        eps, name, uniform = self.eps, type(self).__name__, _uniform(_feature_weights(grids))
 
         def sphere(u):
             if type(u) is np.ndarray and u.dtype == np.float16:
                 return via_float32(sphere, u, name)
             w = constants("w", u)
             fused = normalized_rows(u, w, eps, False, None if plain else constants("gain", u))
+            if fused is None:
+                fused = _torch_fused(u, uniform, eps, False, None if plain else constants("gain", u))
             if fused is not None:
                 return fused
             fast = _plain_centred(u, w, eps, False)
