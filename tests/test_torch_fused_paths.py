@@ -120,3 +120,24 @@ def test_biased_tensor_products_are_addmm(rng, monkeypatch):
     # a bias of another dtype: the product and a separate sum, as before
     mixed = gemm.rows_product(torch.from_numpy(a), torch.from_numpy(m), torch.from_numpy(b).float())
     assert len(called) == 1 and np.abs(mixed.numpy() - exact).max() <= 1e-6 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("mask", [None, "causal"])
+def test_tensor_attention_with_uniform_weights_is_torchs_kernel(rng, monkeypatch, mask):
+    q, k, v = (rng.standard_normal((2, 3, 24, 8)) for _ in range(3))
+    ref = quadrature_attention(q, k, v, beta=0.7, mask=mask)
+    calls = []
+    kernel = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **kw: calls.append(kw) or kernel(*a, **kw))
+    tq, tk, tv = (torch.from_numpy(a).requires_grad_(True) for a in (q, k, v))
+    got = quadrature_attention(tq, tk, tv, beta=0.7, mask=mask)
+    assert calls and calls[0]["is_causal"] == (mask == "causal")
+    assert np.abs(got.detach().numpy() - ref).max() <= 1e-14 * np.abs(ref).max()
+    # its backward: first derivatives against finite differences
+    small = [torch.from_numpy(a[:1, :1, :6, :3]).requires_grad_(True) for a in (q, k, v)]
+    assert torch.autograd.gradcheck(lambda *t: quadrature_attention(*t, beta=0.7, mask=mask), small)
+    monkeypatch.setenv("CTFORMER_ATTENTION_ENGINE", "streamed")  # the library's chunks instead
+    calls.clear()
+    chunks = quadrature_attention(tq, tk, tv, beta=0.7, mask=mask)
+    assert not calls and np.abs(chunks.detach().numpy() - ref).max() <= 1e-14 * np.abs(ref).max()

@@ -18,6 +18,7 @@ gets output zero. The mathematics and the validation live in
 from __future__ import annotations
 
 import math
+import sys
 
 import array_api_compat
 import numpy as np
@@ -51,6 +52,10 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
         if scale is not None:
             return _fused_kernel.fused_attention(q, k, v, scale, causal, lead, out)
         return _fused_kernel.fused_attention(q * beta, k, v, 1.0, causal, lead, out)
+    if not numpy and engine != "streamed" and _torch_fusable(q, k, v, log_w, keep, causal, diag_shift, lead, chunk):
+        import torch
+
+        return _fused_kernel.sdpa(torch, q * beta, k, v, 1.0, causal, lead)
     if numpy and q.dtype in (np.float32, np.float64) and n * m >= _STREAM_MIN_ENTRIES:
         # beta scales each query chunk inside the workers
         return _numpy_paths.stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk)
@@ -107,6 +112,21 @@ def _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk, engine) -> boo
     return (q.ndim == k.ndim == v.ndim == dims and q.dtype == k.dtype == v.dtype
             and q.dtype in (np.float32, np.float64) and _fused_kernel.fused_attention_ok(q.dtype)
             and _fused_kernel.fused_chosen(q.dtype, causal, n * m, engine))
+
+
+def _torch_fusable(q, k, v, log_w, keep, causal, diag_shift, lead, chunk) -> bool:
+    """Whether torch tensors go to torch's fused kernel (``scaled_dot_product_attention``, with
+    its backward): float32 or float64 on one device, uniform weights, no mask but the square
+    causal one, no chunking asked for; as HuggingFace's modules compute attention. Elsewhere
+    the query chunks of tensor operations (with ``torch.softmax``)."""
+    torch = sys.modules.get("torch")
+    if (torch is None or not isinstance(q, torch.Tensor) or log_w is not None or keep is not None
+            or diag_shift is not None or chunk is not None or (causal and q.shape[-2] != k.shape[-2])):
+        return False
+    dims = len(lead) + 2
+    return (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and q.ndim == k.ndim == v.ndim == dims
+            and q.dtype == k.dtype == v.dtype and q.dtype in (torch.float32, torch.float64)
+            and q.device == k.device == v.device)
 
 
 # -- queries without keys -------------------------------------------------------------------------
@@ -308,7 +328,8 @@ def global_abs_max(xp, a) -> float:
         return 0.0
     if isinstance(a, np.ndarray):
         return max(float(a.max()), -float(a.min()))
-    return float(xp.max(xp.abs(a)))
+    detach = getattr(a, "detach", None)  # a torch tensor in autograd: the value only
+    return float(xp.max(xp.abs(a if detach is None else detach())))
 
 def attend_trusted(q, k, v, beta, weights, mask, diagonal, chunk=None):
     """Quadrature attention on inputs already known to be valid (no check, no rescaling).

@@ -114,21 +114,28 @@ def fused_attention(q, k, v, scale, causal, lead, out):
     ``(H_kv, G)``) are passed as they are, not repeated. Writes and returns ``out``, of shape
     ``(*lead, N, e)``; ``q``, ``k``, ``v`` have ``len(lead) + 2`` axes."""
     torch = _torch()
-    n, m, e = q.shape[-2], k.shape[-2], v.shape[-1]
-    tq, tk, tv = (_tensor(torch, a) for a in (q, k, v))
-    grouped = len(lead) >= 2 and lead[-1] > 1 and k.shape[-3] == v.shape[-3] == 1 and q.shape[-3] == lead[-1]
-    tq = tq.expand(*lead, n, q.shape[-1])
-    if grouped:  # (..., H_kv, G, N, d) queries against (..., H_kv, 1, M, d) keys and values
-        tq = tq.flatten(-4, -3)
-        tk, tv = (t.expand(*lead[:-1], 1, *t.shape[-2:]).squeeze(-3) for t in (tk, tv))
-    else:
-        tk, tv = (t.expand(*lead, *t.shape[-2:]) for t in (tk, tv))
-    tq, tk, tv = (_four_axes(t) for t in (tq, tk, tv))
     with _torch_threads(torch, num_threads()):
-        o = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, scale=float(scale),
-                                                             enable_gqa=grouped)
-    np.copyto(out, o.reshape(*lead, n, e).numpy())
+        o = sdpa(torch, *(_tensor(torch, a) for a in (q, k, v)), scale, causal, lead)
+    np.copyto(out, o.numpy())
     return out
+
+
+def sdpa(torch, q, k, v, scale, causal, lead):
+    """``softmax(scale q k^T) v`` of torch tensors shaped as :func:`fused_attention`'s arrays,
+    by ``scaled_dot_product_attention`` on torch's current threads: a tensor ``(*lead, N, e)``
+    (differentiable, as the kernel is)."""
+    n, e = q.shape[-2], v.shape[-1]
+    grouped = len(lead) >= 2 and lead[-1] > 1 and k.shape[-3] == v.shape[-3] == 1 and q.shape[-3] == lead[-1]
+    q = q.expand(*lead, n, q.shape[-1])
+    if grouped:  # (..., H_kv, G, N, d) queries against (..., H_kv, 1, M, d) keys and values
+        q = q.flatten(-4, -3)
+        k, v = (t.expand(*lead[:-1], 1, *t.shape[-2:]).squeeze(-3) for t in (k, v))
+    else:
+        k, v = (t.expand(*lead, *t.shape[-2:]) for t in (k, v))
+    q, k, v = (_four_axes(t) for t in (q, k, v))
+    o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=float(scale),
+                                                         enable_gqa=grouped)
+    return o.reshape(*lead, n, e)
 
 
 def _four_axes(t):
