@@ -93,13 +93,15 @@ def _plain_centred(u, w, eps: float, centre: bool):
 
 def _torch_fused(u, uniform: bool, eps: float, centre: bool, gain, shift=None):
     """torch's fused ``layer_norm`` (``centre``) or ``rms_norm`` for a float32 or float64 torch
-    tensor, where that is the scale-safe result: uniform feature weights (a midpoint grid, as
+    tensor on the CPU (on a GPU the general path, which never waits for the device), where
+    that is the scale-safe result: uniform feature weights (a midpoint grid, as
     converted networks use), ``eps > 0`` and the largest entry within the squaring range of
     ``_PLAIN`` (one reduction, outside autograd); else ``None``. One pass where the general
     path takes about fifteen tensor operations (a 16-token MiniLM forward on torch tensors:
     1.7 ms of 7 in its twelve normalizations)."""
     torch = sys.modules.get("torch")
-    if not uniform or eps <= 0.0 or torch is None or not isinstance(u, torch.Tensor) or u.numel() == 0:
+    if (not uniform or eps <= 0.0 or torch is None or not isinstance(u, torch.Tensor) or u.numel() == 0
+            or u.device.type != "cpu"):  # on a GPU the range check would wait for the device
         return None
     plain = _PLAIN.get(np.dtype(np.float64) if u.dtype == torch.float64 else
                        np.dtype(np.float32) if u.dtype == torch.float32 else None)
