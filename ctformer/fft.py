@@ -18,7 +18,10 @@
   threads, by default the library's worker count (:func:`ctformer._numerics.threads.num_threads`:
   ``CTFORMER_NUM_THREADS``, else the BLAS library's thread count), read when the transform's
   plan is made; smaller ones, and those called inside the library's worker tasks, on one
-  thread (threads cost more than they give there). A threaded plan is kept only where it gives
+  thread (threads cost more than they give there), and so do all transforms in a process
+  forked from another (FFTW's threads do not survive a fork: a threaded plan made before it
+  waited forever in the child; the child's copy of a :class:`PlannedFFT` drops the parent's
+  plans at its first call). A threaded plan is kept only where it gives
   the bits of a one-thread plan of the same transform (checked once, on random data, when it
   is made; otherwise the one-thread plan runs), so the thread count never changes a result of
   a pinned engine. On an AMD EPYC (family 26, model 2), FFT convolutions of 64 rows of
@@ -86,6 +89,19 @@ def fft_engine() -> str:
 _WORKERS = (lambda: 1, lambda: False)
 
 
+# Forks this process descends from. FFTW's threads do not survive a fork: in a forked child a
+# threaded plan waits forever for them (measured: a hang), so a child plans on one thread.
+_FORKS = [0]
+
+
+def _forked() -> None:
+    _FORKS[0] += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def use_workers(count, inside_worker) -> None:
     """Set the functions that give the library's worker count and whether the calling thread
     runs a worker task (:mod:`ctformer._numerics.threads` calls this when it is imported)."""
@@ -128,17 +144,25 @@ class PlannedFFT:
         self.planner_effort = planner_effort() if effort is None else one_of(effort, "effort", _EFFORTS)
         self.engine = fft_engine() if engine is None else one_of(engine, "engine", _ENGINES)
         self._alignment = pyfftw.simd_alignment
-        self._plans: OrderedDict = OrderedDict()
-        self._ready: dict = {}  # (kind, type, shape, dtype, axis, n) of a call -> its plan entry
-        self._lock = threading.Lock()
+        self._forget()
 
     def __repr__(self) -> str:
         return (f"PlannedFFT(threads={self.threads}, effort={self.planner_effort!r}, "
                 f"engine={self.engine!r})")
 
     # -- planned real transforms ---------------------------------------------------------------
+    def _forget(self):
+        """Drop every plan (and make new locks): at creation, and in a forked child, where the
+        parent's threaded plans would wait forever for FFTW threads that the fork did not copy."""
+        self._plans: OrderedDict = OrderedDict()
+        self._ready: dict = {}  # (kind, type, shape, dtype, axis, n) of a call -> its plan entry
+        self._lock = threading.Lock()
+        self._forks = _FORKS[0]
+
     def rfft(self, x, n=None, axis=-1):
         """Real-to-complex FFT along ``axis`` (``scipy.fft.rfft`` / ``numpy.fft.rfft`` semantics)."""
+        if self._forks != _FORKS[0]:
+            self._forget()
         # a call seen before (same array kind, shape, dtype, axis, n) skips the checks
         ready = self._ready.get(("rfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n))
         if ready is None:
@@ -183,6 +207,8 @@ class PlannedFFT:
 
     def irfft(self, x, n=None, axis=-1):
         """Complex-to-real inverse FFT along ``axis`` (``scipy.fft.irfft`` semantics, 1/n scaling)."""
+        if self._forks != _FORKS[0]:
+            self._forget()
         ready = self._ready.get(("irfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n))
         if ready is None:
             return self._irfft_first(x, n, axis)
@@ -233,7 +259,7 @@ class PlannedFFT:
         func = getattr(self._interfaces, name)
 
         def call(*args, **kwargs):
-            kwargs.setdefault("workers", self.threads or 1)
+            kwargs.setdefault("workers", 1 if _FORKS[0] else self.threads or 1)
             return func(*args, **kwargs)
 
         call.__name__ = name
@@ -300,7 +326,7 @@ class PlannedFFT:
     def _threads(self, points: int) -> int:
         """FFTW threads of a plan of ``points`` points in all (module docstring)."""
         count, inside_worker = _WORKERS
-        if points < _THREADED_MIN_POINTS or inside_worker():
+        if points < _THREADED_MIN_POINTS or inside_worker() or _FORKS[0]:
             return 1
         return self.threads if self.threads is not None else count()
 

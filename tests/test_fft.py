@@ -237,3 +237,46 @@ class _Scaled:
     def execute(self):
         self.plan.execute()
         self.output_array = self.plan.output_array * (1 + 2.0 ** -40)
+
+
+_FORK_CHECK = """
+import multiprocessing, sys
+import numpy as np
+from ctformer.fft import PlannedFFT
+
+fft = PlannedFFT(threads=2, engine="fftw")
+x = np.random.default_rng(0).standard_normal((8, 1 << 15))  # 2^18 points: a threaded plan
+parent = fft.rfft(x)
+
+
+def child(queue):
+    queue.put(bool(np.array_equal(fft.rfft(x), parent)))  # a bool: a large item would hold the child
+
+
+context = multiprocessing.get_context("fork")
+queue = context.Queue()
+process = context.Process(target=child, args=(queue,))
+process.start()
+process.join(60)
+if process.is_alive():
+    process.kill()
+    sys.exit("hung")
+print(process.exitcode == 0 and queue.get(timeout=10))
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork is POSIX only")
+def test_a_forked_child_does_not_wait_for_fftws_threads():
+    """FFTW's threads do not survive a fork: the parent's threaded plan, run in a forked
+    child, waited forever. The child's PlannedFFT drops the parent's plans and plans on one
+    thread (the same bits: threaded plans are kept only with one thread's bits). Run in a
+    fresh interpreter, without the suite's one-thread limits (under them FFTW's OpenMP
+    threads are one, and nothing would hang)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-c", _FORK_CHECK], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
