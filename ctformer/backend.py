@@ -22,6 +22,7 @@ Nothing here copies data between host and device unless asked to.
 """
 from __future__ import annotations
 
+import math
 import sys
 import weakref
 from functools import cached_property
@@ -32,7 +33,7 @@ import numpy as np
 from .validation import one_of
 
 __all__ = ["Backend", "get_backend", "backend_of", "cupy_available", "constant", "to_host",
-           "namespace", "matmul_rows", "plus_bias"]
+           "namespace", "matmul_rows", "plus_bias", "all_finite"]
 
 _NUMPY_NAMESPACE = array_api_compat.array_namespace(np.zeros(1))
 
@@ -64,6 +65,23 @@ def plus_bias(z, bias):
         z += bias
         return z
     return z + bias
+
+
+def all_finite(u) -> bool:
+    """Whether every entry of the real array ``u`` is finite (no NaN, no inf).
+
+    torch tensors first take one sum, which is finite unless an entry is NaN or inf or the sum
+    overflows; only then does the entry-wise test decide (on a 1M-entry CPU tensor 12 us
+    against 300 us for ``isfinite`` and ``all``, at every step of a solve). Other arrays take
+    the entry-wise test (NumPy's ``isfinite`` and ``all`` beat its pairwise sum)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(u, torch.Tensor):
+        with torch.no_grad():
+            wide = torch.float32 if u.dtype in (torch.float16, torch.bfloat16) else None
+            if math.isfinite(float(u.sum(dtype=wide))):
+                return True
+    xp = namespace(u)
+    return bool(xp.all(xp.isfinite(u)))
 
 
 def cupy_available() -> bool:

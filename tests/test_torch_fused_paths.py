@@ -141,3 +141,16 @@ def test_tensor_attention_with_uniform_weights_is_torchs_kernel(rng, monkeypatch
     calls.clear()
     chunks = quadrature_attention(tq, tk, tv, beta=0.7, mask=mask)
     assert not calls and np.abs(chunks.detach().numpy() - ref).max() <= 1e-14 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+def test_all_finite_by_one_sum_decides_as_the_entrywise_test(dtype):
+    from ctformer.backend import all_finite
+
+    big = float(torch.finfo(dtype).max) / 2
+    cases = {"finite": [1.0, -2.0, 3.0], "finite, sum overflows": [big, big, big],
+             "nan": [1.0, float("nan")], "inf": [float("inf"), 1.0], "inf - inf": [float("inf"), -float("inf")]}
+    for name, values in cases.items():
+        u = torch.tensor(values, dtype=dtype).requires_grad_(dtype != torch.float16)
+        assert all_finite(u) == bool(torch.isfinite(u).all()), name
+        assert all_finite(u.detach().numpy()) == all_finite(u), name  # NumPy: the entry-wise test

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import array_api_compat
 import numpy as np
 
+from ..backend import all_finite
 from .controller import ControllerState, PIController
 from .events import crossed, evaluate_condition, locate
 from .failures import MaxStepsReached, SolveFailed, SolveInterrupted, StepSizeTooSmall
@@ -230,8 +231,7 @@ class _Run:
         self.counter.calls += n * len(self.problem.problems[0].flows)
 
     def _nonfinite(self, t_start, t_end, h):
-        xp = self._xp()
-        if bool(xp.all(xp.isfinite(self.u))):
+        if all_finite(self.u):
             return
         if self.layered:
             layer = int(np.floor(t_start + 1e-12))

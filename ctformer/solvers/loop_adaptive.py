@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 import math
 
-import array_api_compat
 
+from ..backend import all_finite
 from .controller import ControllerState
 from .failures import MaxStepsReached, StepSizeTooSmall
 from .solution import StepRecord
@@ -96,7 +96,6 @@ def run_adaptive(run, u, controller, weights, stepper, start=None) -> None:
 
 
 def _finite_norm(norm, error, u, u_new) -> float:
-    xp = array_api_compat.array_namespace(u_new)
-    if not bool(xp.all(xp.isfinite(u_new))):
+    if not all_finite(u_new):
         return math.inf
     return norm(error, u, u_new)

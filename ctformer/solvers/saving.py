@@ -4,6 +4,8 @@ from __future__ import annotations
 import array_api_compat
 import numpy as np
 
+from ..backend import all_finite
+
 __all__ = ["Saver"]
 
 
@@ -90,8 +92,7 @@ class Saver:
     def finish_interrupted(self, t: float, u) -> int:
         """Keep the last completed step too (when finite and not saved); return the count kept."""
         if u is not None and t > self.last_time:
-            xp = array_api_compat.array_namespace(u)
-            if bool(xp.all(xp.isfinite(u))):
+            if all_finite(u):
                 self._keep(t, u)
         self.final = u
         return len(self.times)
