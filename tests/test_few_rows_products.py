@@ -46,26 +46,29 @@ def test_products_agree_with_numpy_float64(compiled_on, m, k, n, with_bias):
 
 def test_every_split_of_the_columns_gives_the_bits_of_one_thread(compiled_on, monkeypatch):
     kernels = few_rows._kernels()
-    for rows in (16, 7):  # row tiles of four; of four, two and one
+    for rows in (16, 7):  # row tiles of four; leftover rows padded with zero rows
         a, matrix_t, b = _operands(rows, 200, 1030, seed=5)
+        a = few_rows.padded(a)
         w = np.ascontiguousarray(matrix_t.T)
-        one = np.empty((rows, 1030))
+        one = np.empty((a.shape[0], 1030))
         kernels["columns"](a, w, b, one, 0, 1030)
         for block in (4, 8, 516, 1032):
-            split = np.full((rows, 1030), np.nan)
+            split = np.full((a.shape[0], 1030), np.nan)
             for start in range(0, 1030, block):  # the blocks one by one, as the threads take them
                 kernels["columns"](a, w, b, split, start, min(1030, start + block))
             assert np.array_equal(one, split)
-            threaded = np.full((rows, 1030), np.nan)
+            threaded = np.full((a.shape[0], 1030), np.nan)
             kernels["columns_parallel"](a, w, b, threaded, block)
             assert np.array_equal(one, threaded)
     product = few_rows.prepare(matrix_t, b)
     outs = []
     for count in ("1", "2", "3"):
         monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
-        outs.append(product(a))
+        outs.append(product(a[:7]))  # 7 rows, padded to 8 inside
     assert all(np.array_equal(outs[0], other) for other in outs[1:])
-    assert np.array_equal(outs[0], one)
+    assert outs[0].shape == (7, 1030) and np.array_equal(outs[0], one[:7])
+    with pytest.raises(ValueError, match="rows must come in fours"):
+        kernels["columns"](a[:7], w, b, one[:7], 0, 1030)
 
 
 def test_a_matrix_stored_the_other_way_is_copied_once(compiled_on):

@@ -49,7 +49,7 @@ from . import compiled as _compiled
 from .openmp import openmp_threads
 from .threads import _INSIDE, num_threads, single_thread_blas
 
-__all__ = ["FewRowsMatrix", "measure", "prepare"]
+__all__ = ["FewRowsMatrix", "measure", "padded", "prepare"]
 
 _MIN_ROWS = 2
 _MAX_ROWS = 16
@@ -93,10 +93,13 @@ class FewRowsMatrix:
 
     def __call__(self, a):
         """``a @ M + b`` for C-contiguous float64 rows ``a`` (..., inner): a new NumPy array."""
-        rows = np.ascontiguousarray(a.reshape(-1, self.inner))
-        out = np.empty((rows.shape[0], self.width))
+        rows = a.reshape(-1, self.inner)
+        tiles = padded(rows)
+        out = np.empty((tiles.shape[0], self.width))
         threads = 1 if getattr(_INSIDE, "worker", False) else num_threads()
-        if not self._multiply(rows, out, threads):  # no OpenMP threads here: BLAS's threads
+        if self._multiply(tiles, out, threads):
+            out = out[:rows.shape[0]]
+        else:  # no OpenMP threads here: BLAS's threads
             out = rows @ self.matrix_t
             if self.bias is not None:
                 out += self.bias
@@ -111,6 +114,19 @@ class FewRowsMatrix:
             return True
         block = -(-self.width // (4 * threads)) * 4
         return openmp_threads(lambda: kernels["columns_parallel"](rows, self._weight, self._bias, out, block), threads)
+
+
+def padded(rows):
+    """``rows`` (m x k) as a C-contiguous array of a multiple of four rows, the added ones
+    zero: the kernel's one tile (four rows) then computes every row, leftovers included (the
+    zero rows cost arithmetic only: a product of 2 or 3 rows reads the matrix, once, either
+    way). No copy when ``rows`` is already such an array."""
+    m = rows.shape[0]
+    if m % 4 == 0:
+        return np.ascontiguousarray(rows)
+    out = np.zeros((m + 4 - m % 4, rows.shape[1]), dtype=rows.dtype)
+    out[:m] = rows
+    return out
 
 
 def prepare(matrix_t, bias):
@@ -135,8 +151,8 @@ def measure(dtype, best, peer=None) -> dict:
         return {"provider": "numpy", "reason": "the compiled loops are off (CTFORMER_LOOP_ENGINE or no Numba)"}
     rng = np.random.default_rng(3)
     for m, k, n in _INVARIANCE_SHAPES:
-        a, w, b = rng.standard_normal((m, k)), rng.standard_normal((n, k)), rng.standard_normal(n)
-        one, blocks = np.empty((m, n)), np.empty((m, n))
+        a, w, b = padded(rng.standard_normal((m, k))), rng.standard_normal((n, k)), rng.standard_normal(n)
+        one, blocks = np.empty((a.shape[0], n)), np.empty((a.shape[0], n))
         kernels["columns"](a, w, b, one, 0, n)
         for block in (4, 8, 4 * (n // 12) + 4):
             blocks.fill(np.nan)

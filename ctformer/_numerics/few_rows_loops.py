@@ -8,8 +8,9 @@ r"""Numba kernels of :mod:`ctformer._numerics.few_rows` (imported only when they
     C_{ij} = \sum_{p < k} A_{ip} W_{jp} + b_j .
 
 Four columns and four rows at a time (sixteen sums, each over a row of ``A`` and a row of
-``W``, both contiguous), then the rows left over (two, then one, at a time) four columns at a
-time, then the columns left over one at a time. Each sum runs in SIMD lanes: 'reassoc' lets LLVM split it into partial
+``W``, both contiguous), then the columns left over one at a time. The rows come in fours:
+callers pad them with zero rows (:func:`ctformer._numerics.few_rows.padded`), so that one
+tile computes every row, each with the same code. Each sum runs in SIMD lanes: 'reassoc' lets LLVM split it into partial
 sums, an order fixed by the compiled code and the shape, never by the thread count.
 ``columns_parallel`` hands blocks of columns (multiples of four) to Numba's threads: every
 entry is computed by the same code on every partition, so the bits are those of ``columns``
@@ -27,16 +28,17 @@ jit = njit(nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy", boundsc
 
 @jit
 def columns(a, w, bias, out, j0, j1):
-    """out[:, j0:j1] = a @ w[j0:j1].T + bias[j0:j1] (module docstring; j0 a multiple of 4)."""
+    """out[:, j0:j1] = a @ w[j0:j1].T + bias[j0:j1] (module docstring; j0 and the rows multiples of 4)."""
     m, k = a.shape
+    if m % 4:
+        raise ValueError("columns: the rows must come in fours (pad them with zero rows)")
     tiled = j0 + (j1 - j0) // 4 * 4
     for j in range(j0, tiled, 4):
         b0 = bias[j]
         b1 = bias[j + 1]
         b2 = bias[j + 2]
         b3 = bias[j + 3]
-        i = 0
-        while i + 4 <= m:
+        for i in range(0, m, 4):
             s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = 0.0
             s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = 0.0
             for p in range(k):
@@ -62,32 +64,6 @@ def columns(a, w, bias, out, j0, j1):
             _store4(out, i + 1, j, s10 + b0, s11 + b1, s12 + b2, s13 + b3)
             _store4(out, i + 2, j, s20 + b0, s21 + b1, s22 + b2, s23 + b3)
             _store4(out, i + 3, j, s30 + b0, s31 + b1, s32 + b2, s33 + b3)
-            i += 4
-        if i + 2 <= m:
-            s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = 0.0
-            for p in range(k):
-                w0, w1, w2, w3 = w[j, p], w[j + 1, p], w[j + 2, p], w[j + 3, p]
-                a0, a1 = a[i, p], a[i + 1, p]
-                s00 += a0 * w0
-                s01 += a0 * w1
-                s02 += a0 * w2
-                s03 += a0 * w3
-                s10 += a1 * w0
-                s11 += a1 * w1
-                s12 += a1 * w2
-                s13 += a1 * w3
-            _store4(out, i, j, s00 + b0, s01 + b1, s02 + b2, s03 + b3)
-            _store4(out, i + 1, j, s10 + b0, s11 + b1, s12 + b2, s13 + b3)
-            i += 2
-        for r in range(i, m):
-            s0 = s1 = s2 = s3 = 0.0
-            for p in range(k):
-                x = a[r, p]
-                s0 += x * w[j, p]
-                s1 += x * w[j + 1, p]
-                s2 += x * w[j + 2, p]
-                s3 += x * w[j + 3, p]
-            _store4(out, r, j, s0 + b0, s1 + b1, s2 + b2, s3 + b3)
     for j in range(tiled, j1):
         b0 = bias[j]
         for r in range(m):
