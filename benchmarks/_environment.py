@@ -250,11 +250,11 @@ def _prepared_products(dtype: str, key: str, how: str) -> str:
     machine stored under ``key``."""
     import numpy as np
 
-    from ctformer._numerics import gemm
+    from ctformer._numerics import gemm, store
 
     if not gemm.prepared_products(np.dtype(dtype)):
         return "no (NumPy's or torch's BLAS)"
-    stored = gemm._read(gemm._cache_file()).get(key, {})
+    stored = store.read(store.cache_file()).get(key, {})
     against = {"numpy": "NumPy's", "torch": "torch's"}.get(stored.get("against"), "NumPy's")
     return f"yes ({how}, measured {stored.get('ratio', float('nan')):.2f} of {against} time, one thread)"
 

@@ -10,7 +10,8 @@ configuration it times in the same process
   user calls it: where torch does this machine's products and MKL's strict reproducibility
   mode is on, this is torch's fused kernel on ctformer's threads (the header says which),
 * ``streamed``: the same with the library's own streamed path (``chunk`` given explicitly:
-  the default chunk of :func:`ctformer._numerics.streamed.stream_chunk`),
+  the chunk of :func:`ctformer._numerics.streamed.stream_chunk` in this machine's block
+  geometry, :func:`ctformer._numerics.measured_blocks.geometry`, printed in the header),
 * ``naive``: NumPy with the full N x N score matrix (in place, one softmax; N <= 8192 only,
   it needs 8 N^2 bytes),
 
@@ -94,11 +95,14 @@ def methods(causal):
         return lambda: quadrature_attention(q, k, v, beta=beta, mask=mask)
 
     def streamed(q, k, v, beta):
+        from ctformer._numerics.measured_blocks import geometry
         from ctformer._numerics.streamed import key_blocked, stream_chunk
         from ctformer.operators import quadrature_attention
 
-        blocked = key_blocked(len(k), None, q.dtype, causal)
-        mask, chunk = "causal" if causal else None, stream_chunk(len(q), len(k), q.dtype.itemsize, 1, blocked)
+        shape = geometry(q.dtype)
+        blocked = key_blocked(len(k), None, q.dtype, causal, shape.key_block)
+        chunk = stream_chunk(len(q), len(k), q.dtype.itemsize, 1, blocked, shape)
+        mask = "causal" if causal else None
         return lambda: quadrature_attention(q, k, v, beta=beta, mask=mask, chunk=chunk)
 
     def naive(q, k, v, beta):
@@ -107,15 +111,27 @@ def methods(causal):
     return {"sdpa": sdpa, "quadrature": quadrature, "streamed": streamed, "naive": naive}
 
 
+def _print_geometry(dtypes):
+    """The block geometry of the streamed path on this machine (ctformer._numerics.blocks)."""
+    from ctformer._numerics.blocks import DEFAULT
+    from ctformer._numerics.measured_blocks import geometry
+
+    for dtype in dtypes:
+        g = geometry(dtype)
+        how = "the default" if g == DEFAULT else f"measured here; the default is {DEFAULT.rows} x {DEFAULT.key_block}"
+        print(f"streamed blocks, {dtype}: {g.rows} queries x {g.key_block} keys without a mask, "
+              f"{g.chunk_bytes >> 20} MiB of scores per chunk otherwise ({how})")
+
+
 def _print_causal_engine(dtypes):
     """Which engine the direct call used for causal problems of 2^20 scores and more: the
     setting, or the stored measurement of this machine (ctformer._numerics.fused.fused_chosen)."""
     import os
 
-    from ctformer._numerics import gemm
+    from ctformer._numerics import store
 
     setting = os.environ.get("CTFORMER_ATTENTION_ENGINE", "auto") or "auto"
-    stored = gemm._read(gemm._cache_file()) if setting == "auto" else {}
+    stored = store.read(store.cache_file()) if setting == "auto" else {}
     for dtype in dtypes:
         entry = stored.get(f"causal attention {dtype}")
         if setting != "auto":
@@ -254,6 +270,7 @@ def main(argv=None):
                 rows += _configuration(mask == "causal", n, dtype, args, waiter)
     print(f"\ntiming rounds started on an idle machine (>= 90% of CPU idle): {waiter.idle_rounds} of {waiter.rounds}")
     _print_causal_engine(args.dtypes)
+    _print_geometry(args.dtypes)
     for r in rows:
         if r["method"] == "quadrature":
             verdict(f"attention {r['mask']:<7} N={r['n']:<5} {r['dtype']} / SDPA", r["ratio"], GOAL_RATIO, show=False,

@@ -67,13 +67,13 @@ def limits(dtype, chunk_bytes):
 def phases(n, d, dtype, engine):
     """Seconds per phase for one chunk, the chunk's rows, and one whole call's seconds."""
     os.environ["CTFORMER_LOOP_ENGINE"] = engine
-    from ctformer._numerics import compiled, streamed as attention_numpy
+    from ctformer._numerics import compiled, measured_blocks, streamed as attention_numpy
     from ctformer.operators import quadrature_attention
 
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((n, d)).astype(dtype) for _ in range(3))
     beta = 1 / np.sqrt(d)
-    r = attention_numpy.stream_chunk(n, n, np.dtype(dtype).itemsize, 1, False)  # the (chunk, M) block
+    r = attention_numpy.stream_chunk(n, n, np.dtype(dtype).itemsize, 1, False, measured_blocks.geometry(dtype))  # (chunk, M)
     scores, out, sums = np.empty((r, n), dtype), np.empty((r, d), dtype), np.empty((r, 1), dtype)
     qs = (q[:r] * beta).astype(dtype)
     made = compiled.kernels()

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from ctformer._numerics import gemm, streamed, threads, torch_threads
+from ctformer._numerics import gemm, store, streamed, threads, torch_threads
 
 from .conftest import require
 
@@ -170,7 +170,7 @@ def test_a_verdict_checked_on_other_shapes_is_measured_again(fresh_choice):
     gemm._measured.cache_clear()
     assert gemm._measured("test kind", "float64", measure, "shapes B") == "compiled"
     assert len(calls) == 2
-    stored = json.loads(gemm._cache_file().read_text())
+    stored = json.loads(store.cache_file().read_text())
     assert stored["test kind float64"] == {"provider": "compiled", "checked": "shapes B"}
 
 

@@ -9,6 +9,7 @@ import pytest
 from scipy.special import softmax
 
 from ctformer._numerics import compiled, streamed
+from ctformer._numerics.blocks import DEFAULT
 from tests.conftest import require
 
 TOL = {np.float32: 2e-6, np.float64: 1e-13}
@@ -33,22 +34,22 @@ def blocks(monkeypatch):
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
     monkeypatch.setenv("CTFORMER_GEMM", "numpy")
     original = streamed.key_blocked
-    monkeypatch.setattr(streamed, "key_blocked", lambda m, keep=None, dtype=None, causal=False:
-                        original(m, keep, dtype, False))
+    monkeypatch.setattr(streamed, "key_blocked", lambda m, keep=None, dtype=None, causal=False, key_block=None:
+                        original(m, keep, dtype, False, key_block))
 
 
 def test_the_rule_asks_for_two_blocks_and_no_mask(monkeypatch):
     require("numba")
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
     monkeypatch.setenv("CTFORMER_GEMM", "numpy")
-    b = streamed._KEY_BLOCK
+    b = DEFAULT.key_block  # CTFORMER_GEMM pinned: the default geometry
     assert streamed.key_blocked(2 * b, None, np.float64) and not streamed.key_blocked(2 * b - 1, None, np.float64)
     assert not streamed.key_blocked(4 * b, np.ones((4, 4 * b), bool), np.float64)
     assert not streamed.key_blocked(4 * b, None, np.float64, causal=True)
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numpy")
     assert not streamed.key_blocked(4 * b, None, np.float64)
-    # the chunk: _BLOCKED_ROWS query rows where blocked, ~8 MiB of scores where not
-    assert streamed.stream_chunk(8192, 8192, 8, 1, True) == streamed._BLOCKED_ROWS == 256
+    # the chunk: the geometry's query rows where blocked, ~8 MiB of scores where not
+    assert streamed.stream_chunk(8192, 8192, 8, 1, True) == DEFAULT.rows == 256
     assert streamed.stream_chunk(8192, 8192, 8, 1, False) == (8 << 20) // (8192 * 8)
 
 
@@ -58,7 +59,7 @@ def test_the_rule_asks_for_two_blocks_and_no_mask(monkeypatch):
     (True, 0.7, True, 100), (True, -2.0, False, 300)])
 def test_key_blocks_give_softmax_attention(blocks, dtype, causal, shift, weights, chunk):
     rng = np.random.default_rng(4)
-    n = 2 * streamed._KEY_BLOCK + 77  # a last block of 77 keys
+    n = 2 * DEFAULT.key_block + 77  # a last block of 77 keys
     q, k, v = (rng.standard_normal((2, n, 16)).astype(dtype) for _ in range(3))
     log_w = np.log(rng.uniform(0.5, 2.0, n)).astype(dtype) if weights else None
     assert streamed.key_blocked(n, None, np.dtype(dtype), causal)
@@ -71,7 +72,7 @@ def test_key_blocks_give_softmax_attention(blocks, dtype, causal, shift, weights
 def test_scores_beyond_the_exponential_range_are_rescaled_not_overflowed(blocks):
     # row maxima grow from block to block by far more than exp's range (e^710 overflows)
     rng = np.random.default_rng(5)
-    n = 3 * streamed._KEY_BLOCK
+    n = 3 * DEFAULT.key_block
     q = rng.standard_normal((1, 64, 8))
     k = rng.standard_normal((1, n, 8)) * np.linspace(1.0, 400.0, n)[:, None]
     v = rng.standard_normal((1, n, 3))

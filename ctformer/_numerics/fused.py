@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from ..environment import choice
+from . import measured_blocks as _measured_blocks
 from . import gemm as _gemm
 from .gemm import uses_torch
 from .threads import _INSIDE, num_threads
@@ -61,7 +62,9 @@ def fused_chosen(dtype, causal: bool, scores: int, engine: str | None = None) ->
     if not causal or scores < _CALIBRATED_MIN_SCORES:
         return True
     name = np.dtype(dtype).name
-    _gemm.softmax_provider(name)  # stored first: the measurement below runs under the store's lock
+    # stored first: the measurement below runs under the store's lock
+    _gemm.softmax_provider(name)
+    _measured_blocks.geometry(name)
     return _gemm._measured("causal attention", name, _measure_causal) == "torch"
 
 
@@ -80,7 +83,7 @@ def _measure_causal(dtype) -> dict:
         fused_attention(q, k, v, 0.125, True, (1, 1), out)
 
     def ours():
-        streamed.stream(q, 0.125, k, v, None, None, True, None, (1, 1), None)
+        streamed.stream(q, 0.125, k, v, None, None, True, None, (1, 1), None, _measured_blocks.geometry(dtype))
 
     for call in (kernel, ours, kernel, ours):
         call()

@@ -9,11 +9,8 @@ machine, dtype and set of library versions, on those shapes with one thread each
 
 * ``CTFORMER_GEMM`` chooses: ``auto`` (the default: the measured choice), ``numpy`` or
   ``torch`` (an ImportError without torch);
-* the measurement (about 0.1 s) is stored in ``$XDG_CACHE_HOME/ctformer`` (by default
-  ``~/.cache/ctformer``), in a file named after the CPU model, the BLAS kernel and the
-  versions, written atomically; every later process on the machine reads it, so a machine
-  gives the same bits run after run. Where the directory cannot be written the choice is
-  made once per process.
+* the measurement (about 0.1 s) is kept in this machine's store of measured choices
+  (:mod:`ctformer._numerics.store`), so a machine gives the same bits run after run.
 
 The engines' worker tasks use torch (:func:`matmul`) on one thread each, with torch limited
 to one thread for that call (a thread-local setting, restored after), so that, as with NumPy's
@@ -27,23 +24,18 @@ Whether torch's products may run on its own threads (MKL's strict reproducibilit
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import sys
-import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 
 from ..backend import matmul_rows, plus_bias
-from ..environment import choice, cpu_model
-from . import few_rows as _few_rows, packed as _packed
-from .threads import _INSIDE, _ROW_BLOCKS_MIN_ROWS, blas_controller, num_threads, single_thread_blas
-from .torch_threads import _one_torch_thread, _tensor, _torch, _torch_threads, _torch_version, threaded_products
+from ..environment import choice
+from . import few_rows as _few_rows, packed as _packed, store as _store
+from .threads import _INSIDE, _ROW_BLOCKS_MIN_ROWS, num_threads, single_thread_blas
+from .torch_threads import _one_torch_thread, _tensor, _torch, _torch_threads, threaded_products
 
 __all__ = ["attention_block", "gemm_provider", "matmul", "prepared_products", "rows_peer", "rows_product", "softmax_provider", "softmax_rows",
            "threaded_rows", "uses_torch"]
@@ -54,7 +46,6 @@ _FLOAT_NAMES: dict = {}  # a dtype as given -> "float32", "float64", or "" (NumP
 # for a query chunk, and a feature map's rows. torch must win by this margin to be chosen.
 _SHAPES = ((256, 64, 4096), (256, 4096, 64), (256, 384, 1536))
 _MARGIN = 0.92
-_LOCK = threading.Lock()
 _TORCH_FREE = frozenset({"few rows"})  # choices measured without torch
 _PEERS_DECIDED: set = set()  # dtypes whose rows_peer is decided (prepared_products asks once)
 _THREADED_MIN_PRODUCTS = 1 << 18  # multiply-adds from which rows_product calls torch outside workers
@@ -273,47 +264,12 @@ def _strides_ok(*arrays) -> bool:
 def _measured(kind: str, dtype: str, measure=None, checked: str | None = None) -> str:
     """The stored choice, ``"numpy"``, ``"torch"`` or ``"compiled"``, for ``kind`` ("products",
     "softmax", or a caller's kind with its ``measure(dtype) -> {"provider": ...}``) and ``dtype``
-    on this machine, measured and stored when missing (torch is imported only to measure, or
-    when chosen; the kinds of ``_TORCH_FREE`` do without it). A ``measure`` must not ask for a
-    choice not stored yet (the lock is held). ``checked`` names what the measurement verified
-    (the shapes of its bit-for-bit check): a choice stored with another ``checked`` (an older
-    version's, with other bounds) is measured again, never reused for bounds it did not check."""
-    needs_torch = kind not in _TORCH_FREE
-    if needs_torch and _torch_version() is None:
-        return "numpy"
-    key = f"{kind} {dtype}"
-    with _LOCK, _machine_lock(path := _cache_file()):
-        stored = _read(path)
-        if key not in stored or stored[key].get("checked") != checked:
-            if needs_torch and _torch() is None:  # installed but not importable: NumPy's BLAS
-                return "numpy"
-            if measure is None:
-                measure = _measure_products if kind == "products" else _measure_softmax
-            stored[key] = measure(np.dtype(dtype))
-            if checked is not None:
-                stored[key]["checked"] = checked
-            _write(path, stored)
-        return stored[key]["provider"]
-
-
-@contextmanager
-def _machine_lock(path):
-    """Processes that start together (test workers, a Dask cluster) measure one at a time, and
-    the later ones read the first one's choice."""
-    try:
-        import fcntl
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path.with_suffix(".lock"), "a")
-    except (ImportError, OSError):  # no fcntl (Windows) or no writable directory
-        yield
-        return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    on this machine, measured and stored when missing (:func:`ctformer._numerics.store.entry`;
+    torch is imported only to measure, or when chosen; the kinds of ``_TORCH_FREE`` do without
+    it)."""
+    if measure is None:
+        measure = _measure_products if kind == "products" else _measure_softmax
+    return _store.entry(kind, dtype, measure, checked, needs_torch=kind not in _TORCH_FREE)["provider"]
 
 
 def _measure_products(dtype) -> dict:
@@ -372,35 +328,3 @@ def _best(call, repeats=5) -> float:
         call()
         best = min(best, time.perf_counter() - start)
     return best
-
-
-def _cache_file() -> Path | None:
-    """This machine's file of measured choices, named by what the choice depends on."""
-    controller = blas_controller()
-    blas = sorted({(str(i.get("internal_api")), str(i.get("version")), str(i.get("architecture")))
-                   for i in (controller.info() if controller is not None else []) if i.get("user_api") == "blas"})
-    key = json.dumps([cpu_model(), np.__version__, _torch_version(), blas], sort_keys=True)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ctformer" / f"gemm-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-
-
-def _read(path) -> dict:
-    try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    ok = isinstance(stored, dict) and all(
-        isinstance(v, dict) and v.get("provider") in ("numpy", "torch", "compiled") for v in stored.values())
-    return stored if ok else {}
-
-
-def _write(path, stored) -> None:
-    from ..atomic import write_atomic
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(stored, indent=1, sort_keys=True))
-    except OSError:  # a read-only home: the choice holds for this process only
-        pass
-
-

@@ -20,15 +20,14 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import blocks as _blocks
 from . import compiled as _compiled
 from . import gemm as _gemm
 from . import threads as _threads
 
 # Small problems: at most this many score entries per task.
 _SMALL_TASK_ELEMENTS = 1 << 20
-# Streaming: a (chunk, M) score block of ~8 MiB keeps BLAS efficient (chunk >= 128 rows at
-# M = 8192 in float64) while the extra memory stays far below an N x M matrix.
-_CHUNK_BYTES = 8 << 20
+# Streaming: the sizes of the score blocks are this machine's (ctformer._numerics.blocks).
 _MIN_CHUNK_ROWS = 64
 # A call is split into at least this many tasks (for balance over a few threads). A
 # constant, not the thread count: the chunks, hence the rounding, never depend on the threads.
@@ -37,12 +36,6 @@ _MIN_TASKS = 8
 _PARALLEL_MIN_ENTRIES = 1 << 20
 # NumPy loops: rows of a score chunk are exponentiated in blocks of this size (L2 cache).
 _ELEMENTWISE_BLOCK_BYTES = 1 << 20
-# Key blocks (online softmax, compiled kernels): from two blocks of this many keys, a chunk of
-# _BLOCKED_ROWS queries meets the keys a block at a time, so that its scores (1-2 MiB) stay
-# near the core instead of a (chunk, M) block in the last-level cache: 0.80-0.85 of the time
-# in float64 and ~0.92 in float32 at M = 8192 (AMD EPYC, OpenBLAS, one thread).
-_KEY_BLOCK = 1024
-_BLOCKED_ROWS = 256
 
 
 def _exp_rows_kernel():
@@ -160,35 +153,43 @@ def _causal_bias(n, dtype, diag_shift):
 
 
 # -- large problems: streamed query chunks -------------------------------------------------------
-def key_blocked(m, keep=None, dtype=None, causal=False) -> bool:
+def key_blocked(m, keep=None, dtype=None, causal=False, key_block=None) -> bool:
     """Whether streamed attention over ``m`` keys meets them in key blocks (online softmax):
-    at least two blocks, the compiled kernels, no mask at all (a causal chunk already skips
-    the keys after it, and was 1.08-1.3x slower in key blocks in float32), and the compiled
-    row kernel (not torch's softmax) normalizing the scores of ``dtype`` (None: not asked)."""
-    return (m >= 2 * _KEY_BLOCK and keep is None and not causal and _compiled.kernels() is not None
+    at least two blocks of ``key_block`` keys (None: the default,
+    :data:`ctformer._numerics.blocks.DEFAULT`), the compiled kernels, no mask at all (a causal
+    chunk already skips the keys after it, and was 1.08-1.3x slower in key blocks in float32),
+    and the compiled row kernel (not torch's softmax) normalizing the scores of ``dtype``
+    (None: not asked)."""
+    key_block = _blocks.DEFAULT.key_block if key_block is None else key_block
+    return (m >= 2 * key_block and keep is None and not causal and _compiled.kernels() is not None
             and (dtype is None or _gemm.softmax_provider(dtype) == "numpy"))
 
 
-def stream_chunk(n, m, itemsize, problems, blocked=None):
-    """Query rows per task: ~8 MiB of scores, or ``_BLOCKED_ROWS`` where the keys come in
-    blocks (``blocked``; None: :func:`key_blocked` of ``m``); at least _MIN_TASKS tasks;
-    thread-independent."""
-    blocked = key_blocked(m) if blocked is None else blocked
-    chunk = _BLOCKED_ROWS if blocked else max(_MIN_CHUNK_ROWS, _CHUNK_BYTES // (m * itemsize))
+def stream_chunk(n, m, itemsize, problems, blocked=None, geometry=None):
+    """Query rows per task: ``geometry.chunk_bytes`` of scores, or ``geometry.rows`` where the
+    keys come in blocks (``blocked``; None: :func:`key_blocked` of ``m``); at least
+    _MIN_TASKS tasks; thread-independent. ``geometry`` None: the defaults
+    (:data:`ctformer._numerics.blocks.DEFAULT`)."""
+    geometry = _blocks.DEFAULT if geometry is None else geometry
+    blocked = key_blocked(m, key_block=geometry.key_block) if blocked is None else blocked
+    chunk = geometry.rows if blocked else max(_MIN_CHUNK_ROWS, geometry.chunk_bytes // (m * itemsize))
     per_problem = -(-_MIN_TASKS // max(1, problems))
     return max(1, min(n, chunk, max(_MIN_CHUNK_ROWS, -(-n // per_problem))))
 
 
-def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk):
-    """Query chunks of every (batch, head), each done by one worker with its own buffers.
+def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry=None):
+    """Query chunks of every (batch, head), each done by one worker with its own buffers, in
+    blocks of ``geometry`` (None: :data:`ctformer._numerics.blocks.DEFAULT`; this machine's is
+    :func:`ctformer._numerics.measured_blocks.geometry`).
 
     ``beta`` (a float, or an array broadcasting to ``(*lead, 1, 1)``) scales each chunk of
     queries in the worker's buffer: no scaled copy of ``q`` is made."""
     dtype = q.dtype
     n, m, e, d = q.shape[-2], k.shape[-2], v.shape[-1], q.shape[-1]
-    blocked = key_blocked(m, keep, dtype, causal)
+    geometry = _blocks.DEFAULT if geometry is None else geometry
+    blocked = key_blocked(m, keep, dtype, causal, geometry.key_block)
     if chunk is None:
-        chunk = stream_chunk(n, m, dtype.itemsize, math.prod(lead), blocked)
+        chunk = stream_chunk(n, m, dtype.itemsize, math.prod(lead), blocked, geometry)
     chunk = int(min(chunk, n))
     out = output_array(lead, n, e, dtype, head_axes(q, k, lead))
     # BLAS-friendly strides and one dtype (no-ops for the usual inputs)
@@ -213,7 +214,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk):
     product = _gemm.matmul if _gemm.uses_torch(dtype) else np.matmul
     if blocked:
         worker = _blocked_worker(q, scale, k, v, _log_weights(log_w, dtype), causal, diag_shift, chunk, out,
-                                 product)
+                                 product, geometry.key_block)
         _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
         return out
 
@@ -246,8 +247,8 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk):
     return out
 
 
-def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, product):
-    """The worker of :func:`stream` with the keys in blocks of ``_KEY_BLOCK``: for each chunk
+def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, product, key_block):
+    """The worker of :func:`stream` with the keys in blocks of ``key_block``: for each chunk
     of queries, the running row maxima, sums of exponentials and weighted sums of values are
     updated one key block at a time (online softmax), then divided."""
     made = _compiled.kernels()
@@ -256,7 +257,7 @@ def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, produ
     shift = dtype.type(diag_shift or 0)
 
     def worker(next_task):
-        scores = np.empty(chunk * _KEY_BLOCK, dtype=dtype)
+        scores = np.empty(chunk * key_block, dtype=dtype)
         queries = np.empty((chunk, d), dtype=dtype)
         acc, part = np.empty((chunk, e), dtype=dtype), np.empty((chunk, e), dtype=dtype)
         top, alpha = np.empty(chunk, dtype=dtype), np.empty(chunk, dtype=dtype)
@@ -269,8 +270,8 @@ def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, produ
             keys, values = k[idx], v[idx]
             acc[:r], top[:r], sums[:r] = 0, -np.inf, 0
             cols = stop if causal else m  # causal: keys after the chunk never count
-            for col0 in range(0, cols, _KEY_BLOCK):
-                col1 = min(cols, col0 + _KEY_BLOCK)
+            for col0 in range(0, cols, key_block):
+                col1 = min(cols, col0 + key_block)
                 s = scores[: r * (col1 - col0)].reshape(r, col1 - col0)
                 product(qs, keys[col0:col1].T, out=s)
                 made.exp_rows_online(s, log_w, col0, start if causal else -1, shift, top[:r], sums[:r], alpha[:r])

@@ -1,0 +1,115 @@
+"""This machine's store of measured choices: which BLAS multiplies, which kernel normalizes,
+which block sizes attention streams in.
+
+Each choice is measured once per machine, dtype and set of library versions and kept in a
+small JSON file in ``$XDG_CACHE_HOME/ctformer`` (by default ``~/.cache/ctformer``), named after
+the CPU model, the BLAS kernel and the versions, written atomically; every later process on
+the machine reads it, so a machine gives the same bits run after run. Processes that start
+together (test workers, a Dask cluster) measure one at a time under a file lock, and the later
+ones read the first one's result. Where the directory cannot be written a choice holds for
+the process that measured it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from ..environment import cpu_model
+from .threads import blas_controller
+from .torch_threads import _torch, _torch_version
+
+__all__ = ["cache_file", "entry", "read", "write"]
+
+_LOCK = threading.Lock()
+_MEASURING = threading.local()  # .key: the choice this thread is measuring (under _LOCK)
+
+
+def entry(kind: str, dtype: str, measure, checked: str | None = None, valid=None, needs_torch: bool = True) -> dict:
+    """The stored measurement of ``kind`` for ``dtype`` on this machine (a dict with at least
+    ``"provider"``), measured by ``measure(dtype)`` and stored when missing; without torch
+    (``needs_torch``: not installed or not importable) ``{"provider": "numpy"}``, unmeasured
+    and not stored. A ``measure`` must not ask for a
+    choice not stored yet (the lock is held). ``checked`` names what the measurement verified
+    (the shapes of its bit-for-bit check, the candidates it timed): an entry stored with
+    another ``checked`` (an older version's, with other bounds) is measured again, never
+    reused for bounds it did not check; so is one that ``valid(entry)`` refuses (a damaged
+    file). Not cached: callers keep what they read."""
+    if needs_torch and _torch_version() is None:
+        return {"provider": "numpy"}
+    key = f"{kind} {dtype}"
+    if getattr(_MEASURING, "key", None) is not None:  # the lock is this thread's: it would wait forever
+        raise RuntimeError(f"measuring {_MEASURING.key!r} asked for {key!r}, which is not stored yet: "
+                           "the measurement's caller must ask for it first")
+    with _LOCK, _machine_lock(path := cache_file()):
+        stored = read(path)
+        entry = stored.get(key)
+        if entry is None or entry.get("checked") != checked or (valid is not None and not valid(entry)):
+            if needs_torch and _torch() is None:  # installed but not importable: NumPy's BLAS
+                return {"provider": "numpy"}
+            _MEASURING.key = key
+            try:
+                entry = stored[key] = measure(np.dtype(dtype))
+            finally:
+                _MEASURING.key = None
+            if checked is not None:
+                entry["checked"] = checked
+            write(path, stored)
+        return entry
+
+
+@contextmanager
+def _machine_lock(path):
+    """Processes that start together (test workers, a Dask cluster) measure one at a time, and
+    the later ones read the first one's choice."""
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path.with_suffix(".lock"), "a")
+    except (ImportError, OSError):  # no fcntl (Windows) or no writable directory
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def cache_file() -> Path | None:
+    """This machine's file of measured choices, named by what the choice depends on."""
+    controller = blas_controller()
+    blas = sorted({(str(i.get("internal_api")), str(i.get("version")), str(i.get("architecture")))
+                   for i in (controller.info() if controller is not None else []) if i.get("user_api") == "blas"})
+    key = json.dumps([cpu_model(), np.__version__, _torch_version(), blas], sort_keys=True)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ctformer" / f"gemm-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def read(path) -> dict:
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    ok = isinstance(stored, dict) and all(
+        isinstance(v, dict) and v.get("provider") in ("numpy", "torch", "compiled") for v in stored.values())
+    return stored if ok else {}
+
+
+def write(path, stored) -> None:
+    from ..atomic import write_atomic
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(stored, indent=1, sort_keys=True))
+    except OSError:  # a read-only home: the choice holds for this process only
+        pass
+
+

@@ -1,0 +1,169 @@
+"""The block geometry of streamed attention (ctformer._numerics.blocks, measured_blocks):
+measured once per machine and dtype, kept only where a candidate wins clearly, stored and reused, refused when
+damaged; every candidate gives softmax attention (against scipy's softmax in float64) with
+the same bits for every thread count."""
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+from scipy.special import softmax
+
+from ctformer._numerics import blocks, gemm, measured_blocks, store, streamed
+
+from .conftest import require
+
+G = blocks.Geometry
+
+
+@pytest.fixture
+def fresh_store(monkeypatch, tmp_path):
+    """An empty store of measured choices and nothing remembered in this process."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("CTFORMER_GEMM", raising=False)
+    gemm._measured.cache_clear()
+    measured_blocks._measured.cache_clear()
+    yield tmp_path
+    gemm._measured.cache_clear()
+    measured_blocks._measured.cache_clear()
+
+
+def test_the_verdict_keeps_the_default_unless_a_candidate_wins_clearly():
+    a, b, c = G(1024, 256, 1), G(512, 512, 1), G(2048, 128, 1)
+    rounds = blocks.ROUNDS
+    default = [1.0] * rounds
+    # within the margin in every round: the default stays
+    assert blocks.verdict({a: default, b: [0.95] * rounds}, a) == a
+    # faster by far in a few rounds, slower in most: the default stays
+    few = [0.5] * (blocks.WINS - 1) + [1.1] * (rounds - blocks.WINS + 1)
+    assert blocks.verdict({a: default, b: few}, a) == a
+    # two clear winners: the faster
+    assert blocks.verdict({a: default, b: [0.85] * rounds, c: [0.7] * rounds}, a) == c
+    # the ratio is per round: a machine that slows down in later rounds changes nothing
+    drift = [1.0 + 0.2 * i for i in range(rounds)]
+    assert blocks.verdict({a: drift, b: [0.8 * t for t in drift]}, a) == b
+
+
+def test_a_pinned_product_choice_uses_the_default_and_measures_nothing(monkeypatch):
+    monkeypatch.setenv("CTFORMER_GEMM", "numpy")
+    monkeypatch.setattr(store, "entry", lambda *a, **k: pytest.fail("a pinned choice measures nothing"))
+    assert measured_blocks.geometry(np.float32) == measured_blocks.geometry(np.float64) == blocks.DEFAULT
+    monkeypatch.delenv("CTFORMER_GEMM")
+    assert measured_blocks.geometry(np.float16) == blocks.DEFAULT  # no measured geometry for other dtypes
+    monkeypatch.setenv("CTFORMER_GEMM", "mkl")
+    with pytest.raises(ValueError, match="CTFORMER_GEMM"):
+        measured_blocks.geometry(np.float64)
+
+
+def test_the_geometry_is_measured_once_stored_and_reused(fresh_store, monkeypatch):
+    chosen = measured_blocks.geometry(np.float64)
+    assert chosen.key_block in blocks.KEY_BLOCKS and chosen.rows in blocks.ROWS
+    assert chosen.chunk_bytes in blocks.CHUNK_BYTES
+    (path,) = (fresh_store / "ctformer").glob("gemm-*.json")
+    entry = json.loads(path.read_text())["attention blocks float64"]
+    assert entry["checked"] == measured_blocks.CHECKED
+    # every candidate was timed against its default, which is 1 against itself
+    assert entry["ratios"]["1024x256"] == entry["ratios"]["8 MiB"] == 1.0
+    assert all(0.2 < r < 5.0 for r in entry["ratios"].values())
+    # a later process reads the stored geometry
+    measured_blocks._measured.cache_clear()
+    monkeypatch.setattr(measured_blocks, "_measure", lambda dtype: pytest.fail("measured again"))
+    assert measured_blocks.geometry(np.float64) == chosen
+
+
+def test_a_damaged_geometry_is_measured_again(fresh_store, monkeypatch):
+    measured_blocks.geometry(np.float32)
+    (path,) = (fresh_store / "ctformer").glob("gemm-*.json")
+    stored = json.loads(path.read_text())
+    stored["attention blocks float32"]["key_block"] = 3  # not a candidate: never used
+    path.write_text(json.dumps(stored))
+    measured_blocks._measured.cache_clear()
+    measured = []
+    monkeypatch.setattr(measured_blocks, "_measure", lambda dtype: measured.append(dtype) or
+                        {"provider": "numpy", "key_block": 512, "rows": 128, "chunk_bytes": 4 << 20})
+    assert measured_blocks.geometry(np.float32) == G(512, 128, 4 << 20)
+    assert measured == [np.float32]
+
+
+def reference(q, k, v, beta, log_w):
+    s = beta * q.astype(np.float64) @ k.astype(np.float64).T + log_w
+    return softmax(s, axis=-1) @ v.astype(np.float64)
+
+
+CANDIDATES = [G(kb, rows, 8 << 20) for kb in blocks.KEY_BLOCKS for rows in blocks.ROWS] + \
+    [G(1 << 30, 256, size) for size in blocks.CHUNK_BYTES]  # key blocks of all keys: unblocked
+
+
+@pytest.mark.parametrize("geometry", CANDIDATES, ids=lambda g: f"{g.key_block}x{g.rows}-{g.chunk_bytes >> 20}MiB")
+def test_every_candidate_gives_softmax_attention_and_the_same_bits_on_any_threads(monkeypatch, geometry):
+    require("numba")
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
+    monkeypatch.setenv("CTFORMER_GEMM", "numpy")
+    rng = np.random.default_rng(11)
+    m = 2 * max(blocks.KEY_BLOCKS) + 77  # two blocks of the largest size and a short one
+    q = rng.standard_normal((1100, 16))
+    k, v = (rng.standard_normal((m, 16)) for _ in range(2))
+    log_w = np.log(rng.uniform(0.5, 2.0, m))
+    assert streamed.key_blocked(m, None, q.dtype, False, geometry.key_block) is (geometry.key_block < m)
+    runs = []
+    for count in ("1", "2"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+        runs.append(streamed.stream(q, 0.3, k, v, log_w, None, False, None, (), None, geometry))
+    assert np.array_equal(runs[0], runs[1])
+    ref = reference(q, k, v, 0.3, log_w)
+    assert np.abs(runs[0] - ref).max() / np.abs(ref).max() < 1e-13
+    # the chunk: the geometry's query rows where blocked, its bytes of scores where not
+    blocked = geometry.key_block < m
+    expected = geometry.rows if blocked else max(64, geometry.chunk_bytes // (m * 8))
+    assert streamed.stream_chunk(10**6, m, 8, 1, blocked, geometry) == expected
+
+
+def test_attention_streams_in_the_stored_geometry(fresh_store, monkeypatch):
+    """``quadrature_attention`` on a large NumPy problem runs in this machine's geometry: the
+    bits of a streamed call given that geometry, softmax attention to rounding."""
+    require("numba")
+    from ctformer.operators import quadrature_attention
+
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
+    monkeypatch.setenv("CTFORMER_ATTENTION_ENGINE", "streamed")
+    stored = G(512, 128, 2 << 20)
+    monkeypatch.setattr(measured_blocks, "_measure", lambda dtype: {"provider": "numpy", "key_block": 512,
+                                                                    "rows": 128, "chunk_bytes": 2 << 20})
+    rng = np.random.default_rng(12)
+    q, k, v = (rng.standard_normal((1500, 16)) for _ in range(3))
+    ours = quadrature_attention(q, k, v, beta=0.25)
+    assert measured_blocks.geometry(np.float64) == stored
+    assert np.array_equal(ours, streamed.stream(q, 0.25, k, v, None, None, False, None, (), None, stored))
+    ref = reference(q, k, v, 0.25, 0.0)
+    assert np.abs(ours - ref).max() / np.abs(ref).max() < 1e-13
+
+
+def test_a_fresh_machine_measures_the_causal_engine_without_waiting_on_itself(fresh_store, monkeypatch):
+    """The causal engine's measurement runs the streamed path under the store's lock: the
+    geometry it needs is stored first (else the lock would wait on itself forever)."""
+    require("torch")
+    from ctformer._numerics import fused
+
+    monkeypatch.delenv("CTFORMER_ATTENTION_ENGINE", raising=False)
+    done = []
+    worker = threading.Thread(target=lambda: done.append(
+        fused.fused_chosen(np.float32, True, fused._CALIBRATED_MIN_SCORES)), daemon=True)
+    worker.start()
+    worker.join(120)
+    assert done, "the causal measurement did not finish in 120 s"
+    (path,) = (fresh_store / "ctformer").glob("gemm-*.json")
+    stored = json.loads(path.read_text())
+    assert done[0] is (stored["causal attention float32"]["provider"] == "torch")
+    assert stored["attention blocks float32"]["checked"] == measured_blocks.CHECKED
+
+
+def test_a_measurement_asking_for_a_choice_not_stored_is_refused_not_hung(fresh_store):
+    def measure(dtype):
+        return {"provider": gemm._measured("another kind", "float64", lambda d: {"provider": "numpy"})}
+
+    with pytest.raises(RuntimeError, match="measuring 'outer float64' asked for 'another kind float64'"):
+        gemm._measured("outer", "float64", measure)
+    gemm._measured.cache_clear()
+    assert gemm._measured("another kind", "float64", lambda d: {"provider": "compiled"}) == "compiled"
