@@ -23,6 +23,7 @@ all goals for the CPU it ran on.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import statistics
@@ -351,12 +352,27 @@ def summary() -> bool:
     for name, ratio, goal, unit, met, spread in _VERDICTS:
         print(f"  {name:<{width}}  {_figure(ratio, unit):>10} {_spread_text(spread, unit):>11} <= "
               f"{_figure(goal, unit):<9} {_outcome(met, goal, spread)}")
+    _append_goals(blas + (f"; torch {torch_line.split(',')[0]}" if torch_line else ""))
     count = sum(v[4] for v in _VERDICTS)
     close = sum(within_spread(v[2], v[5]) for v in _VERDICTS)
     print(f"{count} of {len(_VERDICTS)} goals met -> {'met' if count == len(_VERDICTS) else 'not met'}"
           + (f"; {close} of them within the spread of the rounds (the quartiles of the per-round "
              f"ratios), decided by this run's noise as much as by the code" if close else ""), flush=True)
     return count == len(_VERDICTS)
+
+
+def _append_goals(blas: str) -> None:
+    """Append every recorded goal as one JSON line to ``CTFORMER_GOALS_FILE`` when it is set
+    (``goals.py`` collects them into one table)."""
+    path = os.environ.get("CTFORMER_GOALS_FILE")
+    if not path:
+        return
+    script = os.path.basename(sys.argv[0])
+    with open(path, "a") as out:
+        for name, ratio, goal, unit, met, spread in _VERDICTS:
+            out.write(json.dumps({"script": script, "cpu": cpu_model(), "blas": blas, "name": name,
+                                  "ratio": ratio, "goal": goal, "unit": unit, "met": met, "spread": spread,
+                                  "verdict": _outcome(met, goal, spread)}) + "\n")
 
 
 def _figure(value: float, unit: str) -> str:
