@@ -57,34 +57,75 @@ def test_a_pinned_product_choice_uses_the_default_and_measures_nothing(monkeypat
         measured_blocks.geometry(np.float64)
 
 
-def test_the_geometry_is_measured_once_stored_and_reused(fresh_store, monkeypatch):
+@pytest.fixture
+def key_blocks_here(monkeypatch):
+    """Streamed attention blocks its keys: the compiled kernels, and their row kernel."""
+    require("numba")
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
+    monkeypatch.setattr(gemm, "softmax_provider", lambda dtype: "numpy")
+
+
+def _stored(root):
+    (path,) = (root / "ctformer").glob("gemm-*.json")
+    return path, json.loads(path.read_text())
+
+
+def test_the_geometry_is_measured_once_stored_and_reused(fresh_store, key_blocks_here, monkeypatch):
     chosen = measured_blocks.geometry(np.float64)
     assert chosen.key_block in blocks.KEY_BLOCKS and chosen.rows in blocks.ROWS
     assert chosen.chunk_bytes in blocks.CHUNK_BYTES
-    (path,) = (fresh_store / "ctformer").glob("gemm-*.json")
-    entry = json.loads(path.read_text())["attention blocks float64"]
-    assert entry["checked"] == measured_blocks.CHECKED
+    _, stored = _stored(fresh_store)
+    chunks, keys = stored["attention chunks float64"], stored["attention key blocks float64"]
+    assert chunks["checked"] == measured_blocks.CHUNKS_CHECKED and keys["checked"] == measured_blocks.KEY_BLOCKS_CHECKED
+    assert (keys["key_block"], keys["rows"], chunks["chunk_bytes"]) == \
+        (chosen.key_block, chosen.rows, chosen.chunk_bytes)
     # every candidate was timed against its default, which is 1 against itself
-    assert entry["ratios"]["1024x256"] == entry["ratios"]["8 MiB"] == 1.0
-    assert all(0.2 < r < 5.0 for r in entry["ratios"].values())
+    assert keys["ratios"]["1024x256"] == chunks["ratios"]["8 MiB"] == 1.0
+    assert len(keys["ratios"]) == 9 and len(chunks["ratios"]) == 4
+    assert all(0.2 < r < 5.0 for r in [*keys["ratios"].values(), *chunks["ratios"].values()])
     # a later process reads the stored geometry
     measured_blocks._measured.cache_clear()
-    monkeypatch.setattr(measured_blocks, "_measure", lambda dtype: pytest.fail("measured again"))
+    for name in ("_measure_chunks", "_measure_key_blocks"):
+        monkeypatch.setattr(measured_blocks, name, lambda dtype: pytest.fail("measured again"))
     assert measured_blocks.geometry(np.float64) == chosen
 
 
-def test_a_damaged_geometry_is_measured_again(fresh_store, monkeypatch):
+def test_key_blocks_are_timed_only_where_they_are_used(fresh_store, monkeypatch):
+    """Without the compiled kernels only the chunks are measured; the key blocks are timed
+    when the kernels are there, not taken from a measurement that could not time them."""
+    require("numba")
+    monkeypatch.setattr(gemm, "softmax_provider", lambda dtype: "numpy")
+    timed = []
+    monkeypatch.setattr(measured_blocks, "_measure_chunks", lambda dtype: timed.append("chunks") or
+                        {"provider": "numpy", "chunk_bytes": 4 << 20})
+    monkeypatch.setattr(measured_blocks, "_measure_key_blocks", lambda dtype: timed.append("key blocks") or
+                        {"provider": "numpy", "key_block": 2048, "rows": 512})
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numpy")
+    assert measured_blocks.geometry(np.float32) == G(1024, 256, 4 << 20)
+    assert timed == ["chunks"] and "attention key blocks float32" not in _stored(fresh_store)[1]
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
+    assert measured_blocks.geometry(np.float32) == G(2048, 512, 4 << 20)
+    assert timed == ["chunks", "key blocks"]
+
+
+@pytest.mark.parametrize("kind, field", [("attention chunks", "chunk_bytes"), ("attention key blocks", "key_block")])
+def test_a_damaged_geometry_is_measured_again(fresh_store, key_blocks_here, monkeypatch, kind, field):
     measured_blocks.geometry(np.float32)
-    (path,) = (fresh_store / "ctformer").glob("gemm-*.json")
-    stored = json.loads(path.read_text())
-    stored["attention blocks float32"]["key_block"] = 3  # not a candidate: never used
+    path, stored = _stored(fresh_store)
+    stored[f"{kind} float32"][field] = 3  # not a candidate: never used
     path.write_text(json.dumps(stored))
     measured_blocks._measured.cache_clear()
     measured = []
-    monkeypatch.setattr(measured_blocks, "_measure", lambda dtype: measured.append(dtype) or
-                        {"provider": "numpy", "key_block": 512, "rows": 128, "chunk_bytes": 4 << 20})
-    assert measured_blocks.geometry(np.float32) == G(512, 128, 4 << 20)
-    assert measured == [np.float32]
+    monkeypatch.setattr(measured_blocks, "_measure_chunks", lambda dtype: measured.append("attention chunks") or
+                        {"provider": "numpy", "chunk_bytes": 4 << 20})
+    monkeypatch.setattr(measured_blocks, "_measure_key_blocks", lambda dtype: measured.append(
+        "attention key blocks") or {"provider": "numpy", "key_block": 512, "rows": 128})
+    again = measured_blocks.geometry(np.float32)
+    assert measured == [kind]
+    assert (again.chunk_bytes == 4 << 20) is (kind == "attention chunks")
+    assert (again.key_block, again.rows) == ((512, 128) if kind == "attention key blocks" else
+                                             (stored["attention key blocks float32"]["key_block"],
+                                              stored["attention key blocks float32"]["rows"]))
 
 
 def reference(q, k, v, beta, log_w):
@@ -128,9 +169,11 @@ def test_attention_streams_in_the_stored_geometry(fresh_store, monkeypatch):
 
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
     monkeypatch.setenv("CTFORMER_ATTENTION_ENGINE", "streamed")
+    monkeypatch.setattr(gemm, "softmax_provider", lambda dtype: "numpy")
     stored = G(512, 128, 2 << 20)
-    monkeypatch.setattr(measured_blocks, "_measure", lambda dtype: {"provider": "numpy", "key_block": 512,
-                                                                    "rows": 128, "chunk_bytes": 2 << 20})
+    monkeypatch.setattr(measured_blocks, "_measure_chunks", lambda dtype: {"provider": "numpy", "chunk_bytes": 2 << 20})
+    monkeypatch.setattr(measured_blocks, "_measure_key_blocks", lambda dtype: {"provider": "numpy", "key_block": 512,
+                                                                               "rows": 128})
     rng = np.random.default_rng(12)
     q, k, v = (rng.standard_normal((1500, 16)) for _ in range(3))
     ours = quadrature_attention(q, k, v, beta=0.25)
@@ -156,7 +199,7 @@ def test_a_fresh_machine_measures_the_causal_engine_without_waiting_on_itself(fr
     (path,) = (fresh_store / "ctformer").glob("gemm-*.json")
     stored = json.loads(path.read_text())
     assert done[0] is (stored["causal attention float32"]["provider"] == "torch")
-    assert stored["attention blocks float32"]["checked"] == measured_blocks.CHECKED
+    assert stored["attention chunks float32"]["checked"] == measured_blocks.CHUNKS_CHECKED
 
 
 def test_a_measurement_asking_for_a_choice_not_stored_is_refused_not_hung(fresh_store):

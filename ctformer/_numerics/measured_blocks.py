@@ -5,10 +5,14 @@ With ``CTFORMER_GEMM=auto`` (the default) the candidates of :mod:`ctformer._nume
 are timed once per machine and float dtype and stored with the product choices
 (:mod:`ctformer._numerics.store`): one task of each candidate against ``_KEYS`` keys of
 ``_FEATURES`` features, per query row, on one thread with a one-thread BLAS (a task's own
-conditions), in ``ROUNDS`` alternating rounds after a warm-up: about 0.3 s in float32 and
-0.6 s in float64, at the first large attention problem. The default is replaced only by a
-clear winner (:func:`ctformer._numerics.blocks.verdict`), so that a noisy machine keeps it.
-A pinned ``CTFORMER_GEMM`` (``numpy``, ``torch``) and other dtypes use the default.
+conditions), in ``ROUNDS`` alternating rounds after a warm-up. Two measurements, stored
+apart: the chunk sizes (``attention chunks``, about 0.1 s), and the key blocks (``attention
+key blocks``, about 0.2 s in float32 and 0.5 s in float64), only where streamed attention
+can block its keys (the compiled kernels, and their row kernel rather than torch's softmax),
+so that a stored key geometry was always timed under the conditions that use it. The default
+is replaced only by a clear winner (:func:`ctformer._numerics.blocks.verdict`), so that a
+noisy machine keeps it. A pinned ``CTFORMER_GEMM`` (``numpy``, ``torch``) and other dtypes use
+the default.
 """
 from __future__ import annotations
 
@@ -23,18 +27,20 @@ from . import streamed as _streamed
 from .blocks import CHUNK_BYTES, DEFAULT, KEY_BLOCKS, ROUNDS, ROWS, Geometry, ratios, verdict
 from .threads import run_blas_tasks
 
-__all__ = ["CHECKED", "geometry"]
+__all__ = ["CHUNKS_CHECKED", "KEY_BLOCKS_CHECKED", "geometry"]
 
 _KEYS, _FEATURES = 4096, 64
-CHECKED = (f"key blocks {KEY_BLOCKS} x rows {ROWS}, chunks {CHUNK_BYTES} bytes; "
-           f"{_KEYS} keys of {_FEATURES} features, {ROUNDS} rounds")
+_PROBLEM = f"{_KEYS} keys of {_FEATURES} features, {ROUNDS} rounds"
+CHUNKS_CHECKED = f"chunks {CHUNK_BYTES} bytes; {_PROBLEM}"
+KEY_BLOCKS_CHECKED = f"key blocks {KEY_BLOCKS} x rows {ROWS}; {_PROBLEM}"
 _UNBLOCKED = Geometry(_KEYS, DEFAULT.rows, DEFAULT.chunk_bytes)  # one key block of all keys
 
 
 def geometry(dtype) -> Geometry:
     """The block geometry of streamed attention on ``dtype`` arrays on this machine: measured
     and stored on first use for float32 and float64 with ``CTFORMER_GEMM=auto``; else
-    :data:`ctformer._numerics.blocks.DEFAULT`.
+    :data:`ctformer._numerics.blocks.DEFAULT`. Where streamed attention cannot block its
+    keys, the key block and rows are the default's (unused there).
 
     Raises
     ------
@@ -44,40 +50,49 @@ def geometry(dtype) -> Geometry:
     if _gemm._choice() != "auto":
         return DEFAULT
     dtype = np.dtype(dtype)
-    return _measured(dtype.name) if dtype in (np.float32, np.float64) else DEFAULT
+    if dtype not in (np.float32, np.float64):
+        return DEFAULT
+    return _measured(dtype.name, _streamed.key_blocked(_KEYS, None, dtype, False, DEFAULT.key_block))
 
 
 @lru_cache(maxsize=None)
-def _measured(name: str) -> Geometry:
-    # the choices the measurement runs on are stored first: it runs under the store's lock
+def _measured(name: str, blocked: bool) -> Geometry:
+    # the choices the measurements run on are stored first: they run under the store's lock
     _gemm.softmax_provider(name)
     _gemm.gemm_provider(name)
-    entry = _store.entry("attention blocks", name, _measure, CHECKED, _valid, needs_torch=False)
-    return Geometry(entry["key_block"], entry["rows"], entry["chunk_bytes"])
+    chunks = _store.entry("attention chunks", name, _measure_chunks, CHUNKS_CHECKED,
+                          lambda e: e.get("chunk_bytes") in CHUNK_BYTES, needs_torch=False)
+    if not blocked:
+        return Geometry(DEFAULT.key_block, DEFAULT.rows, chunks["chunk_bytes"])
+    blocks = _store.entry("attention key blocks", name, _measure_key_blocks, KEY_BLOCKS_CHECKED,
+                          lambda e: e.get("key_block") in KEY_BLOCKS and e.get("rows") in ROWS, needs_torch=False)
+    return Geometry(blocks["key_block"], blocks["rows"], chunks["chunk_bytes"])
 
 
-def _valid(entry) -> bool:
-    return (entry.get("key_block") in KEY_BLOCKS and entry.get("rows") in ROWS
-            and entry.get("chunk_bytes") in CHUNK_BYTES)
+def _measure_chunks(dtype) -> dict:
+    """The chunk size kept (:func:`verdict`) from the per-row times of a chunk of each size
+    meeting all ``_KEYS`` keys at once, with the ratios to the default."""
+    tasks = {Geometry(_KEYS, DEFAULT.rows, size): max(64, size // (_KEYS * dtype.itemsize)) for size in CHUNK_BYTES}
+    times = _times(dtype, tasks)
+    chosen = verdict(times, _UNBLOCKED)
+    return {"provider": "numpy", "chunk_bytes": chosen.chunk_bytes,
+            "ratios": {f"{s.chunk_bytes >> 20} MiB": ratios(times[s], times[_UNBLOCKED])[0] for s in tasks}}
 
 
-def _candidates(dtype, blocked: bool) -> dict:
-    """``{geometry: query rows of its task}``: the key-blocked geometries where streamed
-    attention would block the keys, and the chunk sizes (unblocked: one block of all keys)."""
-    found = {}
-    if blocked:
-        for key_block in KEY_BLOCKS:
-            for rows in ROWS:
-                found[Geometry(key_block, rows, DEFAULT.chunk_bytes)] = rows
-    for size in CHUNK_BYTES:
-        found[Geometry(_KEYS, DEFAULT.rows, size)] = max(64, size // (_KEYS * dtype.itemsize))
-    return found
+def _measure_key_blocks(dtype) -> dict:
+    """The key block and rows kept (:func:`verdict`) from the per-row times of each candidate
+    block meeting ``_KEYS`` keys, with the ratios to the default."""
+    tasks = {Geometry(key_block, rows, DEFAULT.chunk_bytes): rows for key_block in KEY_BLOCKS for rows in ROWS}
+    times = _times(dtype, tasks)
+    chosen = verdict(times, DEFAULT)
+    return {"provider": "numpy", "key_block": chosen.key_block, "rows": chosen.rows,
+            "ratios": {f"{s.key_block}x{s.rows}": ratios(times[s], times[DEFAULT])[0] for s in tasks}}
 
 
-def _measure(dtype) -> dict:
-    """Times per query row of every candidate's task (:func:`_candidates`), ``ROUNDS``
-    rounds in alternating order after a warm-up, and the geometry kept (:func:`verdict`)."""
-    tasks = _candidates(dtype, _streamed.key_blocked(_KEYS, None, dtype, False, DEFAULT.key_block))
+def _times(dtype, tasks: dict) -> dict:
+    """``{geometry: [seconds per query row, one per round]}`` of one streamed task of
+    ``tasks[geometry]`` query rows each, ``ROUNDS`` rounds in alternating order after a
+    warm-up, on one worker with a one-thread BLAS (as a task of streamed attention runs)."""
     rng = np.random.default_rng(0)
     q = rng.standard_normal((max(tasks.values()), _FEATURES)).astype(dtype)
     k, v = (rng.standard_normal((_KEYS, _FEATURES)).astype(dtype) for _ in range(2))
@@ -87,7 +102,7 @@ def _measure(dtype) -> dict:
     def call(shape, rows):
         _streamed.stream(q[:rows], 0.125, k, v, None, None, False, None, (), rows, shape)
 
-    def timed(next_task):  # one worker, as a task of streamed attention runs: BLAS on one thread
+    def timed(next_task):
         next_task()
         for shape, rows in order:
             call(shape, rows)
@@ -98,11 +113,4 @@ def _measure(dtype) -> dict:
                 times[shape].append((time.perf_counter() - start) / rows)
 
     run_blas_tasks(timed, [None], True)
-    chunks = [s for s in tasks if s.key_block == _KEYS]
-    blocked = [s for s in tasks if s.key_block != _KEYS]
-    chunk = verdict({s: times[s] for s in chunks}, _UNBLOCKED)
-    block = verdict({s: times[s] for s in blocked}, DEFAULT) if blocked else DEFAULT
-    shown = {**{f"{s.chunk_bytes >> 20} MiB": ratios(times[s], times[_UNBLOCKED])[0] for s in chunks},
-             **{f"{s.key_block}x{s.rows}": ratios(times[s], times[DEFAULT])[0] for s in blocked}}
-    return {"provider": "numpy", "key_block": block.key_block, "rows": block.rows,
-            "chunk_bytes": chunk.chunk_bytes, "ratios": shown}
+    return times
