@@ -1,5 +1,5 @@
-"""The Python blocks of the pages on two-dimensional token domains and gradients run, in order,
-and their asserts (the pages' claims) hold."""
+"""The Python blocks of the pages on two-dimensional token domains, gradients, the sphere and
+speed and reproducibility run, in order, and their asserts (the pages' claims) hold."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,7 +28,7 @@ def python_blocks(page: str) -> list[str]:
 
 
 @pytest.mark.parametrize("page, needs", [("images.rst", ()), ("gradients.rst", ("torch",)),
-                                         ("sphere.rst", ())])
+                                         ("sphere.rst", ()), ("performance.rst", ())])
 def test_page_blocks_run(page, needs):
     for module in needs:
         require(module)
