@@ -1,7 +1,7 @@
 """Which engine takes softmax attention that torch's fused kernel could take:
-``CTFORMER_ATTENTION_ENGINE`` pins it (``fused`` / ``streamed``), and with ``auto`` long causal
-problems run on the engine measured faster on this machine, kept only when it wins clearly
-(ctformer._numerics.fused.fused_chosen, causal_verdict). Either engine gives softmax attention
+``CTFORMER_ATTENTION_ENGINE`` pins it (``fused`` / ``streamed``), and with ``auto`` long plain
+and causal problems run on the engine measured faster on this machine, kept only when it wins clearly
+(ctformer._numerics.fused.fused_chosen, engine_verdict). Either engine gives softmax attention
 to rounding against a float64 evaluation of the formula."""
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ BIG = fused._CALIBRATED_MIN_SCORES
 
 def test_verdict_keeps_the_kernel_unless_the_streamed_engine_wins_clearly():
     kernel = [1.0] * 9
-    clear = fused.causal_verdict(kernel, [0.8] * 9)
+    clear = fused.engine_verdict(kernel, [0.8] * 9)
     assert clear["provider"] == "numpy" and clear["wins"] == 9 and clear["ratio"] == pytest.approx(0.8)
     # a median below the margin from a few large wins, most pairs lost: the kernel stays
-    mixed = fused.causal_verdict(kernel, [0.5] * 5 + [1.05] * 4)
+    mixed = fused.engine_verdict(kernel, [0.5] * 5 + [1.05] * 4)
     assert mixed["ratio"] == pytest.approx(0.5) and mixed["wins"] == 5 and mixed["provider"] == "torch"
     # every pair won, but by less than the margin: the kernel stays
-    close = fused.causal_verdict(kernel, [0.95] * 9)
+    close = fused.engine_verdict(kernel, [0.95] * 9)
     assert close["wins"] == 9 and close["provider"] == "torch"
-    assert fused.causal_verdict([2.0] * 9, [1.0] * 9)["torch_s"] == 2.0
+    assert fused.engine_verdict([2.0] * 9, [1.0] * 9)["torch_s"] == 2.0
 
 
 @pytest.mark.parametrize("engine, causal, scores, expected", [
@@ -42,15 +42,20 @@ def test_the_setting_pins_the_engine(monkeypatch, engine, causal, scores, expect
 
 
 @pytest.mark.parametrize("stored", ["numpy", "torch"])
-def test_auto_asks_the_measurement_for_long_causal_problems_only(monkeypatch, stored):
+def test_auto_asks_the_measurement_for_long_problems_only(monkeypatch, stored):
+    """Short problems go to the kernel unasked; long ones to the engine measured on this
+    machine, plain and causal apart (the plain one after the packed blocks' choice, which its
+    streamed side uses)."""
     monkeypatch.delenv("CTFORMER_ATTENTION_ENGINE", raising=False)
     asked = []
-    monkeypatch.setattr(gemm, "_measured", lambda kind, dtype, measure=None: asked.append((kind, dtype)) or stored)
-    assert fused.fused_chosen(np.float64, False, 4 * BIG) is True  # plain: the kernel
+    monkeypatch.setattr(gemm, "_measured", lambda kind, dtype, *a: asked.append((kind, dtype)) or stored)
     assert fused.fused_chosen(np.float64, True, BIG - 1) is True  # short causal: the kernel
+    assert fused.fused_chosen(np.float64, False, BIG - 1) is True  # short plain: the kernel
     assert not asked
     assert fused.fused_chosen(np.float32, True, BIG) is (stored == "torch")
-    assert ("causal attention", "float32") in asked
+    assert ("causal attention", "float32") in asked and ("plain attention", "float32") not in asked
+    assert fused.fused_chosen(np.float64, False, 4 * BIG) is (stored == "torch")
+    assert ("plain attention", "float64") in asked
 
 
 def test_a_bad_setting_is_refused_by_name(monkeypatch):
@@ -119,9 +124,10 @@ def test_either_engine_gives_causal_attention(monkeypatch, engine):
     assert np.max(np.abs(out - ref)) <= 1e-13 * np.max(np.abs(ref))
 
 
-def test_the_measurement_returns_a_stored_choice_by_its_rule():
-    gemm.softmax_provider("float64")
-    result = fused._measure_causal(np.dtype(np.float64))
+@pytest.mark.parametrize("measure, dtype", [("_measure_causal", np.float64), ("_measure_plain", np.float32)])
+def test_the_measurement_returns_a_stored_choice_by_its_rule(measure, dtype):
+    gemm.softmax_provider(np.dtype(dtype).name)
+    result = getattr(fused, measure)(np.dtype(dtype))
     assert result["numpy_s"] > 0 and result["torch_s"] > 0 and 0 <= result["wins"] <= fused._PAIRS
     clear = result["ratio"] <= fused._MARGIN and result["wins"] >= fused._WINS
     assert result["provider"] == ("numpy" if clear else "torch")

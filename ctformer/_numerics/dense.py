@@ -25,6 +25,7 @@ import numpy as np
 
 from . import fused as _fused_kernel
 from . import measured_blocks as _measured_blocks
+from . import packed_attention as _packed_attention
 from . import streamed as _numpy_paths
 
 _NUMPY = array_api_compat.array_namespace(np.zeros(0))
@@ -59,8 +60,12 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
         return _fused_kernel.sdpa(torch, q * beta, k, v, 1.0, causal, lead)
     if numpy and q.dtype in (np.float32, np.float64) and n * m >= _STREAM_MIN_ENTRIES:
         # beta scales each query chunk inside the workers
-        return _numpy_paths.stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk,
-                                   _measured_blocks.geometry(q.dtype))
+        geometry = _measured_blocks.geometry(q.dtype)
+        packs = None
+        if (q.dtype == np.float32 and keep is None and not causal and m >= 2 * geometry.key_block
+                and _packed_attention.chosen(q.dtype)):
+            packs = _packed_attention.packed_blocks(geometry.key_block)
+        return _numpy_paths.stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry, packs)
     qs = q * beta  # beta folded into the queries: O(N d), cheaper than scaling every score
     if numpy and chunk is None and n * m * math.prod(lead) <= _CHUNK_ELEMENTS and n * m < _STREAM_MIN_ENTRIES:
         out = _numpy_paths.small(qs, k, v, log_w, keep, causal, diag_shift,

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..environment import choice
 from . import measured_blocks as _measured_blocks
+from . import packed_attention as _packed_attention
 from . import gemm as _gemm
 from .gemm import uses_torch
 from .threads import _INSIDE, num_threads
@@ -22,9 +23,9 @@ __all__ = ["engine_setting", "fused_attention", "fused_attention_ok", "fused_cho
 _LOCK = threading.Lock()
 _FUSED_OK: list = []  # [bool] once fused_attention_ok has checked the fused kernel
 _ENGINES = ("auto", "fused", "streamed")
-# Causal problems with at least this many scores each run on the engine measured faster on
-# this machine (the kernel or the streamed query chunks); smaller ones, and plain problems,
-# on the kernel (2-2.6x the library's paths on networks' attention).
+# Problems with at least this many scores each run on the engine measured faster on this
+# machine (the kernel or the streamed query chunks), plain and causal apart; smaller ones on
+# the kernel (2-2.6x the library's paths on networks' attention).
 _CALIBRATED_MIN_SCORES = 1 << 20
 # The measurement: pairs of calls, and how clearly the streamed engine must win to be kept.
 _PAIRS, _WINS, _MARGIN = 9, 7, 0.92
@@ -47,9 +48,10 @@ def engine_setting() -> str:
 def fused_chosen(dtype, causal: bool, scores: int, engine: str | None = None) -> bool:
     """Whether a problem that torch's fused kernel can take (:func:`fused_attention_ok`) goes
     to it, by ``CTFORMER_ATTENTION_ENGINE``: ``fused``, always; ``streamed``, never (the
-    library's own paths); ``auto`` (the default), except causal problems of at least
-    ``_CALIBRATED_MIN_SCORES`` ``scores`` each, where the engine measured faster on this
-    machine runs (:func:`_measure_causal`, stored with the product choices).
+    library's own paths); ``auto`` (the default), the kernel for problems of fewer than
+    ``_CALIBRATED_MIN_SCORES`` ``scores`` each, and for larger ones the engine measured faster
+    on this machine, plain and causal apart (:func:`_measure_plain`, :func:`_measure_causal`,
+    stored with the product choices).
 
     Raises
     ------
@@ -59,31 +61,48 @@ def fused_chosen(dtype, causal: bool, scores: int, engine: str | None = None) ->
     engine = engine_setting() if engine is None else engine
     if engine != "auto":
         return engine == "fused"
-    if not causal or scores < _CALIBRATED_MIN_SCORES:
+    if scores < _CALIBRATED_MIN_SCORES:
         return True
     name = np.dtype(dtype).name
-    # stored first: the measurement below runs under the store's lock
+    # stored first: the measurements below run under the store's lock
     _gemm.softmax_provider(name)
     _measured_blocks.geometry(name)
-    return _gemm._measured("causal attention", name, _measure_causal) == "torch"
+    if causal:
+        return _gemm._measured("causal attention", name, _measure_causal) == "torch"
+    _packed_attention.chosen(name)
+    return _gemm._measured("plain attention", name, _measure_plain) == "torch"
 
 
 def _measure_causal(dtype) -> dict:
-    """Alternating times of torch's fused kernel and the streamed engine on one causal problem
-    (2048 tokens, 64 features), ``_PAIRS`` pairs after a warm-up, the order swapped every other
-    pair. The streamed engine is kept (``"numpy"``) only when its median ratio to the kernel
-    is at most ``_MARGIN`` and it was faster in at least ``_WINS`` of the pairs, so that a
-    noisy machine keeps the kernel."""
+    """:func:`_measure_engines` on a causal problem."""
+    return _measure_engines(dtype, True)
+
+
+def _measure_plain(dtype) -> dict:
+    """:func:`_measure_engines` on a problem without a mask (the streamed engine with packed
+    key and value blocks where this machine chose them)."""
+    return _measure_engines(dtype, False)
+
+
+def _measure_engines(dtype, causal: bool) -> dict:
+    """Alternating times of torch's fused kernel and the streamed engine on one problem (2048
+    tokens, 64 features; ``causal`` or without a mask), ``_PAIRS`` pairs after a warm-up, the
+    order swapped every other pair. The streamed engine is kept (``"numpy"``) only when its
+    median ratio to the kernel is at most ``_MARGIN`` and it was faster in at least ``_WINS``
+    of the pairs, so that a noisy machine keeps the kernel."""
     from . import streamed
 
     q, k, v = (np.random.default_rng(seed).standard_normal((1, 1, 2048, 64)).astype(dtype) for seed in range(3))
     out = np.empty_like(q)
+    geometry = _measured_blocks.geometry(dtype)
+    packed = not causal and 2048 >= 2 * geometry.key_block and _packed_attention.chosen(dtype)
 
     def kernel():
-        fused_attention(q, k, v, 0.125, True, (1, 1), out)
+        fused_attention(q, k, v, 0.125, causal, (1, 1), out)
 
     def ours():
-        streamed.stream(q, 0.125, k, v, None, None, True, None, (1, 1), None, _measured_blocks.geometry(dtype))
+        packs = _packed_attention.packed_blocks(geometry.key_block) if packed else None
+        streamed.stream(q, 0.125, k, v, None, None, causal, None, (1, 1), None, geometry, packs)
 
     for call in (kernel, ours, kernel, ours):
         call()
@@ -93,10 +112,10 @@ def _measure_causal(dtype) -> dict:
             start = time.perf_counter()
             call()
             times[call].append(time.perf_counter() - start)
-    return causal_verdict(times[kernel], times[ours])
+    return engine_verdict(times[kernel], times[ours])
 
 
-def causal_verdict(kernel_s, streamed_s) -> dict:
+def engine_verdict(kernel_s, streamed_s) -> dict:
     """The stored choice from paired times: ``"numpy"`` (the streamed engine) when the median
     of the per-pair ratios streamed / kernel is at most ``_MARGIN`` and the streamed engine won
     at least ``_WINS`` pairs, else ``"torch"`` (the kernel); with the medians, the ratio and

@@ -71,7 +71,7 @@ class PackedMatrix:
     def __init__(self, matrix_t, bias, torch):
         reorder, self._product = _ops(torch)
         self.inner, self.width = matrix_t.shape
-        weight = torch.from_numpy(np.ascontiguousarray(matrix_t.T, dtype=np.float32))
+        weight = _tensor(torch, np.ascontiguousarray(matrix_t.T, dtype=np.float32))  # read-only too: reordered
         self.weight = reorder(weight, batch_size=None)
         self.bias = None if bias is None else torch.from_numpy(
             np.array(np.broadcast_to(bias, (self.width,)), dtype=np.float32))

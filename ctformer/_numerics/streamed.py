@@ -177,10 +177,12 @@ def stream_chunk(n, m, itemsize, problems, blocked=None, geometry=None):
     return max(1, min(n, chunk, max(_MIN_CHUNK_ROWS, -(-n // per_problem))))
 
 
-def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry=None):
+def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry=None, packs=None):
     """Query chunks of every (batch, head), each done by one worker with its own buffers, in
     blocks of ``geometry`` (None: :data:`ctformer._numerics.blocks.DEFAULT`; this machine's is
-    :func:`ctformer._numerics.measured_blocks.geometry`).
+    :func:`ctformer._numerics.measured_blocks.geometry`). Where the keys come in blocks,
+    ``packs`` (a :class:`ctformer._numerics.packed_attention.packed_blocks` of the geometry's
+    key block, float32; None: the worker tasks' BLAS) multiplies by packed blocks.
 
     ``beta`` (a float, or an array broadcasting to ``(*lead, 1, 1)``) scales each chunk of
     queries in the worker's buffer: no scaled copy of ``q`` is made."""
@@ -213,8 +215,13 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
     # the products by this machine's faster BLAS (torch's lands in a buffer, then divides)
     product = _gemm.matmul if _gemm.uses_torch(dtype) else np.matmul
     if blocked:
+        if packs is not None and (dtype != np.float32 or packs.key_block != geometry.key_block):
+            raise ValueError(f"packs: packed blocks of {packs.key_block} keys for float32, got {dtype} "
+                             f"attention in blocks of {geometry.key_block}")
+        if packs is not None:
+            packs.prepare(k, v, lead)
         worker = _blocked_worker(q, scale, k, v, _log_weights(log_w, dtype), causal, diag_shift, chunk, out,
-                                 product, geometry.key_block)
+                                 product, geometry.key_block, packs)
         _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
         return out
 
@@ -247,7 +254,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
     return out
 
 
-def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, product, key_block):
+def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, product, key_block, packs=None):
     """The worker of :func:`stream` with the keys in blocks of ``key_block``: for each chunk
     of queries, the running row maxima, sums of exponentials and weighted sums of values are
     updated one key block at a time (online softmax), then divided."""
@@ -272,11 +279,15 @@ def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, produ
             cols = stop if causal else m  # causal: keys after the chunk never count
             for col0 in range(0, cols, key_block):
                 col1 = min(cols, col0 + key_block)
-                s = scores[: r * (col1 - col0)].reshape(r, col1 - col0)
-                product(qs, keys[col0:col1].T, out=s)
+                if packs is None:
+                    s = scores[: r * (col1 - col0)].reshape(r, col1 - col0)
+                    product(qs, keys[col0:col1].T, out=s)
+                else:  # the block's K and V packed once per call: new arrays, read as they are
+                    packed_k, packed_v = packs(keys, values, col0)
+                    s = packed_k(qs)
                 made.exp_rows_online(s, log_w, col0, start if causal else -1, shift, top[:r], sums[:r], alpha[:r])
-                product(s, values[col0:col1], out=part[:r])
-                made.rescale_add(acc[:r], part[:r], alpha[:r])
+                weighted = product(s, values[col0:col1], out=part[:r]) if packs is None else packed_v(s)
+                made.rescale_add(acc[:r], weighted, alpha[:r])
             np.divide(acc[:r], sums[:r, None], out=out[idx][start:stop], casting="same_kind")
     return worker
 
