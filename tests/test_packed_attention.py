@@ -114,3 +114,26 @@ def test_attention_multiplies_by_packed_blocks_where_chosen(key_blocks_here, mon
     packs = packed_attention.packed_blocks(geometry.key_block) if chosen and 2 * geometry.key_block <= len(k) else None
     expected = streamed.stream(q, 0.5, k, v, None, None, False, None, (), None, geometry, packs)
     assert np.array_equal(ours, expected)
+
+
+def test_keys_and_values_too_large_to_copy_keep_the_blas(key_blocks_here, monkeypatch):
+    """The packed copies live for the call: above MAX_BYTES of keys and values the call keeps
+    the worker tasks' products (and their few MiB per thread)."""
+    from ctformer.operators import quadrature_attention
+
+    monkeypatch.setenv("CTFORMER_ATTENTION_ENGINE", "streamed")
+    monkeypatch.setattr(packed_attention, "chosen", lambda dtype: True)
+    made = []
+    monkeypatch.setattr(packed_attention, "packed_blocks", lambda key_block: made.append(key_block) or None)
+    rng = np.random.default_rng(24)
+    m = 2 * max(blocks.KEY_BLOCKS) + 5  # key blocks in every geometry
+    q = rng.standard_normal((100, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((m, 16)).astype(np.float32) for _ in range(2))
+    assert packed_attention.fits(k, v) and (k.size + v.size) * 4 == 2 * m * 16 * 4
+    monkeypatch.setattr(packed_attention, "MAX_BYTES", (k.size + v.size) * 4 - 1)
+    assert not packed_attention.fits(k, v)
+    quadrature_attention(q, k, v, beta=0.5)
+    assert made == []
+    monkeypatch.setattr(packed_attention, "MAX_BYTES", (k.size + v.size) * 4)
+    quadrature_attention(q, k, v, beta=0.5)
+    assert len(made) == 1

@@ -63,7 +63,7 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk):
         geometry = _measured_blocks.geometry(q.dtype)
         packs = None
         if (q.dtype == np.float32 and keep is None and not causal and m >= 2 * geometry.key_block
-                and _packed_attention.chosen(q.dtype)):
+                and _packed_attention.fits(k, v) and _packed_attention.chosen(q.dtype)):
             packs = _packed_attention.packed_blocks(geometry.key_block)
         return _numpy_paths.stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry, packs)
     qs = q * beta  # beta folded into the queries: O(N d), cheaper than scaling every score

@@ -17,7 +17,10 @@ with the Haswell kernel that ``OPENBLAS_CORETYPE`` forces, and 0.45-0.56 of MKL'
 ``packed attention float32``): one causal-free problem of 2048 queries and keys on one thread,
 packing included, against the same problem with the products of the worker tasks, in
 alternating rounds; kept only when clearly faster (:func:`ctformer._numerics.blocks.verdict`).
-float64 keeps the BLAS (oneDNN has no float64 inner product).
+float64 keeps the BLAS (oneDNN has no float64 inner product). The packed copies of ``K`` and
+``V`` live for the call, so a call whose key and value matrices exceed ``MAX_BYTES`` keeps the
+BLAS products too (:func:`fits`): the extra memory of streamed attention stays a few MiB per
+thread plus at most that.
 """
 from __future__ import annotations
 
@@ -33,10 +36,23 @@ from .packed import PackedMatrix, _ops
 from .threads import run_blas_tasks
 from .torch_threads import _torch
 
-__all__ = ["CHECKED", "chosen", "packed_blocks"]
+__all__ = ["CHECKED", "MAX_BYTES", "chosen", "fits", "packed_blocks"]
+
+# The most bytes of packed key and value copies one call may hold (a 12-head layer of 16384
+# keys of 64 features in float32 packs 96 MiB; a single head of 131072 keys, 64 MiB).
+MAX_BYTES = 64 << 20
 
 _SIZE, _FEATURES = 2048, 64
 CHECKED = f"{_SIZE} queries and keys of {_FEATURES} features, key blocks of {DEFAULT.key_block}, {ROUNDS} rounds"
+
+
+def fits(k, v) -> bool:
+    """Whether the packed copies of the key and value matrices ``k``, ``v`` (one per
+    key/value head; the arrays as given, before any broadcast to the query heads) stay within
+    ``MAX_BYTES``: packing a call's blocks ahead of its tasks holds a second copy of ``K`` and
+    ``V`` for the length of the call, where the streamed path otherwise needs a few MiB per
+    thread."""
+    return (k.size + v.size) * 4 <= MAX_BYTES
 
 
 def chosen(dtype) -> bool:
