@@ -18,7 +18,8 @@ goal is the overhead of a small solve against a one-thread loop). Each script's 
 also appends its goals to a JSON-lines file (``CTFORMER_GOALS_FILE``, set here), from which
 the closing table is printed as Markdown: the CPU model, every goal with its median ratio,
 quartiles and verdict, and the count met. A script that fails is named with its exit status
-and the goals it did record; the others still run.
+and the goals it did record; the others still run. Ctrl-C stops the run and still prints the
+table of the goals recorded so far, naming the script it interrupted.
 """
 from __future__ import annotations
 
@@ -51,24 +52,32 @@ def main(argv=None) -> int:
     goals_file = logs / "goals.jsonl"
     goals_file.unlink(missing_ok=True)
     failed = {}
-    for script in args.scripts:
-        command = [sys.executable, str(HERE / script)]
-        command += ["--threads", str(args.threads)] if script not in ONE_THREAD else []
-        command += ["--quick"] if args.quick else []
-        command += ["--repeats", str(args.repeats)] if args.repeats is not None else []
-        log = logs / f"{Path(script).stem}.log"
-        print(f"{script}: running ({' '.join(command[2:]) or 'defaults'}), output in {log}", flush=True)
-        start = time.perf_counter()
-        with open(log, "w") as out:
-            status = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
-                                    env={**os.environ, "CTFORMER_GOALS_FILE": str(goals_file)}).returncode
-        print(f"{script}: exit status {status} after {time.perf_counter() - start:.0f} s", flush=True)
-        if status != 0:
-            failed[script] = status
-    rows = read_goals(goals_file)
+    try:
+        for script in args.scripts:
+            status = run_script(script, args, logs / f"{Path(script).stem}.log", goals_file)
+            if status != 0:
+                failed[script] = status
+    except KeyboardInterrupt:  # the table of what finished is still worth printing
+        failed[script] = "interrupted by Ctrl-C"
+        print(f"\n{script}: interrupted; the goals below are those recorded before it", flush=True)
     print()
-    print(table(rows, failed))
+    print(table(read_goals(goals_file), failed))
     return 1 if failed else 0
+
+
+def run_script(script: str, args, log: Path, goals_file: Path) -> int:
+    """Run one goal script in its own process, its output to ``log``; its exit status."""
+    command = [sys.executable, str(HERE / script)]
+    command += ["--threads", str(args.threads)] if script not in ONE_THREAD else []
+    command += ["--quick"] if args.quick else []
+    command += ["--repeats", str(args.repeats)] if args.repeats is not None else []
+    print(f"{script}: running ({' '.join(command[2:]) or 'defaults'}), output in {log}", flush=True)
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        status = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "CTFORMER_GOALS_FILE": str(goals_file)}).returncode
+    print(f"{script}: exit status {status} after {time.perf_counter() - start:.0f} s", flush=True)
+    return status
 
 
 def read_goals(path: Path) -> list[dict]:
@@ -95,8 +104,8 @@ def table(rows: list[dict], failed: dict) -> str:
         lines.append(f"| {r['script']} | {r['name']} | {figure} | {quartiles} | {bound} | {r['verdict']} |")
     met = sum(r["met"] for r in rows)
     lines += ["", f"{met} of {len(rows)} goals met"]
-    lines += [f"{script} stopped with exit status {status}: its goals above are those it recorded"
-              for script, status in failed.items()]
+    lines += [f"{script} {status if isinstance(status, str) else f'stopped with exit status {status}'}: "
+              "its goals above are those it recorded" for script, status in failed.items()]
     return "\n".join(lines)
 
 
