@@ -123,23 +123,31 @@ def _print_geometry(dtypes):
               f"{g.chunk_bytes >> 20} MiB of scores per chunk otherwise ({how})")
 
 
-def _print_causal_engine(dtypes):
-    """Which engine the direct call used for causal problems of 2^20 scores and more: the
-    setting, or the stored measurement of this machine (ctformer._numerics.fused.fused_chosen)."""
+def _print_engines(dtypes):
+    """Which engine the direct call used for problems of 2^20 scores and more, plain and
+    causal: the setting, or the stored measurement of this machine (none stored: the kernel
+    did not apply here; ctformer._numerics.fused.fused_chosen), and whether float32 attention
+    without a mask multiplied by packed key and value blocks (ctformer._numerics.packed_attention)."""
     import os
 
     from ctformer._numerics import store
 
     setting = os.environ.get("CTFORMER_ATTENTION_ENGINE", "auto") or "auto"
-    stored = store.read(store.cache_file()) if setting == "auto" else {}
-    for dtype in dtypes:
-        entry = stored.get(f"causal attention {dtype}")
-        if setting != "auto":
-            print(f"causal attention, >= 2^20 scores, {dtype}: CTFORMER_ATTENTION_ENGINE={setting}")
-        elif entry:
-            engine = "torch's kernel" if entry["provider"] == "torch" else "the streamed engine"
-            print(f"causal attention, >= 2^20 scores, {dtype}: {engine} (measured streamed / kernel "
-                  f"{entry['ratio']:.2f}, streamed faster in {entry['wins']} of 9 pairs)")
+    stored = store.read(store.cache_file())
+    for mask in ("plain", "causal"):
+        for dtype in dtypes:
+            entry = stored.get(f"{mask} attention {dtype}") if setting == "auto" else None
+            if setting != "auto":
+                print(f"{mask} attention, >= 2^20 scores, {dtype}: CTFORMER_ATTENTION_ENGINE={setting}")
+            elif entry:
+                engine = "torch's kernel" if entry["provider"] == "torch" else "the streamed engine"
+                print(f"{mask} attention, >= 2^20 scores, {dtype}: {engine} (measured streamed / kernel "
+                      f"{entry['ratio']:.2f}, streamed faster in {entry['wins']} of 9 pairs)")
+    packed = stored.get("packed attention float32")
+    if packed and "float32" in dtypes:
+        how = "yes" if packed["provider"] == "torch" else "no"
+        print(f"float32 attention without a mask on packed key and value blocks: {how} (measured "
+              f"{packed.get('ratio', float('nan')):.2f} of the time of the tasks' products)")
 
 
 def _status_kib(field):
@@ -270,7 +278,7 @@ def main(argv=None):
             for n in args.sizes:
                 rows += _configuration(mask == "causal", n, dtype, args, waiter)
     print(f"\ntiming rounds started on an idle machine (>= 90% of CPU idle): {waiter.idle_rounds} of {waiter.rounds}")
-    _print_causal_engine(args.dtypes)
+    _print_engines(args.dtypes)
     _print_geometry(args.dtypes)
     for r in rows:
         if r["method"] == "quadrature":

@@ -108,8 +108,8 @@ def _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk, engine) -> boo
     (uniform weights, no mask but the square causal one, no chunking asked for), one float
     dtype, at least ``_FUSED_MIN_ENTRIES`` scores in all (below, its call costs more than
     the batched pass), :func:`ctformer._numerics.fused.fused_attention_ok` and
-    :func:`~ctformer._numerics.fused.fused_chosen` (the engine setting, and for long causal
-    problems the engine measured faster on this machine)."""
+    :func:`~ctformer._numerics.fused.fused_chosen` (the engine setting, and for long plain or
+    causal problems the engine measured faster on this machine)."""
     if log_w is not None or keep is not None or diag_shift is not None or chunk is not None:
         return False
     n, m = q.shape[-2], k.shape[-2]
