@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from ctformer._numerics import blocks, gemm, measured_blocks, packed, packed_attention, streamed
+from ctformer._numerics import blocks, gemm, measured_blocks, packed, packed_attention, store, streamed
 
 from .conftest import require
 
@@ -21,8 +21,8 @@ KB = blocks.DEFAULT.key_block
 @pytest.fixture
 def key_blocks_here(monkeypatch):
     require("numba")
-    if packed._ops(torch) is None:
-        pytest.skip("this torch build has no oneDNN inner product")
+    if packed._ops(torch) is None:  # such a build is tested by test_without_onednn_the_blas_multiplies
+        pytest.skip("this torch build has no oneDNN inner product: nothing to pack with")
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
     monkeypatch.setattr(gemm, "softmax_provider", lambda dtype: "numpy")
 
@@ -137,3 +137,37 @@ def test_keys_and_values_too_large_to_copy_keep_the_blas(key_blocks_here, monkey
     monkeypatch.setattr(packed_attention, "MAX_BYTES", (k.size + v.size) * 4)
     quadrature_attention(q, k, v, beta=0.5)
     assert len(made) == 1
+
+
+def test_without_onednn_the_blas_multiplies(monkeypatch, tmp_path):
+    """A torch build without oneDNN's inner product (simulated on every build): both packed
+    measurements choose the BLAS and say why, and long float32 attention without a mask is
+    still softmax attention (against scipy's softmax in float64)."""
+    from ctformer.operators import quadrature_attention
+
+    monkeypatch.setattr(packed, "_ops", lambda torch: None)
+    monkeypatch.setattr(packed_attention, "_ops", lambda torch: None)
+    reason = "torch has no oneDNN inner product"
+    assert packed_attention._measure(np.dtype(np.float32)) == {"provider": "numpy", "reason": reason}
+    assert packed.measure(np.dtype(np.float32), lambda call: 1.0) == {"provider": "numpy", "reason": reason}
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("CTFORMER_GEMM", raising=False)
+    monkeypatch.setenv("CTFORMER_ATTENTION_ENGINE", "streamed")
+    gemm._measured.cache_clear()
+    measured_blocks._measured.cache_clear()
+    try:
+        monkeypatch.setattr(gemm, "softmax_provider", lambda dtype: "numpy")
+        assert packed_attention.chosen(np.float32) is False
+        if streamed.key_blocked(m := 2 * max(blocks.KEY_BLOCKS) + 5, None, np.dtype(np.float32)):
+            # with key blocks in use the refusal is the measurement's, stored with its reason
+            entry = store.read(store.cache_file())["packed attention float32"]
+            assert entry["provider"] == "numpy" and entry["reason"] == reason
+        rng = np.random.default_rng(25)
+        q = rng.standard_normal((300, 16)).astype(np.float32)
+        k, v = (rng.standard_normal((m, 16)).astype(np.float32) for _ in range(2))
+        out = quadrature_attention(q, k, v, beta=0.5)
+        ref = reference(q, k, v, 0.5, 0.0)
+        assert out.dtype == np.float32 and np.abs(out - ref).max() / np.abs(ref).max() < 2e-6
+    finally:
+        gemm._measured.cache_clear()
+        measured_blocks._measured.cache_clear()
