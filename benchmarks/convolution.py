@@ -6,7 +6,8 @@ Compares, in one process, for a batch of ``tokens`` rows of ``M`` features on ``
 * ``ctformer``  : ``Convolution(profile).apply`` through the backend's planned pyFFTW
   transforms (:class:`ctformer.fft.PlannedFFT`) as a user gets them: the default planner
   (``FFTW_ESTIMATE``), transforms of at least 2^18 points on the library's worker count of FFTW
-  threads (``--threads``, default ``CTFORMER_NUM_THREADS`` or the BLAS thread count),
+  threads (``--threads``, default ``CTFORMER_NUM_THREADS`` or the BLAS thread count); grids up
+  to the crossover measured on this machine (printed) apply the dense matrix instead,
 * ``fft only``  : the same transforms alone, ``fft.irfft(fft.rfft(u) * symbol)``
   (the same arithmetic as ``numpy.fft``, without the kernel's own per-call work),
 * ``1 thread``  : ``apply`` with one FFTW thread at every size (``numpy.fft`` has no threads:
@@ -19,9 +20,10 @@ The methods are timed in ``--repeats`` alternating rounds after a 0.2 s warm-up 
 (:func:`_environment.rounds`: a round times a block of about 0.1 s of every method, with a
 pause before each block so that OpenMP and OpenBLAS threads stop spinning) and the median time
 is printed with its ratio to numpy.fft, the median of the rounds' ratios; every method is
-checked against numpy.fft first (1e-12 relative in float64). Thread
-counts are left as the environment sets them; OPENBLAS_* variables are not touched (only the
-dense peer uses BLAS). The CPU, the BLAS kernel and the load average are printed first: on a
+checked against numpy.fft first (1e-12 relative in float64). BLAS and OpenMP threads: 2, or
+``--threads``. The ``ctformer`` column multiplies small grids on the BLAS, so unless
+``--keep-env`` is given the script re-executes itself without OPENBLAS_CORETYPE and
+OPENBLAS_L2_SIZE, as the other goal scripts do, and says so. The CPU, the BLAS kernel and the load average are printed first: on a
 shared machine, run it twice and read ranges. Goal (issue 25): ``ctformer`` / numpy.fft <= 1.0
 at every M, by default every power of 2 from 16 to 65536 (``--quick``: 16, 64, ..., 4096);
 each M gets "met" / "not met".
@@ -33,14 +35,17 @@ import os
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import header, rounds, summary, verdict  # noqa: E402
+from _environment import header, prepare, rounds, summary, verdict  # noqa: E402
 
-from ctformer.discretizations import Fourier
-from ctformer.fft import PlannedFFT
-from ctformer.kernels import Convolution
+if __name__ == "__main__":
+    prepare(sys.argv[1:], __file__)
+
+import numpy as np  # noqa: E402
+
+from ctformer.discretizations import Fourier  # noqa: E402
+from ctformer.fft import PlannedFFT  # noqa: E402
+from ctformer.kernels import Convolution  # noqa: E402
 
 
 def main(argv=None):
@@ -53,6 +58,7 @@ def main(argv=None):
     parser.add_argument("--no-measure", action="store_true", help="skip the FFTW_MEASURE column")
     parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     parser.add_argument("--quick", action="store_true", help="M = 16, 64, ..., 4096 (a smoke test)")
+    parser.add_argument("--keep-env", action="store_true", help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE")
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes = [4**k for k in range(2, 7)]
@@ -72,6 +78,7 @@ def main(argv=None):
     header(f"FFT convolution against numpy.fft: {args.tokens} rows, {args.dtype}, median of "
            f"{args.repeats} alternating rounds; ctformer's transforms of >= 2^18 points on "
            f"{args.threads or num_threads()} FFTW threads (numpy.fft: one)")
+    _print_crossover(args.dtype)
     names = ["numpy.fft", "fft only", *variants, "dense"]
     print(f"{'M':>7} " + " ".join(f"{n:>11}" for n in names) + "   (ms; ratio to numpy.fft below)")
     ratios = {}
@@ -123,6 +130,18 @@ def main(argv=None):
     print(f"worst '1 thread' / numpy.fft (one FFTW thread, as numpy.fft): {single:.2f}")
     summary()
     return ratios
+
+
+def _print_crossover(dtype):
+    """The grid size up to which ``ctformer`` applies the dense matrix, as measured (and
+    stored) on this machine, with the measured ratios of the product to the FFT route."""
+    from ctformer._numerics import convolution_route, store
+
+    limit = convolution_route.dense_below(dtype)
+    entry = store.read(store.cache_file()).get(f"convolution dense {dtype}")
+    ratios = ", ".join(f"{m}: {r:.2f}" for m, r in sorted(entry["ratios"].items(), key=lambda i: int(i[0]))) if entry else "not measured"
+    print(f"ctformer multiplies by the dense matrix up to M = {limit} (dense / FFT route when "
+          f"measured: {ratios})\n")
 
 
 if __name__ == "__main__":

@@ -355,6 +355,7 @@ def backend_of(*arrays) -> Backend:
     code that must stay generic should use :func:`array_api_compat.array_namespace` directly.
     """
     for a in arrays:
-        if array_api_compat.is_cupy_array(a):
+        if type(a) is not np.ndarray and array_api_compat.is_cupy_array(a):
             return get_backend("cupy")
-    return get_backend("numpy")
+    numpy_backend = _BACKENDS.get("numpy")  # the hot path: FFT convolutions ask on every call
+    return numpy_backend if numpy_backend is not None else get_backend("numpy")

@@ -40,6 +40,7 @@ import array_api_compat
 import numpy as np
 
 from . import validation
+from ._numerics.convolution_route import dense_below as measured_dense_below
 from .backend import _cached, backend_of, constant, to_host
 
 __all__ = ["Kernel", "PiecewiseConstant", "Smooth", "SmoothRandom", "Convolution", "cell_index",
@@ -537,8 +538,8 @@ class Convolution(Kernel):
     points with equal weights :math:`1/n` of the period, e.g. ``Midpoint`` or ``Fourier``) the
     matrix is circulant, :math:`A_{ij} = p(((i - j) \bmod n)/n) / n`, and :meth:`apply` computes
     it by FFT in :math:`O(n \log n)` through the backend (pyFFTW on the CPU, ``cupyx.scipy.fft``
-    on the GPU), except on NumPy arrays with at most :attr:`dense_below` points, where one
-    product with the (cached) dense matrix is 2-5x faster than two FFTs. Elsewhere it uses the
+    on the GPU), except on NumPy arrays of at most :attr:`dense_below` points, where one
+    product with the (cached) dense matrix is faster than two FFTs. Elsewhere it uses the
     dense matrix. Both ways give the same values to rounding.
 
     Parameters
@@ -552,9 +553,12 @@ class Convolution(Kernel):
         If ``profile`` is not callable.
     """
 
-    #: NumPy grids of at most this many points apply the dense matrix instead of FFTs (the
-    #: crossover measured by ``benchmarks/convolution.py``); 0 always uses the FFT.
-    dense_below = 128
+    #: NumPy grids of at most this many points apply the dense matrix instead of FFTs; 0
+    #: always uses the FFT. None (the default): this machine's crossover for the array's
+    #: dtype, measured once and stored (:func:`ctformer._numerics.convolution_route.dense_below`;
+    #: 16-256 points on an AMD EPYC, by dtype and BLAS kernel). Set an int on the class or an
+    #: instance to pin it, e.g. for the same bits on different machines.
+    dense_below: int | None = None
 
     def __init__(self, profile: Callable):
         if not callable(profile):
@@ -602,13 +606,22 @@ class Convolution(Kernel):
             raise ValueError(f"Convolution profile takes NaN or inf values on {disc!r}")
         return np.fft.rfft(c)
 
+    def _dense_limit(self, dtype) -> int:
+        """:attr:`dense_below`, or this machine's measured crossover for ``dtype`` where it is None."""
+        return self.dense_below if self.dense_below is not None else measured_dense_below(dtype)
+
     def _numpy_route(self, out, inp, dtype):
-        """``(n, symbol in dtype's complex type)`` where NumPy arrays go through the FFT, else
-        ``()`` (the dense matrix; not None, which the cache would take for a miss)."""
-        if not (out == inp and self.is_uniform_periodic(inp)) or len(inp.quadrature_nodes) <= self.dense_below:
-            return ()
+        """How NumPy rows of ``dtype`` are applied: ``(True, n, symbol in dtype's complex
+        type)`` by FFT, ``(False, n, transposed matrix in dtype)`` by one product on a host
+        kernel, else ``()`` (:meth:`Kernel.apply`; not None, which the cache would take for a miss)."""
+        n = len(inp.quadrature_nodes)
+        if not (out == inp and self.is_uniform_periodic(inp)) or n <= self._dense_limit(dtype):
+            if not self._host():
+                return ()
+            like = np.empty(0, dtype=dtype)
+            return False, n, constant(self, ("matrix_t", out, inp), lambda: self.transposed_matrix(out, inp), like)
         complex_dtype = np.complex64 if dtype == np.float32 else np.complex128
-        return len(inp.quadrature_nodes), self.symbol(inp).astype(complex_dtype)
+        return True, n, self.symbol(inp).astype(complex_dtype)
 
     def apply(self, u, out, inp, axis: int = -1):
         """Apply by FFT when ``out == inp`` is uniform periodic, else by the dense matrix.
@@ -621,8 +634,11 @@ class Convolution(Kernel):
                             lambda: self._numpy_route(out, inp, u.dtype))
             if not route:
                 return super().apply(u, out, inp, axis)
-            n, symbol = route
+            by_fft, n, operand = route
+            if u.shape[-1] == n and not by_fft:
+                return u @ operand
             if u.shape[-1] == n:
+                symbol = operand
                 fft = backend_of(u).fft
                 spectrum = fft.rfft(u, axis=-1)
                 spectrum *= symbol
@@ -632,7 +648,7 @@ class Convolution(Kernel):
         if type(u) is not np.ndarray or u.dtype.kind != "f":
             u = _as_input(u)
         n = len(inp.quadrature_nodes)
-        if type(u) is np.ndarray and n <= self.dense_below:
+        if type(u) is np.ndarray and n <= self._dense_limit(u.dtype):
             return super().apply(u, out, inp, axis)
         xp, axis = _check_input(u, inp, axis)
         moved = xp.moveaxis(u, axis, -1)

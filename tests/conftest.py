@@ -66,6 +66,30 @@ def rng():
     return np.random.default_rng(20251003)
 
 
+@pytest.fixture
+def fresh_store(monkeypatch, tmp_path):
+    """An empty store of measured choices (``ctformer._numerics.store``, in ``tmp_path``),
+    ``CTFORMER_GEMM`` unset, and no choice remembered in this process."""
+    from ctformer._numerics import convolution_route, gemm, measured_blocks
+
+    remembered = (gemm._measured, measured_blocks._measured, convolution_route._measured)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("CTFORMER_GEMM", raising=False)
+    for cache in remembered:
+        cache.cache_clear()
+    yield tmp_path
+    for cache in remembered:
+        cache.cache_clear()
+
+
+def stored_choices(root):
+    """``(path, contents)`` of the one file of measured choices under the cache root ``root``."""
+    import json
+
+    (path,) = (root / "ctformer").glob("gemm-*.json")
+    return path, json.loads(path.read_text())
+
+
 def fitted_order(h, err):
     """Least-squares slope of log(err) against log(h)."""
     h = np.asarray(h, dtype=float)

@@ -18,8 +18,9 @@ LAYERS = {
     "environment": -2, "validation": -2, "labelled_methods": -2, "fft": -1,
     "backend": 0, "atomic": 0, "shared_tensors": 0,
     "discretizations": 1, "solvers": 1, "model_inputs": 1,
-    "state": 2, "kernels": 2,
+    "state": 2,
     "_numerics": 2.5,  # the fast kernels: below the operators that call them
+    "kernels": 2.7,  # feature kernels: a convolution reads the measured dense/FFT crossover
     "operators": 3,
     "random_models": 4,
     "evolution": 4.5,  # a model's depth evolution: the loop over its layers, below the model

@@ -13,21 +13,9 @@ from scipy.special import softmax
 
 from ctformer._numerics import blocks, gemm, measured_blocks, store, streamed
 
-from .conftest import require
+from .conftest import require, stored_choices
 
 G = blocks.Geometry
-
-
-@pytest.fixture
-def fresh_store(monkeypatch, tmp_path):
-    """An empty store of measured choices and nothing remembered in this process."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv("CTFORMER_GEMM", raising=False)
-    gemm._measured.cache_clear()
-    measured_blocks._measured.cache_clear()
-    yield tmp_path
-    gemm._measured.cache_clear()
-    measured_blocks._measured.cache_clear()
 
 
 def test_the_verdict_keeps_the_default_unless_a_candidate_wins_clearly():
@@ -65,16 +53,11 @@ def key_blocks_here(monkeypatch):
     monkeypatch.setattr(gemm, "softmax_provider", lambda dtype: "numpy")
 
 
-def _stored(root):
-    (path,) = (root / "ctformer").glob("gemm-*.json")
-    return path, json.loads(path.read_text())
-
-
 def test_the_geometry_is_measured_once_stored_and_reused(fresh_store, key_blocks_here, monkeypatch):
     chosen = measured_blocks.geometry(np.float64)
     assert chosen.key_block in blocks.KEY_BLOCKS and chosen.rows in blocks.ROWS
     assert chosen.chunk_bytes in blocks.CHUNK_BYTES
-    _, stored = _stored(fresh_store)
+    _, stored = stored_choices(fresh_store)
     chunks, keys = stored["attention chunks float64"], stored["attention key blocks float64"]
     assert chunks["checked"] == measured_blocks.CHUNKS_CHECKED and keys["checked"] == measured_blocks.KEY_BLOCKS_CHECKED
     assert (keys["key_block"], keys["rows"], chunks["chunk_bytes"]) == \
@@ -102,7 +85,7 @@ def test_key_blocks_are_timed_only_where_they_are_used(fresh_store, monkeypatch)
                         {"provider": "numpy", "key_block": 2048, "rows": 512})
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numpy")
     assert measured_blocks.geometry(np.float32) == G(1024, 256, 4 << 20)
-    assert timed == ["chunks"] and "attention key blocks float32" not in _stored(fresh_store)[1]
+    assert timed == ["chunks"] and "attention key blocks float32" not in stored_choices(fresh_store)[1]
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
     assert measured_blocks.geometry(np.float32) == G(2048, 512, 4 << 20)
     assert timed == ["chunks", "key blocks"]
@@ -111,7 +94,7 @@ def test_key_blocks_are_timed_only_where_they_are_used(fresh_store, monkeypatch)
 @pytest.mark.parametrize("kind, field", [("attention chunks", "chunk_bytes"), ("attention key blocks", "key_block")])
 def test_a_damaged_geometry_is_measured_again(fresh_store, key_blocks_here, monkeypatch, kind, field):
     measured_blocks.geometry(np.float32)
-    path, stored = _stored(fresh_store)
+    path, stored = stored_choices(fresh_store)
     stored[f"{kind} float32"][field] = 3  # not a candidate: never used
     path.write_text(json.dumps(stored))
     measured_blocks._measured.cache_clear()

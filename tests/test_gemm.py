@@ -16,16 +16,6 @@ from .conftest import require
 torch = require("torch")
 
 
-@pytest.fixture
-def fresh_choice(monkeypatch, tmp_path):
-    """An empty cache directory and no remembered choice."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv("CTFORMER_GEMM", raising=False)
-    gemm._measured.cache_clear()
-    yield tmp_path
-    gemm._measured.cache_clear()
-
-
 def test_a_bad_setting_is_named(monkeypatch):
     monkeypatch.setenv("CTFORMER_GEMM", "mkl")
     with pytest.raises(ValueError, match="CTFORMER_GEMM must be one of auto, numpy, torch, got 'mkl'"):
@@ -54,9 +44,9 @@ def test_one_torch_thread_is_restored():
     assert torch.get_num_threads() == before
 
 
-def test_the_choice_is_measured_once_and_kept(fresh_choice, monkeypatch):
+def test_the_choice_is_measured_once_and_kept(fresh_store, monkeypatch):
     choice = gemm.gemm_provider(np.float32)
-    files = list((fresh_choice / "ctformer").glob("gemm-*.json"))
+    files = list((fresh_store / "ctformer").glob("gemm-*.json"))
     assert len(files) == 1
     stored = json.loads(files[0].read_text())
     entry = stored["products float32"]
@@ -78,9 +68,9 @@ def test_the_choice_is_measured_once_and_kept(fresh_choice, monkeypatch):
         assert softmax == "numpy" and "softmax float32" not in stored
 
 
-def test_a_damaged_file_is_measured_again(fresh_choice):
+def test_a_damaged_file_is_measured_again(fresh_store):
     gemm.gemm_provider(np.float64)
-    path, = (fresh_choice / "ctformer").glob("gemm-*.json")
+    path, = (fresh_store / "ctformer").glob("gemm-*.json")
     path.write_text("{not json")
     gemm._measured.cache_clear()
     assert gemm.gemm_provider(np.float64) in ("numpy", "torch")
@@ -154,7 +144,7 @@ def test_many_small_problems_by_either_provider(monkeypatch, provider, causal):
     assert np.abs(runs[0] - exact).max() / np.abs(exact).max() < 1e-14
 
 
-def test_a_verdict_checked_on_other_shapes_is_measured_again(fresh_choice):
+def test_a_verdict_checked_on_other_shapes_is_measured_again(fresh_store):
     """A verdict stored by a version with other bounds (another bit-for-bit check) is not
     reused: the measurement runs again and the new record names what it checked."""
     calls = []

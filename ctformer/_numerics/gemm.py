@@ -37,7 +37,7 @@ from . import few_rows as _few_rows, packed as _packed, store as _store
 from .threads import _INSIDE, _ROW_BLOCKS_MIN_ROWS, num_threads, single_thread_blas
 from .torch_threads import _one_torch_thread, _tensor, _torch, _torch_threads, threaded_products
 
-__all__ = ["attention_block", "gemm_provider", "matmul", "prepared_products", "rows_peer", "rows_product", "softmax_provider", "softmax_rows",
+__all__ = ["attention_block", "gemm_provider", "matmul", "measured_name", "prepared_products", "rows_peer", "rows_product", "softmax_provider", "softmax_rows",
            "threaded_rows", "uses_torch"]
 
 _PROVIDERS = ("auto", "numpy", "torch")
@@ -80,6 +80,17 @@ def _float_name(dtype) -> str:
 
 def _choice() -> str:
     return choice("CTFORMER_GEMM", _PROVIDERS)  # read for every product
+
+
+def measured_name(dtype) -> str | None:
+    """``"float32"`` or ``"float64"``, the name this machine's measured choices for ``dtype``
+    are stored under, where they apply (``CTFORMER_GEMM=auto``); None where the defaults hold
+    (a pinned ``CTFORMER_GEMM``, other dtypes). A ValueError if ``CTFORMER_GEMM`` is not one
+    of auto, numpy, torch."""
+    if _choice() != "auto":
+        return None
+    dtype = np.dtype(dtype)
+    return dtype.name if dtype in (np.float32, np.float64) else None
 
 
 def uses_torch(dtype) -> bool:

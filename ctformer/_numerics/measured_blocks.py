@@ -47,12 +47,10 @@ def geometry(dtype) -> Geometry:
     ValueError
         If ``CTFORMER_GEMM`` is not one of auto, numpy, torch.
     """
-    if _gemm._choice() != "auto":
+    name = _gemm.measured_name(dtype)
+    if name is None:
         return DEFAULT
-    dtype = np.dtype(dtype)
-    if dtype not in (np.float32, np.float64):
-        return DEFAULT
-    return _measured(dtype.name, _streamed.key_blocked(_KEYS, None, dtype, False, DEFAULT.key_block))
+    return _measured(name, _streamed.key_blocked(_KEYS, None, np.dtype(name), False, DEFAULT.key_block))
 
 
 @lru_cache(maxsize=None)
