@@ -28,16 +28,20 @@
   8192-65536 points took 0.44-0.71 of ``numpy.fft``'s time on two threads (``numpy.fft`` has
   none) and 0.83-0.99 on one;
 * each plan has a lock, so threads may share the object;
-* the engine of each (transform, shape, dtype, axis, n) is chosen once, when its plan is made:
+* the engine of each (transform, shape, dtype, axis, n) is chosen when its plan is made:
   with ``CTFORMER_FFT_ENGINE=auto`` (the default) the FFTW plan and ``numpy.fft`` (pocketfft)
   are each timed on the plan's buffers (best of at least five calls each, in turn, and 4 ms)
-  and the faster one is kept, so a
-  transform is never slower than ``numpy.fft`` and FFTW is used where its plans pay (long or
-  batched transforms, ``FFTW_MEASURE``, threads); ``fftw`` or ``numpy`` pins the engine. The
-  two engines agree to rounding (1e-15 relative), not bit for bit: pin the engine when runs
-  must repeat bit for bit (as with ``FFTW_MEASURE``, whose plans are also chosen by timing;
-  with ``auto`` the choice can also differ between thread counts, as FFTW's threads speed its
-  plans and not ``numpy.fft``).
+  and the faster one is kept, so a transform is never slower than ``numpy.fft`` and FFTW is
+  used where its plans pay (long or batched transforms, ``FFTW_MEASURE``, threads). The
+  timing happens once per machine: the answer is stored with the library's other measured
+  choices (:func:`ctformer._numerics.store.fft_engine`, keyed by the transform, its FFTW
+  threads and the planner effort), so a machine runs each transform on the same engine run
+  after run. ``fftw`` or ``numpy`` pins the engine. The two engines agree to rounding (1e-15
+  relative), not bit for bit: pin the engine when two machines must give the same bits, and
+  keep ``FFTW_ESTIMATE``, as ``FFTW_MEASURE`` chooses its plans by timing in each process.
+  FFTW's threads speed its plans and not ``numpy.fft``, so a transform of at least 2^18
+  points may run on different engines, and differ in the last bits, at different thread
+  counts; pin the engine where that matters.
 
 Going through ``pyfftw.interfaces`` instead re-validates arguments, re-plans or copies on
 every call and was 1.2-2.3x slower than ``numpy.fft``; executing the plan directly removes that
@@ -57,7 +61,7 @@ import numpy as np
 from .environment import positive_int
 from .validation import integer, one_of
 
-__all__ = ["PlannedFFT", "planner_effort", "fft_threads", "fft_engine"]
+__all__ = ["PlannedFFT", "planner_effort", "fft_threads", "fft_engine", "use_engine_store", "use_workers"]
 
 _EFFORTS = ("FFTW_ESTIMATE", "FFTW_MEASURE", "FFTW_PATIENT", "FFTW_EXHAUSTIVE")
 _ENGINES = ("auto", "fftw", "numpy")
@@ -107,6 +111,19 @@ def use_workers(count, inside_worker) -> None:
     runs a worker task (:mod:`ctformer._numerics.threads` calls this when it is imported)."""
     global _WORKERS
     _WORKERS = (count, inside_worker)
+
+
+# Who keeps the engine chosen for a transform: ``remember(signature, dtype name, time_it)``
+# returns "fftw" or "numpy", calling ``time_it()`` (the same answer) only where nothing is
+# stored. Given by ctformer._numerics.store (a layer above this module) when it is imported,
+# which every operator imports; until then each process times its own.
+_ENGINES_STORE = [lambda signature, dtype, time_it: time_it()]
+
+
+def use_engine_store(remember) -> None:
+    """Set the function that keeps each transform's engine (:mod:`ctformer._numerics.store`
+    calls this when it is imported)."""
+    _ENGINES_STORE[0] = remember
 
 
 def fft_threads() -> int | None:
@@ -275,6 +292,15 @@ class PlannedFFT:
             plan.update_arrays(source, out)
         return out
 
+    def _stored_engine(self, entry, transform) -> str:
+        """``"fftw"`` or ``"numpy"``: the faster engine of the ``transform`` ``(kind, real
+        shape, real dtype name, axis, n, FFTW threads)`` of the plan ``entry`` on this machine,
+        timed once (:meth:`_numpy_is_faster`) and kept in its store of measured choices."""
+        kind, shape, dtype, axis, n, threads = transform
+        signature = f"{kind} {tuple(shape)} axis {axis} n {n} threads {threads} {self.planner_effort}"
+        return _ENGINES_STORE[0](signature, dtype,
+                                 lambda: "numpy" if self._numpy_is_faster(kind, entry, axis, n) else "fftw")
+
     def _numpy_is_faster(self, kind, entry, axis, n) -> bool:
         """Time the plan as a call runs it (a fresh output, the input copied where its
         alignment needs it, irfft's scaling) against ``numpy.fft`` on the same data: is numpy
@@ -311,9 +337,10 @@ class PlannedFFT:
         plan = self._fftw(kind, source, target, axis, threads)
         if threads > 1 and not same_bits(plan, self._fftw(kind, self._empty(source.shape, source.dtype),
                                                           self._empty(target.shape, target.dtype), axis, 1), source):
-            plan = self._fftw(kind, source, target, axis, 1)
+            plan, threads = self._fftw(kind, source, target, axis, 1), 1
         entry = (plan, source, threading.Lock())
-        if self.engine == "numpy" or (self.engine == "auto" and self._numpy_is_faster(kind, entry, axis, n)):
+        if self.engine == "numpy" or (self.engine == "auto" and self._stored_engine(
+                entry, (kind, real_shape, np.dtype(real_dtype).name, axis, n, threads)) == "numpy"):
             entry = (None, None, None)
         with self._lock:
             entry = self._plans.setdefault(key, entry)

@@ -1,5 +1,6 @@
 """This machine's store of measured choices: which BLAS multiplies, which kernel normalizes,
-which block sizes attention streams in.
+which block sizes attention streams in, up to which size a convolution multiplies by its
+dense matrix, which engine runs each FFT.
 
 Each choice is measured once per machine, dtype and set of library versions and kept in a
 small JSON file in ``$XDG_CACHE_HOME/ctformer`` (by default ``~/.cache/ctformer``), named after
@@ -20,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import fft as _fft
 from ..environment import cpu_model
 from .threads import blas_controller
 from .torch_threads import _torch, _torch_version
 
-__all__ = ["cache_file", "entry", "read", "write"]
+__all__ = ["cache_file", "entry", "fft_engine", "read", "write"]
 
 _LOCK = threading.Lock()
 _MEASURING = threading.local()  # .key: the choice this thread is measuring (under _LOCK)
@@ -63,6 +65,22 @@ def entry(kind: str, dtype: str, measure, checked: str | None = None, valid=None
         return entry
 
 
+def fft_engine(signature: str, dtype: str, time_it) -> str:
+    """``"fftw"`` or ``"numpy"``: who runs the transform ``signature`` (kind, shape, axis,
+    length, FFTW threads, planner effort) of ``dtype`` on this machine
+    (:class:`ctformer.fft.PlannedFFT` with the ``auto`` engine), timed once by ``time_it()``
+    and stored as ``fft engine <signature> <dtype>``, so that a machine runs each transform on
+    the same engine, and gives the same bits, run after run."""
+    import pyfftw
+
+    return entry(f"fft engine {signature}", dtype, lambda _: {"provider": time_it()},
+                 f"pyfftw {pyfftw.__version__}", lambda e: e["provider"] in ("fftw", "numpy"),
+                 needs_torch=False)["provider"]
+
+
+_fft.use_engine_store(fft_engine)
+
+
 @contextmanager
 def _machine_lock(path):
     """Processes that start together (test workers, a Dask cluster) measure one at a time, and
@@ -99,7 +117,7 @@ def read(path) -> dict:
     except (OSError, ValueError):
         return {}
     ok = isinstance(stored, dict) and all(
-        isinstance(v, dict) and v.get("provider") in ("numpy", "torch", "compiled") for v in stored.values())
+        isinstance(v, dict) and v.get("provider") in ("numpy", "torch", "compiled", "fftw") for v in stored.values())
     return stored if ok else {}
 
 
