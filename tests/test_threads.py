@@ -102,6 +102,37 @@ def test_row_blocks_equal_the_whole_map_and_do_not_depend_on_threads(monkeypatch
     assert len(seen) == 1 and small.shape == (3, 100, 40)
 
 
+def test_maps_with_packed_products_take_row_blocks_from_fewer_rows(monkeypatch):
+    """Where a map's products run packed on one thread (``packed`` holds for the dtype), 256 to
+    511 rows run by blocks of at least 128 rows, with the same bits for 1 and 3 threads; other
+    dtypes, and fewer rows, call the map once."""
+    rng = np.random.default_rng(1)
+    w1, w2 = rng.standard_normal((48, 96)) / 7, rng.standard_normal((96, 40)) / 10
+    seen = []
+
+    def ffn(v):
+        seen.append(v.size // v.shape[-1])
+        time.sleep(0.005)
+        return np.tanh(v @ w1.astype(v.dtype)) @ w2.astype(v.dtype)
+
+    blocked = threads_module.by_row_blocks(ffn, width=40, packed=lambda dtype: dtype == np.float32)
+    u = rng.standard_normal((2, 150, 48))          # 300 rows
+    single = u.astype(np.float32)
+    results = []
+    for count in ("1", "3"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+        seen.clear()
+        results.append(blocked(single))
+        assert sorted(seen) == [44, 128, 128]       # blocks of 128 rows: the shape's, not the threads'
+    np.testing.assert_array_equal(*results)
+    whole = ffn(u)
+    assert np.max(np.abs(results[0] - whole)) <= 1e-5 * np.max(np.abs(whole))
+    for other, rows in ((u, 300), (single[:, :127], 254)):  # float64: no packed products; too few rows
+        seen.clear()
+        blocked(other)
+        assert seen == [rows]
+
+
 @pytest.mark.parametrize("limit", [1, 2, 3])
 def test_thread_count_follows_blas_limits_as_threadpoolctl_reports_them(monkeypatch, limit):
     """num_threads reads the libraries' counts directly (not threadpoolctl's info(), 10-20 us):
@@ -163,3 +194,31 @@ def test_a_solve_reads_the_thread_count_once(monkeypatch):
     monkeypatch.setenv("CTFORMER_NUM_THREADS", "two")
     with pytest.raises(ValueError, match="CTFORMER_NUM_THREADS"):
         model.solve(u0, **grid)
+
+
+@pytest.mark.parametrize("tokens, one_thread", [(128, True), (16, False)])
+def test_the_batched_attention_pass_multiplies_on_one_blas_thread_where_openblas_would_thread(
+        monkeypatch, tokens, one_thread):
+    """12 heads of 128 tokens (128 x 32 x 128 multiply-adds each, which OpenBLAS threads): the
+    products see a one-thread BLAS (a threaded one left a spinning worker that slowed the next
+    OpenMP passes 4x); 16 tokens skip the limit. Softmax attention either way (scipy's softmax)."""
+    threadpoolctl = require("threadpoolctl")
+    from scipy.special import softmax
+
+    from ctformer._numerics import streamed
+
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((12, tokens, 32)) for _ in range(3))
+    seen = []
+    inner = streamed._small
+
+    def spy(*args):
+        seen.append(max(i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"))
+        return inner(*args)
+
+    monkeypatch.setattr(streamed, "_small", spy)
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        got = streamed.small(q * 0.2, k, v, None, None, False, None)
+    assert seen == [1 if one_thread else 2]
+    exact = softmax(0.2 * q @ k.swapaxes(-1, -2), axis=-1) @ v
+    assert np.max(np.abs(got - exact)) <= 1e-14 * np.max(np.abs(exact))

@@ -37,7 +37,7 @@ from . import few_rows as _few_rows, packed as _packed, store as _store
 from .threads import _INSIDE, _ROW_BLOCKS_MIN_ROWS, num_threads, single_thread_blas
 from .torch_threads import _one_torch_thread, _tensor, _torch, _torch_threads, threaded_products
 
-__all__ = ["attention_block", "gemm_provider", "matmul", "measured_name", "prepared_products", "rows_peer", "rows_product", "softmax_provider", "softmax_rows",
+__all__ = ["attention_block", "gemm_provider", "matmul", "measured_name", "packed_rows", "prepared_products", "rows_peer", "rows_product", "softmax_provider", "softmax_rows",
            "threaded_rows", "uses_torch"]
 
 _PROVIDERS = ("auto", "numpy", "torch")
@@ -115,6 +115,13 @@ def prepared_products(dtype) -> bool:
         threaded_rows(dtype)
         _PEERS_DECIDED.add(name)
     return _measured(kind, name, measure, checked) == chosen
+
+
+def packed_rows(dtype) -> bool:
+    """Whether feature maps multiply ``dtype`` rows by products packed once and run on one
+    thread (float32 where :func:`prepared_products` holds), so that only blocks of rows
+    (:func:`~ctformer._numerics.threads.by_row_blocks`) put their products on the threads."""
+    return dtype == np.float32 and prepared_products(dtype)
 
 
 def _measure_packed(dtype) -> dict:

@@ -16,6 +16,7 @@ number of threads, so results are bit-identical for any ``CTFORMER_NUM_THREADS``
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from functools import lru_cache
 
 import numpy as np
@@ -32,8 +33,17 @@ _MIN_CHUNK_ROWS = 64
 # A call is split into at least this many tasks (for balance over a few threads). A
 # constant, not the thread count: the chunks, hence the rounding, never depend on the threads.
 _MIN_TASKS = 8
-# Below this many score entries in all, a call is not worth spreading over threads.
-_PARALLEL_MIN_ENTRIES = 1 << 20
+# Below this many score entries in all, a call is not worth spreading over threads (2^20
+# left a 256-token, 12-head attention, 0.8 M entries, on one thread: with its products on
+# one thread too, float32 networks of 256 tokens took 1.4-2.7 of HuggingFace's time; AMD
+# EPYC, family 26 model 2).
+_PARALLEL_MIN_ENTRIES = 1 << 18
+# The batched pass of small problems multiplies on one BLAS thread from this many
+# multiply-adds per problem: OpenBLAS threads such products (a 128-token head, 128 x 32 x 128),
+# and its worker, spinning after the call, then shared the cores with the OpenMP threads of
+# the next passes; a 128-token float32 MiniLM took 48 ms instead of 11 (AMD EPYC, family 26
+# model 2). Below it OpenBLAS multiplies on one thread anyway, and the limit (9 us) is skipped.
+_ONE_BLAS_THREAD_MIN = 1 << 17
 # NumPy loops: rows of a score chunk are exponentiated in blocks of this size (L2 cache).
 _ELEMENTWISE_BLOCK_BYTES = 1 << 20
 
@@ -51,7 +61,16 @@ def _log_weights(log_w, dtype):
 # -- small problems: one batched pass ------------------------------------------------------------
 def small(qs, k, v, log_w, keep, causal, diag_shift, out=None):
     """All (batch, head) problems at once, a few NumPy calls; returns (..., N, e), written
-    into ``out`` when it is given."""
+    into ``out`` when it is given. Problems of at least ``_ONE_BLAS_THREAD_MIN`` multiply-adds
+    each multiply on one BLAS thread (see there)."""
+    if qs.shape[-2] * k.shape[-2] * qs.shape[-1] < _ONE_BLAS_THREAD_MIN:
+        return _small(qs, k, v, log_w, keep, causal, diag_shift, out)
+    limit = _threads.single_thread_blas()
+    with limit if limit is not None else nullcontext():
+        return _small(qs, k, v, log_w, keep, causal, diag_shift, out)
+
+
+def _small(qs, k, v, log_w, keep, causal, diag_shift, out):
     s = qs @ k.swapaxes(-1, -2)
     n, m = s.shape[-2:]
     kernel = _exp_rows_kernel() if s.dtype in (np.float32, np.float64) else None

@@ -47,6 +47,12 @@ _LOCK = threading.Lock()
 _ROW_BLOCKS_MIN_ROWS = 512
 _BLOCK_ROWS = 256
 _MAX_BLOCKS = 8
+# Maps whose products run packed on one thread (float32, ctformer._numerics.packed) have no
+# threaded product to fall back on: they take blocks from _PACKED_MIN_ROWS rows, of at least
+# _PACKED_BLOCK_ROWS (float32 MiniLM, GPT-2, Llama of 256 tokens on two threads: 0.53-0.57
+# of HuggingFace's time by blocks, 1.4-2.7 before; AMD EPYC, family 26 model 2).
+_PACKED_MIN_ROWS = 256
+_PACKED_BLOCK_ROWS = 128
 _INSIDE = threading.local()  # .worker: this thread is running a worker of run_workers
 _FIXED = threading.local()  # .count: the thread count fixed by fixed_threads on this thread
 _POOL: dict = {}
@@ -215,7 +221,7 @@ def _threads_limiter():
     return None if getattr(_INSIDE, "worker", False) else single_thread_blas()
 
 
-def by_row_blocks(flow, width=None, whole=None):
+def by_row_blocks(flow, width=None, whole=None, packed=None):
     """``flow`` for a token-wise map ``(..., d) -> (..., width)`` (``width`` None: ``d``), run
     by blocks of rows on the workers for NumPy inputs of at least ``_ROW_BLOCKS_MIN_ROWS``
     rows; other inputs go to ``flow`` as they are. The blocks (at least ``_BLOCK_ROWS`` rows,
@@ -227,19 +233,30 @@ def by_row_blocks(flow, width=None, whole=None):
     holds. The dense maps pass :func:`ctformer._numerics.gemm.threaded_rows` (their products
     run on torch's threads with the same bits for every thread count): one threaded product
     beat the blocks' one-thread products in 6 of 7 networks and sizes measured (Intel Xeon,
-    2 threads)."""
+    2 threads).
+
+    ``packed``: None, or a test of the dtype that holds where the map's products run packed
+    on one thread (:func:`ctformer._numerics.gemm.packed_rows`); such inputs are run by blocks
+    from ``_PACKED_MIN_ROWS`` rows, of at least ``_PACKED_BLOCK_ROWS``, below
+    ``_ROW_BLOCKS_MIN_ROWS`` too: there is no threaded product that would use the threads."""
     def blocked(u):
         # cheapest tests first: small solves call this a few times per step
-        if type(u) is not np.ndarray or u.size < _ROW_BLOCKS_MIN_ROWS or u.ndim < 2:
+        if type(u) is not np.ndarray or u.size < _PACKED_MIN_ROWS or u.ndim < 2:
             return flow(u)
         rows = u.size // u.shape[-1] if u.shape[-1] else 0
-        if rows < _ROW_BLOCKS_MIN_ROWS or getattr(_INSIDE, "worker", False):
+        if rows < _PACKED_MIN_ROWS or getattr(_INSIDE, "worker", False):
             return flow(u)
-        if whole is not None and whole(u.dtype):
+        if rows < _ROW_BLOCKS_MIN_ROWS:
+            if packed is None or not packed(u.dtype):
+                return flow(u)
+            least = _PACKED_BLOCK_ROWS
+        elif whole is not None and whole(u.dtype):
             return flow(u)
+        else:
+            least = _BLOCK_ROWS
         flat = u.reshape(rows, u.shape[-1])
         out = np.empty((rows, u.shape[-1] if width is None else width), dtype=u.dtype)
-        step = max(_BLOCK_ROWS, -(-rows // _MAX_BLOCKS))
+        step = max(least, -(-rows // _MAX_BLOCKS))
         tasks = [slice(start, min(rows, start + step)) for start in range(0, rows, step)]
 
         def worker(next_task):

@@ -32,7 +32,7 @@ from .quadrature_attention import quadrature_attention
 from .._numerics import dense as _dense
 from .._numerics import streamed as _streamed
 from .._numerics.fused import engine_setting
-from .._numerics.gemm import numpy_rows, plain_rows, rows_product, threaded_rows
+from .._numerics.gemm import numpy_rows, packed_rows, plain_rows, rows_product, threaded_rows
 from .._numerics.threads import _INSIDE, by_row_blocks
 
 _SMALL_SHAPES = 64  # shapes whose small-path decision a discretized attention remembers
@@ -192,10 +192,10 @@ class DiscretizedAttention:
         self._project_qkv = by_row_blocks(
             lambda v: rows_product(v, constants("QKV_t", v), constants("b_QKV", v),
                                    constants.prepared("QKV_t", "b_QKV", v)),
-            width=constants.host["QKV_t"].shape[-1], whole=threaded_rows)
+            width=constants.host["QKV_t"].shape[-1], whole=threaded_rows, packed=packed_rows)
         self._project_out = by_row_blocks(
             lambda v: rows_product(v, constants("O", v), constants("b_O", v), constants.prepared("O", "b_O", v)),
-            width=constants.host["O"].shape[-1], whole=threaded_rows)
+            width=constants.host["O"].shape[-1], whole=threaded_rows, packed=packed_rows)
 
     def with_padding(self, real) -> "DiscretizedAttention":
         """The same operator keeping only the keys ``real`` (bool ``(..., N)``, True = a real

@@ -32,7 +32,7 @@ from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
 from .._numerics.elementwise import multiply_into
-from .._numerics.gemm import rows_product, threaded_rows
+from .._numerics.gemm import packed_rows, rows_product, threaded_rows
 from .._numerics.threads import by_row_blocks
 
 __all__ = ["FeatureMap", "FeedForward", "GatedFeedForward", "ACTIVATIONS", "get_activation", "relu", "gelu", "gelu_tanh", "silu"]
@@ -179,7 +179,7 @@ class FeedForward(Operator):
             return w_2(phi(w_1(u)))
 
         dense = _dense_host(self.W_1) and _dense_host(self.W_2)
-        return by_row_blocks(feedforward, whole=threaded_rows if dense else None)
+        return by_row_blocks(feedforward, whole=threaded_rows if dense else None, packed=packed_rows if dense else None)
 
 
 class GatedFeedForward(Operator):
@@ -244,4 +244,5 @@ class GatedFeedForward(Operator):
             return w_2(gate * up)
 
         dense = all(_dense_host(w) for w in (self.W_gate, self.W_up, self.W_2))
-        return by_row_blocks(gated_feedforward, whole=threaded_rows if dense else None)
+        return by_row_blocks(gated_feedforward, whole=threaded_rows if dense else None,
+                             packed=packed_rows if dense else None)
