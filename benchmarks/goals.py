@@ -1,7 +1,7 @@
 """Every goal of issue 25 on this CPU, in one run: the goal scripts one after another, and one
 table at the end.
 
-Run ``python benchmarks/goals.py`` (about 12 minutes on 2 cores; ``--quick`` passes
+Run ``python benchmarks/goals.py`` (about 13 minutes on 2 cores; ``--quick`` passes
 ``--quick`` to every script: a smoke test of a few minutes, not a measurement). It runs, each
 in its own process and never two at once (their threads would share the cores and corrupt
 each other's times),
