@@ -82,6 +82,36 @@ def fresh_store(monkeypatch, tmp_path):
         cache.cache_clear()
 
 
+def onednn_or_stand_in(monkeypatch, torch) -> bool:
+    """oneDNN's inner product where this torch build has it (the pinned one does: True); else
+    (False) the two ops patched, in ``ctformer._numerics.packed`` and ``packed_attention``, to
+    torch's plain ``linear`` on one thread with the weight "packed" as it is (a product whose
+    bits do not depend on the thread count, as oneDNN's were checked not to), so that the
+    packing logic (when to pack, once per matrix or block, the bounds, the verdicts, the bits
+    on every thread count) is tested on every build. A build's BLAS fallback is tested apart."""
+    from ctformer._numerics import packed, packed_attention
+
+    if packed._ops(torch) is not None:
+        return True
+
+    def stand_in(torch):
+        def reorder(weight, batch_size=None):
+            return weight
+
+        def product(rows, weight, bias, *attributes):
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                return torch.nn.functional.linear(rows, weight, bias)
+            finally:
+                torch.set_num_threads(threads)
+        return reorder, product
+
+    monkeypatch.setattr(packed, "_ops", stand_in)
+    monkeypatch.setattr(packed_attention, "_ops", stand_in)
+    return False
+
+
 def stored_choices(root):
     """``(path, contents)`` of the one file of measured choices under the cache root ``root``."""
     import json

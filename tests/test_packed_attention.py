@@ -12,7 +12,7 @@ from scipy.special import softmax
 
 from ctformer._numerics import blocks, gemm, measured_blocks, packed, packed_attention, store, streamed
 
-from .conftest import require
+from .conftest import onednn_or_stand_in, require
 
 torch = require("torch")
 KB = blocks.DEFAULT.key_block
@@ -20,11 +20,37 @@ KB = blocks.DEFAULT.key_block
 
 @pytest.fixture
 def key_blocks_here(monkeypatch):
+    """Streamed attention blocks its keys (the compiled kernels and their row kernel). On a
+    torch build without oneDNN's inner product (the pinned one has it) the packing logic runs
+    on a stand-in (:func:`tests.conftest.onednn_or_stand_in`), so that every test below runs on every build; the BLAS fallback
+    of such a build is test_without_onednn_the_blas_multiplies."""
     require("numba")
-    if packed._ops(torch) is None:  # such a build is tested by test_without_onednn_the_blas_multiplies
-        pytest.skip("this torch build has no oneDNN inner product: nothing to pack with")
+    onednn_or_stand_in(monkeypatch, torch)
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
     monkeypatch.setattr(gemm, "softmax_provider", lambda dtype: "numpy")
+
+
+def test_onednn_is_found_wherever_torch_reports_it():
+    """The ops are looked up by name in torch.ops.mkldnn: a build whose oneDNN backend is
+    available must expose both (a renamed op would silently turn packing off)."""
+    if torch.backends.mkldnn.is_available():
+        ops = packed._ops(torch)
+        assert ops is not None
+        rng = np.random.default_rng(5)
+        m, a = (rng.standard_normal(shape).astype(np.float32) for shape in ((40, 24), (3, 40)))
+        got = packed.PackedMatrix(m, None, torch)(a)
+        assert np.abs(got - a.astype(np.float64) @ m).max() < 1e-5 * np.abs(a @ m).max()
+    else:
+        assert packed._ops(torch) is None
+
+
+def test_the_stand_in_ops_are_the_product_they_stand_for(monkeypatch):
+    monkeypatch.setattr(packed, "_ops", lambda torch: None)  # as on a build without oneDNN
+    assert onednn_or_stand_in(monkeypatch, torch) is False
+    rng = np.random.default_rng(6)
+    m, a, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((40, 24), (3, 40), (24,)))
+    got = packed.PackedMatrix(m, b, torch)(a)
+    assert np.abs(got - (a.astype(np.float64) @ m + b)).max() < 1e-5 * np.abs(a @ m + b).max()
 
 
 def reference(q, k, v, beta, log_w):

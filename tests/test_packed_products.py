@@ -10,12 +10,20 @@ import pytest
 from ctformer._numerics import gemm, packed, threads
 from ctformer.operators.base import Constants
 
-from .conftest import require
+from .conftest import onednn_or_stand_in, require
 
 torch = require("torch")
 transformers = require("transformers")
 
-needs_onednn = pytest.mark.skipif(packed._ops(torch) is None, reason="this torch has no oneDNN inner product")
+
+@pytest.fixture
+def onednn(monkeypatch):
+    """oneDNN's inner product, or on a build without it (the pinned one has it) a stand-in
+    with torch's ``linear``: the packing logic below is tested on every build."""
+    onednn_or_stand_in(monkeypatch, torch)
+
+
+packs_on_every_build = pytest.mark.usefixtures("onednn")
 
 
 @pytest.fixture
@@ -33,7 +41,7 @@ def _operands(rows, inner, width, lead=(), seed=0):
     return a, m, rng.standard_normal(width).astype(np.float32)
 
 
-@needs_onednn
+@packs_on_every_build
 @pytest.mark.parametrize("rows, inner, width, lead, with_bias", [
     (16, 384, 1152, (), True), (8, 1536, 384, (), False), (7, 96, 128, (3,), True), (2, 384, 1536, (), True),
     (1000, 384, 1536, (), True)])
@@ -47,7 +55,7 @@ def test_the_product_equals_float64_to_rounding(rows, inner, width, lead, with_b
     assert np.abs(got - exact).max() / np.abs(exact).max() < 4e-6
 
 
-@needs_onednn
+@packs_on_every_build
 @pytest.mark.parametrize("rows, inner, width", [(2, 16384, 128), (3, 4096, 384), (8, 384, 1152), (16, 1536, 384),
                                                 (1024, 16384, 128), (33, 4096, 160)])
 def test_bits_do_not_depend_on_the_thread_count(monkeypatch, rows, inner, width):
@@ -62,7 +70,7 @@ def test_bits_do_not_depend_on_the_thread_count(monkeypatch, rows, inner, width)
     assert all(np.array_equal(results[0], other) for other in results[1:])
 
 
-@needs_onednn
+@packs_on_every_build
 def test_outside_the_bounds_numpy_multiplies(packing_on):
     for rows, inner, width in ((1, 384, 1152), (16, 384, 127), (16, 16385, 128)):
         a, m, b = _operands(rows, inner, width, seed=2)
@@ -85,7 +93,7 @@ def _timer(times):
     return best
 
 
-@needs_onednn
+@packs_on_every_build
 def test_the_verdict_is_the_geometric_mean_of_the_shapes_ratios():
     # (packed, numpy) per timed shape; ratios 0.5, 0.8, 2.0: geometric mean 0.928 > 0.92
     slow = packed.measure(np.float32, _timer([1.0, 2.0, 0.8, 1.0, 2.0, 1.0]))
@@ -96,7 +104,7 @@ def test_the_verdict_is_the_geometric_mean_of_the_shapes_ratios():
     assert fast["ratios"] == pytest.approx([0.5, 0.8, 1.5])
 
 
-@needs_onednn
+@packs_on_every_build
 def test_a_product_that_rounds_by_thread_count_is_refused(monkeypatch):
     reorder, product = packed._ops(torch)
 
@@ -108,7 +116,7 @@ def test_a_product_that_rounds_by_thread_count_is_refused(monkeypatch):
     assert verdict == {"provider": "numpy", "reason": f"thread counts round differently at {packed._INVARIANCE_SHAPES[0]}"}
 
 
-@needs_onednn
+@packs_on_every_build
 def test_constants_pack_float32_numpy_states_once(packing_on):
     a, m, b = _operands(16, 96, 128, seed=3)
     constants = Constants(matrix=m.astype(np.float64), bias=b.astype(np.float64))
@@ -122,7 +130,7 @@ def test_constants_pack_float32_numpy_states_once(packing_on):
     assert with_tensor.prepared("matrix", "bias", a) is None
 
 
-@needs_onednn
+@packs_on_every_build
 def test_no_packing_where_numpy_is_asked_for(monkeypatch):
     monkeypatch.setenv("CTFORMER_GEMM", "numpy")
     a, m, b = _operands(16, 96, 128, seed=4)
@@ -130,7 +138,7 @@ def test_no_packing_where_numpy_is_asked_for(monkeypatch):
     assert Constants(matrix=m, bias=b).prepared("matrix", "bias", a) is None
 
 
-@needs_onednn
+@packs_on_every_build
 @pytest.mark.parametrize("tokens", [16, 640])  # the whole rows on torch's threads; row blocks on workers
 def test_a_float32_gpt2_with_packed_products_is_its_float64_module(packing_on, monkeypatch, tokens):
     from ctformer.bridges import from_hf
