@@ -4,7 +4,9 @@
 is given, re-executes ``script`` without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, so that
 OpenBLAS picks its kernel for the real CPU (those variables are set on some machines for old
 OpenBLAS builds and slow a current one by about 40%); the benchmark says so in its output.
-It must run before NumPy is imported.
+With ``--emulate avx2`` it re-executes ``script`` with every library of both sides limited to
+AVX2 instead (:data:`EMULATED`): a CPU without AVX-512 (AMD EPYC before Zen 4, Intel Xeon
+before Skylake-SP), emulated on this one. It must run before NumPy is imported.
 
 ``rounds(calls, repeats)`` times ctformer and its peers in alternating rounds: each round
 times a short block of every call in turn, and a ratio is the median over rounds of the
@@ -40,6 +42,14 @@ CLEARED = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 MARK = "CTFORMER_BENCH_CLEARED_ENV"
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CTFORMER_NUM_THREADS")
+#: ``--emulate NAME``: the settings that hold the libraries of both sides to an instruction set
+#: (OpenBLAS's kernel, torch's vector kernels, oneDNN, MKL, Numba's target, NumPy's dispatch).
+#: FFTW and the libraries' own threading are not limited. The measured choices of an emulated
+#: run are stored apart (``ctformer._numerics.store.KERNEL_SETTINGS``).
+EMULATED = {"avx2": {"OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                     "MKL_ENABLE_INSTRUCTIONS": "AVX2", "NUMBA_CPU_NAME": "haswell",
+                     "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"}}
+EMULATION_MARK = "CTFORMER_BENCH_EMULATED"
 
 
 def prepare(argv, script, default_threads="2"):
@@ -52,13 +62,39 @@ def prepare(argv, script, default_threads="2"):
             threads = arg.split("=", 1)[1]
     for name in THREAD_VARIABLES:
         os.environ[name] = threads
-    if "--keep-env" in argv or "--child" in argv:
+    emulated = _option(argv, "--emulate")
+    if os.environ.get(EMULATION_MARK) or "--child" in argv:  # already set (goals.py sets it for every script)
+        return
+    if emulated is not None:
+        os.execve(sys.executable, [sys.executable, os.path.abspath(script), *argv], emulation_env(emulated))
+    if "--keep-env" in argv:
         return
     present = [name for name in CLEARED if name in os.environ]
     if present:
         env = {key: value for key, value in os.environ.items() if key not in CLEARED}
         env[MARK] = ",".join(f"{name}={os.environ[name]}" for name in present)
         os.execve(sys.executable, [sys.executable, os.path.abspath(script), *argv], env)
+
+
+def emulation_env(name: str) -> dict:
+    """This process's environment with the settings of ``EMULATED[name]`` (the OpenBLAS
+    overrides it does not set removed), marked as emulating ``name``."""
+    if name not in EMULATED:
+        raise SystemExit(f"--emulate: {name!r} is not one of {', '.join(EMULATED)}")
+    env = {key: value for key, value in os.environ.items() if key not in CLEARED}
+    env.update(EMULATED[name])
+    env[EMULATION_MARK] = name
+    return env
+
+
+def _option(argv, flag):
+    """The value of ``flag`` in ``argv`` (``--flag value`` or ``--flag=value``), or None."""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def limit_threads(threads: int, with_torch: bool = True) -> None:
@@ -191,14 +227,23 @@ def add_run_options(parser, quick: str, repeats: int = 5, threads: int = 2) -> N
     parser.add_argument("--threads", type=int, default=threads, help="threads of each side")
     parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--keep-env", action="store_true", help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE")
+    add_emulation_option(parser)
+
+
+def add_emulation_option(parser) -> None:
+    """``--emulate``: run both sides limited to an instruction set (:data:`EMULATED`)."""
+    parser.add_argument("--emulate", choices=sorted(EMULATED), default=None,
+                        help="limit every library of both sides to this instruction set (another CPU kind, emulated)")
 
 
 def cpu_model() -> str:
     """The CPU's model name, named with every figure a benchmark prints (imported when called:
-    :func:`prepare` must run before NumPy, which importing ctformer loads)."""
+    :func:`prepare` must run before NumPy, which importing ctformer loads), with the
+    instruction set it is limited to when emulating (``--emulate``)."""
     from ctformer.environment import cpu_model as model
 
-    return model()
+    emulated = os.environ.get(EMULATION_MARK)
+    return model() + (f" emulating {emulated.upper()}" if emulated else "")
 
 
 def numpy_blas() -> list[str]:
@@ -291,9 +336,14 @@ def header(title: str, notes=()) -> None:
     print(f"threads: {threads}")
     cleared = os.environ.get(MARK)
     kept = [f"{name}={os.environ[name]}" for name in CLEARED if name in os.environ]
-    print("environment: " + (f"re-executed without {cleared} (--keep-env keeps them)" if cleared else
-                             f"kept {', '.join(kept)}" if kept else
-                             "OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE not set, nothing removed"))
+    emulated = os.environ.get(EMULATION_MARK)
+    if emulated:
+        settings = ", ".join(f"{key}={value}" for key, value in EMULATED[emulated].items())
+        print(f"environment: EMULATING {emulated.upper()} on this CPU (--emulate {emulated}), both sides: {settings}")
+    else:
+        print("environment: " + (f"re-executed without {cleared} (--keep-env keeps them)" if cleared else
+                                 f"kept {', '.join(kept)}" if kept else
+                                 "OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE not set, nothing removed"))
     for note in notes:
         print(note)
     print(f"load average at start: {os.getloadavg()[0]:.2f}\n", flush=True)

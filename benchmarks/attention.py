@@ -38,7 +38,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import header, limit_threads, prepare, rounds, summary, verdict  # noqa: E402
+from _environment import add_emulation_option, header, limit_threads, prepare, rounds, summary, verdict  # noqa: E402
 
 if __name__ == "__main__":
     prepare(sys.argv[1:], __file__)
@@ -258,6 +258,7 @@ def main(argv=None):
                         help="total seconds to spend waiting for an idle machine before rounds (0: never)")
     parser.add_argument("--keep-env", action="store_true",
                         help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE as they are")
+    add_emulation_option(parser)
     args = parser.parse_args(argv)
     if args.causal:
         args.masks = ["causal"]

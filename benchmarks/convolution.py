@@ -36,7 +36,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import header, prepare, rounds, summary, verdict  # noqa: E402
+from _environment import add_emulation_option, header, prepare, rounds, summary, verdict  # noqa: E402
 
 if __name__ == "__main__":
     prepare(sys.argv[1:], __file__)
@@ -59,6 +59,7 @@ def main(argv=None):
     parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     parser.add_argument("--quick", action="store_true", help="M = 16, 64, ..., 4096 (a smoke test)")
     parser.add_argument("--keep-env", action="store_true", help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE")
+    add_emulation_option(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes = [4**k for k in range(2, 7)]

@@ -12,7 +12,8 @@ each other's times),
 * ``convolution.py`` (FFT convolution against numpy.fft),
 * ``particle_batch.py`` (batched SA particles against the authors' torch loop),
 
-with ``--repeats`` and ``--threads`` passed on (``small_solve.py`` runs on one thread: its
+with ``--repeats`` and ``--threads`` passed on, and ``--emulate avx2`` applied to every script
+(each library of both sides limited to AVX2: another CPU kind, emulated on this one) (``small_solve.py`` runs on one thread: its
 goal is the overhead of a small solve against a one-thread loop). Each script's output goes to
 ``--logs`` (one file per script, the header with the CPU and BLAS included); each script
 also appends its goals to a JSON-lines file (``CTFORMER_GOALS_FILE``, set here), from which
@@ -32,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _environment import add_emulation_option, emulation_env
+
 HERE = Path(__file__).resolve().parent
 SCRIPTS = ("attention.py", "model.py", "small_solve.py", "convolution.py", "particle_batch.py")
 ONE_THREAD = {"small_solve.py"}  # its goal is a one-thread solve against a one-thread loop
@@ -42,6 +45,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="--quick for every script (a smoke test)")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds per script (their default: 5)")
     parser.add_argument("--threads", type=int, default=2, help="threads of each side")
+    add_emulation_option(parser)
     parser.add_argument("--scripts", nargs="+", default=list(SCRIPTS), choices=SCRIPTS, metavar="SCRIPT",
                         help=f"which scripts (default: all of {', '.join(SCRIPTS)})")
     parser.add_argument("--logs", type=Path, default=None, help="directory for the scripts' output "
@@ -73,9 +77,10 @@ def run_script(script: str, args, log: Path, goals_file: Path) -> int:
     command += ["--repeats", str(args.repeats)] if args.repeats is not None else []
     print(f"{script}: running ({' '.join(command[2:]) or 'defaults'}), output in {log}", flush=True)
     start = time.perf_counter()
+    env = emulation_env(args.emulate) if args.emulate else dict(os.environ)
     with open(log, "w") as out:
         status = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "CTFORMER_GOALS_FILE": str(goals_file)}).returncode
+                                env={**env, "CTFORMER_GOALS_FILE": str(goals_file)}).returncode
     print(f"{script}: exit status {status} after {time.perf_counter() - start:.0f} s", flush=True)
     return status
 

@@ -84,12 +84,18 @@ def test_steal_share_of_the_rounds_is_a_fraction(env):
     assert "stolen by the hypervisor" in env.steal_report()
 
 
-def test_model_floor_counts_only_the_shared_kernels():
-    """benchmarks/model.py's floor: the share of a call spent in torch's mm / addmm / fused
-    attention. A call of nothing but one large product is almost all kernel; a call that
-    calls none of them is none; the functions are torch's own again afterwards."""
-    torch = pytest.importorskip("torch")
+def test_model_floor_counts_the_calling_threads_feature_products():
+    """benchmarks/model.py's floor: the share of a call its calling thread spends in ctformer's
+    feature products. A call of nothing but one large product is almost all product; a call
+    that makes none, or makes it on another thread only (a worker's row block, concurrent with
+    the caller's own), counts none; the functions are the library's own again afterwards."""
+    pytest.importorskip("torch")
     import sys
+    import threading
+
+    import numpy as np
+
+    from ctformer.operators import attention_flow, feature
 
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     try:
@@ -98,10 +104,42 @@ def test_model_floor_counts_only_the_shared_kernels():
         spec.loader.exec_module(model)
     finally:
         sys.path.remove(os.path.join(ROOT, "benchmarks"))
-    a = torch.ones(700, 700, dtype=torch.float64)  # tens of ms: the wrappers cost microseconds
-    before = (torch.mm, torch.addmm, torch.nn.functional.scaled_dot_product_attention)
-    assert model.shared_kernel_share(lambda: torch.mm(a, a)) > 0.9
-    assert model.shared_kernel_share(lambda: time.sleep(0.01)) == 0.0
-    q = torch.ones(1, 4, 512, 64, dtype=torch.float64)
-    assert model.shared_kernel_share(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q)) > 0.5
-    assert (torch.mm, torch.addmm, torch.nn.functional.scaled_dot_product_attention) == before
+    a = np.ones((600, 600))  # milliseconds: the wrappers cost microseconds
+    before = (feature.rows_product, attention_flow.rows_product, attention_flow.numpy_rows)
+
+    def elsewhere():
+        worker = threading.Thread(target=lambda: feature.rows_product(a, a))
+        worker.start()
+        worker.join()
+
+    assert model.product_share(lambda: feature.rows_product(a, a)) > 0.9
+    assert model.product_share(lambda: attention_flow.numpy_rows(a, a)) > 0.9
+    assert model.product_share(lambda: time.sleep(0.01)) == 0.0
+    assert model.product_share(elsewhere) == 0.0
+    assert (feature.rows_product, attention_flow.rows_product, attention_flow.numpy_rows) == before
+
+
+def test_emulated_avx2_holds_every_library_to_avx2(env, monkeypatch):
+    """``--emulate avx2``: a process started with ``emulation_env("avx2")`` runs OpenBLAS's
+    Haswell kernel, torch's AVX2 kernels, Numba's Haswell target and NumPy without its AVX-512
+    dispatch; the OpenBLAS overrides it does not set are gone; an unknown name is refused."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    pytest.importorskip("numba")
+    monkeypatch.setenv("OPENBLAS_L2_SIZE", "512")
+    emulated = env.emulation_env("avx2")
+    assert "OPENBLAS_L2_SIZE" not in emulated and emulated[env.EMULATION_MARK] == "avx2"
+    probe = ("import json, numpy, torch, threadpoolctl, numba\n"
+             "from numpy._core._multiarray_umath import __cpu_features__ as f\n"
+             "blas = [i.get('architecture') for i in threadpoolctl.threadpool_info() if i['user_api'] == 'blas']\n"
+             "print(json.dumps([torch.backends.cpu.get_cpu_capability(), f.get('X86_V4', False), blas,"
+             " numba.config.CPU_NAME]))")
+    out = subprocess.run([sys.executable, "-c", probe], env=emulated, capture_output=True, text=True, check=True)
+    capability, v4, blas, numba_target = json.loads(out.stdout.strip().splitlines()[-1])
+    assert capability == "AVX2" and v4 is False and numba_target == "haswell"
+    assert blas and all(arch == "Haswell" for arch in blas)
+    with pytest.raises(SystemExit, match="--emulate: 'avx1' is not one of avx2"):
+        env.emulation_env("avx1")

@@ -4,7 +4,8 @@ dense matrix, which engine runs each FFT.
 
 Each choice is measured once per machine, dtype and set of library versions and kept in a
 small JSON file in ``$XDG_CACHE_HOME/ctformer`` (by default ``~/.cache/ctformer``), named after
-the CPU model, the BLAS kernel and the versions, written atomically; every later process on
+the CPU model, the BLAS kernel, the versions and the settings that choose the machine code the
+libraries run (:data:`KERNEL_SETTINGS`), written atomically; every later process on
 the machine reads it, so a machine gives the same bits run after run. Processes that start
 together (test workers, a Dask cluster) measure one at a time under a file lock, and the later
 ones read the first one's result. Where the directory cannot be written a choice holds for
@@ -24,9 +25,18 @@ import numpy as np
 from .. import fft as _fft
 from ..environment import cpu_model
 from .threads import blas_controller
-from .torch_threads import _torch, _torch_version
+from .torch_threads import _torch, _torch_version, installed_version
 
-__all__ = ["cache_file", "entry", "fft_engine", "read", "write"]
+__all__ = ["KERNEL_SETTINGS", "cache_file", "entry", "fft_engine", "read", "write"]
+
+#: Environment variables that change which machine code the measured libraries run, hence
+#: the speeds a choice was measured at: torch's vector kernels, oneDNN's and MKL's instruction
+#: sets, MKL's reproducibility branch, Numba's and NumPy's targets (``OPENBLAS_CORETYPE``
+#: counts through the BLAS kernel it selects). Choices measured with one of them set, or set
+#: otherwise, belong to another store: an AVX2 kernel's choices are not an AVX-512 kernel's.
+KERNEL_SETTINGS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                   "MKL_CBWR", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NPY_DISABLE_CPU_FEATURES",
+                   "NPY_ENABLE_CPU_FEATURES")
 
 _LOCK = threading.Lock()
 _MEASURING = threading.local()  # .key: the choice this thread is measuring (under _LOCK)
@@ -102,13 +112,22 @@ def _machine_lock(path):
 
 
 def cache_file() -> Path | None:
-    """This machine's file of measured choices, named by what the choice depends on."""
+    """This machine's file of measured choices, named by what the choice depends on: the CPU
+    model, the BLAS libraries (version and kernel), the versions of NumPy, torch and Numba, and
+    the :data:`KERNEL_SETTINGS` that are set."""
     controller = blas_controller()
     blas = sorted({(str(i.get("internal_api")), str(i.get("version")), str(i.get("architecture")))
                    for i in (controller.info() if controller is not None else []) if i.get("user_api") == "blas"})
-    key = json.dumps([cpu_model(), np.__version__, _torch_version(), blas], sort_keys=True)
+    settings = {name: os.environ[name] for name in KERNEL_SETTINGS if os.environ.get(name)}
+    key = json.dumps([cpu_model(), np.__version__, _torch_version(), blas, _numba_version(), settings],
+                     sort_keys=True)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "ctformer" / f"gemm-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _numba_version() -> str | None:
+    """Numba's installed version, or None: it compiles the loops whose speed is measured."""
+    return installed_version("numba")
 
 
 def read(path) -> dict:

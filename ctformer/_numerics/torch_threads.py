@@ -151,13 +151,18 @@ def _torch():
     return torch
 
 
-@lru_cache(maxsize=1)
 def _torch_version() -> str | None:
     """torch's installed version (from its metadata: no import), or None."""
+    return installed_version("torch")
+
+
+@lru_cache(maxsize=8)
+def installed_version(package: str) -> str | None:
+    """The installed version of ``package`` (from its metadata: no import), or None."""
     from importlib import metadata
 
     try:
-        return metadata.version("torch")
+        return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
 
