@@ -193,3 +193,33 @@ def test_a_measurement_asking_for_a_choice_not_stored_is_refused_not_hung(fresh_
         gemm._measured("outer", "float64", measure)
     gemm._measured.cache_clear()
     assert gemm._measured("another kind", "float64", lambda d: {"provider": "compiled"}) == "compiled"
+
+
+@pytest.mark.parametrize("n, problems, itemsize", [(512, 48, 4), (2048, 12, 4), (384, 24, 8), (8192, 1, 8)])
+def test_causal_chunks_meet_fewer_keys(monkeypatch, n, problems, itemsize):
+    """A causal problem of many queries is streamed in chunks of at most
+    ``_CAUSAL_CHUNK_ROWS`` (each chunk meets the keys up to its last query only); smaller
+    problems keep their chunk; the output is causal softmax attention (scipy) on 1 and 2 threads."""
+    cap = streamed._CAUSAL_CHUNK_ROWS
+    plain = streamed.stream_chunk(n, n, itemsize, problems, False)
+    causal = streamed.stream_chunk(n, n, itemsize, problems, False, causal=True)
+    assert causal == min(plain, cap)
+    small = 2 * cap - 1
+    assert streamed.stream_chunk(small, small, itemsize, problems, False, causal=True) == \
+        streamed.stream_chunk(small, small, itemsize, problems, False)
+    if n > 2048:
+        return
+    rng = np.random.default_rng(n)
+    dtype = np.float32 if itemsize == 4 else np.float64
+    heads = max(1, problems // 12)
+    q, k, v = (rng.standard_normal((heads, n, 16)).astype(dtype) for _ in range(3))
+    runs = []
+    for count in ("1", "2"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+        runs.append(streamed.stream(q, 0.25, k, v, None, None, True, None, (heads,), None))
+    assert np.array_equal(runs[0], runs[1])
+    s = 0.25 * np.einsum("hid,hjd->hij", q.astype(np.float64), k.astype(np.float64))
+    s[:, np.triu_indices(n, 1)[0], np.triu_indices(n, 1)[1]] = -np.inf
+    ref = softmax(s, axis=-1) @ v.astype(np.float64)
+    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    assert np.abs(runs[0] - ref).max() / np.abs(ref).max() < tolerance

@@ -44,6 +44,14 @@ _PARALLEL_MIN_ENTRIES = 1 << 18
 # the next passes; a 128-token float32 MiniLM took 48 ms instead of 11 (AMD EPYC, family 26
 # model 2). Below it OpenBLAS multiplies on one thread anyway, and the limit (9 us) is skipped.
 _ONE_BLAS_THREAD_MIN = 1 << 17
+# Causal problems of at least twice this many queries are streamed in chunks of at most this
+# many: a chunk meets only the keys up to its last query, so c chunks compute (c + 1) / 2c of
+# the scores. Many heads of 512-2048 tokens had taken one or two chunks per head (the chunk
+# bytes allow 1024 rows of 2048 keys): 12 heads of 2048 tokens, float32, took 25 ms in
+# chunks of 192 against 33 ms; 4 x 12 heads of 512 (head dimension 32) 0.78 of the time in
+# float32 and float64, on AVX-512 as with AVX2 kernels; 64 rows were slower again (AMD EPYC,
+# family 26 model 2).
+_CAUSAL_CHUNK_ROWS = 192
 # NumPy loops: rows of a score chunk are exponentiated in blocks of this size (L2 cache).
 _ELEMENTWISE_BLOCK_BYTES = 1 << 20
 
@@ -184,14 +192,17 @@ def key_blocked(m, keep=None, dtype=None, causal=False, key_block=None) -> bool:
             and (dtype is None or _gemm.softmax_provider(dtype) == "numpy"))
 
 
-def stream_chunk(n, m, itemsize, problems, blocked=None, geometry=None):
+def stream_chunk(n, m, itemsize, problems, blocked=None, geometry=None, causal=False):
     """Query rows per task: ``geometry.chunk_bytes`` of scores, or ``geometry.rows`` where the
     keys come in blocks (``blocked``; None: :func:`key_blocked` of ``m``); at least
-    _MIN_TASKS tasks; thread-independent. ``geometry`` None: the defaults
-    (:data:`ctformer._numerics.blocks.DEFAULT`)."""
+    _MIN_TASKS tasks; for ``causal`` problems of at least ``2 * _CAUSAL_CHUNK_ROWS`` queries
+    at most ``_CAUSAL_CHUNK_ROWS`` (see there); thread-independent. ``geometry`` None: the
+    defaults (:data:`ctformer._numerics.blocks.DEFAULT`)."""
     geometry = _blocks.DEFAULT if geometry is None else geometry
     blocked = key_blocked(m, key_block=geometry.key_block) if blocked is None else blocked
     chunk = geometry.rows if blocked else max(_MIN_CHUNK_ROWS, geometry.chunk_bytes // (m * itemsize))
+    if causal and n >= 2 * _CAUSAL_CHUNK_ROWS:
+        chunk = min(chunk, _CAUSAL_CHUNK_ROWS)
     per_problem = -(-_MIN_TASKS // max(1, problems))
     return max(1, min(n, chunk, max(_MIN_CHUNK_ROWS, -(-n // per_problem))))
 
@@ -210,7 +221,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
     geometry = _blocks.DEFAULT if geometry is None else geometry
     blocked = key_blocked(m, keep, dtype, causal, geometry.key_block)
     if chunk is None:
-        chunk = stream_chunk(n, m, dtype.itemsize, math.prod(lead), blocked, geometry)
+        chunk = stream_chunk(n, m, dtype.itemsize, math.prod(lead), blocked, geometry, causal)
     chunk = int(min(chunk, n))
     out = output_array(lead, n, e, dtype, head_axes(q, k, lead))
     # BLAS-friendly strides and one dtype (no-ops for the usual inputs)
