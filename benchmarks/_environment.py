@@ -350,20 +350,25 @@ def header(title: str, notes=()) -> None:
 
 
 _VERDICTS: list[tuple[str, float, float, str, bool, tuple | None]] = []
+_FLOORS: dict[str, float] = {}  # goal name -> its floor, where the script measures one
 
 
 def verdict(name: str, ratio: float, goal: float, unit: str = "x", show: bool = True,
-            spread: tuple | None = None) -> bool:
+            spread: tuple | None = None, floor: float | None = None) -> bool:
     """Record (and print, unless ``show=False``) whether ``ratio <= goal``: "met" or "not met".
 
     ``unit`` is ``"x"`` for a time ratio ctformer / peer, or e.g. ``"MiB"``; a NaN never meets
     its goal. ``spread``: the quartiles of the per-round ratios (:meth:`Rounds.spread`), or
     None; a goal between them is marked "within the spread" (the median decides, but another
-    run may decide otherwise). Returns whether the goal is met; :func:`summary` prints them all.
+    run may decide otherwise). ``floor``: the ratio below which no work outside the kernels
+    both sides share can go (``model.py``'s floor), or None; it goes into the closing tables.
+    Returns whether the goal is met; :func:`summary` prints them all.
     """
     met = bool(ratio <= goal)
     spread = None if spread is None else (float(spread[0]), float(spread[1]))
     _VERDICTS.append((name, float(ratio), float(goal), unit, met, spread))
+    if floor is not None:
+        _FLOORS[name] = float(floor)
     if show:
         print(f"goal {name}: {_figure(ratio, unit)}{_spread_text(spread, unit)} <= {_figure(goal, unit)} -> "
               f"{_outcome(met, goal, spread)}", flush=True)
@@ -400,8 +405,9 @@ def summary() -> bool:
     width = max(len(v[0]) for v in _VERDICTS)
     print(f"  {'goal':<{width}}  {'ratio':>10} {'quartiles':>11}    {'goal':<9} verdict")
     for name, ratio, goal, unit, met, spread in _VERDICTS:
+        floor = f"  (floor {_FLOORS[name]:.2f})" if name in _FLOORS else ""
         print(f"  {name:<{width}}  {_figure(ratio, unit):>10} {_spread_text(spread, unit):>11} <= "
-              f"{_figure(goal, unit):<9} {_outcome(met, goal, spread)}")
+              f"{_figure(goal, unit):<9} {_outcome(met, goal, spread)}{floor}")
     _append_goals(blas + (f"; torch {torch_line.split(',')[0]}" if torch_line else ""))
     count = sum(v[4] for v in _VERDICTS)
     close = sum(within_spread(v[2], v[5]) for v in _VERDICTS)
@@ -422,7 +428,7 @@ def _append_goals(blas: str) -> None:
         for name, ratio, goal, unit, met, spread in _VERDICTS:
             out.write(json.dumps({"script": script, "cpu": cpu_model(), "blas": blas, "name": name,
                                   "ratio": ratio, "goal": goal, "unit": unit, "met": met, "spread": spread,
-                                  "verdict": _outcome(met, goal, spread)}) + "\n")
+                                  "verdict": _outcome(met, goal, spread), "floor": _FLOORS.get(name)}) + "\n")
 
 
 def _figure(value: float, unit: str) -> str:

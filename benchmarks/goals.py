@@ -18,7 +18,8 @@ goal is the overhead of a small solve against a one-thread loop). Each script's 
 ``--logs`` (one file per script, the header with the CPU and BLAS included); each script
 also appends its goals to a JSON-lines file (``CTFORMER_GOALS_FILE``, set here), from which
 the closing table is printed as Markdown: the CPU model, every goal with its median ratio,
-quartiles and verdict, and the count met. A script that fails is named with its exit status
+quartiles and verdict (and, for the networks, ``model.py``'s floor: the ratio the feature
+products alone would give), and the count met. A script that fails is named with its exit status
 and the goals it did record; the others still run. Ctrl-C stops the run and still prints the
 table of the goals recorded so far, naming the script it interrupted.
 """
@@ -101,12 +102,13 @@ def table(rows: list[dict], failed: dict) -> str:
     for script in dict.fromkeys(r["script"] for r in rows):  # the BLAS each script ran with
         blas = next(r["blas"] for r in rows if r["script"] == script)
         lines.append(f"- {script}: {'; '.join(sorted(blas.split('; ')))}")
-    lines += ["", "| script | goal | ratio | quartiles | goal | verdict |", "|---|---|---|---|---|---|"]
+    lines += ["", "| script | goal | ratio | quartiles | goal | verdict | floor |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         quartiles = f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f}" if r["spread"] else ""
         figure = f"{r['ratio']:.3f}x" if r["unit"] == "x" else f"{r['ratio']:.4g} {r['unit']}"
         bound = f"<= {r['goal']:g}" + ("x" if r["unit"] == "x" else f" {r['unit']}")
-        lines.append(f"| {r['script']} | {r['name']} | {figure} | {quartiles} | {bound} | {r['verdict']} |")
+        floor = f"{r['floor']:.2f}" if r.get("floor") is not None else ""
+        lines.append(f"| {r['script']} | {r['name']} | {figure} | {quartiles} | {bound} | {r['verdict']} | {floor} |")
     met = sum(r["met"] for r in rows)
     lines += ["", f"{met} of {len(rows)} goals met"]
     lines += [f"{script} {status if isinstance(status, str) else f'stopped with exit status {status}'}: "

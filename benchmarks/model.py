@@ -261,7 +261,7 @@ def _network_rows(name, model, ct, sizes, args):
             state = " (torch state)" if args.state == "torch" else ""
             goal = GOAL_TORCH if args.state == "torch" else GOAL
             met = verdict(f"{name} {batch}x{tokens} {dtype}{state} / HuggingFace", ratio, goal, show=False,
-                          spread=spread)
+                          spread=spread, floor=floor)
             print(f"{name:>8} {batch:>3} x {tokens:<4}{dtype:>8} {timed['torch'] * 1e3:>10.2f} {timed['ctformer'] * 1e3:>12.2f} "
                   f"{ratio:>7.2f} {f'[{spread[0]:.2f}-{spread[1]:.2f}]':>11} {floor:>6.2f} {diff:>10.1e} "
                   f"{'met' if met else 'not met':>8}"

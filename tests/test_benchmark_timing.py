@@ -17,6 +17,22 @@ def env():
     return module
 
 
+def _benchmark(name):
+    """The benchmark script ``benchmarks/<name>.py`` as a module (its directory on the path
+    while it loads, for its ``_environment`` import)."""
+    import sys
+
+    folder = os.path.join(ROOT, "benchmarks")
+    sys.path.insert(0, folder)
+    try:
+        spec = importlib.util.spec_from_file_location(f"_bench_{name}", os.path.join(folder, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
+    return module
+
+
 def test_ratio_is_the_median_of_the_rounds_ratios(env):
     # per round: 2/1, 9/3, 4/1 -> ratios 2, 3, 4, median 3; the ratio of the medians would be 4/1
     timed = env.Rounds({"ours": [2.0, 9.0, 4.0], "peer": [1.0, 3.0, 1.0]})
@@ -90,20 +106,13 @@ def test_model_floor_counts_the_calling_threads_feature_products():
     that makes none, or makes it on another thread only (a worker's row block, concurrent with
     the caller's own), counts none; the functions are the library's own again afterwards."""
     pytest.importorskip("torch")
-    import sys
     import threading
 
     import numpy as np
 
     from ctformer.operators import attention_flow, feature
 
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("_bench_model", os.path.join(ROOT, "benchmarks", "model.py"))
-        model = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(model)
-    finally:
-        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    model = _benchmark("model")
     a = np.ones((600, 600))  # milliseconds: the wrappers cost microseconds
     before = (feature.rows_product, attention_flow.rows_product, attention_flow.numpy_rows)
 
@@ -143,3 +152,21 @@ def test_emulated_avx2_holds_every_library_to_avx2(env, monkeypatch):
     assert blas and all(arch == "Haswell" for arch in blas)
     with pytest.raises(SystemExit, match="--emulate: 'avx1' is not one of avx2"):
         env.emulation_env("avx1")
+
+
+def test_goals_table_carries_the_floor(env, monkeypatch, tmp_path):
+    """A goal recorded with a floor (``model.py``'s networks) reaches ``goals.py``'s closing
+    table with it; a goal without one has an empty floor cell; the count of goals met is right."""
+    monkeypatch.setenv("CTFORMER_GOALS_FILE", str(tmp_path / "goals.jsonl"))
+    monkeypatch.setattr(env, "_VERDICTS", [])
+    monkeypatch.setattr(env, "_FLOORS", {})
+    assert env.verdict("net 8x128 float32 / HuggingFace", 0.7, 0.8, show=False, spread=(0.6, 0.75), floor=0.5)
+    assert not env.verdict("convolution M=128", 1.1, 1.0, show=False)
+    env._append_goals("numpy: openblas")
+    goals = _benchmark("goals")
+    rows = goals.read_goals(tmp_path / "goals.jsonl")
+    assert [r["floor"] for r in rows] == [0.5, None]
+    table = goals.table(rows, {}).splitlines()
+    assert table[-4].endswith("| net 8x128 float32 / HuggingFace | 0.700x | 0.60-0.75 | <= 0.8x | met | 0.50 |")
+    assert table[-3].endswith("| convolution M=128 | 1.100x |  | <= 1x | not met |  |")
+    assert table[-1] == "1 of 2 goals met"
