@@ -15,17 +15,24 @@ OpenMP's threads spin for a while after each parallel region and start the next 
   alone, finds out which it is.
 
 The caller then runs its work another way (the pool, one thread, or BLAS's own threads).
+The threads the first launch started are kept off the CPU of the thread that launches
+(:class:`ctformer._numerics.placement.Team`): on a virtual machine that packs threads onto few
+CPUs, one of them placed on its caller's CPU held a whole region back.
 """
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 from . import threads as _threads
+from . import placement as _placement
+from .placement import Team
 
-__all__ = ["openmp_threads"]
+__all__ = ["keep_team_apart", "openmp_threads"]
 
 _OPENMP = {"pid": None, "usable": None}  # the process that launched first; its layer's verdict
+_TEAMS: dict = {}  # (calling thread's id, thread count) -> its Team
 _LOCK = threading.Lock()
 
 
@@ -36,6 +43,10 @@ def openmp_threads(call, threads: int) -> bool:
         return False
     import numba
 
+    return _launch(numba, call, threads, place=True)
+
+
+def _launch(numba, call, threads: int, place: bool) -> bool:
     with _LOCK:
         if _OPENMP["pid"] is None:
             _OPENMP["pid"] = os.getpid()
@@ -46,8 +57,56 @@ def openmp_threads(call, threads: int) -> bool:
     if _OPENMP["pid"] != os.getpid() or not _OPENMP["usable"]:
         return False
     with _numba_threads(numba, threads):
+        if place:  # off this thread's CPU during a solve (ctformer._numerics.placement)
+            _placement.use_team(_team(threads))
         call()
     return True
+
+
+def _team(threads: int) -> Team:
+    """The calling thread's team at ``threads`` threads (found once; the count is set)."""
+    key = (threading.get_native_id(), threads)
+    team = _TEAMS.get(key)
+    if team is None:
+        team = _TEAMS[key] = Team.of_numba(threads)
+    return team
+
+
+def team(threads: int) -> Team | None:
+    """The calling thread's OpenMP team at ``threads`` threads, for torch's parallel regions:
+    found by a Numba launch where Numba runs on OpenMP in this process (where torch and Numba
+    load the same OpenMP library, the team is torch's too), else an empty :class:`Team`
+    (nothing placed); None, to be asked again later, while Numba is not loaded yet (it is not
+    loaded for this: the library's compiled loops load it when they are first used)."""
+    if "numba" not in sys.modules:
+        return None
+    if getattr(_threads._INSIDE, "worker", False):
+        return Team()
+    import numba
+
+    found = []
+
+    def find():
+        found.append(_team(threads))  # a Numba launch itself (the team's kernel)
+
+    if not _launch(numba, find, threads, place=False) or not _OPENMP["usable"]:
+        return Team()
+    return found[-1] if numba.threading_layer() == "omp" else Team()
+
+
+def keep_team_apart(threads: int) -> None:
+    """Before one of torch's OpenMP regions on ``threads`` threads during a solve: the calling
+    thread's team off its CPU (:class:`~ctformer._numerics.placement.Team`; found by
+    :func:`team` the first time it can be)."""
+    if not _placement.solving():
+        return
+    known = _placement.caller_team()
+    if known is not None:
+        known.keep_apart()
+        return
+    found = team(threads)
+    if found is not None:  # else not known yet: asked again at the next region
+        _placement.use_team(found)
 
 
 def usable() -> bool | None:

@@ -36,6 +36,7 @@ import numpy as np
 
 from .. import fft as _fft
 from ..environment import positive_int
+from . import placement as _placement
 from .compiled import sigint_deferred
 
 __all__ = ["num_threads", "fixed_threads", "single_thread_blas", "run_workers", "run_blas_tasks", "by_row_blocks"]
@@ -146,11 +147,13 @@ class fixed_threads:
         self.entered = getattr(_FIXED, "count", None) is None
         if self.entered:
             _FIXED.count = num_threads()
+            _placement.solve_started()  # OpenMP's team may be held apart meanwhile
         return self
 
     def __exit__(self, *exc):
         if self.entered:
             _FIXED.count = None
+            _placement.solve_ended()
 
 
 def run_workers(worker, tasks: list, threads: int) -> None:
@@ -174,7 +177,9 @@ def run_workers(worker, tasks: list, threads: int) -> None:
         i = next(counter)  # atomic in CPython
         return tasks[i] if i < len(tasks) else None
 
-    def marked(next_task):
+    def marked(next_task, index=None, placement=None):
+        if index is not None:  # a pool worker: on a CPU of its own (module placement)
+            _placement.hold_worker(placement, index)
         outer = getattr(_INSIDE, "worker", False)
         _INSIDE.worker = True
         try:
@@ -187,13 +192,20 @@ def run_workers(worker, tasks: list, threads: int) -> None:
         return
     # Ctrl-C is held until every worker has stopped: a worker may be compiling a kernel (LLVM),
     # and a KeyboardInterrupt that overtook it would unwind the program while the compile runs
+    # the caller is held on its CPU for the pass, each worker on another one (module placement)
+    placement = _placement.hold_caller(threads)
     with sigint_deferred(on_signal=lambda: stop.append(True)):
-        futures = [_pool(threads).submit(marked, next_task) for _ in range(threads - 1)]
+        futures = [_pool(threads).submit(marked, next_task, i, placement) for i in range(threads - 1)]
         try:
             marked(next_task)
         finally:
+            # a worker that has not started by now would find no task: it is not waited for
+            # (a virtual CPU woken from a halt can take milliseconds to run it)
             for f in futures:
-                f.result()
+                if not f.cancel():
+                    f.result()
+            if placement is not None:
+                placement.release()
 
 
 def run_blas_tasks(worker, tasks: list, parallel: bool) -> None:

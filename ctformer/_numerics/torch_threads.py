@@ -26,6 +26,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import openmp as _openmp
+
 __all__ = ["threaded_products"]
 
 _LOCK = threading.Lock()
@@ -127,6 +129,8 @@ class _torch_threads:
         self.before = self.torch.get_num_threads()
         if self.before != self.count:
             self.torch.set_num_threads(self.count)
+        if self.count > 1:  # OpenMP's team off this thread's CPU during a solve
+            _openmp.keep_team_apart(self.count)
 
     def __exit__(self, *exc):
         if self.before != self.count and (self.count != 1 or not threading.current_thread().name.startswith(_POOL_PREFIX)):
