@@ -5,9 +5,9 @@ that the host may halt the others ("packing"). After the process had been idle f
 more, a worker woken for a parallel pass was then placed on the CPU of the thread that woke
 it, and the two shared one CPU until the scheduler moved one away: the first layers of a
 forward ran at half speed. On an AMD EPYC (family 26, model 2; a Firecracker guest with two
-vCPUs) forwards of 8 x 128 tokens took 1.3x their time after such a pause (GPT-2, Llama and
-MiniLM, float32: 86-91 against 63-65 ms), 256 tokens 1.5x; with the threads held apart, the
-same forwards took 1.0-1.04x after a pause, and as long as before without one.
+vCPUs) forwards of 8 x 128 tokens took 1.25-1.35x their time after a pause of 0.2 s (MiniLM,
+GPT-2 and Llama, float32: 84-86 against 63-68 ms), 256 tokens 1.5-1.7x; with the threads held
+apart, 0.99-1.01x and 1.03-1.07x, and without a pause as long as before.
 
 So :func:`ctformer._numerics.threads.run_workers` holds its calling thread on the CPU it runs
 on for the duration of a pass (its own set of CPUs is restored after: threads the caller starts
