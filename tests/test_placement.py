@@ -211,3 +211,37 @@ def test_the_team_is_held_during_a_solve_only(monkeypatch, omp_threads):
         openmp.keep_team_apart(threads)  # before one of torch's regions
         assert all(os.sched_getaffinity(tid) <= home - {cpu} for tid in team.tids)
     assert all(os.sched_getaffinity(tid) == home for tid in team.tids)
+
+
+@linux
+def test_a_forked_child_leaves_its_parents_team_alone(monkeypatch):
+    """A team's thread ids name the parent's threads in a forked child: the child must not
+    move them (nor any other process's threads)."""
+    home = _usable_cpus()
+    if len(home) < 2:
+        pytest.skip("one usable CPU: nothing is ever placed")
+    stop = threading.Event()
+    started = [threading.Thread(target=stop.wait) for _ in range(len(home) - 1)]
+    for t in started:
+        t.start()
+    try:
+        team = placement.Team(t.native_id for t in started)
+        monkeypatch.setattr(placement, "_current_cpu", lambda: min(home))
+        pid = os.fork()
+        if pid == 0:  # the child: placing the team must do nothing
+            try:
+                team.keep_apart()
+                team.release()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert all(os.sched_getaffinity(t.native_id) == home for t in started)
+        team.keep_apart()  # in the parent it does place them
+        assert all(os.sched_getaffinity(t.native_id) <= home - {min(home)} for t in started)
+        team.release()
+        assert all(os.sched_getaffinity(t.native_id) == home for t in started)
+        placement._set_thread(2 ** 22 + 12345, home)  # no such thread here: nothing happens
+    finally:
+        stop.set()
+        for t in started:
+            t.join()

@@ -136,10 +136,10 @@ class Team:
     the caller's CPUs when the solve ends: torch's regions outside ctformer find it as they
     would have."""
 
-    __slots__ = ("tids", "cpu", "home")
+    __slots__ = ("tids", "cpu", "home", "pid")
 
     def __init__(self, tids=()):
-        self.tids, self.cpu, self.home = tuple(tids), None, None
+        self.tids, self.cpu, self.home, self.pid = tuple(tids), None, None, os.getpid()
 
     @classmethod
     def of_numba(cls, size: int):
@@ -160,7 +160,7 @@ class Team:
     def keep_apart(self) -> None:
         """Before a region: the team on CPUs other than the caller's (nothing where it cannot
         be placed)."""
-        if not self.tids:
+        if not self.tids or self.pid != os.getpid():  # a forked child: the ids are its parent's
             return
         cpu = _current_cpu()
         if cpu is None or cpu == self.cpu:
@@ -173,16 +173,19 @@ class Team:
 
     def release(self) -> None:
         """The team back on the CPUs its caller had when it was placed."""
-        if self.cpu is not None:
+        if self.cpu is not None and self.pid == os.getpid():
             for tid in self.tids:
                 _set_thread(tid, self.home)
             self.cpu = None
 
 
 def _set_thread(tid, cpus) -> None:
+    """``tid``, a thread of this process, on ``cpus``; nothing where it has ended (its id could
+    name another process's thread by now) or may not run there."""
     try:
-        os.sched_setaffinity(tid, cpus)
-    except OSError:  # the thread has ended, or may not run there: left as it is
+        if os.path.exists(f"/proc/self/task/{tid}"):
+            os.sched_setaffinity(tid, cpus)
+    except OSError:
         pass
 
 
