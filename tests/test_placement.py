@@ -1,5 +1,6 @@
 """Where a parallel pass runs: the caller held on its CPU, the pool's workers on the others, the
 caller restored afterwards; and a worker that has not started is not waited for."""
+import contextlib
 import importlib
 import os
 import threading
@@ -12,6 +13,21 @@ threads_module = importlib.import_module("ctformer._numerics.threads")
 placement = importlib.import_module("ctformer._numerics.placement")
 
 linux = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="per-thread affinity is Linux's")
+
+
+@contextlib.contextmanager
+def _idle_threads(count):
+    """``count`` threads of this process that wait (a stand-in for an OpenMP team)."""
+    stop = threading.Event()
+    started = [threading.Thread(target=stop.wait) for _ in range(count)]
+    for t in started:
+        t.start()
+    try:
+        yield started
+    finally:
+        stop.set()
+        for t in started:
+            t.join()
 
 
 def _processor(tid):
@@ -225,11 +241,7 @@ def test_a_forked_child_leaves_its_parents_team_alone(monkeypatch):
     if len(home) < 2:  # one usable CPU: nothing is ever placed
         assert not placement.placing(len(home), len(home))
         return
-    stop = threading.Event()
-    started = [threading.Thread(target=stop.wait) for _ in range(len(home) - 1)]
-    for t in started:
-        t.start()
-    try:
+    with _idle_threads(len(home) - 1) as started:
         team = placement.Team(t.native_id for t in started)
         monkeypatch.setattr(placement, "_current_cpu", lambda: min(home))
         pid = os.fork()
@@ -246,7 +258,25 @@ def test_a_forked_child_leaves_its_parents_team_alone(monkeypatch):
         team.release()
         assert all(os.sched_getaffinity(t.native_id) == home for t in started)
         placement._set_thread(2 ** 22 + 12345, home)  # no such thread here: nothing happens
-    finally:
-        stop.set()
+
+
+@linux
+def test_a_team_bound_by_the_user_stays_bound_and_is_given_back_its_own_sets(monkeypatch):
+    home = _usable_cpus()
+    if len(home) < 2:  # one usable CPU: nothing is ever placed
+        assert not placement.placing(len(home), len(home))
+        return
+    with _idle_threads(len(home) - 1) as started:
+        own = {max(home)}  # each thread's own set before placement, not the caller's
         for t in started:
-            t.join()
+            os.sched_setaffinity(t.native_id, own)
+        team = placement.Team(t.native_id for t in started)
+        monkeypatch.setattr(placement, "_current_cpu", lambda: max(home))
+        monkeypatch.setenv("OMP_PROC_BIND", "close")
+        team.keep_apart()
+        assert all(os.sched_getaffinity(t.native_id) == own for t in started) and team.cpu is None
+        monkeypatch.delenv("OMP_PROC_BIND")
+        team.keep_apart()
+        assert all(max(home) not in os.sched_getaffinity(t.native_id) for t in started)
+        team.release()
+        assert all(os.sched_getaffinity(t.native_id) == own for t in started)

@@ -15,9 +15,9 @@ OpenMP's threads spin for a while after each parallel region and start the next 
   alone, finds out which it is.
 
 The caller then runs its work another way (the pool, one thread, or BLAS's own threads).
-The threads the first launch started are kept off the CPU of the thread that launches
+During a solve, the team of the launching thread is kept off that thread's CPU
 (:class:`ctformer._numerics.placement.Team`): on a virtual machine that packs threads onto few
-CPUs, one of them placed on its caller's CPU held a whole region back.
+CPUs, a team thread put on its caller's CPU held a whole region back.
 """
 from __future__ import annotations
 

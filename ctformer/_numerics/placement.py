@@ -136,10 +136,10 @@ class Team:
     the caller's CPUs when the solve ends: torch's regions outside ctformer find it as they
     would have."""
 
-    __slots__ = ("tids", "cpu", "home", "pid")
+    __slots__ = ("tids", "cpu", "before", "pid")
 
     def __init__(self, tids=()):
-        self.tids, self.cpu, self.home, self.pid = tuple(tids), None, None, os.getpid()
+        self.tids, self.cpu, self.before, self.pid = tuple(tids), None, {}, os.getpid()
 
     @classmethod
     def of_numba(cls, size: int):
@@ -159,24 +159,45 @@ class Team:
 
     def keep_apart(self) -> None:
         """Before a region: the team on CPUs other than the caller's (nothing where it cannot
-        be placed)."""
-        if not self.tids or self.pid != os.getpid():  # a forked child: the ids are its parent's
+        be placed, or where the user binds OpenMP's threads: ``OMP_PROC_BIND``,
+        ``OMP_PLACES``, ``GOMP_CPU_AFFINITY``)."""
+        # in a forked child the ids are its parent's threads: nothing is placed there
+        if not self.tids or self.pid != os.getpid() or _bound_by_user():
             return
         cpu = _current_cpu()
         if cpu is None or cpu == self.cpu:
             return
         home = os.sched_getaffinity(0)
-        others = _after(cpu, home) if placing(len(self.tids) + 1, len(home)) else ()
-        for i, tid in enumerate(self.tids if others else ()):
+        if not placing(len(self.tids) + 1, len(home)):
+            return
+        others = _after(cpu, home)
+        for i, tid in enumerate(self.tids):
+            if tid not in self.before:
+                self.before[tid] = _affinity_of(tid)
             _set_thread(tid, {others[i % len(others)]})
-        self.cpu, self.home = cpu, home
+        self.cpu = cpu
 
     def release(self) -> None:
-        """The team back on the CPUs its caller had when it was placed."""
+        """The team back on the CPUs each of its threads had before it was placed."""
         if self.cpu is not None and self.pid == os.getpid():
-            for tid in self.tids:
-                _set_thread(tid, self.home)
+            for tid, cpus in self.before.items():
+                if cpus is not None:
+                    _set_thread(tid, cpus)
             self.cpu = None
+            self.before = {}
+
+
+def _bound_by_user() -> bool:
+    """Whether the environment binds OpenMP's threads to CPUs (then they stay as bound)."""
+    bind = os.environ.get("OMP_PROC_BIND", "").strip().lower()
+    return bool(bind and bind != "false" or os.environ.get("OMP_PLACES") or os.environ.get("GOMP_CPU_AFFINITY"))
+
+
+def _affinity_of(tid):
+    try:
+        return os.sched_getaffinity(tid)
+    except OSError:  # the thread has ended
+        return None
 
 
 def _set_thread(tid, cpus) -> None:
