@@ -28,7 +28,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import header, prepare  # noqa: E402
+from _environment import add_emulation_option, header, prepare  # noqa: E402
 
 if __name__ == "__main__":
     prepare(sys.argv[1:], __file__, default_threads="1")
@@ -120,6 +120,7 @@ def main(argv=None):
     parser.add_argument("--engine", default="auto", choices=["auto", "numba", "numpy"])
     parser.add_argument("--threads", default="1")
     parser.add_argument("--keep-env", action="store_true")
+    add_emulation_option(parser)
     args = parser.parse_args(argv)
     header(f"phases of streamed attention: one thread, N = M = {args.size}, head dim {args.dim}")
     n, d = args.size, args.dim

@@ -81,7 +81,7 @@ def test_numpy_path_keeps_the_relative_accuracy_of_the_negative_tail(name, dtype
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_blocked_threaded_result_does_not_depend_on_threads_or_layout(name, dtype, monkeypatch):
     rng = np.random.default_rng(1)
-    z = (3 * rng.standard_normal((5, 301, 173))).astype(dtype)  # > 2 blocks: threaded
+    z = (3 * rng.standard_normal((5, 601, 181))).astype(dtype)  # > 2^19 elements: threaded
     phi = activations.ACTIVATIONS[name]
     monkeypatch.setenv("CTFORMER_NUM_THREADS", "1")
     one = phi(z)
@@ -111,3 +111,22 @@ def test_nan_stays_nan_as_in_torch(name, dtype):
     expected = {**REFERENCE, "relu": F.relu}[name](torch.from_numpy(z.astype(np.float64))).numpy()
     assert np.isnan(out[0]) and np.isnan(expected[0])
     np.testing.assert_allclose(out[1:], expected[1:], rtol=2e-7, atol=1e-7)
+
+
+@pytest.mark.parametrize("name, threaded_from", [("gelu", 1 << 17), ("gelu_tanh", 1 << 19), ("silu", 1 << 19)])
+def test_pool_threads_only_arrays_worth_a_wake_up(name, threaded_from, monkeypatch):
+    """The pool's pass is asked for from 2^17 elements for the exact GELU and from 2^19 for the
+    cheap activations (module notes), and the result is the same either way."""
+    from ctformer._numerics import threads
+
+    asked = []
+    run_workers = threads.run_workers
+    monkeypatch.setattr(threads, "run_workers", lambda w, tasks, count: asked.append(count) or run_workers(w, tasks, count))
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "2")
+    phi = activations.ACTIVATIONS[name]
+    below = np.linspace(-8, 8, threaded_from - 1, dtype=np.float32)
+    at = np.linspace(-8, 8, threaded_from, dtype=np.float32)
+    expected = [REFERENCE[name](torch.from_numpy(a.astype(np.float64))).numpy() for a in (below, at)]
+    for a, ref in zip((below, at), expected):
+        assert np.abs(phi(a) - ref).max() < 4 * np.finfo(np.float32).eps * 8
+    assert asked == [1, 2]

@@ -116,16 +116,21 @@ def small_blocks(qs, k, v, log_w, causal, diag_shift, lead):
     tasks = [(idx, slice(start, start + step)) for idx in np.ndindex(*lead[:-1])
              for start in range(0, inner, step)]
     dtype = out.dtype
+    # BLAS is limited once for the pass, not per task (8 us each): by the parallel pass, else
+    # here where one problem is large enough to be threaded by OpenBLAS (see ``small``)
     batch = _small_torch if dtype in (np.float32, np.float64) and \
-        _gemm.softmax_provider(dtype) == "torch" else small
+        _gemm.softmax_provider(dtype) == "torch" else _small
+    parallel = n * m * count >= _PARALLEL_MIN_ENTRIES
+    limit = None if parallel or n * m * qs.shape[-1] < _ONE_BLAS_THREAD_MIN else _threads.single_thread_blas()
 
     def worker(next_task):
         while (task := next_task()) is not None:
             idx, block = task
             batch(qs[idx][block], k[idx][block], v[idx][block], log_w, None, causal, diag_shift,
-                  out=out[idx][block])
+                  out[idx][block])
 
-    _run_tasks(worker, tasks, n * m * count)
+    with limit if limit is not None else nullcontext():
+        _threads.run_blas_tasks(worker, tasks, parallel)
     return out
 
 

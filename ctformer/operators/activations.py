@@ -85,8 +85,13 @@ __all__ = ["ACTIVATIONS", "get_activation", "register_activation", "is_built_in"
 # Elements per block: 256-512 KiB, so the passes of a block stay in L2, and long enough that
 # two threads do not queue for the GIL between passes (smaller blocks were 2x slower threaded).
 _BLOCK = 1 << 16
-# Arrays with fewer elements run on the calling thread only.
+# Arrays with fewer elements run on the calling thread only: a pass of the pool costs a
+# wake-up of its threads (45-60 us on a virtual AMD EPYC, family 26 model 2), which the cheap
+# activations (one exponential per element) win back only from about 2^19 elements (a tanh
+# GELU of 128 x 1536 float32 values took 88 us on two threads, 46 on one; SiLU of 384 x
+# 1536, 136 against 104), the exact GELU (a polynomial and an exponential) from 2^17.
 _THREADED_MIN = 1 << 17
+_THREADED_MIN_CHEAP = 1 << 19
 _SQRT_HALF = math.sqrt(0.5)
 
 
@@ -129,8 +134,9 @@ def _loop(name, numpy_kernel, dtype):
     return getattr(made, name + ("32" if dtype == np.float32 else "64"), numpy_kernel)
 
 
-def _blockwise(kernel, z):
-    """``kernel(z_block, out_block)`` over cache-sized blocks of ``z``, threaded when large."""
+def _blockwise(kernel, z, threaded_min=_THREADED_MIN):
+    """``kernel(z_block, out_block)`` over cache-sized blocks of ``z``, threaded from
+    ``threaded_min`` elements."""
     z = np.ascontiguousarray(z)
     out = np.empty_like(z)
     if z.size <= _BLOCK:  # one block: no task list (small solves call this every step)
@@ -150,7 +156,7 @@ def _blockwise(kernel, z):
                 a, b = task
                 kernel(flat_z[a:b], flat_out[a:b])
 
-    threads = _threads.num_threads() if size >= _THREADED_MIN else 1
+    threads = _threads.num_threads() if size >= threaded_min else 1
     _threads.run_workers(worker, tasks, threads)
     return out
 
@@ -273,7 +279,7 @@ def gelu_tanh(z):
     r"""Tanh GELU, :math:`\frac{z}{2}(1 + \tanh(\sqrt{2/\pi}(z + 0.044715 z^3)))`, in ``z``'s dtype
     (NumPy float16: evaluated in float32, rounded once)."""
     if _host_float(z):
-        return _blockwise(_loop("gelu_tanh", _gelu_tanh_block, z.dtype), z)
+        return _blockwise(_loop("gelu_tanh", _gelu_tanh_block, z.dtype), z, _THREADED_MIN_CHEAP)
     if _host_half(z):
         return via_float32(gelu_tanh, z, "gelu_tanh")
     if array_api_compat.is_torch_array(z):
@@ -286,7 +292,7 @@ def silu(z):
     r"""SiLU, :math:`z / (1 + e^{-z})`, evaluated without overflow, in ``z``'s dtype (NumPy
     float16: evaluated in float32, rounded once)."""
     if _host_float(z):
-        return _blockwise(_loop("silu", _silu_block, z.dtype), z)
+        return _blockwise(_loop("silu", _silu_block, z.dtype), z, _THREADED_MIN_CHEAP)
     if _host_half(z):
         return via_float32(silu, z, "silu")
     if array_api_compat.is_torch_array(z):

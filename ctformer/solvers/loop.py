@@ -18,7 +18,6 @@ computed) are handled here once for all of them.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import array_api_compat
@@ -94,8 +93,7 @@ class _Counter:
     def wrap(self, problem):
         from .base import SplitProblem
 
-        def counted(f):
-            @functools.wraps(f)
+        def counted(f):  # a bare closure: functools.wraps took 2.5 us per flow and solve
             def flow(u):
                 self.calls += 1
                 return f(u)
