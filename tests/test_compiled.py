@@ -108,6 +108,39 @@ def test_row_kernel_equals_the_formula(made, dtype, case):
     assert np.max(np.abs(sums - exact_sums) / exact_sums) <= 8 * eps
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_maximum_in_lanes_equals_numpys_at_every_length_and_position(made, dtype):
+    """Rows of 256 entries or more take their maximum in SIMD lanes, then the entries after
+    the last block of 64 in eight scalar maxima: the largest entry is found in the first
+    entry, the last entry of a block, either kind of tail, for lengths around each edge."""
+    loops = importlib.import_module("ctformer._numerics.loops")
+    rng = np.random.default_rng(5)
+    for end in (1, 7, 8, 9, 63, 255, 256, 257, 319, 320, 327, 1023, 1024, 1025, 2111):
+        for where in {0, min(63, end - 1), end // 2, max(0, end - 9), max(0, end - 2), end - 1}:
+            row = rng.standard_normal(end + 5).astype(dtype)   # entries past ``end`` never count
+            row[end:] = 100
+            row[where] = 7
+            assert loops.row_max(row, end) == 7, (end, where)
+        row = np.full(end, -np.inf, dtype)
+        assert loops.row_max(row, end) == -np.inf
+        row[end - 1] = np.inf
+        assert loops.row_max(row, end) == np.inf
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_long_rows_with_a_nan_give_a_nan_sum(made, dtype):
+    """A NaN score is passed over by the maximum but not by the exponential: its row sum is
+    NaN (so is the attention output of that query), the other rows are the formula."""
+    rng = np.random.default_rng(6)
+    s = (4 * rng.standard_normal((3, 1031))).astype(dtype)
+    s[1, 500] = np.nan
+    expected = _dense_rows(np.delete(s, 1, axis=0), np.empty(0), -1, 1, 0.0)
+    sums = np.empty(3, dtype=dtype)
+    made.exp_rows(s, np.empty(0, dtype), -1, 1 << 62, dtype(0), sums)
+    assert np.isnan(sums[1]) and np.isfinite(sums[[0, 2]]).all()
+    assert np.max(np.abs(np.delete(s, 1, axis=0) - expected)) <= 16 * np.finfo(dtype).eps
+
+
 def test_engine_switch_is_validated(monkeypatch):
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "fortran")
     with pytest.raises(ValueError, match="CTFORMER_LOOP_ENGINE must be one of auto, numba, numpy"):
