@@ -97,6 +97,14 @@ def _option(argv, flag):
     return None
 
 
+def growth_exponent(sizes, values) -> float:
+    """The slope of log(value) against log(size), least squares: the measured power of a cost
+    law ``value ~ size^p`` (or an observed order, with step sizes and errors)."""
+    import numpy as np
+
+    return float(np.polyfit(np.log(np.asarray(sizes, dtype=float)), np.log(np.asarray(values, dtype=float)), 1)[0])
+
+
 def limit_threads(threads: int, with_torch: bool = True) -> None:
     """``threads`` for the BLAS libraries (threadpoolctl) and, with ``with_torch``, for torch."""
     from threadpoolctl import threadpool_limits

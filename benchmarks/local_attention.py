@@ -1,94 +1,172 @@
-"""Sliding-window attention: the banded path against the dense masked path.
+r"""Sliding-window attention: the banded path against torch SDPA with the window mask.
 
-At a fixed window W the banded path (:func:`ctformer.operators.local_attention` with the
-sparse :func:`ctformer.operators.window_pattern`) visits only the key slab of each block of
-query rows, so its time and extra memory grow linearly in N; the dense path
-(``quadrature_attention`` with the N x N boolean mask) grows quadratically.
+The window keeps the keys :math:`0 \le p_i - p_j < W` of each query. ctformer's banded path
+(:func:`ctformer.operators.local_attention` with the sparse
+:func:`ctformer.operators.window_pattern`) visits only the key slab of each block of query
+rows, so its time and extra memory grow like :math:`N W`. Without it, a user passes the
+:math:`N \times N` boolean window mask to torch's ``scaled_dot_product_attention`` (the peer;
+HuggingFace's eager sliding-window models build that mask too) or to ctformer's dense
+``quadrature_attention`` (shown for information): both grow like :math:`N^2`.
 
 Run::
 
-    python benchmarks/local_attention.py [--window 256] [--sizes 2048,4096,8192,16384,32768]
-                                         [--dense-max 16384] [--heads 4] [--head-dim 32]
+    python benchmarks/local_attention.py [--window 256] [--sizes 2048 4096 8192 16384 32768]
+        [--peer-max 8192] [--dense-max 8192] [--heads 4] [--head-dim 32]
+        [--dtypes float64 float32] [--repeats 5] [--threads 2] [--quick] [--emulate avx2]
 
-Prints, per N, the wall time (best of ``--repeat``) and the peak of traced allocations
-(``tracemalloc``: NumPy buffers, including the pattern and the mask), and checks that both
-paths agree where both run.
+Per dtype and N it prints the banded and SDPA times (medians of alternating rounds,
+:func:`_environment.rounds`, for N up to ``--peer-max``), their ratio with the quartiles of
+the rounds' ratios, the traced peak of the banded path's allocations (``tracemalloc``), the
+dense path's time and traced peak (N up to ``--dense-max``, best of 2), and the banded
+output's relative difference from SDPA's.
+
+Goals: banded / SDPA <= 0.9 at every N where both run (the attention goal of issue 25);
+linear growth, i.e. the fitted exponents of the banded time and traced peak in N over
+N >= 4096 at most 1.2. Outputs agree with SDPA's (float64 1e-12, float32 1e-5 relative);
+exit status 1 if not.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
-import tracemalloc
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _environment import header, summary  # noqa: E402
+from _environment import (TOLERANCE, add_run_options, growth_exponent, header, limit_threads,  # noqa: E402
+                          prepare, rounds, summary, timed_block, verdict)
 
-from ctformer.operators import local_attention, quadrature_attention, window_pattern
+if __name__ == "__main__":
+    prepare(sys.argv[1:], __file__)
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+import tracemalloc  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+GOAL = 0.9  # banded / SDPA with the window mask
+GROWTH = 1.2  # fitted exponent of time and memory in N
+GROWTH_FROM = 4096  # the fit's smallest N (below, fixed costs still show)
 
 
-def _measure(fn, repeat):
-    """Best wall time of ``repeat`` untraced calls, then the traced peak of one more call."""
-    best, out = np.inf, None
+def problem(n, heads, head_dim, dtype, seed=0):
+    """Queries, keys and values (heads, n, head_dim) and the token positions 0 .. n-1."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((heads, n, head_dim)).astype(dtype) for _ in range(3))
+    return q, k, v, np.arange(n, dtype=np.float64)
+
+
+def window_mask(positions, window):
+    """The dense (N, N) window: True where 0 <= p_i - p_j < window."""
+    d = positions[:, None] - positions[None, :]
+    return (d >= 0) & (d < window)
+
+
+def calls(q, k, v, positions, window, with_peer=True, with_dense=False):
+    """name -> zero-argument call returning the (heads, N, head_dim) output as a NumPy array."""
+    from ctformer.operators import local_attention, quadrature_attention, window_pattern
+
+    beta = 1.0 / np.sqrt(q.shape[-1])
+    pattern = window_pattern(positions, window)
+    out = {"banded": lambda: local_attention(q, k, v, beta=beta, pattern=pattern)}
+    if with_peer:
+        import torch
+
+        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+        mask = torch.from_numpy(window_mask(positions, window))
+
+        def sdpa():
+            with torch.no_grad():
+                return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask,
+                                                                        scale=beta).numpy()
+        out["SDPA"] = sdpa
+    if with_dense:
+        out["dense"] = lambda: quadrature_attention(q, k, v, beta=beta, mask=window_mask(positions, window))
+    return out
+
+
+def traced_peak(call) -> float:
+    """The peak of the allocations traced while ``call()`` runs, in MiB."""
+    tracemalloc.start()
+    try:
+        call()
+        return tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
+
+
+def relative(a, b) -> float:
+    a, b = (np.asarray(x, dtype=np.float64) for x in (a, b))
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def best(call, repeat=2) -> float:
+    times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    tracemalloc.start()
-    fn()
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return best, peak, out
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
-def run(sizes, window, heads, head_dim, dense_max, repeat, seed=0):
-    """Rows (N, banded s, banded MiB, dense s or None, dense MiB or None, max difference)."""
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((heads, 64, head_dim))
-    local_attention(q, q, q, beta=1.0, pattern=window_pattern(np.arange(64.0), 8))  # imports, warm-up
-    rows = []
-    for n in sizes:
-        q, k, v = (rng.standard_normal((heads, n, head_dim)) for _ in range(3))
-        p = np.arange(n, dtype=np.float64)
-        beta = 1.0 / np.sqrt(head_dim)
-
-        def banded():
-            return local_attention(q, k, v, beta=beta, pattern=window_pattern(p, window))
-
-        t_b, m_b, out_b = _measure(banded, repeat)
-        t_d = m_d = diff = None
-        if n <= dense_max:
-            def dense():
-                d = p[:, None] - p[None, :]
-                return quadrature_attention(q, k, v, beta=beta, mask=(d >= 0) & (d < window))
-
-            t_d, m_d, out_d = _measure(dense, repeat)
-            diff = float(np.abs(out_b - out_d).max())
-        rows.append((n, t_b, m_b / 2**20, t_d, None if m_d is None else m_d / 2**20, diff))
-    return rows
+def run_size(n, dtype, args):
+    """Time and check one N; print its row; returns (time of banded, its traced MiB, ok)."""
+    q, k, v, p = problem(n, args.heads, args.head_dim, dtype)
+    peer, dense = n <= args.peer_max, n <= args.dense_max
+    sides = calls(q, k, v, p, args.window, with_peer=peer, with_dense=dense)
+    banded = sides["banded"]
+    t_banded = timed_block(banded, args.repeats)[0]
+    m_banded = traced_peak(banded)
+    cells, ok = [f"{t_banded * 1e3:10.1f} {m_banded:9.1f}"], True
+    if peer:
+        timed = rounds({"banded": banded, "SDPA": sides["SDPA"]}, args.repeats)
+        ratio, spread = timed.ratio("banded", "SDPA"), timed.spread("banded", "SDPA")
+        diff = relative(banded(), sides["SDPA"]())
+        ok = diff <= TOLERANCE[dtype]
+        cells.append(f"{timed['SDPA'] * 1e3:10.1f} {ratio:7.3f} {f'[{spread[0]:.2f}-{spread[1]:.2f}]':>13} {diff:9.1e}")
+        verdict(f"local attention W={args.window} N={n} {dtype} / SDPA with the window mask", ratio, GOAL,
+                show=False, spread=spread)
+    else:
+        cells.append(f"{'-':>10} {'-':>7} {'-':>13} {'-':>9}")
+    if dense:
+        cells.append(f"{best(sides['dense']) * 1e3:10.1f} {traced_peak(sides['dense']):10.1f}")
+    print(f"{dtype:>8} {n:7d} " + " ".join(cells) + ("" if ok else "  <- differs from SDPA beyond tolerance"),
+          flush=True)
+    return t_banded, m_banded, ok
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--window", type=int, default=256)
-    parser.add_argument("--sizes", default="2048,4096,8192,16384,32768")
-    parser.add_argument("--dense-max", type=int, default=16384)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2048, 4096, 8192, 16384, 32768])
+    parser.add_argument("--peer-max", type=int, default=8192, help="largest N timed against SDPA")
+    parser.add_argument("--dense-max", type=int, default=8192, help="largest N of the dense masked path (information)")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=32)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--dtypes", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
+    add_run_options(parser, quick="N = 1024, 2048, 4096; 3 repeats (a smoke test)")
     args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",")]
-    header(f"sliding-window attention, banded against dense: W = {args.window}, {args.heads} heads, "
-           f"d_h = {args.head_dim}, float64, best of {args.repeat}")
-    print(f"{'N':>7} {'banded s':>9} {'banded MiB':>11} {'dense s':>9} {'dense MiB':>10} {'max diff':>9}")
-    for n, t_b, m_b, t_d, m_d, diff in run(sizes, args.window, args.heads, args.head_dim, args.dense_max,
-                                            args.repeat):
-        dense = f"{t_d:9.3f} {m_d:10.1f} {diff:9.1e}" if t_d is not None else f"{'-':>9} {'-':>10} {'-':>9}"
-        print(f"{n:7d} {t_b:9.3f} {m_b:11.1f} {dense}")
+    if args.quick:
+        args.sizes, args.repeats, args.peer_max, args.dense_max = [1024, 2048, 4096], 3, 4096, 4096
+
+    limit_threads(args.threads)
+    header(f"sliding-window attention, banded against SDPA with the window mask: W = {args.window}, "
+           f"{args.heads} heads, d_h = {args.head_dim}; medians of {args.repeats} alternating rounds")
+    print(f"{'dtype':>8} {'N':>7} {'banded ms':>10} {'band MiB':>9} {'SDPA ms':>10} {'ratio':>7} {'quartiles':>13} "
+          f"{'rel. diff':>9} {'dense ms':>10} {'dense MiB':>10}")
+    ok = True
+    for dtype in args.dtypes:
+        rows = [(n, *run_size(n, dtype, args)) for n in args.sizes]
+        ok &= all(row[3] for row in rows)
+        fitted = [row for row in rows if row[0] >= GROWTH_FROM]
+        if len(fitted) >= 2:
+            sizes = [row[0] for row in fitted]
+            for what, column in (("time", 1), ("traced memory", 2)):
+                verdict(f"local attention {dtype}: exponent of the banded {what} in N (N >= {GROWTH_FROM})",
+                        growth_exponent(sizes, [row[column] for row in fitted]), GROWTH, unit="(power of N)")
     summary()
+    print(f"outputs {'agree' if ok else 'DIFFER'} (float64 <= 1e-12, float32 <= 1e-5 relative)")
+    if not ok:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -162,3 +162,20 @@ def fused_path_on(monkeypatch) -> bool:
     monkeypatch.setattr(torch_threads, "_STRICT_MKL", [True])
     monkeypatch.setattr(fused, "_FUSED_OK", [True])
     return True
+
+
+def benchmark_module(name: str):
+    """The script ``benchmarks/<name>.py`` loaded as a module (its folder on ``sys.path`` while
+    it loads, for its ``_environment`` import); its ``__main__`` part does not run."""
+    import importlib.util
+    import sys
+
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    sys.path.insert(0, folder)
+    try:
+        spec = importlib.util.spec_from_file_location(f"_bench_{name}", os.path.join(folder, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
+    return module

@@ -5,6 +5,8 @@ import time
 
 import pytest
 
+from .conftest import benchmark_module
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -14,22 +16,6 @@ def env():
                                                   os.path.join(ROOT, "benchmarks", "_environment.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
-
-
-def _benchmark(name):
-    """The benchmark script ``benchmarks/<name>.py`` as a module (its directory on the path
-    while it loads, for its ``_environment`` import)."""
-    import sys
-
-    folder = os.path.join(ROOT, "benchmarks")
-    sys.path.insert(0, folder)
-    try:
-        spec = importlib.util.spec_from_file_location(f"_bench_{name}", os.path.join(folder, f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(folder)
     return module
 
 
@@ -112,7 +98,7 @@ def test_model_floor_counts_the_calling_threads_feature_products():
 
     from ctformer.operators import attention_flow, feature
 
-    model = _benchmark("model")
+    model = benchmark_module("model")
     a = np.ones((600, 600))  # milliseconds: the wrappers cost microseconds
     before = (feature.rows_product, attention_flow.rows_product, attention_flow.numpy_rows)
 
@@ -163,7 +149,7 @@ def test_goals_table_carries_the_floor(env, monkeypatch, tmp_path):
     assert env.verdict("net 8x128 float32 / HuggingFace", 0.7, 0.8, show=False, spread=(0.6, 0.75), floor=0.5)
     assert not env.verdict("convolution M=128", 1.1, 1.0, show=False)
     env._append_goals("numpy: openblas")
-    goals = _benchmark("goals")
+    goals = benchmark_module("goals")
     rows = goals.read_goals(tmp_path / "goals.jsonl")
     assert [r["floor"] for r in rows] == [0.5, None]
     table = goals.table(rows, {}).splitlines()

@@ -1,0 +1,45 @@
+"""The peers of the benchmarks compute what ctformer computes, and the fitted cost laws are
+right: a benchmark's ratio means something only when both sides do the same arithmetic."""
+import numpy as np
+import pytest
+
+from .conftest import benchmark_module
+
+
+def test_growth_exponent_recovers_a_power_law():
+    """A pure power law ``3 n^1.5`` has the exponent 1.5; a constant has 0."""
+    env = benchmark_module("_environment")
+    sizes = [64, 128, 256, 1024]
+    assert env.growth_exponent(sizes, [3.0 * n**1.5 for n in sizes]) == pytest.approx(1.5, abs=1e-12)
+    assert env.growth_exponent(sizes, [2.0] * 4) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_plain_particle_loop_is_ctformers_rk4():
+    """particles.py's peer, RK4 on softmax(beta M M^T) M with the tangent projection in plain
+    torch, rows renormalized after each step, gives ctformer's SA solve to rounding (float64,
+    20 particles in R^3, beta = 2, 10 steps), and moves the particles (not a trivial match)."""
+    torch = pytest.importorskip("torch")
+    from ctformer.particles import SelfAttentionDynamics
+
+    particles = benchmark_module("particles")
+    x0 = np.random.default_rng(3).standard_normal((20, 3))
+    x0 /= np.linalg.norm(x0, axis=1, keepdims=True)
+    ours = SelfAttentionDynamics(2.0).solve(x0, 1.0, 0.1, scheme="rk4", save_every=10).final
+    peer = particles.plain_loop(torch.from_numpy(x0), 2.0, 0.1, 10).numpy()
+    assert particles.relative(ours, peer) < 1e-14
+    assert np.abs(peer - x0).max() > 0.05
+
+
+def test_window_mask_peer_is_the_banded_window():
+    """local_attention.py's peer: SDPA with the dense window mask (0 <= p_i - p_j < W) equals
+    the banded path to rounding in float64, and the dense mask keeps exactly min(i + 1, W)
+    keys in row i."""
+    pytest.importorskip("torch")
+    bench = benchmark_module("local_attention")
+    q, k, v, p = bench.problem(300, 2, 8, "float64", seed=1)
+    mask = bench.window_mask(p, 32)
+    assert np.array_equal(mask.sum(axis=1), np.minimum(np.arange(300) + 1, 32))
+    sides = bench.calls(q, k, v, p, 32, with_peer=True, with_dense=True)
+    banded = sides["banded"]()
+    assert bench.relative(banded, sides["SDPA"]()) < 1e-13
+    assert bench.relative(banded, sides["dense"]()) < 1e-13
