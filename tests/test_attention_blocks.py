@@ -223,3 +223,27 @@ def test_causal_chunks_meet_fewer_keys(monkeypatch, n, problems, itemsize):
     ref = softmax(s, axis=-1) @ v.astype(np.float64)
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
     assert np.abs(runs[0] - ref).max() / np.abs(ref).max() < tolerance
+
+
+@pytest.mark.parametrize("n, problems, dtype", [(1000, 1, np.float32), (700, 3, np.float64)])
+def test_few_heads_stream_in_at_least_four_chunks(monkeypatch, n, problems, dtype):
+    """A call of few heads is split into at least ``_MIN_CHUNKS`` = 4 query chunks in all, as
+    few rows as that takes: a single head of 1000 queries in chunks of ceil(1000 / 4) = 250
+    rows (four tasks), three heads of 700 in two chunks of 350 each; the output is softmax
+    attention (scipy, float64) with the same bits on 1 and 3 threads."""
+    itemsize = np.dtype(dtype).itemsize
+    chunk = streamed.stream_chunk(n, n, itemsize, problems, False)
+    per_problem = -(-streamed._MIN_CHUNKS // problems)
+    assert chunk == -(-n // per_problem)
+    assert problems * -(-n // chunk) >= 4
+    rng = np.random.default_rng(problems)
+    q, k, v = (rng.standard_normal((problems, n, 32)).astype(dtype) for _ in range(3))
+    runs = []
+    for count in ("1", "3"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+        runs.append(streamed.stream(q, 0.2, k, v, None, None, False, None, (problems,), chunk))
+    assert np.array_equal(runs[0], runs[1])
+    s = 0.2 * np.einsum("hid,hjd->hij", q.astype(np.float64), k.astype(np.float64))
+    ref = softmax(s, axis=-1) @ v.astype(np.float64)
+    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    assert np.abs(runs[0] - ref).max() / np.abs(ref).max() < tolerance

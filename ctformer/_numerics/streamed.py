@@ -30,9 +30,17 @@ from . import threads as _threads
 _SMALL_TASK_ELEMENTS = 1 << 20
 # Streaming: the sizes of the score blocks are this machine's (ctformer._numerics.blocks).
 _MIN_CHUNK_ROWS = 64
-# A call is split into at least this many tasks (for balance over a few threads). A
-# constant, not the thread count: the chunks, hence the rounding, never depend on the threads.
+# A batch of small problems is split into at least this many tasks (for balance over a few
+# threads). A constant, not the thread count: the tasks, hence the rounding, never depend on
+# the threads.
 _MIN_TASKS = 8
+# A streamed call is split into at least this many query chunks (a constant too): balanced
+# over 2 or 4 threads. Eight chunks had left a single head of 512-1500 queries in chunks of
+# 64-188 rows, too short for the products; four took 0.81-0.95 of the time in float32 and
+# 0.90-0.99 in float64 (n = 512, 1000, 1500, head dimension 64, two threads; AMD EPYC,
+# family 26 model 2, AVX-512 and AVX2 kernels alike); from 2048 queries the chunk size
+# decides the chunks, unchanged.
+_MIN_CHUNKS = 4
 # Below this many score entries in all, a call is not worth spreading over threads (2^20
 # left a 256-token, 12-head attention, 0.8 M entries, on one thread: with its products on
 # one thread too, float32 networks of 256 tokens took 1.4-2.7 of HuggingFace's time; AMD
@@ -200,7 +208,7 @@ def key_blocked(m, keep=None, dtype=None, causal=False, key_block=None) -> bool:
 def stream_chunk(n, m, itemsize, problems, blocked=None, geometry=None, causal=False):
     """Query rows per task: ``geometry.chunk_bytes`` of scores, or ``geometry.rows`` where the
     keys come in blocks (``blocked``; None: :func:`key_blocked` of ``m``); at least
-    _MIN_TASKS tasks; for ``causal`` problems of at least ``2 * _CAUSAL_CHUNK_ROWS`` queries
+    ``_MIN_CHUNKS`` chunks in all; for ``causal`` problems of at least ``2 * _CAUSAL_CHUNK_ROWS`` queries
     at most ``_CAUSAL_CHUNK_ROWS`` (see there); thread-independent. ``geometry`` None: the
     defaults (:data:`ctformer._numerics.blocks.DEFAULT`)."""
     geometry = _blocks.DEFAULT if geometry is None else geometry
@@ -208,7 +216,7 @@ def stream_chunk(n, m, itemsize, problems, blocked=None, geometry=None, causal=F
     chunk = geometry.rows if blocked else max(_MIN_CHUNK_ROWS, geometry.chunk_bytes // (m * itemsize))
     if causal and n >= 2 * _CAUSAL_CHUNK_ROWS:
         chunk = min(chunk, _CAUSAL_CHUNK_ROWS)
-    per_problem = -(-_MIN_TASKS // max(1, problems))
+    per_problem = -(-_MIN_CHUNKS // max(1, problems))
     return max(1, min(n, chunk, max(_MIN_CHUNK_ROWS, -(-n // per_problem))))
 
 
