@@ -213,15 +213,22 @@ def test_causal_chunks_meet_fewer_keys(monkeypatch, n, problems, itemsize):
     dtype = np.float32 if itemsize == 4 else np.float64
     heads = max(1, problems // 12)
     q, k, v = (rng.standard_normal((heads, n, 16)).astype(dtype) for _ in range(3))
+    _check_streamed(monkeypatch, q, k, v, 0.25, True, None, ("1", "2"))
+
+
+def _check_streamed(monkeypatch, q, k, v, beta, causal, chunk, thread_counts):
+    """``streamed.stream`` gives the same bits on each of ``thread_counts`` and softmax
+    attention (scipy, float64) to 1e-5 (float32) or 1e-13 (float64) relative."""
     runs = []
-    for count in ("1", "2"):
+    for count in thread_counts:
         monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
-        runs.append(streamed.stream(q, 0.25, k, v, None, None, True, None, (heads,), None))
-    assert np.array_equal(runs[0], runs[1])
-    s = 0.25 * np.einsum("hid,hjd->hij", q.astype(np.float64), k.astype(np.float64))
-    s[:, np.triu_indices(n, 1)[0], np.triu_indices(n, 1)[1]] = -np.inf
+        runs.append(streamed.stream(q, beta, k, v, None, None, causal, None, q.shape[:1], chunk))
+    assert all(np.array_equal(runs[0], run) for run in runs[1:])
+    s = beta * np.einsum("hid,hjd->hij", q.astype(np.float64), k.astype(np.float64))
+    if causal:
+        s[:, np.triu_indices(q.shape[1], 1)[0], np.triu_indices(q.shape[1], 1)[1]] = -np.inf
     ref = softmax(s, axis=-1) @ v.astype(np.float64)
-    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    tolerance = 1e-5 if q.dtype == np.float32 else 1e-13
     assert np.abs(runs[0] - ref).max() / np.abs(ref).max() < tolerance
 
 
@@ -238,12 +245,4 @@ def test_few_heads_stream_in_at_least_four_chunks(monkeypatch, n, problems, dtyp
     assert problems * -(-n // chunk) >= 4
     rng = np.random.default_rng(problems)
     q, k, v = (rng.standard_normal((problems, n, 32)).astype(dtype) for _ in range(3))
-    runs = []
-    for count in ("1", "3"):
-        monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
-        runs.append(streamed.stream(q, 0.2, k, v, None, None, False, None, (problems,), chunk))
-    assert np.array_equal(runs[0], runs[1])
-    s = 0.2 * np.einsum("hid,hjd->hij", q.astype(np.float64), k.astype(np.float64))
-    ref = softmax(s, axis=-1) @ v.astype(np.float64)
-    tolerance = 1e-5 if dtype == np.float32 else 1e-13
-    assert np.abs(runs[0] - ref).max() / np.abs(ref).max() < tolerance
+    _check_streamed(monkeypatch, q, k, v, 0.2, False, chunk, ("1", "3"))
