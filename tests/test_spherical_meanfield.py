@@ -224,3 +224,34 @@ def test_evolve_matches_solve():
     fixed = mf.solve(lambda x: np.exp(x[..., 0]), 0.5, 0.005)
     n = fixed.coefficients.shape[1]
     assert np.max(np.abs(np.asarray(evolved.states[-1])[:n] - fixed.coefficients[-1])) < 1e-11
+
+
+def _prime_factors(n):
+    factors, p = set(), 2
+    while p * p <= n:
+        while n % p == 0:
+            factors.add(p)
+            n //= p
+        p += 1
+    return factors | ({n} if n > 1 else set())
+
+
+@pytest.mark.parametrize("L", [40, 64])
+def test_longitudes_are_a_fast_fft_length_and_keep_the_quadrature_exact(L):
+    """At least 3L + 2 longitudes (the 3/2 rule), the smallest such count whose prime factors
+    are at most 11 (3L + 2 = 122 = 2 x 61 and 194 = 2 x 97 here); the grid integrates
+    x_3^2 to 4 pi / 3, and the transport equals the one on exactly 3L + 2 longitudes (also an
+    exact quadrature) to rounding."""
+    field = SphericalMeanField(5.0, L)
+    least = 3 * L + 2
+    assert field.n_phi >= least and max(_prime_factors(field.n_phi)) <= 11
+    assert all(max(_prime_factors(n)) > 11 for n in range(least, field.n_phi))
+    assert max(_prime_factors(least)) > 11  # the case the rounding is for
+    points = field.points()
+    assert abs(np.sum(field.weights * points[..., 2] ** 2) - 4 * math.pi / 3) < 1e-13
+    alm = field.coefficients_of(lambda x: np.exp(2.0 * x[..., 2]) * (1 + 0.1 * x[..., 0]))
+    plain = SphericalMeanField(5.0, L)
+    plain.n_phi = least
+    ours, reference = field.transport(alm), plain.transport(alm)
+    assert np.abs(ours - reference).max() < 1e-13 * np.abs(reference).max()
+    assert np.abs(reference).max() > 0.1
