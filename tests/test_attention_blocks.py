@@ -246,3 +246,26 @@ def test_few_heads_stream_in_at_least_four_chunks(monkeypatch, n, problems, dtyp
     rng = np.random.default_rng(problems)
     q, k, v = (rng.standard_normal((problems, n, 32)).astype(dtype) for _ in range(3))
     _check_streamed(monkeypatch, q, k, v, 0.2, False, chunk, ("1", "3"))
+
+
+@pytest.mark.parametrize("n, problems, blocked, expected", [
+    (2300, 1, True, 230),   # 9 chunks of 256 -> 10 of 230
+    (3300, 1, True, 236),   # 13 -> 14
+    (2048, 1, True, 256),   # 8: even already
+    (4500, 1, True, 256),   # 18: even already
+    (1500, 3, False, 750),  # 3 heads x 2 chunks of 750: 6, even already
+    (10**6, 1, True, 256),  # 3907 chunks: many, left as they are
+])
+def test_few_chunks_come_in_an_even_number(monkeypatch, n, problems, blocked, expected):
+    """Under ``_BALANCED_TASKS`` chunks in all, a non-causal call makes an even number of them
+    (no thread left alone with a last chunk on two threads): the closed-form chunk sizes
+    above; streamed attention of 2300 queries in its 10 chunks is softmax attention (scipy)
+    with the same bits on 1, 2 and 3 threads."""
+    chunk = streamed.stream_chunk(n, n, 4, problems, blocked)
+    assert chunk == expected
+    count = problems * -(-n // chunk)
+    assert count % 2 == 0 or count >= streamed._BALANCED_TASKS
+    if n == 2300:
+        rng = np.random.default_rng(7)
+        q, k, v = (rng.standard_normal((1, n, 16)).astype(np.float32) for _ in range(3))
+        _check_streamed(monkeypatch, q, k, v, 0.25, False, chunk, ("1", "2", "3"))

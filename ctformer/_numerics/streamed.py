@@ -41,6 +41,11 @@ _MIN_TASKS = 8
 # family 26 model 2, AVX-512 and AVX2 kernels alike); from 2048 queries the chunk size
 # decides the chunks, unchanged.
 _MIN_CHUNKS = 4
+# Below this many chunks in all, their number is rounded up to an even one, a whole number of
+# rounds over two threads (a constant again, not the thread count): nine chunks of 256 queries
+# (one head of 2300) kept one of two threads busy with a fifth chunk alone; ten of 230 took
+# 0.93 of the time with AVX2 kernels, 0.94 with AVX-512 (float32; AMD EPYC, family 26 model 2).
+_BALANCED_TASKS = 32
 # Below this many score entries in all, a call is not worth spreading over threads (2^20
 # left a 256-token, 12-head attention, 0.8 M entries, on one thread: with its products on
 # one thread too, float32 networks of 256 tokens took 1.4-2.7 of HuggingFace's time; AMD
@@ -208,7 +213,8 @@ def key_blocked(m, keep=None, dtype=None, causal=False, key_block=None) -> bool:
 def stream_chunk(n, m, itemsize, problems, blocked=None, geometry=None, causal=False):
     """Query rows per task: ``geometry.chunk_bytes`` of scores, or ``geometry.rows`` where the
     keys come in blocks (``blocked``; None: :func:`key_blocked` of ``m``); at least
-    ``_MIN_CHUNKS`` chunks in all; for ``causal`` problems of at least ``2 * _CAUSAL_CHUNK_ROWS`` queries
+    ``_MIN_CHUNKS`` chunks in all, an even number of them where they are few
+    (:func:`_whole_rounds`); for ``causal`` problems of at least ``2 * _CAUSAL_CHUNK_ROWS`` queries
     at most ``_CAUSAL_CHUNK_ROWS`` (see there); thread-independent. ``geometry`` None: the
     defaults (:data:`ctformer._numerics.blocks.DEFAULT`)."""
     geometry = _blocks.DEFAULT if geometry is None else geometry
@@ -217,7 +223,20 @@ def stream_chunk(n, m, itemsize, problems, blocked=None, geometry=None, causal=F
     if causal and n >= 2 * _CAUSAL_CHUNK_ROWS:
         chunk = min(chunk, _CAUSAL_CHUNK_ROWS)
     per_problem = -(-_MIN_CHUNKS // max(1, problems))
-    return max(1, min(n, chunk, max(_MIN_CHUNK_ROWS, -(-n // per_problem))))
+    chunk = max(1, min(n, chunk, max(_MIN_CHUNK_ROWS, -(-n // per_problem))))
+    return chunk if causal else _whole_rounds(n, chunk, max(1, problems))
+
+
+def _whole_rounds(n, chunk, problems):
+    """``chunk``, or the largest smaller one that makes the number of chunks in all even,
+    where that number is under ``_BALANCED_TASKS`` (below it a last odd chunk leaves a thread
+    idle for a noticeable share of the call) and a chunk keeps at least ``_MIN_CHUNK_ROWS``
+    rows. Causal chunks are not equal, and go largest first instead."""
+    count = -(-n // chunk)
+    if problems * count >= _BALANCED_TASKS or problems * count % 2 == 0:
+        return chunk
+    smaller = -(-n // (count + 1))
+    return smaller if smaller >= _MIN_CHUNK_ROWS and -(-n // smaller) == count + 1 else chunk
 
 
 def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry=None, packs=None):
