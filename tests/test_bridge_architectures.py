@@ -96,16 +96,21 @@ def test_gemma2_sandwich_norms_scalar_and_sliding_layers_longer_than_the_window(
     assert error < TOL
 
 
+def _capped_gemma2(t, torch, cap):
+    """A float64 Gemma 2 reference with attention soft-capping ``cap``, window 3, GQA 4/2."""
+    return _reference(t, torch, "Gemma2", hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=4, rms_norm_eps=1e-6,
+                      query_pre_attn_scalar=4, sliding_window=3, attn_logit_softcapping=cap,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
 @pytest.mark.parametrize("cap", [50.0, 0.7])
 def test_gemma2_attention_soft_capping(cap):
     # the default cap (50) and one that bends most scores (0.7): HuggingFace's eager formula,
     # softmax in float64, against the operator's kernel exp(c tanh(s / c))
     torch = require("torch")
     t = require("transformers")
-    model = _reference(t, torch, "Gemma2", hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=4, rms_norm_eps=1e-6,
-                       query_pre_attn_scalar=4, sliding_window=3, attn_logit_softcapping=cap,
-                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    model = _capped_gemma2(t, torch, cap)
     ct, error, _ = _check(torch, model, tokens=10)
     assert [b.attention.operator.softcap for b in ct.blocks] == [cap, cap]
     assert error < TOL
@@ -115,6 +120,37 @@ def test_gemma2_attention_soft_capping(cap):
         model.config.attn_logit_softcapping = None
         x = np.random.default_rng(0).standard_normal((1, 10, 16))
         assert rel_err(from_hf(model).run(x), ct.run(x)) > 1e-3
+
+
+@pytest.mark.parametrize("cap", [50.0, 0.7])
+def test_gemma2_soft_capped_reference_without_padding_stays_causal(cap):
+    # Without padding HuggingFace's SDPA mask function hands attention no mask (SDPA applies
+    # causality itself); the soft-capped float64 reference computes its scores by hand and once
+    # attended to every key. Checked against HuggingFace's own eager module with the same
+    # weights (softmax in float32: agreement to ~1e-7), and by causality itself.
+    import copy
+
+    torch = require("torch")
+    t = require("transformers")
+    from ctformer.bridges import from_hf
+
+    model = _capped_gemma2(t, torch, cap)
+    config = copy.deepcopy(model.config)
+    config._attn_implementation = "eager"
+    eager = t.Gemma2Model(config).double().eval()
+    eager.load_state_dict(model.state_dict())
+    x = np.random.default_rng(3).standard_normal((1, 12, 16))
+    later = x.copy()
+    later[0, -1] += 1.0
+
+    def last(module, inputs):
+        with torch.no_grad():
+            return module(inputs_embeds=torch.from_numpy(inputs)).last_hidden_state.numpy()
+
+    reference = last(model, x)
+    assert rel_err(reference, last(eager, x)) < 1e-6
+    assert rel_err(last(model, later)[0, :-1], reference[0, :-1]) < 1e-15
+    assert rel_err(from_hf(model).run(x), reference) < TOL
 
 
 def test_deit_class_and_distillation_tokens_are_two_atoms():

@@ -197,25 +197,38 @@ def _capped_float64(module, query, key, value, attention_mask, scaling, softcap)
 
     groups = getattr(module, "num_key_value_groups", 1)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    if attention_mask is None:  # a causal network's mask is always materialized (_materialized_mask)
+        raise RuntimeError("the float64 reference got no attention mask for a soft-capped attention: "
+                           "its causal and sliding-window masks would be lost; this transformers "
+                           "version builds masks in a way float64_reference does not know")
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     scores = softcap * torch.tanh(scores / softcap)
-    if attention_mask is not None:
-        mask = attention_mask[:, :, :, : key.shape[-2]]
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    mask = attention_mask[:, :, :, : key.shape[-2]]
+    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     weights = torch.softmax(scores, dim=-1)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
+def _materialized_mask(*args, **kwargs):
+    """HuggingFace's boolean SDPA mask, always built. SDPA's own mask function returns None
+    for a causal mask without padding (SDPA then applies causality itself); the soft-capped
+    path computes its scores by hand and needs the mask as an array."""
+    from transformers.masking_utils import sdpa_mask
+
+    kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
 def _float64_attention(model) -> str:
     """``"sdpa"``, or for a class that refuses it (Gemma 2: for its softcapping) the same SDPA
-    forward and masks registered under another name."""
+    forward registered under another name, with masks that are always materialized."""
     if getattr(model, "_supports_sdpa", False):
         return "sdpa"
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register("ctformer_float64", _sdpa_float64)
-    AttentionMaskInterface.register("ctformer_float64", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    AttentionMaskInterface.register("ctformer_float64", _materialized_mask)
     return "ctformer_float64"
 
 
@@ -224,10 +237,12 @@ def float64_reference(model):
     reference, in place.
 
     Cast to float64, evaluation mode; attention through PyTorch's SDPA (float64 softmax instead
-    of the eager path's float32 one); ``inv_freq`` recomputed in float64 from the configuration,
-    angles formed in float64, cos and sin times the float64 attention scaling (``dynamic`` and
-    ``longrope`` at the call's ``max(position_ids) + 1``); every RMSNorm computes in float64
-    (gain :math:`w`, or :math:`1 + w` for Gemma).
+    of the eager path's float32 one; Gemma 2's soft-capped scores by HuggingFace's eager formula
+    with a float64 softmax, its causal and sliding-window masks always built); ``inv_freq``
+    recomputed in float64 from the configuration, angles formed in float64, cos and sin times
+    the float64 attention scaling (``dynamic`` and ``longrope`` at the call's
+    ``max(position_ids) + 1``); every RMSNorm computes in float64 (gain :math:`w`, or
+    :math:`1 + w` for Gemma).
 
     Raises
     ------
