@@ -43,3 +43,23 @@ def test_window_mask_peer_is_the_banded_window():
     banded = sides["banded"]()
     assert bench.relative(banded, sides["SDPA"]()) < 1e-13
     assert bench.relative(banded, sides["dense"]()) < 1e-13
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma2"])
+def test_model_benchmarks_other_networks_are_the_huggingface_networks(name):
+    """model.py's optional networks: the HuggingFace module the script times and the converted
+    model compute the same network (float64, 1e-12 relative) on 160 tokens, past the sliding
+    window of 128, and the window is in force (the same weights with a window wider than the sequence differ)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from ctformer.bridges import from_hf
+
+    bench = benchmark_module("model")
+    model, ct = bench.load_model(name)
+    x = bench.embedded_input(model, 1, 160)
+    with torch.no_grad():
+        reference = bench.torch_call(model, x, "float64")().numpy()
+    assert bench.TOLERANCE["float64"] == 1e-12
+    assert np.abs(ct.run(x) - reference).max() / np.abs(reference).max() < 1e-12
+    model.config.sliding_window = 4096  # wider than the sequence: no window
+    assert np.abs(from_hf(model).run(x) - reference).max() / np.abs(reference).max() > 1e-6

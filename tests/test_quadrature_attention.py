@@ -433,3 +433,25 @@ def test_float32_huge_inputs_are_finite(rng, path):
     hard, sorted_scores = _hard_max(q.astype(np.float64) / 1e30, k.astype(np.float64) / 1e30, v0)
     clear = sorted_scores[:, -1] - sorted_scores[:, -2] > 1e-4
     np.testing.assert_allclose(out[clear] / np.float32(1e30), hard[clear], rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-13), (np.float32, 3e-6)])
+def test_masked_problems_of_many_heads_take_the_threaded_engine(monkeypatch, dtype, tol):
+    # 4 x 12 (batch, head) problems of 128 queries against 255 keys under a sliding window of
+    # 128 (a banded engine's slab): too many scores for one batched pass (1.6 M > 2^20), too
+    # few per problem for the streamed engine's size rule; once left to array operations
+    rng = np.random.default_rng(7)
+    q, k, v = _qkv(rng, (4, 12, 128), (4, 12, 255), d=16, e=16)
+    rows, cols = np.arange(127, 255)[:, None], np.arange(255)[None, :]
+    keep = (cols <= rows) & (cols > rows - 128)
+    monkeypatch.setattr(qa_module, "_stream_generic", lambda *a: pytest.fail("the generic path"))
+    calls, stream = [], numpy_paths.stream
+    monkeypatch.setattr(numpy_paths, "stream", lambda *a, **kw: calls.append(1) or stream(*a, **kw))
+    outs = {}
+    for threads in ("1", "3"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", threads)
+        outs[threads] = quadrature_attention(*(a.astype(dtype) for a in (q, k, v)), beta=0.25, mask=keep)
+    reference = _torch_sdpa(q, k, v, scale=0.25, bias=np.where(keep, 0.0, -np.inf))
+    assert len(calls) == 2 and outs["1"].dtype == dtype
+    assert np.abs(outs["1"] - reference).max() / np.abs(reference).max() < tol
+    assert np.array_equal(outs["1"], outs["3"])

@@ -184,17 +184,16 @@ class BandedAttention:
         w = None if self.weights is None else xp.asarray(self.weights[lo:hi], dtype=dtype)
         qb, kb, vb = q[..., a:b, :], k[..., lo:hi, :], v[..., lo:hi, :]
         causal_rows = (a, lo) if self.causal else None
-        if self.bias is not None or self.cap is not None:
+        if self.bias is not None or (self.half and self.causal):
             bias = None if self.bias is None else \
                 self.bias(xp.asarray(self.p[a:b, None] - self.pk[None, lo:hi], dtype=dtype))
             return _scored(xp, qb, kb, vb, beta, w, keep_x, bias, causal_rows=causal_rows,
                            half=self.half, cap=self.cap)
-        if keep_x is None and self.causal:
-            if self.half:
-                return _scored(xp, qb, kb, vb, beta, w, None, None, causal_rows=causal_rows, half=True)
-            # blocks of a validated state: the dense engine's unchecked entry
-            return attend_trusted(qb, kb, vb, beta, w, _causal_block(xp, a, b), "full")
-        return attend_trusted(qb, kb, vb, beta, w, keep_x, "full")
+        if self.causal and self.index is None:  # keys [0, b): the block's lower triangle
+            block = _causal_block(xp, a, b)
+            keep_x = block if keep_x is None else keep_x & block
+        # blocks of a validated state: the dense engine's unchecked entry (soft cap included)
+        return attend_trusted(qb, kb, vb, beta, w, keep_x, "full", cap=self.cap)
 
 
 def _causal_block(xp, a, b):

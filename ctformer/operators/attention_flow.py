@@ -88,10 +88,10 @@ def plan_engine(mask, position, grids, layout: Layout, weights, cap=None):
     bias = position.score_bias(layout.heads)
     p = _coordinates(grids, bias is not None or (explicit is not None and explicit.needs_positions))
     band = None if explicit is None else explicit.band(p, p)
-    if band is None and bias is None and cap is None:
+    if band is None and bias is None:
         pattern = None if explicit is None else \
             np.asarray(explicit.keep(p[:, None], p[None, :]), dtype=bool)
-        return _DenseEngine(causal, diagonal, pattern, layout)
+        return _DenseEngine(causal, diagonal, pattern, layout, cap=cap)
     pattern = None if explicit is None else mask_pattern(explicit, p)
     if bias is not None and layout.groups > 1:
         bias = _grouped(bias, layout)
@@ -112,11 +112,13 @@ def _grouped(bias, layout):
 
 
 class _DenseEngine:
-    """quadrature_attention with the causal flag, an explicit pattern and/or padding keys."""
+    """quadrature_attention with the causal flag, an explicit pattern and/or padding keys, and
+    the scores' soft cap ``cap`` (None: none)."""
 
-    def __init__(self, causal, diagonal, pattern, layout, keep=None):
+    def __init__(self, causal, diagonal, pattern, layout, keep=None, cap=None):
         self.causal, self.diagonal, self.pattern, self.layout = causal, diagonal, pattern, layout
         self.keep = keep   # the combined boolean mask (with padding), or None
+        self.cap = cap
         self._converted = {}   # (array type, device) -> the pattern there
 
     def _pattern_like(self, a):
@@ -144,7 +146,7 @@ class _DenseEngine:
             keep = xp.broadcast_to(keep, (*keep.shape[:-2], n, n))
         if self.layout.extra_axes:
             keep = keep[..., None, :, :, :]
-        return _DenseEngine(self.causal, self.diagonal, self.pattern, self.layout, keep)
+        return _DenseEngine(self.causal, self.diagonal, self.pattern, self.layout, keep, self.cap)
 
     def __call__(self, q, k, v, beta, weights, check):
         if self.keep is not None:
@@ -153,6 +155,8 @@ class _DenseEngine:
             mask, diagonal = self._pattern_like(q), "full"
         else:
             mask, diagonal = ("causal" if self.causal else None), self.diagonal
+        if self.cap is not None:
+            return _dense.capped_attention(q, k, v, beta, weights, mask, diagonal, check, self.cap)
         return quadrature_attention(q, k, v, beta=beta, weights=weights, mask=mask,
                                     diagonal=diagonal, check=check)
 
@@ -270,7 +274,8 @@ class DiscretizedAttention:
         q, k, v = self._heads(_dense._NUMPY, _plain_product(u, plan.qkv_t, plan.b_qkv, plan.prepared_qkv), u)
         lead, n = q.shape[:-2], q.shape[-2]
         out = _streamed.output_array(lead, n, v.shape[-1], u.dtype, _streamed.head_axes(q, k, lead))
-        attended = _streamed.small(q * plan.beta, k, v, plan.log_w, None, plan.causal, plan.diag_shift, out=out)
+        attended = _streamed.small(q * plan.beta, k, v, plan.log_w, None, plan.causal, plan.diag_shift, out=out,
+                                   cap=plan.cap)
         return _plain_product(self._concatenated(_dense._NUMPY, attended), plan.o, plan.b_o, plan.prepared_o)
 
 
@@ -279,7 +284,8 @@ class _SmallPlan:
     constants in that dtype, the temperatures against the heads, the log-weights and the mask's
     flags, read once (:meth:`DiscretizedAttention._attend_small`)."""
 
-    __slots__ = ("qkv_t", "b_qkv", "o", "b_o", "prepared_qkv", "prepared_o", "beta", "log_w", "causal", "diag_shift")
+    __slots__ = ("qkv_t", "b_qkv", "o", "b_o", "prepared_qkv", "prepared_o", "beta", "log_w", "causal", "diag_shift",
+                 "cap")
 
     @classmethod
     def of(cls, attention, u):
@@ -306,7 +312,7 @@ class _SmallPlan:
         beta, weights = constants("beta", u), constants("w_tokens", u)
         plan.beta = float(beta) if beta.ndim == 0 else beta[..., None, None]  # as the dense engine's
         plan.log_w = None if weights is None else np.log(weights)
-        plan.causal = engine.causal
+        plan.causal, plan.cap = engine.causal, engine.cap
         plan.diag_shift = math.log(0.5) if engine.causal and engine.diagonal == "half" else None
         return plan
 

@@ -137,7 +137,8 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     problem of at least 2^20 scores runs on the one of the two measured faster on this
     machine (once, stored). Otherwise: small NumPy
     problems are done batched in one go (a handful of NumPy calls).
-    Large NumPy problems are split into (batch, head, query chunk) tasks shared by
+    Large NumPy problems, and masked ones with too many (batch, head) problems for one
+    batched pass, are split into (batch, head, query chunk) tasks shared by
     ``CTFORMER_NUM_THREADS`` worker threads (default: the thread count of the BLAS library),
     each with its own score buffer of about 8 MiB, while the BLAS library is limited to one
     thread through ``threadpoolctl``. The chunks depend on the problem's shape and dtype only,

@@ -1,0 +1,154 @@
+"""Soft-capped attention (Gemma 2's ``attn_logit_softcapping``) on every path of the dense engine.
+
+The score :math:`s = \\beta q \\cdot k` is capped, :math:`s \\mapsto c \\tanh(s / c)`, before the
+log-weights and the masks. Each path (one batched pass, batched blocks on the threads, streamed
+query chunks with and without key blocks, many masked problems, the array-API chunks, the
+banded engine's slabs) is checked against the formula evaluated in float64 by NumPy, and the
+threaded paths for the same bits on one and three threads.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ctformer._numerics import dense, streamed
+from ctformer._numerics.banded import BandedAttention
+
+CAP = 0.9
+
+
+def _reference(q, k, v, beta, cap, log_w=None, keep=None):
+    """softmax(c tanh(beta q k^T / c) + log w, masked) v in float64."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    s = beta * q @ np.swapaxes(k, -1, -2)
+    s = cap * np.tanh(s / cap)
+    if log_w is not None:
+        s = s + log_w
+    if keep is not None:
+        s = np.where(keep, s, -np.inf)
+    top = s.max(axis=-1, keepdims=True)
+    s = np.exp(s - np.where(np.isinf(top), 0.0, top))  # a query without keys: output zero
+    return (s / np.maximum(s.sum(axis=-1, keepdims=True), 1e-300)) @ v
+
+
+def _inputs(lead, n, m, dtype, seed=0, d=16):
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((*lead, rows, d)).astype(dtype) for rows in (n, m, m))
+    return q, k, v
+
+
+def _rel(a, b):
+    return float(np.abs(np.asarray(a, dtype=np.float64) - b).max() / np.abs(b).max())
+
+
+def _tol(dtype):
+    return 1e-13 if dtype == np.float64 else 3e-6
+
+
+# (name, leading axes, queries, keys, mask, the path's function in the engine)
+PATHS = [
+    ("one batched pass", (2, 3), 24, 24, None, "small"),
+    ("batched blocks on the threads", (4, 80), 128, 128, "causal", "small_blocks"),
+    ("causal query chunks", (2,), 512, 512, "causal", "stream"),
+    ("query chunks in key blocks", (1,), 1024, 4096, None, "stream"),
+    ("many masked problems", (4, 12), 128, 255, "band", "stream"),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("name, lead, n, m, mask, function", PATHS, ids=[p[0] for p in PATHS])
+def test_every_numpy_path_caps_the_scores_before_weights_and_masks(monkeypatch, dtype, name, lead, n, m, mask,
+                                                                  function):
+    q, k, v = _inputs(lead, n, m, dtype)
+    beta = 0.7
+    weights = np.linspace(0.5, 1.5, m)
+    keep = None
+    if mask == "causal":
+        keep = np.tril(np.ones((n, m), dtype=bool))
+    elif mask == "band":
+        rows, cols = np.arange(m - n, m)[:, None], np.arange(m)[None, :]
+        keep = (cols <= rows) & (cols > rows - 128)
+    calls, original = [], getattr(streamed, function)
+    monkeypatch.setattr(streamed, function, lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    monkeypatch.setattr(dense, "_stream_generic", lambda *a: pytest.fail("the generic path"))
+    outs = {}
+    for threads in ("1", "3"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", threads)
+        given = "causal" if mask == "causal" else keep
+        outs[threads] = dense.capped_attention(q, k, v, beta, weights.astype(dtype), given, "full", False, CAP)
+    reference = _reference(q, k, v, beta, CAP, np.log(weights), keep)
+    assert calls and outs["1"].dtype == dtype
+    assert _rel(outs["1"], reference) < _tol(dtype)
+    assert np.array_equal(outs["1"], outs["3"])
+
+
+def test_the_cap_bends_the_scores_it_is_given():
+    # a cap far above the scores changes nothing measurable; a small one changes the output
+    q, k, v = _inputs((2,), 24, 24, np.float64, seed=1)
+    plain = dense.attend_trusted(q, k, v, 0.5, None, None, "full")
+    assert _rel(dense.capped_attention(q, k, v, 0.5, None, None, "full", False, 1e6), plain) < 1e-10
+    assert _rel(dense.capped_attention(q, k, v, 0.5, None, None, "full", False, 0.3), plain) > 1e-2
+
+
+def test_array_api_chunks_cap_the_scores():
+    torch = pytest.importorskip("torch")
+    q, k, v = _inputs((3,), 40, 40, np.float64, seed=2)
+    got = dense.capped_attention(*(torch.from_numpy(a) for a in (q, k, v)), 0.8, None, "causal", "full", False, CAP)
+    keep = np.tril(np.ones((40, 40), dtype=bool))
+    assert _rel(got.numpy(), _reference(q, k, v, 0.8, CAP, keep=keep)) < 1e-13
+
+
+def test_scale_safe_inputs_keep_the_cap():
+    # queries of size 1e200: rescaled by powers of two, the capped scores stay what they are
+    q, k, v = _inputs((2,), 16, 16, np.float64, seed=3)
+    big = q * 2.0 ** 660
+    got = dense.capped_attention(big, k, v, 2.0 ** -660, None, "causal", "full", True, CAP)
+    keep = np.tril(np.ones((16, 16), dtype=bool))
+    assert _rel(got, _reference(q, k, v, 1.0, CAP, keep=keep)) < 1e-13
+    with pytest.raises(ValueError, match="q must be finite"):
+        dense.capped_attention(np.full_like(q, np.nan), k, v, 1.0, None, None, "full", True, CAP)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_banded_slabs_cap_the_scores_with_padding_and_causality(dtype):
+    # a window of 5 keys and a causal engine without a pattern, both with padding keys: the
+    # slabs go to the dense engine with their masks, the cap inside
+    import sparse
+
+    n = 40
+    q, k, v = _inputs((2, 3), n, n, dtype, seed=4)
+    real = np.ones((2, n), dtype=bool)
+    real[1, -7:] = False
+    pad = real[:, None, None, :]  # against (batch, head, query, key)
+    rows, cols = np.arange(n)[:, None], np.arange(n)[None, :]
+    window = (cols <= rows) & (cols > rows - 5)
+    for pattern, keep in ((sparse.COO(window), window), (None, cols <= rows)):
+        engine = BandedAttention(n, n, pattern=pattern, causal=pattern is None, block=16, cap=CAP)
+        got = engine(q, k, v, 0.6, key_mask=real[:, None, :])
+        reference = _reference(q, k, v, 0.6, CAP, keep=keep & pad)
+        assert _rel(got, reference) < _tol(dtype)
+
+
+def test_gemma2_layers_without_a_window_take_the_dense_engine(monkeypatch):
+    # layer 0 slides (window 3 < 12 tokens): the banded engine; layer 1 attends to every earlier
+    # token: the dense engine's batched pass, the cap inside, once the banded engine's own path
+    torch = pytest.importorskip("torch")
+    t = pytest.importorskip("transformers")
+    from ctformer.bridges import float64_reference, from_hf
+
+    config = t.Gemma2Config(hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=4, query_pre_attn_scalar=4, sliding_window=3,
+                            attn_logit_softcapping=0.7, vocab_size=32, max_position_embeddings=64,
+                            bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(0)
+    model = float64_reference(t.Gemma2Model(config))
+    x = np.random.default_rng(5).standard_normal((2, 12, 16))
+    with torch.no_grad():
+        reference = model(inputs_embeds=torch.from_numpy(x)).last_hidden_state.numpy()
+    ct = from_hf(model)
+    caps, banded, small, call = [], [], streamed.small, BandedAttention.__call__
+    monkeypatch.setattr(streamed, "small", lambda *a, **kw: caps.append(kw.get("cap")) or small(*a, **kw))
+    monkeypatch.setattr(BandedAttention, "__call__", lambda self, *a, **kw: banded.append(1) or call(self, *a, **kw))
+    assert _rel(ct.run(x), reference) < 1e-12
+    assert len(banded) == 1 and caps[-1] == 0.7
+    assert _rel(ct.run(x.astype(np.float32)), reference) < 1e-5
