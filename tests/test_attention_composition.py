@@ -167,6 +167,27 @@ def test_engine_follows_the_pattern():
         assert isinstance(getattr(engine, "engine", None), BandedAttention) is expected, options
 
 
+def test_a_window_no_shorter_than_the_grid_is_left_out():
+    """On N = 9 tokens at positions 0..8, SlidingWindow(W) keeps every pair iff N - 1 < W: from
+    W = 9 the causal window is the causal mask, on the dense engine with its bits; at W = 8 it
+    is banded and drops the key 8 positions back."""
+    p = np.arange(N, dtype=np.float64)
+    assert [SlidingWindow(w).keeps_all(p, p) for w in (8, 8.5, 9, 100)] == [False, True, True, True]
+    assert not Causal().keeps_all(p, p)
+    weights = _weights(np.random.default_rng(4))
+    u = np.random.default_rng(5).standard_normal((2, N, D))
+    causal = _attention(weights, mask=Causal()).discretize(_grids())
+    for width in (9, 100):
+        wide = _attention(weights, mask=Causal() & SlidingWindow(width)).discretize(_grids())
+        assert getattr(wide.engine, "engine", None) is None
+        assert np.array_equal(wide(u), causal(u))
+    narrow = _attention(weights, mask=Causal() & SlidingWindow(8)).discretize(_grids())
+    assert isinstance(narrow.engine.engine, BandedAttention)
+    keep = np.tril(np.ones((N, N), dtype=bool)) & ~np.tril(np.ones((N, N), dtype=bool), -8)
+    assert np.abs(narrow(u) - _sdpa_reference(u, weights, keep)).max() < TOL
+    assert np.abs(narrow(u) - causal(u)).max() > 1e-6
+
+
 @pytest.mark.parametrize("n, tokens", [(9, 9), (9, 27), (16, 40)])
 def test_composed_window_pattern_equals_window_pattern(n, tokens):
     """Causal() & SlidingWindow(W) keeps exactly window_pattern's entries, on refined grids too."""

@@ -87,6 +87,9 @@ def plan_engine(mask, position, grids, layout: Layout, weights, cap=None):
                          "convergence order for it): use mask=None")
     bias = position.score_bias(layout.heads)
     p = _coordinates(grids, bias is not None or (explicit is not None and explicit.needs_positions))
+    if explicit is not None:  # a window no shorter than the grid keeps every key: left out
+        kept = [m for m in explicit.parts() if not m.keeps_all(p, p)]
+        explicit = Intersection(*kept) if any(not m.causal for m in kept) else None
     band = None if explicit is None else explicit.band(p, p)
     if band is None and bias is None:
         pattern = None if explicit is None else \

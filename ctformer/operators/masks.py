@@ -87,6 +87,12 @@ class Mask(abc.ABC):
         """
         return None
 
+    def keeps_all(self, p, p_key) -> bool:
+        """Whether the mask keeps every key for every query at these positions (``p`` (N,),
+        ``p_key`` (M,), increasing), so that on these grids it can be left out; False (the
+        default) where that is not known without evaluating :meth:`keep` on every pair."""
+        return False
+
     def keys(self):
         """Boolean array ``(..., M)`` of the keys every query may keep (a padding mask), or
         ``None`` (the default: the mask acts only through :meth:`keep`)."""
@@ -175,6 +181,12 @@ class SlidingWindow(Mask):
         tol = self._tolerance(p, p_key)
         return (np.searchsorted(p_key, p - self.width + tol, side="right"),
                 np.searchsorted(p_key, p + self.width - tol, side="left"))
+
+    def keeps_all(self, p, p_key) -> bool:
+        """The window keeps exactly its band (an interval of keys): every key when each band is
+        all of them, as for a sequence no longer than the window."""
+        lo, hi = self.band(np.asarray(p, dtype=np.float64), np.asarray(p_key, dtype=np.float64))
+        return bool(np.all(lo == 0) and np.all(hi == len(p_key)))
 
 
 class Padding(Mask):
