@@ -24,6 +24,7 @@ import array_api_compat
 import numpy as np
 
 from .dense import attend_trusted, scale_safe_inputs, times_pow2
+from .score_terms import ScoreTerms
 
 __all__ = ["BandedAttention", "slopes_bias", "window_block_rows"]
 
@@ -184,16 +185,17 @@ class BandedAttention:
         w = None if self.weights is None else xp.asarray(self.weights[lo:hi], dtype=dtype)
         qb, kb, vb = q[..., a:b, :], k[..., lo:hi, :], v[..., lo:hi, :]
         causal_rows = (a, lo) if self.causal else None
-        if self.bias is not None or (self.half and self.causal):
-            bias = None if self.bias is None else \
-                self.bias(xp.asarray(self.p[a:b, None] - self.pk[None, lo:hi], dtype=dtype))
+        bias = None if self.bias is None else \
+            self.bias(xp.asarray(self.p[a:b, None] - self.pk[None, lo:hi], dtype=dtype))
+        if self.half and self.causal:
             return _scored(xp, qb, kb, vb, beta, w, keep_x, bias, causal_rows=causal_rows,
                            half=self.half, cap=self.cap)
         if self.causal and self.index is None:  # keys [0, b): the block's lower triangle
             block = _causal_block(xp, a, b)
             keep_x = block if keep_x is None else keep_x & block
-        # blocks of a validated state: the dense engine's unchecked entry (soft cap included)
-        return attend_trusted(qb, kb, vb, beta, w, keep_x, "full", cap=self.cap)
+        # blocks of a validated state: the dense engine's unchecked entry (cap and score term included)
+        terms = None if self.cap is None and bias is None else ScoreTerms(self.cap, bias)
+        return attend_trusted(qb, kb, vb, beta, w, keep_x, "full", terms=terms)
 
 
 def _causal_block(xp, a, b):

@@ -29,6 +29,7 @@ from . import fused as _fused_kernel
 from . import measured_blocks as _measured_blocks
 from . import packed_attention as _packed_attention
 from . import streamed as _numpy_paths
+from .score_terms import ScoreTerms
 
 _NUMPY = array_api_compat.array_namespace(np.zeros(0))
 
@@ -45,21 +46,22 @@ _FUSED_MIN_ENTRIES = 1 << 16
 _HEADROOM = 8.0
 
 
-def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk, cap=None):
+def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk, terms=None):
     """The path for the problem's size and namespace; every row of ``keep`` keeps a key.
-    ``cap``: None, or the soft cap c of the scores, s -> c tanh(s / c) on s = beta q . k, before
-    the log-weights and masks (torch's fused kernels have none: the library's paths take such
-    problems)."""
+    ``terms``: None, or the :class:`~ctformer._numerics.score_terms.ScoreTerms` of the scores (a
+    soft cap, an additive term), before the log-weights and masks (torch's fused kernels have
+    none: the library's paths take such problems)."""
     n, m = q.shape[-2], k.shape[-2]
     numpy = isinstance(q, np.ndarray)
     engine = _fused_kernel.engine_setting()  # read (and a bad value refused) at every size
-    if cap is None and numpy and _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk, engine):
+    if terms is None and numpy and _fused(q, k, v, log_w, keep, causal, diag_shift, lead, chunk, engine):
         out = _numpy_paths.output_array(lead, n, v.shape[-1], q.dtype, _numpy_paths.head_axes(q, k, lead))
         scale = _one_value(beta)  # one beta for all heads: the kernel scales (no pass over q)
         if scale is not None:
             return _fused_kernel.fused_attention(q, k, v, scale, causal, lead, out)
         return _fused_kernel.fused_attention(q * beta, k, v, 1.0, causal, lead, out)
-    if cap is None and not numpy and engine != "streamed" and _torch_fusable(q, k, v, log_w, keep, causal, diag_shift, lead, chunk):
+    if (terms is None and not numpy and engine != "streamed"
+            and _torch_fusable(q, k, v, log_w, keep, causal, diag_shift, lead, chunk)):
         import torch
 
         return _fused_kernel.sdpa(torch, q * beta, k, v, 1.0, causal, lead)
@@ -69,23 +71,23 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk, cap=
         # beta scales each query chunk inside the workers
         geometry = _measured_blocks.geometry(q.dtype)
         packs = None
-        if (q.dtype == np.float32 and keep is None and not causal and cap is None and m >= 2 * geometry.key_block
+        if (q.dtype == np.float32 and keep is None and not causal and terms is None and m >= 2 * geometry.key_block
                 and _packed_attention.fits(k, v) and _packed_attention.chosen(q.dtype)):
             packs = _packed_attention.packed_blocks(geometry.key_block)
         return _numpy_paths.stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry, packs,
-                                   cap)
+                                   terms)
     qs = q * beta  # beta folded into the queries: O(N d), cheaper than scaling every score
     if numpy and chunk is None and n * m * math.prod(lead) <= _CHUNK_ELEMENTS and n * m < _STREAM_MIN_ENTRIES:
         out = _numpy_paths.small(qs, k, v, log_w, keep, causal, diag_shift,
                                  out=_numpy_paths.output_array(lead, n, v.shape[-1], _common_dtype(qs, k, v),
-                                                                _numpy_paths.head_axes(q, k, lead)), cap=cap)
+                                                                _numpy_paths.head_axes(q, k, lead)), terms=terms)
     elif numpy and chunk is None and n * m < _STREAM_MIN_ENTRIES and keep is None:
-        out = _numpy_paths.small_blocks(qs, k, v, log_w, causal, diag_shift, lead, cap)
+        out = _numpy_paths.small_blocks(qs, k, v, log_w, causal, diag_shift, lead, terms)
     else:
         if chunk is None:
             target = _CHUNK_ELEMENTS_DEVICE if array_api_compat.is_cupy_array(q) else _CHUNK_ELEMENTS
             chunk = max(1, min(n, target // max(1, m * (math.prod(lead) or 1))))
-        out = _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, int(chunk), cap)
+        out = _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, int(chunk), terms)
     return out
 
 
@@ -173,7 +175,7 @@ def zero_rows(xp, out, empty):
 
 
 # -- generic path (any array namespace) ----------------------------------------------------------
-def _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, chunk, cap=None):
+def _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, chunk, terms=None):
     """Query chunks with functional array-API operations; returns (..., N, e)."""
     n, e = qs.shape[-2], v.shape[-1]
     softmax = _torch_softmax(qs)
@@ -184,8 +186,10 @@ def _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, chunk, cap=No
         stop = min(n, start + chunk)
         cols = stop if causal else k.shape[-2]  # causal: keys after the chunk never count
         s = qs[..., start:stop, :] @ xp.matrix_transpose(k[..., :cols, :])
-        if cap is not None:
-            s = cap * xp.tanh(s / cap)
+        if terms is not None and terms.cap is not None:
+            s = terms.cap * xp.tanh(s / terms.cap)
+        if terms is not None and terms.bias is not None:
+            s = s + terms.bias[..., start:stop, :cols]
         if log_w is not None:
             s = s + log_w[:cols]
         if causal:
@@ -348,36 +352,37 @@ def global_abs_max(xp, a) -> float:
     detach = getattr(a, "detach", None)  # a torch tensor in autograd: the value only
     return float(xp.max(xp.abs(a if detach is None else detach())))
 
-def attend_trusted(q, k, v, beta, weights, mask, diagonal, chunk=None, cap=None):
+def attend_trusted(q, k, v, beta, weights, mask, diagonal, chunk=None, terms=None):
     """Quadrature attention on inputs already known to be valid (no check, no rescaling).
 
     ``mask`` is None, ``"causal"`` or a boolean keep array; ``weights`` positive or None;
-    ``cap`` None or the scores' soft cap (:func:`attend`).
+    ``terms`` None or the scores' :class:`~ctformer._numerics.score_terms.ScoreTerms` (:func:`attend`).
     """
     xp, beta, log_w, keep, diag_shift, lead = trusted(q, k, v, beta, weights, mask, diagonal)
-    return attend_rows(xp, q, k, v, beta, log_w, keep, isinstance(mask, str), diag_shift, lead, chunk, cap)
+    return attend_rows(xp, q, k, v, beta, log_w, keep, isinstance(mask, str), diag_shift, lead, chunk, terms)
 
 
 def capped_attention(q, k, v, beta, weights, mask, diagonal, check, cap):
     """:func:`attend_trusted` with the soft cap ``cap``, for the validated state of an attention
     operator; with ``check`` scale-safely (:func:`scale_safe_inputs`: inputs rescaled by powers
     of two where scores could overflow, NaN and inf refused by name)."""
+    terms = ScoreTerms(cap)
     if not check:
-        return attend_trusted(q, k, v, beta, weights, mask, diagonal, cap=cap)
+        return attend_trusted(q, k, v, beta, weights, mask, diagonal, terms=terms)
     xp = array_api_compat.array_namespace(q, k, v)
     leading = beta if isinstance(beta, (int, float)) or beta.ndim == 0 else beta[..., None, None]
     q, scaled, k, v, v_scale = scale_safe_inputs(xp, q, k, v, leading)
     return times_pow2(xp, attend_trusted(q, k, v, beta if scaled is leading else scaled, weights, mask,
-                                         diagonal, cap=cap), v_scale)
+                                         diagonal, terms=terms), v_scale)
 
 
-def attend_rows(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk, cap=None):
+def attend_rows(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk, terms=None):
     """:func:`attend` after giving queries without keys every key, then zeroing their rows."""
     n = q.shape[-2]
     if n == 0:
         return xp.zeros((*lead, 0, v.shape[-1]), dtype=q.dtype)
     keep, empty = admissible_rows(xp, keep)
-    return zero_rows(xp, attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk, cap), empty)
+    return zero_rows(xp, attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk, terms), empty)
 
 
 def trusted(q, k, v, beta, weights, mask, diagonal):

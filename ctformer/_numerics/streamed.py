@@ -25,6 +25,7 @@ from . import blocks as _blocks
 from . import compiled as _compiled
 from . import gemm as _gemm
 from . import threads as _threads
+from .score_terms import ScoreTerms, score_terms
 
 # Small problems: at most this many score entries per task.
 _SMALL_TASK_ELEMENTS = 1 << 20
@@ -80,28 +81,21 @@ def _log_weights(log_w, dtype):
 
 
 # -- small problems: one batched pass ------------------------------------------------------------
-def small(qs, k, v, log_w, keep, causal, diag_shift, out=None, cap=None):
+def small(qs, k, v, log_w, keep, causal, diag_shift, out=None, terms=None):
     """All (batch, head) problems at once, a few NumPy calls; returns (..., N, e), written
     into ``out`` when it is given. Problems of at least ``_ONE_BLAS_THREAD_MIN`` multiply-adds
-    each multiply on one BLAS thread (see there). ``cap``: the scores' soft cap, or None."""
+    each multiply on one BLAS thread (see there). ``terms``: :class:`ScoreTerms`, or None."""
     if qs.shape[-2] * k.shape[-2] * qs.shape[-1] < _ONE_BLAS_THREAD_MIN:
-        return _small(qs, k, v, log_w, keep, causal, diag_shift, out, cap)
+        return _small(qs, k, v, log_w, keep, causal, diag_shift, out, terms)
     limit = _threads.single_thread_blas()
     with limit if limit is not None else nullcontext():
-        return _small(qs, k, v, log_w, keep, causal, diag_shift, out, cap)
+        return _small(qs, k, v, log_w, keep, causal, diag_shift, out, terms)
 
 
-def soft_cap(s, cap) -> None:
-    """In place, ``s <- cap * tanh(s / cap)`` (``cap`` None: nothing)."""
-    if cap is not None:
-        np.divide(s, cap, out=s)
-        np.tanh(s, out=s)
-        np.multiply(s, cap, out=s)
-
-
-def _small(qs, k, v, log_w, keep, causal, diag_shift, out, cap=None):
+def _small(qs, k, v, log_w, keep, causal, diag_shift, out, terms=None):
     s = qs @ k.swapaxes(-1, -2)
-    soft_cap(s, cap)
+    if terms is not None:
+        score_terms(s, terms.cap, terms.bias)
     n, m = s.shape[-2:]
     kernel = _exp_rows_kernel() if s.dtype in (np.float32, np.float64) else None
     if kernel is not None and s.size:
@@ -125,7 +119,7 @@ def _small(qs, k, v, log_w, keep, causal, diag_shift, out, cap=None):
     return out
 
 
-def small_blocks(qs, k, v, log_w, causal, diag_shift, lead, cap=None):
+def small_blocks(qs, k, v, log_w, causal, diag_shift, lead, terms=None):
     """Many small (batch, head) problems: :func:`small` on blocks of the last leading axis
     (views: the operands are never gathered into one stack), each block's scores at most
     ``_SMALL_TASK_ELEMENTS`` entries, at least ``_MIN_TASKS`` blocks when there are that many
@@ -140,25 +134,28 @@ def small_blocks(qs, k, v, log_w, causal, diag_shift, lead, cap=None):
     dtype = out.dtype
     # BLAS is limited once for the pass, not per task (8 us each): by the parallel pass, else
     # here where one problem is large enough to be threaded by OpenBLAS (see ``small``)
-    batch = _small_torch if cap is None and dtype in (np.float32, np.float64) and \
+    batch = _small_torch if terms is None and dtype in (np.float32, np.float64) and \
         _gemm.softmax_provider(dtype) == "torch" else _small
     parallel = n * m * count >= _PARALLEL_MIN_ENTRIES
     limit = None if parallel or n * m * qs.shape[-1] < _ONE_BLAS_THREAD_MIN else _threads.single_thread_blas()
 
+    cap, bias = (None, None) if terms is None else terms.spread(lead, n, m)
+
     def worker(next_task):
         while (task := next_task()) is not None:
             idx, block = task
+            sliced = None if terms is None else ScoreTerms(cap, None if bias is None else bias[idx][block])
             batch(qs[idx][block], k[idx][block], v[idx][block], log_w, None, causal, diag_shift,
-                  out[idx][block], cap)
+                  out[idx][block], sliced)
 
     with limit if limit is not None else nullcontext():
         _threads.run_blas_tasks(worker, tasks, parallel)
     return out
 
 
-def _small_torch(qs, k, v, log_w, keep, causal, diag_shift, out, cap=None):
+def _small_torch(qs, k, v, log_w, keep, causal, diag_shift, out, terms=None):
     """:func:`small` by torch's batched products and softmax on one thread (``keep`` and
-    ``cap`` None, one dtype); writes ``out``."""
+    ``terms`` None, one dtype); writes ``out``."""
     m = k.shape[-2]
     bias = None
     if causal:
@@ -248,7 +245,7 @@ def _whole_rounds(n, chunk, problems):
     return smaller if smaller >= _MIN_CHUNK_ROWS and -(-n // smaller) == count + 1 else chunk
 
 
-def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry=None, packs=None, cap=None):
+def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry=None, packs=None, terms=None):
     """Query chunks of every (batch, head), each done by one worker with its own buffers, in
     blocks of ``geometry`` (None: :data:`ctformer._numerics.blocks.DEFAULT`; this machine's is
     :func:`ctformer._numerics.measured_blocks.geometry`). Where the keys come in blocks,
@@ -256,8 +253,8 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
     key block, float32; None: the worker tasks' BLAS) multiplies by packed blocks.
 
     ``beta`` (a float, or an array broadcasting to ``(*lead, 1, 1)``) scales each chunk of
-    queries in the worker's buffer: no scaled copy of ``q`` is made. ``cap``: the scores' soft
-    cap (:func:`soft_cap`, before the weights and masks), or None."""
+    queries in the worker's buffer: no scaled copy of ``q`` is made. ``terms``: the scores'
+    :class:`ScoreTerms` (before the weights and masks), or None."""
     dtype = q.dtype
     n, m, e, d = q.shape[-2], k.shape[-2], v.shape[-1], q.shape[-1]
     geometry = _blocks.DEFAULT if geometry is None else geometry
@@ -279,6 +276,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
         exp_rows = _fused_exp_rows(kernel, log_w, causal, diag_shift, dtype)
     else:
         exp_rows = _numpy_exp_rows(log_w, causal, diag_shift, chunk)
+    cap, bias = (None, None) if terms is None else terms.spread(lead, n, m)
     starts = range(0, n, chunk)
     if causal:  # the last chunks cost the most: hand them out first
         starts = reversed(starts)
@@ -293,7 +291,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
         if packs is not None:
             packs.prepare(k, v, lead)
         worker = _blocked_worker(q, scale, k, v, _log_weights(log_w, dtype), causal, diag_shift, chunk, out,
-                                 product, geometry.key_block, packs, cap)
+                                 product, geometry.key_block, packs, cap, bias)
         _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
         return out
 
@@ -311,7 +309,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
             s = scores[: r * cols].reshape(r, cols)
             qs = np.multiply(q[idx][start:stop], scale(idx), out=queries[:r])
             product(qs, k[idx][:cols].T, out=s)
-            soft_cap(s, cap)
+            score_terms(s, cap, None if bias is None else bias[idx][start:stop, :cols])
             if keep is not None:
                 kb = keep[idx]
                 drop_s = drop[: s.size].reshape(s.shape)
@@ -328,7 +326,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
 
 
 def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, product, key_block, packs=None,
-                    cap=None):
+                    cap=None, bias=None):
     """The worker of :func:`stream` with the keys in blocks of ``key_block``: for each chunk
     of queries, the running row maxima, sums of exponentials and weighted sums of values are
     updated one key block at a time (online softmax), then divided."""
@@ -359,7 +357,7 @@ def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, produ
                 else:  # the block's K and V packed once per call: new arrays, read as they are
                     packed_k, packed_v = packs(keys, values, col0)
                     s = packed_k(qs)
-                soft_cap(s, cap)
+                score_terms(s, cap, None if bias is None else bias[idx][start:stop, col0:col1])
                 made.exp_rows_online(s, log_w, col0, start if causal else -1, shift, top[:r], sums[:r], alpha[:r])
                 weighted = product(s, values[col0:col1], out=part[:r]) if packs is None else packed_v(s)
                 made.rescale_add(acc[:r], weighted, alpha[:r])

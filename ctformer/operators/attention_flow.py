@@ -32,6 +32,7 @@ from .quadrature_attention import quadrature_attention
 from .._numerics import dense as _dense
 from .._numerics import streamed as _streamed
 from .._numerics.fused import engine_setting
+from .._numerics.score_terms import ScoreTerms
 from .._numerics.gemm import numpy_rows, packed_rows, plain_rows, rows_product, threaded_rows
 from .._numerics.threads import _INSIDE, by_row_blocks
 
@@ -278,7 +279,7 @@ class DiscretizedAttention:
         lead, n = q.shape[:-2], q.shape[-2]
         out = _streamed.output_array(lead, n, v.shape[-1], u.dtype, _streamed.head_axes(q, k, lead))
         attended = _streamed.small(q * plan.beta, k, v, plan.log_w, None, plan.causal, plan.diag_shift, out=out,
-                                   cap=plan.cap)
+                                   terms=None if plan.cap is None else ScoreTerms(plan.cap))
         return _plain_product(self._concatenated(_dense._NUMPY, attended), plan.o, plan.b_o, plan.prepared_o)
 
 

@@ -1,10 +1,12 @@
-"""Soft-capped attention (Gemma 2's ``attn_logit_softcapping``) on every path of the dense engine.
+"""Score terms on every path of the dense engine: the soft cap (Gemma 2's
+``attn_logit_softcapping``) and an additive term (ALiBi's slopes times distances).
 
-The score :math:`s = \\beta q \\cdot k` is capped, :math:`s \\mapsto c \\tanh(s / c)`, before the
-log-weights and the masks. Each path (one batched pass, batched blocks on the threads, streamed
-query chunks with and without key blocks, many masked problems, the array-API chunks, the
-banded engine's slabs) is checked against the formula evaluated in float64 by NumPy, and the
-threaded paths for the same bits on one and three threads.
+The score :math:`s = \\beta q \\cdot k` is capped, :math:`s \\mapsto c \\tanh(s / c)`, and the
+term :math:`b` added, before the log-weights and the masks. Each path (one batched pass,
+batched blocks on the threads, streamed query chunks with and without key blocks, many masked
+problems, the array-API chunks, the banded engine's slabs) is checked against the formula
+evaluated in float64 by NumPy, and the threaded paths for the same bits on one and three
+threads.
 """
 from __future__ import annotations
 
@@ -13,15 +15,19 @@ import pytest
 
 from ctformer._numerics import dense, streamed
 from ctformer._numerics.banded import BandedAttention
+from ctformer._numerics.score_terms import ScoreTerms
 
 CAP = 0.9
 
 
-def _reference(q, k, v, beta, cap, log_w=None, keep=None):
-    """softmax(c tanh(beta q k^T / c) + log w, masked) v in float64."""
+def _reference(q, k, v, beta, cap, log_w=None, keep=None, bias=None):
+    """softmax(c tanh(beta q k^T / c) + b + log w, masked) v in float64 (``cap`` None: no cap)."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     s = beta * q @ np.swapaxes(k, -1, -2)
-    s = cap * np.tanh(s / cap)
+    if cap is not None:
+        s = cap * np.tanh(s / cap)
+    if bias is not None:
+        s = s + bias
     if log_w is not None:
         s = s + log_w
     if keep is not None:
@@ -55,11 +61,21 @@ PATHS = [
 ]
 
 
+def _alibi(lead, n, m, dtype):
+    """-slope_h |i - j| per head (the last leading axis), broadcasting over the others."""
+    slopes = 2.0 ** -np.arange(1, lead[-1] + 1)
+    distance = np.abs(np.arange(m - n, m)[:, None] - np.arange(m)[None, :])
+    return (-slopes[:, None, None] * distance).astype(dtype)
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("name, lead, n, m, mask, function", PATHS, ids=[p[0] for p in PATHS])
-def test_every_numpy_path_caps_the_scores_before_weights_and_masks(monkeypatch, dtype, name, lead, n, m, mask,
-                                                                  function):
+@pytest.mark.parametrize("kind", ["cap", "bias", "both"])
+def test_every_numpy_path_applies_the_terms_before_weights_and_masks(monkeypatch, dtype, name, lead, n, m, mask,
+                                                                    function, kind):
     q, k, v = _inputs(lead, n, m, dtype)
+    cap = None if kind == "bias" else CAP
+    bias = None if kind == "cap" else _alibi(lead, n, m, dtype)
     beta = 0.7
     weights = np.linspace(0.5, 1.5, m)
     keep = None
@@ -75,8 +91,9 @@ def test_every_numpy_path_caps_the_scores_before_weights_and_masks(monkeypatch, 
     for threads in ("1", "3"):
         monkeypatch.setenv("CTFORMER_NUM_THREADS", threads)
         given = "causal" if mask == "causal" else keep
-        outs[threads] = dense.capped_attention(q, k, v, beta, weights.astype(dtype), given, "full", False, CAP)
-    reference = _reference(q, k, v, beta, CAP, np.log(weights), keep)
+        outs[threads] = dense.attend_trusted(q, k, v, beta, weights.astype(dtype), given, "full",
+                                             terms=ScoreTerms(cap, bias))
+    reference = _reference(q, k, v, beta, cap, np.log(weights), keep, bias)
     assert calls and outs["1"].dtype == dtype
     assert _rel(outs["1"], reference) < _tol(dtype)
     assert np.array_equal(outs["1"], outs["3"])
@@ -90,12 +107,17 @@ def test_the_cap_bends_the_scores_it_is_given():
     assert _rel(dense.capped_attention(q, k, v, 0.5, None, None, "full", False, 0.3), plain) > 1e-2
 
 
-def test_array_api_chunks_cap_the_scores():
+def test_array_api_chunks_apply_the_terms():
     torch = pytest.importorskip("torch")
     q, k, v = _inputs((3,), 40, 40, np.float64, seed=2)
-    got = dense.capped_attention(*(torch.from_numpy(a) for a in (q, k, v)), 0.8, None, "causal", "full", False, CAP)
     keep = np.tril(np.ones((40, 40), dtype=bool))
+    tensors = [torch.from_numpy(a) for a in (q, k, v)]
+    got = dense.capped_attention(*tensors, 0.8, None, "causal", "full", False, CAP)
     assert _rel(got.numpy(), _reference(q, k, v, 0.8, CAP, keep=keep)) < 1e-13
+    bias = _alibi((3,), 40, 40, np.float64)
+    got = dense.attend_trusted(*tensors, 0.8, None, "causal", "full",
+                               terms=ScoreTerms(CAP, torch.from_numpy(bias)))
+    assert _rel(got.numpy(), _reference(q, k, v, 0.8, CAP, keep=keep, bias=bias)) < 1e-13
 
 
 def test_scale_safe_inputs_keep_the_cap():
@@ -110,10 +132,12 @@ def test_scale_safe_inputs_keep_the_cap():
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_banded_slabs_cap_the_scores_with_padding_and_causality(dtype):
-    # a window of 5 keys and a causal engine without a pattern, both with padding keys: the
-    # slabs go to the dense engine with their masks, the cap inside
+def test_banded_slabs_apply_the_terms_with_padding_and_causality(dtype):
+    # a window of 5 keys and a causal engine without a pattern, both with padding keys, capped
+    # and with ALiBi's term: the slabs go to the dense engine with their masks, the terms inside
     import sparse
+
+    from ctformer._numerics.banded import slopes_bias
 
     n = 40
     q, k, v = _inputs((2, 3), n, n, dtype, seed=4)
@@ -122,11 +146,16 @@ def test_banded_slabs_cap_the_scores_with_padding_and_causality(dtype):
     pad = real[:, None, None, :]  # against (batch, head, query, key)
     rows, cols = np.arange(n)[:, None], np.arange(n)[None, :]
     window = (cols <= rows) & (cols > rows - 5)
+    slopes = np.array([0.5, 0.25, 0.125])[:, None, None]
+    positions = np.arange(n, dtype=np.float64)
     for pattern, keep in ((sparse.COO(window), window), (None, cols <= rows)):
-        engine = BandedAttention(n, n, pattern=pattern, causal=pattern is None, block=16, cap=CAP)
-        got = engine(q, k, v, 0.6, key_mask=real[:, None, :])
-        reference = _reference(q, k, v, 0.6, CAP, keep=keep & pad)
-        assert _rel(got, reference) < _tol(dtype)
+        for bias in (None, slopes_bias(np.array([0.5, 0.25, 0.125]))):
+            engine = BandedAttention(n, n, pattern=pattern, causal=pattern is None, block=16, cap=CAP, bias=bias,
+                                     positions=(positions, positions))
+            got = engine(q, k, v, 0.6, key_mask=real[:, None, :])
+            term = None if bias is None else -slopes * np.abs(rows - cols)
+            reference = _reference(q, k, v, 0.6, CAP, keep=keep & pad, bias=term)
+            assert _rel(got, reference) < _tol(dtype)
 
 
 def test_gemma2_layers_without_a_window_take_the_dense_engine(monkeypatch):
@@ -147,7 +176,8 @@ def test_gemma2_layers_without_a_window_take_the_dense_engine(monkeypatch):
         reference = model(inputs_embeds=torch.from_numpy(x)).last_hidden_state.numpy()
     ct = from_hf(model)
     caps, banded, small, call = [], [], streamed.small, BandedAttention.__call__
-    monkeypatch.setattr(streamed, "small", lambda *a, **kw: caps.append(kw.get("cap")) or small(*a, **kw))
+    monkeypatch.setattr(streamed, "small",
+                        lambda *a, **kw: caps.append(getattr(kw.get("terms"), "cap", None)) or small(*a, **kw))
     monkeypatch.setattr(BandedAttention, "__call__", lambda self, *a, **kw: banded.append(1) or call(self, *a, **kw))
     assert _rel(ct.run(x), reference) < 1e-12
     assert len(banded) == 1 and caps[-1] == 0.7
