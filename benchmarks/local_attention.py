@@ -20,7 +20,15 @@ the rounds' ratios, the traced peak of the banded path's allocations (``tracemal
 dense path's time and traced peak (N up to ``--dense-max``, best of 2), and the banded
 output's relative difference from SDPA's.
 
-Goals: banded / SDPA <= 0.9 at every N where both run (the attention goal of issue 25);
+A second table times causal ALiBi attention without a window (``--alibi-sizes``, 8 heads of 64
+features, slopes :math:`2^{-8h/H}`): :func:`ctformer.operators.local_attention` with ``slopes``
+and ``causal=True``, whose blocks of query rows run on the dense engine's kernels with the
+score term :math:`-m_h |p_i - p_j|`, against SDPA given that term and the causal mask as one
+:math:`H \times N \times N` float mask (what HuggingFace's ALiBi models build); the mask is made
+once, outside the timing.
+
+Goals: banded / SDPA <= 0.9 at every N where both run (the attention goal of issue 25), and
+ALiBi / SDPA <= 0.9;
 linear growth, i.e. the fitted exponents of the banded time and traced peak in N over
 N >= 4096 at most 1.2. Outputs agree with SDPA's (float64 1e-12, float32 1e-5 relative);
 exit status 1 if not.
@@ -71,17 +79,51 @@ def calls(q, k, v, positions, window, with_peer=True, with_dense=False):
     if with_peer:
         import torch
 
-        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+        # (batch, heads, N, d) as HuggingFace calls it: on 3-d inputs SDPA took 3x longer
+        tq, tk, tv = (torch.from_numpy(a)[None] for a in (q, k, v))
         mask = torch.from_numpy(window_mask(positions, window))
 
         def sdpa():
             with torch.no_grad():
                 return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask,
-                                                                        scale=beta).numpy()
+                                                                        scale=beta)[0].numpy()
         out["SDPA"] = sdpa
     if with_dense:
         out["dense"] = lambda: quadrature_attention(q, k, v, beta=beta, mask=window_mask(positions, window))
     return out
+
+
+def alibi_calls(n, dtype, heads=8, head_dim=64):
+    """``{"ALiBi": ctformer, "SDPA": torch with the float mask}`` for causal ALiBi attention."""
+    import torch
+
+    from ctformer.operators import local_attention
+
+    q, k, v, p = problem(n, heads, head_dim, dtype)
+    slopes = 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
+    beta = 1.0 / np.sqrt(head_dim)
+    term = -slopes[:, None, None] * np.abs(p[:, None] - p[None, :])
+    # (batch, heads, N, d) as HuggingFace calls it: SDPA's fused CPU kernel takes 4-d inputs
+    mask = torch.from_numpy(np.where(p[None, :] <= p[:, None], term, -np.inf).astype(dtype))[None]
+    tq, tk, tv = (torch.from_numpy(a)[None] for a in (q, k, v))
+
+    def sdpa():
+        with torch.no_grad():
+            return torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, scale=beta)[0].numpy()
+    return {"ALiBi": lambda: local_attention(q, k, v, beta=beta, slopes=slopes, positions=p, causal=True),
+            "SDPA": sdpa}
+
+
+def run_alibi(n, dtype, args) -> bool:
+    """Time causal ALiBi against SDPA with its float mask at one N; print the row."""
+    sides = alibi_calls(n, dtype)
+    timed = rounds(sides, args.repeats)
+    ratio, spread = timed.ratio("ALiBi", "SDPA"), timed.spread("ALiBi", "SDPA")
+    diff = relative(sides["ALiBi"](), sides["SDPA"]())
+    verdict(f"ALiBi causal N={n} {dtype} / SDPA with the ALiBi mask", ratio, GOAL, show=False, spread=spread)
+    print(f"{dtype:>8} {n:7d} {timed['ALiBi'] * 1e3:10.1f} {timed['SDPA'] * 1e3:10.1f} {ratio:7.3f} "
+          f"{f'[{spread[0]:.2f}-{spread[1]:.2f}]':>13} {diff:9.1e}", flush=True)
+    return diff <= TOLERANCE[dtype]
 
 
 def traced_peak(call) -> float:
@@ -143,10 +185,13 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--dtypes", nargs="+", default=["float64", "float32"], choices=["float64", "float32"])
+    parser.add_argument("--alibi-sizes", type=int, nargs="*", default=[1024, 2048, 4096],
+                        help="N of the causal ALiBi table (none: skip it)")
     add_run_options(parser, quick="N = 1024, 2048, 4096; 3 repeats (a smoke test)")
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.repeats, args.peer_max, args.dense_max = [1024, 2048, 4096], 3, 4096, 4096
+        args.alibi_sizes = [1024]
 
     limit_threads(args.threads)
     header(f"sliding-window attention, banded against SDPA with the window mask: W = {args.window}, "
@@ -163,6 +208,11 @@ def main(argv=None):
             for what, column in (("time", 1), ("traced memory", 2)):
                 verdict(f"local attention {dtype}: exponent of the banded {what} in N (N >= {GROWTH_FROM})",
                         growth_exponent(sizes, [row[column] for row in fitted]), GROWTH, unit="(power of N)")
+    if args.alibi_sizes:
+        print(f"\ncausal ALiBi, 8 heads, d_h = 64, against SDPA with the ALiBi float mask\n"
+              f"{'dtype':>8} {'N':>7} {'ALiBi ms':>10} {'SDPA ms':>10} {'ratio':>7} {'quartiles':>13} {'rel. diff':>9}")
+        for dtype in args.dtypes:
+            ok &= all([run_alibi(n, dtype, args) for n in args.alibi_sizes])
     summary()
     print(f"outputs {'agree' if ok else 'DIFFER'} (float64 <= 1e-12, float32 <= 1e-5 relative)")
     if not ok:

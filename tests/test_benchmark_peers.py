@@ -63,3 +63,20 @@ def test_model_benchmarks_other_networks_are_the_huggingface_networks(name):
     assert np.abs(ct.run(x) - reference).max() / np.abs(reference).max() < 1e-12
     model.config.sliding_window = 4096  # wider than the sequence: no window
     assert np.abs(from_hf(model).run(x) - reference).max() / np.abs(reference).max() > 1e-6
+
+
+def test_alibi_peer_is_ctformers_alibi_attention():
+    """local_attention.py's ALiBi peer: SDPA with the causal ALiBi float mask equals ctformer's
+    causal ALiBi attention (float64, 1e-12), and the slopes matter (plain causal attention of
+    the same inputs is 1e-3 or more away)."""
+    pytest.importorskip("torch")
+    from ctformer.operators import quadrature_attention
+
+    bench = benchmark_module("local_attention")
+    sides = bench.alibi_calls(96, "float64", heads=4, head_dim=8)
+    ours, peer = sides["ALiBi"](), sides["SDPA"]()
+    assert ours.shape == peer.shape == (4, 96, 8)
+    assert bench.relative(ours, peer) < 1e-12
+    q, k, v, _ = bench.problem(96, 4, 8, "float64")
+    plain = quadrature_attention(q, k, v, beta=8 ** -0.5, mask="causal")
+    assert bench.relative(plain, peer) > 1e-3
