@@ -228,6 +228,8 @@ def check_model(cupy):
         ("midpoint x midpoint", dict(), "midpoint", "midpoint"),
         ("gauss-legendre x chebyshev, causal half", dict(mask="causal", diagonal="half"),
          "gauss-legendre", "chebyshev"),
+        ("midpoint x midpoint, causal ALiBi", dict(mask="causal", positions="alibi", context_length=16),
+         "midpoint", "midpoint"),
     ]
     for label, kwargs, tok_name, feat_name in configs:
         try:

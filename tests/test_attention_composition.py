@@ -157,11 +157,25 @@ def test_grouped_query_heads_with_window_rope_and_padding():
     assert _rel(att(u, _grids(), padding_mask=PADDING), expected) < TOL
 
 
+def test_grouped_query_heads_with_alibi_and_padding():
+    # ALiBi's slopes laid out as (kv_heads, groups) on the dense engine, head h = g * groups + r
+    weights = _weights(np.random.default_rng(11), kv=1)
+    u = np.random.default_rng(12).standard_normal((2, N, D))
+    att = _attention(weights, kv_heads=1, mask=Causal(), positions=ALiBi())
+    for padding, keep in ((None, CAUSAL), (PADDING, CAUSAL & PADDING[:, None, :])):
+        expected = _sdpa_reference(u, weights, keep, ALIBI, kv=1)
+        assert _rel(att(u, _grids(), padding_mask=padding), expected) < TOL
+
+
 def test_engine_follows_the_pattern():
-    """A finite band or a score term takes the banded engine; no band the dense one."""
+    """A finite band, or a score term other than ALiBi's, takes the banded engine; no band the
+    dense one, ALiBi's term included (evaluated there block by block)."""
     weights = _weights(np.random.default_rng(0))
-    banded = [dict(mask=SlidingWindow(3)), dict(positions=ALiBi()), dict(mask=Causal(), positions=ALiBi())]
-    dense = [dict(), dict(mask=Causal()), dict(mask=Causal(), positions=RoPE()), dict(mask=_EvenDistance())]
+    banded = [dict(mask=SlidingWindow(3)), dict(mask=Causal() & SlidingWindow(3), positions=ALiBi()),
+              dict(mask=Causal(), positions=_Gaussian([0.1, 0.2]))]
+    dense = [dict(), dict(mask=Causal()), dict(mask=Causal(), positions=RoPE()), dict(mask=_EvenDistance()),
+             dict(positions=ALiBi()), dict(mask=Causal(), positions=ALiBi()),
+             dict(mask=_EvenDistance() & Causal(), positions=ALiBi())]
     for options, expected in [(o, True) for o in banded] + [(o, False) for o in dense]:
         engine = _attention(weights, **options).discretize(_grids()).engine
         assert isinstance(getattr(engine, "engine", None), BandedAttention) is expected, options
@@ -227,7 +241,7 @@ def test_user_mask_plugs_in():
         att = _attention(weights, mask=mask)
         expected = _sdpa_reference(u, weights, keep & PADDING[:, None, :])
         assert _rel(att(u, _grids(), padding_mask=PADDING), expected) < TOL
-    alibi = _attention(weights, mask=_EvenDistance() & Causal(), positions=ALiBi())   # banded engine
+    alibi = _attention(weights, mask=_EvenDistance() & Causal(), positions=ALiBi())   # a pattern and a term
     assert _rel(alibi(u, _grids()), _sdpa_reference(u, weights, even & CAUSAL, ALIBI)) < TOL
 
 

@@ -6,7 +6,8 @@ term :math:`b` added, before the log-weights and the masks. Each path (one batch
 batched blocks on the threads, streamed query chunks with and without key blocks, many masked
 problems, the array-API chunks, the banded engine's slabs) is checked against the formula
 evaluated in float64 by NumPy, and the threaded paths for the same bits on one and three
-threads.
+threads. ALiBi's term is given both as an array and as a :class:`DistanceTerm` (evaluated
+block by block from the slopes and positions).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from ctformer._numerics import dense, streamed
 from ctformer._numerics.banded import BandedAttention
-from ctformer._numerics.score_terms import ScoreTerms
+from ctformer._numerics.score_terms import DistanceTerm, ScoreTerms
 
 CAP = 0.9
 
@@ -68,14 +69,23 @@ def _alibi(lead, n, m, dtype):
     return (-slopes[:, None, None] * distance).astype(dtype)
 
 
+def _distance(lead, n, m):
+    """:func:`_alibi`'s term as a :class:`DistanceTerm`: slopes per head, query positions m - n .. m - 1."""
+    slopes = (2.0 ** -np.arange(1, lead[-1] + 1))[:, None, None]
+    return DistanceTerm(slopes, np.arange(m - n, m, dtype=np.float64), np.arange(m, dtype=np.float64))
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("name, lead, n, m, mask, function", PATHS, ids=[p[0] for p in PATHS])
-@pytest.mark.parametrize("kind", ["cap", "bias", "both"])
+@pytest.mark.parametrize("kind", ["cap", "bias", "both", "distance", "cap and distance"])
 def test_every_numpy_path_applies_the_terms_before_weights_and_masks(monkeypatch, dtype, name, lead, n, m, mask,
                                                                     function, kind):
     q, k, v = _inputs(lead, n, m, dtype)
-    cap = None if kind == "bias" else CAP
+    cap = None if kind in ("bias", "distance") else CAP
     bias = None if kind == "cap" else _alibi(lead, n, m, dtype)
+    # the same term evaluated block by block from the slopes and positions (float64 arithmetic
+    # would give other bits than the array in float32: the reference takes the term in float64)
+    term = _distance(lead, n, m) if "distance" in kind else bias
     beta = 0.7
     weights = np.linspace(0.5, 1.5, m)
     keep = None
@@ -92,7 +102,7 @@ def test_every_numpy_path_applies_the_terms_before_weights_and_masks(monkeypatch
         monkeypatch.setenv("CTFORMER_NUM_THREADS", threads)
         given = "causal" if mask == "causal" else keep
         outs[threads] = dense.attend_trusted(q, k, v, beta, weights.astype(dtype), given, "full",
-                                             terms=ScoreTerms(cap, bias))
+                                             terms=ScoreTerms(cap, term))
     reference = _reference(q, k, v, beta, cap, np.log(weights), keep, bias)
     assert calls and outs["1"].dtype == dtype
     assert _rel(outs["1"], reference) < _tol(dtype)
@@ -103,8 +113,8 @@ def test_the_cap_bends_the_scores_it_is_given():
     # a cap far above the scores changes nothing measurable; a small one changes the output
     q, k, v = _inputs((2,), 24, 24, np.float64, seed=1)
     plain = dense.attend_trusted(q, k, v, 0.5, None, None, "full")
-    assert _rel(dense.capped_attention(q, k, v, 0.5, None, None, "full", False, 1e6), plain) < 1e-10
-    assert _rel(dense.capped_attention(q, k, v, 0.5, None, None, "full", False, 0.3), plain) > 1e-2
+    assert _rel(dense.attention_with_terms(q, k, v, 0.5, None, None, "full", False, ScoreTerms(1e6)), plain) < 1e-10
+    assert _rel(dense.attention_with_terms(q, k, v, 0.5, None, None, "full", False, ScoreTerms(0.3)), plain) > 1e-2
 
 
 def test_array_api_chunks_apply_the_terms():
@@ -112,11 +122,15 @@ def test_array_api_chunks_apply_the_terms():
     q, k, v = _inputs((3,), 40, 40, np.float64, seed=2)
     keep = np.tril(np.ones((40, 40), dtype=bool))
     tensors = [torch.from_numpy(a) for a in (q, k, v)]
-    got = dense.capped_attention(*tensors, 0.8, None, "causal", "full", False, CAP)
+    got = dense.attention_with_terms(*tensors, 0.8, None, "causal", "full", False, ScoreTerms(CAP))
     assert _rel(got.numpy(), _reference(q, k, v, 0.8, CAP, keep=keep)) < 1e-13
     bias = _alibi((3,), 40, 40, np.float64)
     got = dense.attend_trusted(*tensors, 0.8, None, "causal", "full",
                                terms=ScoreTerms(CAP, torch.from_numpy(bias)))
+    assert _rel(got.numpy(), _reference(q, k, v, 0.8, CAP, keep=keep, bias=bias)) < 1e-13
+    got = dense.attend_trusted(*tensors, 0.8, None, "causal", "full", chunk=7,
+                               terms=ScoreTerms(CAP, _distance((3,), 40, 40)))
+    assert isinstance(got, torch.Tensor)
     assert _rel(got.numpy(), _reference(q, k, v, 0.8, CAP, keep=keep, bias=bias)) < 1e-13
 
 
@@ -124,11 +138,11 @@ def test_scale_safe_inputs_keep_the_cap():
     # queries of size 1e200: rescaled by powers of two, the capped scores stay what they are
     q, k, v = _inputs((2,), 16, 16, np.float64, seed=3)
     big = q * 2.0 ** 660
-    got = dense.capped_attention(big, k, v, 2.0 ** -660, None, "causal", "full", True, CAP)
+    got = dense.attention_with_terms(big, k, v, 2.0 ** -660, None, "causal", "full", True, ScoreTerms(CAP))
     keep = np.tril(np.ones((16, 16), dtype=bool))
     assert _rel(got, _reference(q, k, v, 1.0, CAP, keep=keep)) < 1e-13
     with pytest.raises(ValueError, match="q must be finite"):
-        dense.capped_attention(np.full_like(q, np.nan), k, v, 1.0, None, None, "full", True, CAP)
+        dense.attention_with_terms(np.full_like(q, np.nan), k, v, 1.0, None, None, "full", True, ScoreTerms(CAP))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -182,3 +196,29 @@ def test_gemma2_layers_without_a_window_take_the_dense_engine(monkeypatch):
     assert _rel(ct.run(x), reference) < 1e-12
     assert len(banded) == 1 and caps[-1] == 0.7
     assert _rel(ct.run(x.astype(np.float32)), reference) < 1e-5
+
+
+@pytest.mark.parametrize("engine", ["numba", "numpy"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_distance_term_blocks_equal_the_formula(monkeypatch, engine, dtype):
+    # -m |p_i - p'_j| on a block of rows and columns, positions not on the integers: the compiled
+    # pass (one slope, one block) and NumPy's passes (slopes per problem) agree with float64
+    # arithmetic to the rounding of the distance and of the product
+    if engine == "numba":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", engine)
+    rng = np.random.default_rng(6)
+    p, pk = np.sort(rng.uniform(0, 50, 30)), np.sort(rng.uniform(0, 50, 40))
+    slopes = np.array([0.5, 0.0625, 0.3])[:, None, None]
+    term = DistanceTerm(slopes, p, pk).spread((2, 3))
+    s = rng.standard_normal((2, 3, 30, 40)).astype(dtype)
+    exact = s.astype(np.float64) - slopes * np.abs(p[:, None] - pk[None, :])
+    rows, cols = slice(4, 17), slice(9, 33)
+    one = s[1, 2, rows, cols].copy()
+    term[1, 2].add_to(one, rows, cols)                 # one slope, one block
+    many = s[:, :, rows, cols].copy()
+    term.add_to(many, rows, cols)                      # every problem's slope
+    ulps = 4 * np.finfo(dtype).eps * np.abs(exact[..., rows, cols]).max()
+    assert np.abs(one - exact[1, 2, rows, cols]).max() < ulps
+    assert np.abs(many - exact[..., rows, cols]).max() < ulps
+    assert np.abs(one - many[1, 2]).max() <= 2 * np.finfo(dtype).eps * np.abs(one).max()

@@ -74,7 +74,7 @@ def kernels():
 
 
 _KERNELS = ("exp_array", "exp_rows", "exp_rows_online", "rescale_add", "silu32", "silu64", "gelu_tanh32",
-            "gelu_tanh64", "gelu32", "gelu64", "rotate_pairs")
+            "gelu_tanh64", "gelu32", "gelu64", "rotate_pairs", "add_distance")
 
 
 @lru_cache(maxsize=None)

@@ -29,7 +29,6 @@ from . import fused as _fused_kernel
 from . import measured_blocks as _measured_blocks
 from . import packed_attention as _packed_attention
 from . import streamed as _numpy_paths
-from .score_terms import ScoreTerms
 
 _NUMPY = array_api_compat.array_namespace(np.zeros(0))
 
@@ -186,10 +185,8 @@ def _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, chunk, terms=
         stop = min(n, start + chunk)
         cols = stop if causal else k.shape[-2]  # causal: keys after the chunk never count
         s = qs[..., start:stop, :] @ xp.matrix_transpose(k[..., :cols, :])
-        if terms is not None and terms.cap is not None:
-            s = terms.cap * xp.tanh(s / terms.cap)
-        if terms is not None and terms.bias is not None:
-            s = s + terms.bias[..., start:stop, :cols]
+        if terms is not None:
+            s = terms.applied(s, slice(start, stop), slice(0, cols))
         if log_w is not None:
             s = s + log_w[:cols]
         if causal:
@@ -362,11 +359,11 @@ def attend_trusted(q, k, v, beta, weights, mask, diagonal, chunk=None, terms=Non
     return attend_rows(xp, q, k, v, beta, log_w, keep, isinstance(mask, str), diag_shift, lead, chunk, terms)
 
 
-def capped_attention(q, k, v, beta, weights, mask, diagonal, check, cap):
-    """:func:`attend_trusted` with the soft cap ``cap``, for the validated state of an attention
-    operator; with ``check`` scale-safely (:func:`scale_safe_inputs`: inputs rescaled by powers
-    of two where scores could overflow, NaN and inf refused by name)."""
-    terms = ScoreTerms(cap)
+def attention_with_terms(q, k, v, beta, weights, mask, diagonal, check, terms):
+    """:func:`attend_trusted` with the scores' ``terms`` (a
+    :class:`~ctformer._numerics.score_terms.ScoreTerms`: soft cap, ALiBi), for the validated
+    state of an attention operator; with ``check`` scale-safely (:func:`scale_safe_inputs`:
+    inputs rescaled by powers of two where scores could overflow, NaN and inf refused by name)."""
     if not check:
         return attend_trusted(q, k, v, beta, weights, mask, diagonal, terms=terms)
     xp = array_api_compat.array_namespace(q, k, v)

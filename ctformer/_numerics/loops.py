@@ -256,6 +256,29 @@ def rescale_add(acc, t, alpha):
             acc[i, j] = acc[i, j] * a + t[i, j]
 
 
+
+def like_(x, like):
+    """``x`` rounded to the precision of ``like`` (float32 or float64; from Python, NumPy's cast)."""
+    return np.asarray(x, dtype=np.asarray(like).dtype)[()]
+
+
+@overload(like_, inline="always")
+def _like_for(x, like):
+    if like == types.float32:
+        return lambda x, like: np.float32(x)
+    return lambda x, like: np.float64(x)
+
+
+@jit
+def add_distance(s, p, pk, slope):
+    """In place: s[i, j] <- s[i, j] - slope |p[i] - pk[j]|, the distance (float64 positions)
+    rounded to the scores' precision first (ALiBi's score term)."""
+    rows, cols = s.shape
+    for i in range(rows):
+        pi = p[i]
+        for j in range(cols):
+            s[i, j] -= slope * abs(like_(pi - pk[j], slope))
+
 def _silu(ftype):
     one = ftype(1)
 

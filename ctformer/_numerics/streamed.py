@@ -25,7 +25,6 @@ from . import blocks as _blocks
 from . import compiled as _compiled
 from . import gemm as _gemm
 from . import threads as _threads
-from .score_terms import ScoreTerms, score_terms
 
 # Small problems: at most this many score entries per task.
 _SMALL_TASK_ELEMENTS = 1 << 20
@@ -84,7 +83,8 @@ def _log_weights(log_w, dtype):
 def small(qs, k, v, log_w, keep, causal, diag_shift, out=None, terms=None):
     """All (batch, head) problems at once, a few NumPy calls; returns (..., N, e), written
     into ``out`` when it is given. Problems of at least ``_ONE_BLAS_THREAD_MIN`` multiply-adds
-    each multiply on one BLAS thread (see there). ``terms``: :class:`ScoreTerms`, or None."""
+    each multiply on one BLAS thread (see there). ``terms``: the scores'
+    :class:`~ctformer._numerics.score_terms.ScoreTerms`, or None."""
     if qs.shape[-2] * k.shape[-2] * qs.shape[-1] < _ONE_BLAS_THREAD_MIN:
         return _small(qs, k, v, log_w, keep, causal, diag_shift, out, terms)
     limit = _threads.single_thread_blas()
@@ -95,7 +95,7 @@ def small(qs, k, v, log_w, keep, causal, diag_shift, out=None, terms=None):
 def _small(qs, k, v, log_w, keep, causal, diag_shift, out, terms=None):
     s = qs @ k.swapaxes(-1, -2)
     if terms is not None:
-        score_terms(s, terms.cap, terms.bias)
+        terms.apply(s)
     n, m = s.shape[-2:]
     kernel = _exp_rows_kernel() if s.dtype in (np.float32, np.float64) else None
     if kernel is not None and s.size:
@@ -139,12 +139,12 @@ def small_blocks(qs, k, v, log_w, causal, diag_shift, lead, terms=None):
     parallel = n * m * count >= _PARALLEL_MIN_ENTRIES
     limit = None if parallel or n * m * qs.shape[-1] < _ONE_BLAS_THREAD_MIN else _threads.single_thread_blas()
 
-    cap, bias = (None, None) if terms is None else terms.spread(lead, n, m)
+    terms = None if terms is None else terms.spread(lead, n, m)
 
     def worker(next_task):
         while (task := next_task()) is not None:
             idx, block = task
-            sliced = None if terms is None else ScoreTerms(cap, None if bias is None else bias[idx][block])
+            sliced = None if terms is None else terms.at((*idx, block))
             batch(qs[idx][block], k[idx][block], v[idx][block], log_w, None, causal, diag_shift,
                   out[idx][block], sliced)
 
@@ -254,7 +254,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
 
     ``beta`` (a float, or an array broadcasting to ``(*lead, 1, 1)``) scales each chunk of
     queries in the worker's buffer: no scaled copy of ``q`` is made. ``terms``: the scores'
-    :class:`ScoreTerms` (before the weights and masks), or None."""
+    :class:`~ctformer._numerics.score_terms.ScoreTerms` (before the weights and masks), or None."""
     dtype = q.dtype
     n, m, e, d = q.shape[-2], k.shape[-2], v.shape[-1], q.shape[-1]
     geometry = _blocks.DEFAULT if geometry is None else geometry
@@ -276,7 +276,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
         exp_rows = _fused_exp_rows(kernel, log_w, causal, diag_shift, dtype)
     else:
         exp_rows = _numpy_exp_rows(log_w, causal, diag_shift, chunk)
-    cap, bias = (None, None) if terms is None else terms.spread(lead, n, m)
+    terms = None if terms is None else terms.spread(lead, n, m)
     starts = range(0, n, chunk)
     if causal:  # the last chunks cost the most: hand them out first
         starts = reversed(starts)
@@ -291,7 +291,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
         if packs is not None:
             packs.prepare(k, v, lead)
         worker = _blocked_worker(q, scale, k, v, _log_weights(log_w, dtype), causal, diag_shift, chunk, out,
-                                 product, geometry.key_block, packs, cap, bias)
+                                 product, geometry.key_block, packs, terms)
         _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
         return out
 
@@ -309,7 +309,8 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
             s = scores[: r * cols].reshape(r, cols)
             qs = np.multiply(q[idx][start:stop], scale(idx), out=queries[:r])
             product(qs, k[idx][:cols].T, out=s)
-            score_terms(s, cap, None if bias is None else bias[idx][start:stop, :cols])
+            if terms is not None:
+                terms.apply(s, idx, slice(start, stop), slice(0, cols))
             if keep is not None:
                 kb = keep[idx]
                 drop_s = drop[: s.size].reshape(s.shape)
@@ -326,7 +327,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
 
 
 def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, product, key_block, packs=None,
-                    cap=None, bias=None):
+                    terms=None):
     """The worker of :func:`stream` with the keys in blocks of ``key_block``: for each chunk
     of queries, the running row maxima, sums of exponentials and weighted sums of values are
     updated one key block at a time (online softmax), then divided."""
@@ -357,7 +358,8 @@ def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, produ
                 else:  # the block's K and V packed once per call: new arrays, read as they are
                     packed_k, packed_v = packs(keys, values, col0)
                     s = packed_k(qs)
-                score_terms(s, cap, None if bias is None else bias[idx][start:stop, col0:col1])
+                if terms is not None:
+                    terms.apply(s, idx, slice(start, stop), slice(col0, col1))
                 made.exp_rows_online(s, log_w, col0, start if causal else -1, shift, top[:r], sums[:r], alpha[:r])
                 weighted = product(s, values[col0:col1], out=part[:r]) if packs is None else packed_v(s)
                 made.rescale_add(acc[:r], weighted, alpha[:r])

@@ -32,7 +32,7 @@ from .quadrature_attention import quadrature_attention
 from .._numerics import dense as _dense
 from .._numerics import streamed as _streamed
 from .._numerics.fused import engine_setting
-from .._numerics.score_terms import ScoreTerms
+from .._numerics.score_terms import DistanceTerm, ScoreTerms
 from .._numerics.gemm import numpy_rows, packed_rows, plain_rows, rows_product, threaded_rows
 from .._numerics.threads import _INSIDE, by_row_blocks
 
@@ -74,8 +74,10 @@ def _coordinates(grids, needs_positions: bool):
 
 
 def plan_engine(mask, position, grids, layout: Layout, weights, cap=None):
-    """The engine for a mask (without padding) and a position encoding on ``grids``; a score
-    soft cap ``cap`` (the banded engine's score map) when given.
+    """The engine for a mask (without padding) and a position encoding on ``grids``, with the
+    scores' soft cap ``cap`` when given. ALiBi's term without a band goes to the dense engine,
+    evaluated block by block (:class:`~ctformer._numerics.score_terms.DistanceTerm`); another
+    score term, or a band, to the banded engine.
 
     Returns
     -------
@@ -92,10 +94,13 @@ def plan_engine(mask, position, grids, layout: Layout, weights, cap=None):
         kept = [m for m in explicit.parts() if not m.keeps_all(p, p)]
         explicit = Intersection(*kept) if any(not m.causal for m in kept) else None
     band = None if explicit is None else explicit.band(p, p)
-    if band is None and bias is None:
+    slopes = getattr(bias, "distance_slopes", None)
+    if band is None and (bias is None or slopes is not None):
         pattern = None if explicit is None else \
             np.asarray(explicit.keep(p[:, None], p[None, :]), dtype=bool)
-        return _DenseEngine(causal, diagonal, pattern, layout, cap=cap)
+        term = None if slopes is None else DistanceTerm(_slopes_by_head(slopes, layout), p, p)
+        terms = None if cap is None and term is None else ScoreTerms(cap, term)
+        return _DenseEngine(causal, diagonal, pattern, layout, terms=terms)
     pattern = None if explicit is None else mask_pattern(explicit, p)
     if bias is not None and layout.groups > 1:
         bias = _grouped(bias, layout)
@@ -103,6 +108,12 @@ def plan_engine(mask, position, grids, layout: Layout, weights, cap=None):
                              bias=bias, positions=(p, p), causal=causal and pattern is None,
                              diagonal=diagonal, cap=cap)
     return _BandedEngine(engine, layout)
+
+
+def _slopes_by_head(slopes, layout):
+    """The heads' slopes as ``(heads, 1, 1)``, grouped-query heads as ``(kv_heads, groups, 1, 1)``."""
+    shape = (layout.kv_heads, layout.groups) if layout.groups > 1 else (layout.heads,)
+    return np.asarray(slopes, dtype=np.float64).reshape(*shape, 1, 1)
 
 
 def _grouped(bias, layout):
@@ -117,12 +128,13 @@ def _grouped(bias, layout):
 
 class _DenseEngine:
     """quadrature_attention with the causal flag, an explicit pattern and/or padding keys, and
-    the scores' soft cap ``cap`` (None: none)."""
+    the scores' terms ``terms`` (a :class:`~ctformer._numerics.score_terms.ScoreTerms`: soft
+    cap, ALiBi; None: none)."""
 
-    def __init__(self, causal, diagonal, pattern, layout, keep=None, cap=None):
+    def __init__(self, causal, diagonal, pattern, layout, keep=None, terms=None):
         self.causal, self.diagonal, self.pattern, self.layout = causal, diagonal, pattern, layout
         self.keep = keep   # the combined boolean mask (with padding), or None
-        self.cap = cap
+        self.terms = terms
         self._converted = {}   # (array type, device) -> the pattern there
 
     def _pattern_like(self, a):
@@ -150,7 +162,7 @@ class _DenseEngine:
             keep = xp.broadcast_to(keep, (*keep.shape[:-2], n, n))
         if self.layout.extra_axes:
             keep = keep[..., None, :, :, :]
-        return _DenseEngine(self.causal, self.diagonal, self.pattern, self.layout, keep, self.cap)
+        return _DenseEngine(self.causal, self.diagonal, self.pattern, self.layout, keep, self.terms)
 
     def __call__(self, q, k, v, beta, weights, check):
         if self.keep is not None:
@@ -159,8 +171,8 @@ class _DenseEngine:
             mask, diagonal = self._pattern_like(q), "full"
         else:
             mask, diagonal = ("causal" if self.causal else None), self.diagonal
-        if self.cap is not None:
-            return _dense.capped_attention(q, k, v, beta, weights, mask, diagonal, check, self.cap)
+        if self.terms is not None:
+            return _dense.attention_with_terms(q, k, v, beta, weights, mask, diagonal, check, self.terms)
         return quadrature_attention(q, k, v, beta=beta, weights=weights, mask=mask,
                                     diagonal=diagonal, check=check)
 
@@ -279,7 +291,7 @@ class DiscretizedAttention:
         lead, n = q.shape[:-2], q.shape[-2]
         out = _streamed.output_array(lead, n, v.shape[-1], u.dtype, _streamed.head_axes(q, k, lead))
         attended = _streamed.small(q * plan.beta, k, v, plan.log_w, None, plan.causal, plan.diag_shift, out=out,
-                                   terms=None if plan.cap is None else ScoreTerms(plan.cap))
+                                   terms=plan.terms)
         return _plain_product(self._concatenated(_dense._NUMPY, attended), plan.o, plan.b_o, plan.prepared_o)
 
 
@@ -289,7 +301,7 @@ class _SmallPlan:
     flags, read once (:meth:`DiscretizedAttention._attend_small`)."""
 
     __slots__ = ("qkv_t", "b_qkv", "o", "b_o", "prepared_qkv", "prepared_o", "beta", "log_w", "causal", "diag_shift",
-                 "cap")
+                 "terms")
 
     @classmethod
     def of(cls, attention, u):
@@ -316,7 +328,7 @@ class _SmallPlan:
         beta, weights = constants("beta", u), constants("w_tokens", u)
         plan.beta = float(beta) if beta.ndim == 0 else beta[..., None, None]  # as the dense engine's
         plan.log_w = None if weights is None else np.log(weights)
-        plan.causal, plan.cap = engine.causal, engine.cap
+        plan.causal, plan.terms = engine.causal, engine.terms
         plan.diag_shift = math.log(0.5) if engine.causal and engine.diagonal == "half" else None
         return plan
 

@@ -14,7 +14,9 @@ pattern's entries in those rows, densified and passed as a boolean mask to
 
 ALiBi (Press, Smith, Lewis 2022) adds :math:`-m_h |p(x) - p(x')|` to the exponent of head
 :math:`h`. That is not a product of a query and a key term, so :func:`local_attention` with
-``slopes`` evaluates the exponent itself, block by block, with the row maximum subtracted:
+``slopes`` adds it to each block of scores as the block is computed (over every key, or the
+causal ones, on the dense engine's threaded paths; with a pattern or a key mask by the slabs
+above), with the row maximum subtracted:
 
 .. math::
 
@@ -38,7 +40,10 @@ import array_api_compat
 import numpy as np
 
 from .. import validation
+from ..backend import to_host
 from .._numerics.banded import BandedAttention, slopes_bias, window_block_rows
+from .._numerics.dense import attention_with_terms
+from .._numerics.score_terms import DistanceTerm, ScoreTerms
 
 __all__ = ["window_pattern", "mask_pattern", "local_attention", "window_block_rows", "BandedAttention"]
 
@@ -240,6 +245,12 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
     w_host = None if weights is None else np.asarray(weights, dtype=np.float64)
     if w_host is not None and (w_host.shape != (m,) or not np.all(w_host > 0) or not np.all(np.isfinite(w_host))):
         raise ValueError(f"weights must be {m} positive finite numbers")
+    if slopes is not None and pattern is None and km is None and block is None and not fallback_to_self:
+        # ALiBi over every key (or the causal ones): the dense engine, its term evaluated by blocks
+        term = DistanceTerm(to_host(slopes, np.float64)[..., None, None], p, pk)
+        w = None if w_host is None else xp.asarray(w_host, dtype=q.dtype, device=array_api_compat.device(q))
+        return attention_with_terms(q, k, v, beta, w, "causal" if causal else None, diagonal, check,
+                                    ScoreTerms(None, term))
     engine = BandedAttention(n, m, pattern=pattern, weights=w_host, bias=bias, positions=(p, pk),
                              causal=causal, diagonal=diagonal, block=block,
                              fallback_to_self=fallback_to_self)

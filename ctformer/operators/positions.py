@@ -432,10 +432,12 @@ class ALiBi(PositionEncoding):
 
 
 class _ALiBiBias:
-    """``bias(difference) = -m_h |difference|`` as an array (heads, rows, cols)."""
+    """``bias(difference) = -m_h |difference|`` as an array (heads, rows, cols).
+    ``distance_slopes``: the :math:`m_h`, by which the dense engine evaluates the same term
+    block by block (:class:`ctformer._numerics.score_terms.DistanceTerm`)."""
 
     def __init__(self, slopes):
-        self.slopes = slopes
+        self.slopes = self.distance_slopes = slopes
         self._cache = {}   # (namespace, dtype, device) -> slopes (heads, 1, 1)
 
     def __call__(self, difference):
