@@ -21,6 +21,7 @@ from .conftest import require
 # the package re-exports the function under the module's name, so fetch the module itself
 qa_module = importlib.import_module("ctformer._numerics.dense")  # the engine holds the path thresholds
 numpy_paths = importlib.import_module("ctformer._numerics.streamed")
+row_exponentials = importlib.import_module("ctformer._numerics.row_exponentials")
 threads_module = importlib.import_module("ctformer._numerics.threads")
 
 
@@ -33,7 +34,7 @@ def path(request, monkeypatch):
     if request.param.startswith("stream"):
         monkeypatch.setattr(qa_module, "_STREAM_MIN_ENTRIES", 0)
         monkeypatch.setattr(numpy_paths, "_PARALLEL_MIN_ENTRIES", 0)
-        monkeypatch.setattr(numpy_paths, "_ELEMENTWISE_BLOCK_BYTES", 300)  # a few rows per block
+        monkeypatch.setattr(row_exponentials, "_ELEMENTWISE_BLOCK_BYTES", 300)  # a few rows per block
         monkeypatch.setenv("CTFORMER_NUM_THREADS", "3")
     else:
         monkeypatch.setattr(qa_module, "_STREAM_MIN_ENTRIES", 1 << 62)

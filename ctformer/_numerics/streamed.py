@@ -6,9 +6,9 @@ Both compute, for each query row :math:`i`, the numerator weights
 :math:`s_{ij} = \beta q_i \cdot k_j + \log w_j` (masked entries 0), then
 :math:`\mathrm{out}_i = \sum_j p_{ij} v_j / \sum_j p_{ij}`. The exponentials and the row
 sums run in one fused pass per row when the Numba loops are available
-(:mod:`ctformer._numerics.compiled`), else as NumPy passes over cache-sized row blocks. The
-streamed path keeps only the output and, per worker, one block of scores and one of scaled
-queries: no copy of ``q``, ``k`` or ``v``.
+(:mod:`ctformer._numerics.compiled`), else as NumPy passes over cache-sized row blocks
+(:mod:`ctformer._numerics.row_exponentials`). The streamed path keeps only the output and,
+per worker, one block of scores and one of scaled queries: no copy of ``q``, ``k`` or ``v``.
 
 The work is split into tasks that depend on the problem's shape and dtype only, never on the
 number of threads, so results are bit-identical for any ``CTFORMER_NUM_THREADS``.
@@ -25,6 +25,8 @@ from . import blocks as _blocks
 from . import compiled as _compiled
 from . import gemm as _gemm
 from . import threads as _threads
+from .row_exponentials import exp_rows_kernel as _exp_rows_kernel, fused_exp_rows as _fused_exp_rows, \
+    log_weights as _log_weights, numpy_exp_rows as _numpy_exp_rows, torch_softmax_rows as _torch_softmax_rows
 
 # Small problems: at most this many score entries per task.
 _SMALL_TASK_ELEMENTS = 1 << 20
@@ -65,18 +67,6 @@ _ONE_BLAS_THREAD_MIN = 1 << 17
 # float32 and float64, on AVX-512 as with AVX2 kernels; 64 rows were slower again (AMD EPYC,
 # family 26 model 2).
 _CAUSAL_CHUNK_ROWS = 192
-# NumPy loops: rows of a score chunk are exponentiated in blocks of this size (L2 cache).
-_ELEMENTWISE_BLOCK_BYTES = 1 << 20
-
-
-def _exp_rows_kernel():
-    """The compiled row kernel, or None (NumPy loops)."""
-    made = _compiled.kernels()
-    return None if made is None else made.exp_rows
-
-
-def _log_weights(log_w, dtype):
-    return np.empty(0, dtype) if log_w is None else np.ascontiguousarray(log_w, dtype=dtype)
 
 
 # -- small problems: one batched pass ------------------------------------------------------------
@@ -365,57 +355,3 @@ def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, produ
                 made.rescale_add(acc[:r], weighted, alpha[:r])
             np.divide(acc[:r], sums[:r, None], out=out[idx][start:stop], casting="same_kind")
     return worker
-
-
-def _fused_exp_rows(kernel, log_w, causal, diag_shift, dtype):
-    """``exp_rows(s, start, sums)`` by the compiled kernel: one pass per row."""
-    log_w = _log_weights(log_w, dtype)
-    shift = dtype.type(diag_shift or 0)
-    big = np.iinfo(np.int64).max
-
-    def exp_rows(s, start, sums):
-        kernel(s, log_w, start if causal else -1, big, shift, sums)
-    return exp_rows
-
-
-def _torch_softmax_rows(log_w, causal, diag_shift, chunk):
-    """``exp_rows(s, start, sums)`` by torch's softmax (rows normalized in place, sums 1)."""
-    upper = np.triu(np.ones((chunk, chunk), dtype=bool), 1) if causal else None
-
-    def exp_rows(s, start, sums):
-        r, cols = s.shape
-        if log_w is not None:
-            np.add(s, log_w[:cols], out=s)
-        if causal:  # only the diagonal block has keys after the query
-            diag = s[:, start:]
-            np.copyto(diag, -np.inf, where=upper[:r, :r])
-            if diag_shift is not None:
-                i = np.arange(r)
-                diag[i, i] += diag_shift
-        _gemm.softmax_rows(s)
-        sums[:] = 1
-    return exp_rows
-
-
-def _numpy_exp_rows(log_w, causal, diag_shift, chunk):
-    """``exp_rows(s, start, sums)`` by NumPy passes over row blocks that stay in cache."""
-    upper = np.triu(np.ones((chunk, chunk), dtype=bool), 1) if causal else None
-
-    def exp_rows(s, start, sums):
-        r, cols = s.shape
-        block_rows = max(1, _ELEMENTWISE_BLOCK_BYTES // (cols * s.dtype.itemsize))
-        for a in range(0, r, block_rows):
-            b = min(r, a + block_rows)
-            sa = s[a:b]
-            if log_w is not None:
-                np.add(sa, log_w[:cols], out=sa)
-            if causal:  # only the diagonal block has keys after the query
-                diag = sa[:, start:]
-                np.copyto(diag, -np.inf, where=upper[a:b, :r])
-                if diag_shift is not None:
-                    i = np.arange(a, b)
-                    diag[i - a, i] += diag_shift
-            np.subtract(sa, np.max(sa, axis=1, keepdims=True), out=sa)
-            np.exp(sa, out=sa)
-            np.sum(sa, axis=1, out=sums[a:b])
-    return exp_rows
