@@ -90,9 +90,11 @@ def test_alibi_slopes_closed_form():
         Attention([k, k], [k, k], [k, k], [k, k], positions=ALiBi([0.1, 0.2, 0.3]))
 
 
+# 9 tokens: one batched pass; 600: streamed query chunks on the threads, the term added by blocks
+@pytest.mark.parametrize("n", [9, 600])
 @pytest.mark.parametrize("mask, diagonal", [(None, "full"), ("causal", "full"), ("causal", "half")])
-def test_alibi_attention_is_softmax_with_a_distance_bias(mask, diagonal, rng):
-    heads, d, d_h, n, length = 2, 5, 4, 9, 13.0
+def test_alibi_attention_is_softmax_with_a_distance_bias(mask, diagonal, n, rng):
+    heads, d, d_h, length = 2, 5, 4, 13.0
     ks = [[SmoothRandom(10 * i + h, scale=1.0) for h in range(heads)] for i in range(4)]
     slopes = [0.3, 0.05]
     att = Attention(*ks, beta=[2.0, 3.0], mask=mask, diagonal=diagonal, positions=ALiBi(slopes))
