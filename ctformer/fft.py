@@ -202,7 +202,7 @@ class PlannedFFT:
         if x.size == 0:  # no transforms to run (FFTW plans need at least one)
             return np.fft.rfft(x, axis=axis)
         entry = self._plan("rfft", x.shape, x.dtype, axis, x.shape[axis])
-        if call[0] is type(x) and n is None:  # only exact ndarray calls without padding repeat
+        if call[1] is type(x) and n is None:  # only exact ndarray calls without padding repeat
             self._remember(call, (entry, axis))
         return self._run_rfft(entry, x, axis)
 
@@ -247,7 +247,7 @@ class PlannedFFT:
         real = np.float32 if x.dtype == np.complex64 else np.float64
         shape = x.shape[:axis] + (n,) + x.shape[axis + 1:]
         entry = self._plan("irfft", shape, np.dtype(real), axis, n)
-        if call[0] is type(x) and fitted is x:  # exact ndarray calls of the plan's length repeat
+        if call[1] is type(x) and fitted is x:  # exact ndarray calls of the plan's length repeat
             self._remember(call, (entry, axis, n))
         return self._run_irfft(entry, fitted, axis, n)
 

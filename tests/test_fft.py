@@ -76,6 +76,25 @@ def test_inputs_are_preserved_and_outputs_never_aliased(rng, fft):
     assert _rel(ia, a) < 1e-14 and _rel(ib, b) < 1e-14
 
 
+def test_repeated_calls_skip_the_checks_and_keep_the_values(rng, fft, monkeypatch):
+    """A call seen before (ndarray, shape, dtype, axis, n) goes straight to its plan: the first
+    calls' checks are not run again, and the values are those of numpy.fft for inputs of any
+    layout with that shape (strided, misaligned, read-only)."""
+    x = rng.standard_normal((6, 40))
+    spectrum = np.fft.rfft(x)
+    fft.rfft(x), fft.irfft(spectrum, n=40)
+    monkeypatch.setattr(fft, "_rfft_first", lambda *a: pytest.fail("rfft checked again"))
+    monkeypatch.setattr(fft, "_irfft_first", lambda *a: pytest.fail("irfft checked again"))
+    misaligned = np.frombuffer(np.r_[0.0, x.ravel()].tobytes()[8:], dtype=np.float64).reshape(6, 40)
+    read_only = x.copy()
+    read_only.setflags(write=False)
+    for y in (rng.standard_normal((6, 40)), rng.standard_normal((6, 80))[:, ::2], misaligned, read_only):
+        assert _rel(fft.rfft(y), np.fft.rfft(y)) < 1e-13
+        z = np.fft.rfft(y)
+        assert _rel(fft.irfft(z, n=40), y) < 1e-13
+        assert _rel(fft.irfft(np.asfortranarray(z), n=40), y) < 1e-13
+
+
 def test_convolution_through_the_backend_equals_numpy_fft(rng):
     from ctformer.discretizations import Fourier
     from ctformer.kernels import Convolution
