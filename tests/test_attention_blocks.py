@@ -191,7 +191,7 @@ def test_a_measurement_asking_for_a_choice_not_stored_is_refused_not_hung(fresh_
 
     with pytest.raises(RuntimeError, match="measuring 'outer float64' asked for 'another kind float64'"):
         gemm._measured("outer", "float64", measure)
-    gemm._measured.cache_clear()
+    gemm.forget_choices()
     assert gemm._measured("another kind", "float64", lambda d: {"provider": "compiled"}) == "compiled"
 
 

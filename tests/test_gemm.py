@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from ctformer._numerics import gemm, store, streamed, threads, torch_threads
+from ctformer._numerics import blocks, gemm, store, streamed, threads, torch_threads
 
 from .conftest import require
 
@@ -56,7 +56,7 @@ def test_the_choice_is_measured_once_and_kept(fresh_store, monkeypatch):
     other = "numpy" if choice == "torch" else "torch"
     entry["provider"] = other
     files[0].write_text(json.dumps(stored))
-    gemm._measured.cache_clear()
+    gemm.forget_choices()
     monkeypatch.setattr(gemm, "_measure_products", lambda dtype: pytest.fail("measured again"))
     assert gemm.gemm_provider(np.float32) == other
     # the softmax is measured only where torch does the products, into the same file
@@ -68,23 +68,53 @@ def test_the_choice_is_measured_once_and_kept(fresh_store, monkeypatch):
         assert softmax == "numpy" and "softmax float32" not in stored
 
 
+def test_attention_products_follow_their_own_measurement(fresh_store, monkeypatch):
+    """Scores and weighted sums each by the BLAS measured faster for their own shape (the
+    entry of gemm_provider's measurement), or both by a pinned provider."""
+    for dtype in (np.float32, np.float64):
+        products = gemm.attention_products(dtype)
+        path, = (fresh_store / "ctformer").glob("gemm-*.json")
+        entry = json.loads(path.read_text())[f"products {np.dtype(dtype).name}"]
+        for kind, product in zip(("scores", "weighted sums"), products):
+            assert entry[kind] in ("numpy", "torch")
+            assert product is (gemm.torch_matmul if entry[kind] == "torch" else np.matmul)
+    monkeypatch.setattr(gemm, "_products_entry",
+                        lambda name: {"provider": "numpy", "scores": "torch", "weighted sums": "numpy"})
+    assert gemm.attention_products(np.float64) == (gemm.torch_matmul, np.matmul)
+    assert gemm.attention_products(np.int64) == (np.matmul, np.matmul)   # not a measured dtype
+    for pinned, product in (("numpy", np.matmul), ("torch", gemm.torch_matmul)):
+        monkeypatch.setenv("CTFORMER_GEMM", pinned)
+        assert gemm.attention_products(np.float64) == (product, product)
+
+
 def test_a_damaged_file_is_measured_again(fresh_store):
     gemm.gemm_provider(np.float64)
     path, = (fresh_store / "ctformer").glob("gemm-*.json")
     path.write_text("{not json")
-    gemm._measured.cache_clear()
+    gemm.forget_choices()
     assert gemm.gemm_provider(np.float64) in ("numpy", "torch")
     assert json.loads(path.read_text())["products float64"]["provider"] in ("numpy", "torch")
 
 
-@pytest.mark.parametrize("provider", ["numpy", "torch"])
+@pytest.mark.parametrize("provider", ["numpy", "torch", "torch scores", "torch sums"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("causal, weighted", [(False, False), (True, True)])
 def test_streamed_attention_bits_do_not_depend_on_threads(monkeypatch, provider, dtype, causal, weighted):
-    """Each provider (products and softmax): the same bits with 1 and 3 worker threads, and the
-    quadrature attention of a float64 reference to rounding (causal with the half-weight
-    diagonal, log w_j = log of non-uniform weights)."""
-    monkeypatch.setenv("CTFORMER_GEMM", provider)
+    """Each provider (products and softmax), and each mixed choice of attention's products:
+    the same bits with 1 and 3 worker threads, and the quadrature attention of a float64
+    reference to rounding (causal with the half-weight diagonal, log w_j = log of non-uniform
+    weights)."""
+    if provider.startswith("torch "):
+        scores = "torch" if provider == "torch scores" else "numpy"
+        sums = "numpy" if scores == "torch" else "torch"
+        monkeypatch.setattr(gemm, "_products_entry",
+                            lambda name: {"provider": "numpy", "scores": scores, "weighted sums": sums})
+        monkeypatch.setattr(gemm, "gemm_provider", lambda dtype: "numpy")
+        monkeypatch.setenv("CTFORMER_GEMM", "auto")
+        assert gemm.attention_products(dtype) == ((gemm.torch_matmul, np.matmul) if scores == "torch"
+                                                  else (np.matmul, gemm.torch_matmul))
+    else:
+        monkeypatch.setenv("CTFORMER_GEMM", provider)
     rng = np.random.default_rng(7)
     n, d = 1500, 16
     q, k, v = (rng.standard_normal((2, n, d)).astype(dtype) for _ in range(3))
@@ -104,6 +134,14 @@ def test_streamed_attention_bits_do_not_depend_on_threads(monkeypatch, provider,
     exact = (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
     tol = 1e-13 if dtype == np.float64 else 2e-6
     assert np.abs(runs[0] - exact).max() / np.abs(exact).max() < tol
+    if not causal:  # the keys in blocks of 512 (online softmax), where the kernels allow it
+        geometry = blocks.Geometry(key_block=512, rows=128, chunk_bytes=8 << 20)
+        in_blocks = []
+        for count in ("1", "3"):
+            monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+            in_blocks.append(streamed.stream(q, 0.25, k, v, log_w, None, False, None, (2,), None, geometry))
+        assert np.array_equal(*in_blocks)
+        assert np.abs(in_blocks[0] - exact).max() / np.abs(exact).max() < tol
 
 
 def test_feature_rows_use_the_choice_inside_workers_only(monkeypatch):
@@ -154,10 +192,10 @@ def test_a_verdict_checked_on_other_shapes_is_measured_again(fresh_store):
         return {"provider": "compiled" if len(calls) > 1 else "numpy"}
 
     assert gemm._measured("test kind", "float64", measure, "shapes A") == "numpy"
-    gemm._measured.cache_clear()  # a later process
+    gemm.forget_choices()  # a later process
     assert gemm._measured("test kind", "float64", measure, "shapes A") == "numpy"
     assert len(calls) == 1  # read from the store
-    gemm._measured.cache_clear()
+    gemm.forget_choices()
     assert gemm._measured("test kind", "float64", measure, "shapes B") == "compiled"
     assert len(calls) == 2
     stored = json.loads(store.cache_file().read_text())

@@ -112,18 +112,18 @@ def test_the_choice_is_asked_for_float32_key_blocks_only(key_blocks_here, monkey
 def test_the_measurement_is_stored_once(key_blocks_here, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("CTFORMER_GEMM", raising=False)
-    gemm._measured.cache_clear()
+    gemm.forget_choices()
     try:
         first = packed_attention.chosen(np.float32)
         (path,) = (tmp_path / "ctformer").glob("gemm-*.json")
         entry = json.loads(path.read_text())["packed attention float32"]
         assert entry["checked"] == packed_attention.CHECKED
         assert (entry["provider"] == "torch") is first and 0.2 < entry["ratio"] < 5.0
-        gemm._measured.cache_clear()
+        gemm.forget_choices()
         monkeypatch.setattr(packed_attention, "_measure", lambda dtype: pytest.fail("measured again"))
         assert packed_attention.chosen(np.float32) is first
     finally:
-        gemm._measured.cache_clear()
+        gemm.forget_choices()
 
 
 @pytest.mark.parametrize("chosen", [True, False])
@@ -179,7 +179,7 @@ def test_without_onednn_the_blas_multiplies(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("CTFORMER_GEMM", raising=False)
     monkeypatch.setenv("CTFORMER_ATTENTION_ENGINE", "streamed")
-    gemm._measured.cache_clear()
+    gemm.forget_choices()
     measured_blocks._measured.cache_clear()
     try:
         monkeypatch.setattr(gemm, "softmax_provider", lambda dtype: "numpy")
@@ -195,5 +195,5 @@ def test_without_onednn_the_blas_multiplies(monkeypatch, tmp_path):
         ref = reference(q, k, v, 0.5, 0.0)
         assert out.dtype == np.float32 and np.abs(out - ref).max() / np.abs(ref).max() < 2e-6
     finally:
-        gemm._measured.cache_clear()
+        gemm.forget_choices()
         measured_blocks._measured.cache_clear()

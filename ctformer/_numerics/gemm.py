@@ -5,7 +5,10 @@ carry Intel's MKL. Which is faster depends on the CPU and on the shapes attentio
 feature maps use (a short inner dimension, ``(256, 64) @ (64, 8192)``, or rows of a feature
 map, ``(256, 384) @ (384, 1536)``): on an Intel Xeon with AVX-512 MKL did these 1.25-1.5x
 faster than OpenBLAS, on an AMD EPYC the two were close. So the choice is measured, once per
-machine, dtype and set of library versions, on those shapes with one thread each, and kept:
+machine, dtype and set of library versions, on those shapes with one thread each, and kept
+(attention's two products each by the BLAS that multiplied its own shape faster,
+:func:`attention_products`: on an AMD EPYC of family 23, model 49, MKL formed float64 scores
+1.4x faster than OpenBLAS and OpenBLAS the weighted sums 1.25x faster than MKL):
 
 * ``CTFORMER_GEMM`` chooses: ``auto`` (the default: the measured choice), ``numpy`` or
   ``torch`` (an ImportError without torch);
@@ -37,14 +40,20 @@ from . import few_rows as _few_rows, packed as _packed, store as _store
 from .threads import _INSIDE, _ROW_BLOCKS_MIN_ROWS, num_threads, single_thread_blas
 from .torch_threads import _one_torch_thread, _tensor, _torch, _torch_threads, threaded_products
 
-__all__ = ["attention_block", "gemm_provider", "matmul", "measured_name", "packed_rows", "prepared_products", "rows_peer", "rows_product", "softmax_provider", "softmax_rows",
+__all__ = ["attention_block", "attention_products", "gemm_provider", "matmul", "measured_name", "packed_rows", "prepared_products", "rows_peer", "rows_product", "softmax_provider", "softmax_rows",
            "threaded_rows", "uses_torch"]
 
 _PROVIDERS = ("auto", "numpy", "torch")
 _FLOAT_NAMES: dict = {}  # a dtype as given -> "float32", "float64", or "" (NumPy's BLAS)
-# The shapes measured, (m, k, n) per product: attention's score and weighted-sum products
-# for a query chunk, and a feature map's rows. torch must win by this margin to be chosen.
-_SHAPES = ((256, 64, 4096), (256, 4096, 64), (256, 384, 1536))
+# The products measured, (m, k, n) and whether b is a transposed view: attention's scores
+# (q k^T, K^T a view) and weighted sums for a query chunk, and a feature map's rows; their sum
+# decides gemm_provider. Attention's own two products, as its worker tasks lay them out, decide
+# attention_products. torch must win by this margin to be chosen.
+_SHAPES = {"scores": (256, 64, 4096, True), "sums": (256, 4096, 64, True), "rows": (256, 384, 1536, True),
+           "weighted sums": (256, 4096, 64, False)}
+_SUMMED = ("scores", "sums", "rows")
+_PRODUCTS_CHECKED = "numpy and torch, one thread: " + ", ".join(
+    f"{kind} {m}x{k}x{n}{' b^T' if t else ''}" for kind, (m, k, n, t) in _SHAPES.items())
 _MARGIN = 0.92
 _TORCH_FREE = frozenset({"few rows"})  # choices measured without torch
 _PEERS_DECIDED: set = set()  # dtypes whose rows_peer is decided (prepared_products asks once)
@@ -71,7 +80,7 @@ def gemm_provider(dtype) -> str:
         if _torch() is None:
             raise ImportError("CTFORMER_GEMM=torch needs torch: pip install torch")
         return "torch"
-    return _measured("products", name)
+    return _products_entry(name)["provider"]
 
 
 def _float_name(dtype) -> str:
@@ -174,12 +183,54 @@ def softmax_rows(s) -> None:
 def matmul(a, b, out):
     """``out[...] = a @ b`` for NumPy matrices (2-d, positive strides, ``out`` writable), by
     the provider of :func:`gemm_provider` with one thread; returns ``out``."""
-    if uses_torch(out.dtype) and _strides_ok(a, b, out):
+    if uses_torch(out.dtype):
+        return torch_matmul(a, b, out)
+    return np.matmul(a, b, out=out)
+
+
+def torch_matmul(a, b, out):
+    """``out[...] = a @ b`` by torch's BLAS on one thread for NumPy matrices (2-d, positive
+    strides; NumPy's otherwise); returns ``out``."""
+    if _strides_ok(a, b, out):
         torch = _torch()
         with _one_torch_thread(torch):
             torch.mm(_tensor(torch, a), _tensor(torch, b), out=_tensor(torch, out))
         return out
     return np.matmul(a, b, out=out)
+
+
+def attention_products(dtype) -> tuple:
+    """``(scores, weighted_sums)``: the one-thread products ``product(a, b, out)`` with which
+    the worker tasks of streamed attention form the scores :math:`q k^T` and the weighted sums
+    :math:`P v` of ``dtype``. With ``CTFORMER_GEMM=auto`` each is the BLAS that multiplied
+    its own shape faster on this machine (measured with :func:`gemm_provider`'s choice, the
+    same margin); with ``numpy`` or ``torch``, that one for both.
+
+    Raises
+    ------
+    ValueError
+        If ``CTFORMER_GEMM`` is not one of auto, numpy, torch.
+    """
+    provider = gemm_provider(dtype)  # validates the setting, measures once
+    name = measured_name(dtype)
+    if name is None:
+        return (torch_matmul,) * 2 if provider == "torch" else (np.matmul,) * 2
+    entry = _products_entry(name)
+    return tuple(torch_matmul if entry.get(kind, provider) == "torch" else np.matmul
+                 for kind in ("scores", "weighted sums"))
+
+
+def forget_choices() -> None:
+    """Forget the choices this process has read (they are read again from the store: a test
+    that switches stores)."""
+    _measured.cache_clear()
+    _products_entry.cache_clear()
+
+
+@lru_cache(maxsize=None)
+def _products_entry(name: str) -> dict:
+    """This machine's stored measurement of the products of ``name`` (measured when missing)."""
+    return _store.entry("products", name, _measure_products, _PRODUCTS_CHECKED)
 
 
 def rows_product(a, b, bias=None, prepared=None):
@@ -286,25 +337,31 @@ def _measured(kind: str, dtype: str, measure=None, checked: str | None = None) -
     torch is imported only to measure, or when chosen; the kinds of ``_TORCH_FREE`` do without
     it)."""
     if measure is None:
-        measure = _measure_products if kind == "products" else _measure_softmax
+        measure = _measure_softmax
     return _store.entry(kind, dtype, measure, checked, needs_torch=kind not in _TORCH_FREE)["provider"]
 
 
 def _measure_products(dtype) -> dict:
-    """Best-of-5 times of NumPy's and torch's single-threaded products on ``_SHAPES``."""
+    """Best-of-5 times of NumPy's and torch's single-threaded products on ``_SHAPES``: the
+    provider of their sum, and of each of attention's two products on its own."""
     torch = _torch()
     rng = np.random.default_rng(0)
     times = {"numpy": 0.0, "torch": 0.0}
+    chosen = {}
     limiter = single_thread_blas()
     with limiter if limiter is not None else nullcontext(), _one_torch_thread(torch):
-        for m, k, n in _SHAPES:
+        for kind, (m, k, n, transposed) in _SHAPES.items():
             a = rng.standard_normal((m, k)).astype(dtype)
-            b = rng.standard_normal((n, k)).astype(dtype).T
+            b = rng.standard_normal((n, k)).astype(dtype).T if transposed else \
+                rng.standard_normal((k, n)).astype(dtype)
             out = np.empty((m, n), dtype)
             ta, tb, tout = (torch.from_numpy(x) for x in (a, b, out))
-            times["numpy"] += _best(lambda: np.matmul(a, b, out=out))
-            times["torch"] += _best(lambda: torch.mm(ta, tb, out=tout))
-    return _verdict(times)
+            these = {"numpy": _best(lambda: np.matmul(a, b, out=out)),
+                     "torch": _best(lambda: torch.mm(ta, tb, out=tout))}
+            chosen[kind] = _verdict(these)["provider"]
+            if kind in _SUMMED:
+                times = {side: times[side] + these[side] for side in times}
+    return {**_verdict(times), "scores": chosen["scores"], "weighted sums": chosen["weighted sums"]}
 
 
 def _measure_softmax(dtype) -> dict:

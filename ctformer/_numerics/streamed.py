@@ -272,8 +272,8 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
         starts = reversed(starts)
     tasks = [(idx, start) for start in starts for idx in np.ndindex(*lead)]
 
-    # the products by this machine's faster BLAS (torch's lands in a buffer, then divides)
-    product = _gemm.matmul if _gemm.uses_torch(dtype) else np.matmul
+    # each product by this machine's faster BLAS for it (torch's lands in a buffer, then divides)
+    product, weighted_product = _gemm.attention_products(dtype)
     if blocked:
         if packs is not None and (dtype != np.float32 or packs.key_block != geometry.key_block):
             raise ValueError(f"packs: packed blocks of {packs.key_block} keys for float32, got {dtype} "
@@ -281,7 +281,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
         if packs is not None:
             packs.prepare(k, v, lead)
         worker = _blocked_worker(q, scale, k, v, _log_weights(log_w, dtype), causal, diag_shift, chunk, out,
-                                 product, geometry.key_block, packs, terms)
+                                 (product, weighted_product), geometry.key_block, packs, terms)
         _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
         return out
 
@@ -289,7 +289,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
         scores = np.empty(chunk * m, dtype=dtype)
         queries = np.empty((chunk, d), dtype=dtype)
         sums = np.empty((chunk, 1), dtype=dtype)
-        weighted = np.empty((chunk, e), dtype=dtype) if product is not np.matmul else None
+        weighted = np.empty((chunk, e), dtype=dtype) if weighted_product is not np.matmul else None
         drop = None if keep is None else np.empty(chunk * m, dtype=bool)
         while (task := next_task()) is not None:
             idx, start = task
@@ -309,18 +309,20 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
             exp_rows(s, start, sums[:r, 0])
             result = out[idx][start:stop]
             into = result if weighted is None else weighted[:r]
-            product(s, v[idx][:cols], out=into)
+            weighted_product(s, v[idx][:cols], out=into)
             np.divide(into, sums[:r], out=result)
 
     _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
     return out
 
 
-def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, product, key_block, packs=None,
+def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, products, key_block, packs=None,
                     terms=None):
     """The worker of :func:`stream` with the keys in blocks of ``key_block``: for each chunk
     of queries, the running row maxima, sums of exponentials and weighted sums of values are
-    updated one key block at a time (online softmax), then divided."""
+    updated one key block at a time (online softmax), then divided. ``products``: the scores'
+    and the weighted sums' (:func:`~ctformer._numerics.gemm.attention_products`)."""
+    product, weighted_product = products
     made = _compiled.kernels()
     dtype, n, m = q.dtype, q.shape[-2], k.shape[-2]
     d, e = q.shape[-1], v.shape[-1]
@@ -351,7 +353,7 @@ def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, produ
                 if terms is not None:
                     terms.apply(s, idx, slice(start, stop), slice(col0, col1))
                 made.exp_rows_online(s, log_w, col0, start if causal else -1, shift, top[:r], sums[:r], alpha[:r])
-                weighted = product(s, values[col0:col1], out=part[:r]) if packs is None else packed_v(s)
+                weighted = weighted_product(s, values[col0:col1], out=part[:r]) if packs is None else packed_v(s)
                 made.rescale_add(acc[:r], weighted, alpha[:r])
             np.divide(acc[:r], sums[:r, None], out=out[idx][start:stop], casting="same_kind")
     return worker
