@@ -112,6 +112,36 @@ def test_the_verdict_is_the_geometric_mean_against_the_margin(compiled_on, monke
         few_rows._kernels.cache_clear()
 
 
+def test_the_verdict_times_the_products_on_the_librarys_threads(compiled_on, monkeypatch):
+    """On two threads the kernel is timed as it runs (its column blocks on OpenMP's threads)
+    against the peer's product on as many threads, and the timed products are right; where
+    OpenMP's threads cannot run, NumPy's product stays."""
+    teams, outs = [], []
+
+    def launch(call, threads):
+        teams.append(threads)
+        call()
+        return True
+
+    def best(call):
+        call()
+        return 1.0
+
+    def peer(a, b, out):
+        outs.append((a.copy(), b.copy(), out))
+        np.matmul(a, b, out=out)
+
+    monkeypatch.setattr(few_rows, "openmp_threads", launch)
+    verdict = few_rows.measure(np.float64, best, peer, threads=2)
+    assert verdict["threads"] == 2 and verdict["ratio"] == 1.0 and verdict["provider"] == "numpy"
+    assert teams and set(teams) == {2, 3}  # 3: the bit check of the column blocks; 2: the timing
+    for a, b, out in outs:  # the peer ran last on each shape's output: the product, to rounding
+        assert np.abs(out - a @ b).max() <= 1e-13 * np.abs(a @ b).max()
+    monkeypatch.setattr(few_rows, "openmp_threads", lambda call, threads: False)
+    assert few_rows.measure(np.float64, best, peer, threads=2)["provider"] == "numpy"
+    assert "no OpenMP threads" in few_rows.measure(np.float64, best, peer, threads=2)["reason"]
+
+
 def test_constants_prepare_float64_numpy_states_once(compiled_on):
     a, matrix_t, b = _operands(16, 96, 128, seed=9)
     constants = Constants(matrix=matrix_t, bias=b)

@@ -230,7 +230,7 @@ def test_prepared_products_are_timed_against_the_rows_peer(monkeypatch):
         peer_calls.append(a.shape)
         np.matmul(a, b, out=out)
 
-    monkeypatch.setattr(gemm, "rows_peer", lambda dtype: ("torch", peer))
+    monkeypatch.setattr(gemm, "rows_peer", lambda dtype, threads=1: ("torch", peer))
     times = iter([1.0, 1.0, 1.0, 1.0, 1.0, 1.0])  # kernel, peer per timed shape: ratio 1 each
     monkeypatch.setattr(gemm, "_best", lambda call: (call(), next(times))[1])
     verdict = gemm._measure_few_rows(np.dtype(np.float64))

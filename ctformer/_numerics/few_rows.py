@@ -16,9 +16,10 @@ A product runs here where all of these hold:
 
 * float64 C-contiguous NumPy rows, a host matrix and Numba (the compiled loops);
 * ``CTFORMER_GEMM`` is ``auto`` and this machine's measurement (:func:`measure`, stored with
-  the products' choice) chose it: one-thread time at a 16-row layer's shapes below ``0.92`` of
-  the product the rows get otherwise (:func:`ctformer._numerics.gemm.rows_peer`), and the
-  same bits from one thread and from the threads' column blocks;
+  the products' choice) chose it: its time on the library's threads at a 16-row layer's
+  shapes below ``0.92`` of the product the rows get otherwise, on as many threads
+  (:func:`ctformer._numerics.gemm.rows_peer`), and the same bits from one thread and from the
+  threads' column blocks;
 * ``_MIN_ROWS`` to ``_MAX_ROWS`` rows and at least ``_MIN_PRODUCT`` multiply-adds (below,
   launching threads costs more than it saves; above 16 rows the rows no longer stay in the
   first-level cache while the columns pass, and BLAS caught up: 0.8-1.7x at 32 rows).
@@ -59,7 +60,7 @@ _MIN_PRODUCT = 1 << 16
 _INVARIANCE_SHAPES = ((16, 384, 1152), (13, 96, 262), (7, 70, 1027), (_MIN_ROWS, 70, 1027))
 _TIMED_SHAPES = ((16, 384, 1152), (16, 1536, 384), (16, 384, 384))
 # what a stored verdict checked, and against what: a verdict stored otherwise is measured again
-CHECKED = f"{_INVARIANCE_SHAPES!r} against the rows' own product"
+CHECKED = f"{_INVARIANCE_SHAPES!r} against the rows' own product, on the library's threads"
 _MARGIN = 0.92
 
 
@@ -112,7 +113,7 @@ class FewRowsMatrix:
         if threads <= 1:
             kernels["columns"](rows, self._weight, self._bias, out, 0, self.width)
             return True
-        block = -(-self.width // (4 * threads)) * 4
+        block = _column_block(self.width, threads)
         return openmp_threads(lambda: kernels["columns_parallel"](rows, self._weight, self._bias, out, block), threads)
 
 
@@ -139,12 +140,17 @@ def prepare(matrix_t, bias):
     return FewRowsMatrix(matrix_t, bias)
 
 
-def measure(dtype, best, peer=None) -> dict:
+def measure(dtype, best, peer=None, threads: int = 1) -> dict:
     """The stored verdict: ``"compiled"`` where the compiled loops are on, the threads' column
-    blocks give the bits of one thread at ``_INVARIANCE_SHAPES``, and one thread takes less than
-    ``_MARGIN`` of the time of ``peer(a, b, out)`` (the product the rows get otherwise, on one
-    thread; default NumPy's) at ``_TIMED_SHAPES`` (the geometric mean of the shapes' ratios,
-    ``best(call)`` a call's best time); else ``"numpy"`` with the reason."""
+    blocks give the bits of one thread at ``_INVARIANCE_SHAPES``, and the kernel on ``threads``
+    threads (its column blocks on OpenMP's threads, as :class:`FewRowsMatrix` runs them) takes
+    less than ``_MARGIN`` of the time of ``peer(a, b, out)`` (the product the rows get
+    otherwise, on as many threads; default NumPy's) at ``_TIMED_SHAPES`` (the geometric mean of
+    the shapes' ratios, ``best(call)`` a call's best time); else ``"numpy"`` with the reason.
+
+    Timed on the threads the products run on, not on one: at 16 rows OpenBLAS's second thread
+    gained 1.08x and the kernel's 1.6-1.9x (AMD EPYC, family 23 model 49), so one thread each
+    (0.97 there) had kept the kernel from the forwards it made 0.57-0.90 of OpenBLAS's time."""
     peer = peer or (lambda a, b, out: np.matmul(a, b, out=out))
     kernels = _kernels()
     if kernels is None:
@@ -160,11 +166,31 @@ def measure(dtype, best, peer=None) -> dict:
             if ran and not np.array_equal(one, blocks):
                 return {"provider": "numpy", "reason": f"column blocks round differently at {(m, k, n)}"}
     ratios = []
-    limiter = single_thread_blas()
+    limiter = single_thread_blas() if threads <= 1 else None
     with limiter if limiter is not None else nullcontext():
         for m, k, n in _TIMED_SHAPES:
             a, w = rng.standard_normal((m, k)), rng.standard_normal((n, k))
             out, zero, w_t = np.empty((m, n)), np.zeros(n), w.T
-            ratios.append(best(lambda: kernels["columns"](a, w, zero, out, 0, n)) / best(lambda: peer(a, w_t, out)))
+            ours = _timed_product(kernels, a, w, zero, out, threads)
+            if ours is None:
+                return {"provider": "numpy", "reason": f"no OpenMP threads here for {threads} threads"}
+            ratios.append(best(ours) / best(lambda: peer(a, w_t, out)))
     ratio = float(np.exp(np.mean(np.log(ratios))))  # each shape counts alike
-    return {"provider": "compiled" if ratio < _MARGIN else "numpy", "ratio": ratio, "ratios": ratios}
+    return {"provider": "compiled" if ratio < _MARGIN else "numpy", "ratio": ratio, "ratios": ratios,
+            "threads": threads}
+
+
+def _timed_product(kernels, a, w, bias, out, threads):
+    """The kernel's product as :meth:`FewRowsMatrix._multiply` runs it on ``threads`` threads,
+    as a call to time; None where OpenMP's threads cannot run here."""
+    n = out.shape[1]
+    if threads <= 1:
+        return lambda: kernels["columns"](a, w, bias, out, 0, n)
+    block = _column_block(n, threads)
+    call = lambda: openmp_threads(lambda: kernels["columns_parallel"](a, w, bias, out, block), threads)  # noqa: E731
+    return call if call() else None
+
+
+def _column_block(width: int, threads: int) -> int:
+    """Columns per block of the threads' split: a multiple of four, one block per thread."""
+    return -(-width // (4 * threads)) * 4

@@ -139,21 +139,22 @@ def _measure_packed(dtype) -> dict:
 
 
 def _measure_few_rows(dtype) -> dict:
-    against, peer = rows_peer(dtype)
-    return {**_few_rows.measure(dtype, _best, peer), "against": against}
+    threads = num_threads()  # timed as the products run: on the library's threads
+    against, peer = rows_peer(dtype, threads)
+    return {**_few_rows.measure(dtype, _best, peer, threads), "against": against}
 
 
-def rows_peer(dtype) -> tuple:
+def rows_peer(dtype, threads: int = 1) -> tuple:
     """``(name, product)``: what multiplies a feature map's rows of ``dtype`` outside worker
-    tasks when no prepared product does, as a one-thread ``product(a, b, out)`` to time a
-    prepared product against: torch's where it multiplies them on its threads
+    tasks when no prepared product does, as a ``product(a, b, out)`` to time a prepared
+    product against: torch's on ``threads`` threads where it multiplies them on its threads
     (:func:`threaded_rows`; MKL on an Intel Xeon was 1.25-1.5x faster than OpenBLAS), else
-    NumPy's BLAS."""
+    NumPy's BLAS (on its own threads, which a caller timing one thread limits)."""
     if threaded_rows(dtype):
         torch = _torch()
 
         def product(a, b, out):
-            with _one_torch_thread(torch):
+            with _torch_threads(torch, threads):
                 torch.mm(_tensor(torch, a), _tensor(torch, b), out=_tensor(torch, out))
         return "torch", product
     return "numpy", lambda a, b, out: np.matmul(a, b, out=out)
