@@ -1,7 +1,8 @@
 """Ctrl-C in the ``ctformer`` command line: one line and exit status 130.
 
-:func:`loading` guards the import of the package in the command line (a SIGINT there can
-surface as another exception from an extension module); :func:`_interrupted` is the line
+:func:`loading` guards the import of the package in the command line (a SIGINT there is
+held until the import completes, since raised mid-import it can be swallowed or turned into
+another error); :func:`_interrupted` is the line
 printed after a ``KeyboardInterrupt`` in a command (how many cases are stored, and where).
 """
 from __future__ import annotations
@@ -44,12 +45,15 @@ def _is_command_line() -> bool:
 def loading():
     """Guard the import of the package in the command line against Ctrl-C.
 
-    A SIGINT while the package loads raises ``KeyboardInterrupt`` wherever the import is, and
-    some extension modules turn it into another error (NumPy's C core reports an
-    ``ImportError`` when an import inside it is interrupted). In the command line
-    (:func:`_is_command_line`) any exception that leaves the block after a SIGINT is reported
-    as the one line ``ctformer: interrupted`` with exit status 130; elsewhere, or without a
-    SIGINT, the block runs as it is.
+    A ``KeyboardInterrupt`` raised at an arbitrary moment of an import is not reliable: some
+    extension modules turn it into another error (NumPy's C core reports an ``ImportError``),
+    an optional-import guard may then swallow it, and one raised inside a weakref callback of
+    the import machinery is printed as "Exception ignored" and lost, so the command went on
+    and finished with status 0. In the command line (:func:`_is_command_line`) the first
+    SIGINT is therefore only recorded: the import completes (a second or two on a first run)
+    and the command then ends with the one line ``ctformer: interrupted`` and exit status 130.
+    A second SIGINT stops the import where it is; any exception that then leaves the block,
+    or none, ends the command the same way. Elsewhere the block runs as it is.
     """
     previous = signal.getsignal(signal.SIGINT)
     if not callable(previous) or not _is_command_line() \
@@ -60,7 +64,8 @@ def loading():
 
     def record(signum, frame):
         received.append(signum)
-        previous(signum, frame)      # Python's handler: KeyboardInterrupt here
+        if len(received) > 1:        # Ctrl-C again: the user will not wait for the import
+            previous(signum, frame)  # Python's handler: KeyboardInterrupt here
 
     signal.signal(signal.SIGINT, record)
     try:
@@ -68,11 +73,17 @@ def loading():
     except BaseException:
         if not received:
             raise
-        print("ctformer: interrupted", file=sys.stderr, flush=True)
-        # a KeyboardInterrupt out of an exec() of a string (dataclasses) leaves a flag with
-        # which `python -m` kills itself by SIGINT after exiting 130; the next exec clears it
-        exec("pass")
-        raise SystemExit(EXIT_INTERRUPTED) from None
+        _exit_interrupted()
     finally:
         if signal.getsignal(signal.SIGINT) is record:
             signal.signal(signal.SIGINT, previous)
+    if received:
+        _exit_interrupted()
+
+
+def _exit_interrupted():
+    print("ctformer: interrupted", file=sys.stderr, flush=True)
+    # a KeyboardInterrupt out of an exec() of a string (dataclasses) leaves a flag with which
+    # `python -m` kills itself by SIGINT after exiting 130; the next exec clears it
+    exec("pass")
+    raise SystemExit(EXIT_INTERRUPTED) from None
