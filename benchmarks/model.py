@@ -162,40 +162,44 @@ def torch_call(model, x, dtype):
 
 def product_share(call, repeats=3):
     """Median share of one ``call``'s time that the calling thread spends in ctformer's
-    feature products (:func:`ctformer._numerics.gemm.rows_product` and, for small plans,
-    ``numpy_rows``, wrapped by timers in the modules that call them)."""
+    feature products: :func:`ctformer._numerics.gemm.rows_product`, NumPy's products
+    (``numpy_rows``) and the prepared ones (packed, few rows) that small plans call directly,
+    each wrapped by a timer where it is looked up; a product inside another counts once."""
     import threading
     import time
 
+    from ctformer._numerics import few_rows, gemm, packed
     from ctformer.operators import attention_flow, feature
 
-    spent = [0.0]
+    spent, depth = [0.0], [0]
     caller = threading.get_ident()
 
     def timed(function):
         def wrapper(*args, **kwargs):
-            if threading.get_ident() != caller:  # a worker's block: concurrent with the caller's
+            if threading.get_ident() != caller or depth[0]:  # a worker's block, or inside a timed product
                 return function(*args, **kwargs)
-            start = time.perf_counter()
+            depth[0], start = 1, time.perf_counter()
             try:
                 return function(*args, **kwargs)
             finally:
                 spent[0] += time.perf_counter() - start
+                depth[0] = 0
         return wrapper
 
-    names = ((attention_flow, "rows_product"), (attention_flow, "numpy_rows"), (feature, "rows_product"))
-    originals = [getattr(module, name) for module, name in names]
+    names = ((attention_flow, "rows_product"), (attention_flow, "numpy_rows"), (feature, "rows_product"),
+             (gemm, "numpy_rows"), (few_rows.FewRowsMatrix, "__call__"), (packed.PackedMatrix, "__call__"))
+    originals = [getattr(owner, name) for owner, name in names]
     samples = []
     try:
-        for (module, name), function in zip(names, originals):
-            setattr(module, name, timed(function))
+        for (owner, name), function in zip(names, originals):
+            setattr(owner, name, timed(function))
         for _ in range(repeats):
             spent[0], start = 0.0, time.perf_counter()
             call()
             samples.append(spent[0] / (time.perf_counter() - start))
     finally:
-        for (module, name), function in zip(names, originals):
-            setattr(module, name, function)
+        for (owner, name), function in zip(names, originals):
+            setattr(owner, name, function)
     return float(np.median(samples))
 
 

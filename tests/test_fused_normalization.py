@@ -9,7 +9,7 @@ import pytest
 from ctformer import Grids
 from ctformer.discretizations import GaussLegendre, Midpoint
 from ctformer.operators import LayerNormProjection, RMSNorm, SphereProjection
-from ctformer._numerics.normalize import normalized_rows
+from ctformer._numerics.normalize import normalized_rows, rows_plan
 from ctformer.operators import normalization
 
 from .conftest import require
@@ -50,8 +50,14 @@ def test_one_pass_is_the_normalization(rng, make, centre, affine, features, dtyp
     u = (3.0 * rng.standard_normal((2, 7, features.n)) + 0.5).astype(dtype)
     f = op.discretize(g)
     taken = []
+
+    def planned(*args, **kwargs):  # a small state's plan (ctformer.operators.small_plans)
+        plan = rows_plan(*args, **kwargs)
+        return None if plan is None else lambda v: taken.append(plan(v)) or taken[-1]
+
     monkeypatch.setattr(normalization, "normalized_rows",
                         lambda *a, **k: taken.append(normalized_rows(*a, **k)) or taken[-1])
+    monkeypatch.setattr(normalization, "rows_plan", planned)
     got = f(u)
     assert taken and taken[-1] is got    # the one pass did it
     assert got.dtype == dtype and got.shape == u.shape

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import compiled as _compiled
 
-__all__ = ["normalized_rows"]
+__all__ = ["normalized_rows", "rows_plan"]
 
 _EMPTY = np.empty(0)
 # With eps = 0: the largest entry a row may have (sums of squares in float64 stay finite and normal), and
@@ -41,18 +41,29 @@ def normalized_rows(u, w, eps: float, centre: bool, gain=None, shift=None):
 
     ``w``: feature weights (d,) summing to 1; ``gain``, ``shift``: (d,) or None; NumPy arrays.
     """
-    if type(u) is not np.ndarray or u.dtype not in _LIMITS or u.ndim < 1 or u.size == 0:
+    plan = rows_plan(u, w, eps, centre, gain, shift)
+    return None if plan is None else plan(u)
+
+
+def rows_plan(like, w, eps: float, centre: bool, gain=None, shift=None):
+    """:func:`normalized_rows` for C-contiguous NumPy states of ``like``'s shape and dtype, as
+    a callable ``u -> new array or None``, with every check that does not depend on the
+    values made now; None where the compiled pass does not apply to such states."""
+    if type(like) is not np.ndarray or like.dtype not in _LIMITS or like.ndim < 1 or like.size == 0:
         return None
-    d = u.shape[-1]
+    d = like.shape[-1]
     if (not _vector(w, d) or (gain is not None and not _vector(gain, d))
             or (shift is not None and not _vector(shift, d)) or _compiled.loop_engine() != "numba"):
         return None
-    largest, noise = _LIMITS[u.dtype]
-    rows = u.reshape(-1, d)
-    out = np.empty(rows.shape, dtype=u.dtype)
-    ok = _kernel()(rows, w, float(eps), centre, _EMPTY if gain is None else gain,
-                   _EMPTY if shift is None else shift, largest, noise, _SMALLEST[u.dtype], out)
-    return out.reshape(u.shape) if ok else None
+    shape, rows, dtype, kernel = like.shape, (like.size // d, d), like.dtype, _kernel()
+    arguments = (w, float(eps), centre, _EMPTY if gain is None else gain, _EMPTY if shift is None else shift,
+                 *_LIMITS[dtype], _SMALLEST[dtype])
+
+    def normalized(u):
+        out = np.empty(rows, dtype=dtype)
+        return out.reshape(shape) if kernel(u.reshape(rows), *arguments, out) else None
+
+    return normalized
 
 
 def _vector(a, d: int) -> bool:

@@ -79,8 +79,8 @@ from .._numerics import threads as _threads
 from .._numerics.normal_tail import ERFC_COEFFICIENTS as _ERFC_COEFFICIENTS
 from .._numerics.normal_tail import TANH_GELU as _TANH_GELU
 
-__all__ = ["ACTIVATIONS", "get_activation", "register_activation", "is_built_in", "relu", "gelu",
-           "gelu_tanh", "silu"]
+__all__ = ["ACTIVATIONS", "get_activation", "register_activation", "is_built_in", "one_block", "relu",
+           "gelu", "gelu_tanh", "silu"]
 
 # Elements per block: 256-512 KiB, so the passes of a block stay in L2, and long enough that
 # two threads do not queue for the GIL between passes (smaller blocks were 2x slower threaded).
@@ -134,18 +134,24 @@ def _loop(name, numpy_kernel, dtype):
     return getattr(made, name + ("32" if dtype == np.float32 else "64"), numpy_kernel)
 
 
+def _one_block(kernel, z):
+    """``kernel`` on the C-contiguous ``z`` of at most ``_BLOCK`` elements: a new array."""
+    out = np.empty_like(z)
+    if isinstance(kernel, FunctionType):  # NumPy passes: exp(-z) -> inf is the right limit
+        with np.errstate(over="ignore", under="ignore"):
+            kernel(z.reshape(-1), out.reshape(-1))
+    else:  # a compiled loop never signals through NumPy's error state (errstate: 2 us)
+        kernel(z.reshape(-1), out.reshape(-1))
+    return out
+
+
 def _blockwise(kernel, z, threaded_min=_THREADED_MIN):
     """``kernel(z_block, out_block)`` over cache-sized blocks of ``z``, threaded from
     ``threaded_min`` elements."""
     z = np.ascontiguousarray(z)
-    out = np.empty_like(z)
     if z.size <= _BLOCK:  # one block: no task list (small solves call this every step)
-        if isinstance(kernel, FunctionType):  # NumPy passes: exp(-z) -> inf is the right limit
-            with np.errstate(over="ignore", under="ignore"):
-                kernel(z.reshape(-1), out.reshape(-1))
-        else:  # a compiled loop never signals through NumPy's error state (errstate: 2 us)
-            kernel(z.reshape(-1), out.reshape(-1))
-        return out
+        return _one_block(kernel, z)
+    out = np.empty_like(z)
     flat_z, flat_out = z.reshape(-1), out.reshape(-1)
     size = flat_z.size
     tasks = [(start, min(size, start + _BLOCK)) for start in range(0, size, _BLOCK)]
@@ -300,6 +306,23 @@ def silu(z):
     xp = namespace(z)
     e = xp.exp(-xp.abs(z))  # in (0, 1]: no overflow for any z
     return z * xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+# the built-in activations with a loop per dtype: its name among the compiled kernels, and its NumPy passes
+_LOOPS = {gelu: ("gelu", _gelu_block), gelu_tanh: ("gelu_tanh", _gelu_tanh_block), silu: ("silu", _silu_block)}
+
+
+def one_block(function, like):
+    """What ``function`` (an activation) computes for NumPy arrays of ``like``'s dtype and
+    size, as a callable ``z -> new array`` without the per-call dispatch: for the built-in
+    GELU, tanh GELU and SiLU on float32 or float64 arrays of one cache block (a small state's
+    hidden values), the loop chosen now (``CTFORMER_LOOP_ENGINE``), run on C-contiguous input;
+    the same bits as ``function(z)``. None for other activations, dtypes and sizes."""
+    entry = _LOOPS.get(function)
+    if entry is None or not _host_float(like) or like.size > _BLOCK:
+        return None
+    kernel = _loop(*entry, like.dtype)
+    return lambda v: _one_block(kernel, v)
 
 
 #: The registry of activations by name (extend it with :func:`register_activation`).

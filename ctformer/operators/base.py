@@ -92,6 +92,25 @@ class Constants:
         return found
 
 
+    def small_product(self, matrix, bias, like):
+        """The product by ``host[matrix]`` plus ``host[bias]`` (a name, or None) for
+        C-contiguous NumPy rows of ``like``'s shape and dtype, as one callable ``a -> a M + b``
+        that does what :func:`~ctformer._numerics.gemm.rows_product` does for them outside
+        worker threads (the prepared product where it applies, else NumPy's): the same bits,
+        without the dispatch. None where ``rows_product`` would call torch (products of at
+        least 2^18 multiply-adds or many rows) or the constants are tensors."""
+        if matrix in self._tensors or bias in self._tensors:
+            return None
+        rows, d = like.size // like.shape[-1], like.shape[-1]
+        m, b = self(matrix, like), None if bias is None else self(bias, like)
+        prepared = self.prepared(matrix, bias, like)
+        if prepared is not None and prepared.applies(rows):
+            return prepared
+        if m.shape[0] != d or not _gemm.plain_rows(rows, d, m.shape[1]):
+            return None
+        return lambda a: _gemm.numpy_rows(a, m, b)
+
+
 # operator -> {grids: discretized callable}: kept outside the operator, so that an operator
 # (and a model holding it) stays plain data that pickles and hashes by its parameters.
 _DISCRETIZED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

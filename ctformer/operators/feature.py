@@ -28,8 +28,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import Kernel
-from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, relu, silu
+from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, one_block, relu, silu
 from .base import Constants, Grids, Operator
+from .small_plans import SmallPlans
 from .functions import as_feature_function, named_parameters
 from .._numerics.elementwise import multiply_into
 from .._numerics.gemm import packed_rows, rows_product, threaded_rows
@@ -78,10 +79,7 @@ def _affine(kernel, bias, out, inp):
     """
     constants = Constants(bias=bias.evaluate(out))
     if _dense_host(kernel):
-        constants = Constants(bias=constants.host["bias"],
-                              matrix_t=kernel.transposed_matrix(out, inp))
-        return lambda v: rows_product(v, constants("matrix_t", v), constants("bias", v),
-                                      constants.prepared("matrix_t", "bias", v))
+        return _DenseMap(Constants(bias=constants.host["bias"], matrix_t=kernel.transposed_matrix(out, inp)))
 
     def apply(v):
         z = kernel.apply(v, out, inp, axis=-1)  # may be any array: never changed in place
@@ -89,6 +87,30 @@ def _affine(kernel, bias, out, inp):
         return z if bias is None else z + bias
 
     return apply
+
+
+class _DenseMap:
+    """``v -> v M + b``, a dense host kernel's map: one product, the bias added in place."""
+
+    __slots__ = ("constants", "width")
+
+    def __init__(self, constants):
+        self.constants, self.width = constants, constants.host["matrix_t"].shape[-1]
+
+    def __call__(self, v):
+        constants = self.constants
+        return rows_product(v, constants("matrix_t", v), constants("bias", v),
+                            constants.prepared("matrix_t", "bias", v))
+
+    def small(self, like):
+        """This map for small NumPy rows shaped like ``like`` (:meth:`Constants.small_product`)."""
+        return self.constants.small_product("matrix_t", "bias", like)
+
+
+def _hidden_like(u, width: int):
+    """An array shaped as ``u`` with its last axis ``width`` wide: what a plan's second
+    product and activation will see."""
+    return np.empty((*u.shape[:-1], width), dtype=u.dtype)
 
 
 def _dense_host(kernel) -> bool:
@@ -179,7 +201,21 @@ class FeedForward(Operator):
             return w_2(phi(w_1(u)))
 
         dense = _dense_host(self.W_1) and _dense_host(self.W_2)
-        return by_row_blocks(feedforward, whole=threaded_rows if dense else None, packed=packed_rows if dense else None)
+        general = by_row_blocks(feedforward, whole=threaded_rows if dense else None,
+                                packed=packed_rows if dense else None)
+        if not dense:
+            return general
+
+        def plan(u):
+            first = w_1.small(u)
+            hidden = _hidden_like(u, w_1.width)
+            second = None if first is None else w_2.small(hidden)
+            if second is None:
+                return None
+            act = one_block(phi, hidden) or phi
+            return lambda v: second(act(first(v)))
+
+        return SmallPlans(general, plan)
 
 
 class GatedFeedForward(Operator):
@@ -244,5 +280,20 @@ class GatedFeedForward(Operator):
             return w_2(gate * up)
 
         dense = all(_dense_host(w) for w in (self.W_gate, self.W_up, self.W_2))
-        return by_row_blocks(gated_feedforward, whole=threaded_rows if dense else None,
-                             packed=packed_rows if dense else None)
+        general = by_row_blocks(gated_feedforward, whole=threaded_rows if dense else None,
+                                packed=packed_rows if dense else None)
+        if not dense:
+            return general
+
+        def plan(u):
+            gate, up = w_gate.small(u), w_up.small(u)
+            hidden = _hidden_like(u, w_gate.width)
+            down = None if gate is None or up is None or w_up.width != w_gate.width else w_2.small(hidden)
+            if down is None:
+                return None
+            act = one_block(phi, hidden) or phi
+            if fresh:
+                return lambda v: down(multiply_into(act(gate(v)), up(v)))
+            return lambda v: down(act(gate(v)) * up(v))
+
+        return SmallPlans(general, plan)

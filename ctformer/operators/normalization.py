@@ -54,7 +54,8 @@ import array_api_compat
 import numpy as np
 
 from .. import validation
-from .._numerics.normalize import normalized_rows
+from .._numerics.normalize import normalized_rows, rows_plan
+from .small_plans import SmallPlans
 from ..backend import to_host
 from .activations import via_float32
 from .base import Constants, Grids, Normalization
@@ -261,7 +262,8 @@ class LayerNormProjection(Normalization):
             out = normalized if gain is None else normalized * gain
             return out if shift is None else out + shift
 
-        return layer_norm
+        return SmallPlans(layer_norm, lambda u: _fused_plan(
+            layer_norm, u, constants("w", u), eps, True, constants("gain", u), constants("shift", u)))
 
 
 class SphereProjection(Normalization):
@@ -335,7 +337,24 @@ class SphereProjection(Normalization):
                 out = v / xp.sqrt(square + _eps_over_square(xp, eps, s, u.dtype))
             return out if plain else out * constants("gain", u)
 
-        return sphere
+        return SmallPlans(sphere, lambda u: _fused_plan(
+            sphere, u, constants("w", u), eps, False, None if plain else constants("gain", u)))
+
+
+def _fused_plan(general, like, w, eps, centre, gain, shift=None):
+    """The plan of a normalization for small states shaped like ``like`` (:class:`SmallPlans`):
+    the compiled pass, and ``general`` where it declines (a token too large or too small to
+    square, or without variance: the scale-safe formulas and their messages); None where the
+    compiled pass does not apply."""
+    fused = rows_plan(like, w, eps, centre, gain, shift)
+    if fused is None:
+        return None
+
+    def normalized(u):
+        out = fused(u)
+        return general(u) if out is None else out
+
+    return normalized
 
 
 class RMSNorm(SphereProjection):
