@@ -301,6 +301,13 @@ class PlannedFFT:
         return _ENGINES_STORE[0](signature, dtype,
                                  lambda: "numpy" if self._numpy_is_faster(kind, entry, axis, n) else "fftw")
 
+    #: What an engine's stored timing measured (the store's ``checked``, with pyFFTW's
+    #: version): a choice timed otherwise is timed again. Choices stored before repeated calls
+    #: took their fast path had timed FFTW with every call's checks and plan lookup, which
+    #: favoured numpy.fft at 64 x 256 and 64 x 512 (0.72 and 0.67 of its time in fact, AMD
+    #: EPYC, family 23 model 49).
+    ENGINE_TIMING = "a repeated call of each engine, FFTW through its fast path"
+
     def _numpy_is_faster(self, kind, entry, axis, n) -> bool:
         """Time the plan as a call runs it (a fresh output, the input copied where its
         alignment needs it, irfft's scaling) against ``numpy.fft`` on the same data: is numpy

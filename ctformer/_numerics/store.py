@@ -84,7 +84,7 @@ def fft_engine(signature: str, dtype: str, time_it) -> str:
     import pyfftw
 
     return entry(f"fft engine {signature}", dtype, lambda _: {"provider": time_it()},
-                 f"pyfftw {pyfftw.__version__}", lambda e: e["provider"] in ("fftw", "numpy"),
+                 f"pyfftw {pyfftw.__version__}; {_fft.PlannedFFT.ENGINE_TIMING}", lambda e: e["provider"] in ("fftw", "numpy"),
                  needs_torch=False)["provider"]
 
 
