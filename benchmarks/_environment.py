@@ -298,19 +298,23 @@ def _strict_reproducibility() -> str:
     return "off (ctformer's products on many rows run by blocks, one thread each)"
 
 
-def _prepared_products(dtype: str, key: str, how: str) -> str:
-    """Whether ``dtype`` feature products run on a product prepared once per matrix (float32:
-    packed by oneDNN; float64 of few rows: the compiled kernel), with the measurement this
-    machine stored under ``key``."""
+def _prepared_products(key: str, chosen: str, how: str) -> str:
+    """Whether feature products run on a product prepared once per matrix, as this machine's
+    store holds under ``key`` (``packed float32``: oneDNN's packed matrix; ``few rows float64``
+    or ``float32``: the compiled kernel), with the measurement's ratio, threads and tile."""
     import numpy as np
 
     from ctformer._numerics import gemm, store
 
-    if not gemm.prepared_products(np.dtype(dtype)):
-        return "no (NumPy's or torch's BLAS)"
+    gemm.prepared_products(np.dtype(key.split()[-1]))  # measured now where the store lacks it
     stored = store.read(store.cache_file()).get(key, {})
+    if stored.get("provider") != chosen:
+        return "no (NumPy's or torch's BLAS)"
     against = {"numpy": "NumPy's", "torch": "torch's"}.get(stored.get("against"), "NumPy's")
-    return f"yes ({how}, measured {stored.get('ratio', float('nan')):.2f} of {against} time, one thread)"
+    threads = stored.get("threads", 1)
+    tile = f", tiles of 4 x {stored['columns']}" if "columns" in stored else ""
+    return (f"yes ({how}{tile}, measured {stored.get('ratio', float('nan')):.2f} of {against} time, "
+            f"{threads} thread{'s' if threads != 1 else ''})")
 
 
 def _library(match) -> str:
@@ -337,9 +341,10 @@ def header(title: str, notes=()) -> None:
     if described:
         print(f"torch {sys.modules['torch'].__version__}: {described}")
         print(f"MKL strict reproducibility: {_strict_reproducibility()}")
-        print(f"float32 feature products packed once: {_prepared_products('float32', 'packed float32', 'oneDNN')}")
-    print("float64 feature products of 2-16 rows compiled: "
-          f"{_prepared_products('float64', 'few rows float64', 'Numba, OpenMP threads')}")
+        print(f"float32 feature products packed once: {_prepared_products('packed float32', 'torch', 'oneDNN')}")
+    for dtype in ("float32", "float64"):
+        print(f"{dtype} feature products of 2-16 rows compiled: "
+              f"{_prepared_products(f'few rows {dtype}', 'compiled', 'Numba, OpenMP threads')}")
     threads = ", ".join(f"{name}={os.environ.get(name, 'unset')}" for name in THREAD_VARIABLES)
     print(f"threads: {threads}")
     cleared = os.environ.get(MARK)

@@ -72,7 +72,8 @@ def fresh_store(monkeypatch, tmp_path):
     ``CTFORMER_GEMM`` unset, and no choice remembered in this process."""
     from ctformer._numerics import convolution_route, gemm, measured_blocks
 
-    remembered = (gemm._measured, gemm._products_entry, measured_blocks._measured, convolution_route._measured)
+    remembered = (gemm._measured, gemm._products_entry, gemm.few_rows_columns, measured_blocks._measured,
+                  convolution_route._measured)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("CTFORMER_GEMM", raising=False)
     for cache in remembered:

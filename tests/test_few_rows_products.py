@@ -12,55 +12,65 @@ import pytest
 from ctformer._numerics import few_rows, gemm, openmp
 from ctformer.operators.base import Constants
 
-from .conftest import require
+from .conftest import require, stored_choices
 
 pytest.importorskip("numba")
 
 
 @pytest.fixture
 def compiled_on(monkeypatch):
-    """Few-row float64 products compiled whatever this machine measured (the arithmetic is
-    tested here; the choice is the measurement's)."""
+    """Few-row float64 and float32 products compiled whatever this machine measured (the
+    arithmetic is tested here; the choice is the measurement's)."""
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
-    monkeypatch.setattr(gemm, "prepared_products", lambda dtype: dtype == np.float64)
+    monkeypatch.setattr(gemm, "prepared_products", lambda dtype: dtype in (np.float64, np.float32))
+    monkeypatch.setattr(gemm, "_packed_chosen", lambda: False)
 
 
-def _operands(m, k, n, seed, transposed=True):
+def _operands(m, k, n, seed, transposed=True, dtype=np.float64):
     rng = np.random.default_rng(seed)
-    weight = rng.standard_normal((n, k)) / np.sqrt(k)  # a module's (out, in) weight
+    weight = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(dtype)  # a module's (out, in) weight
     matrix_t = weight.T if transposed else np.ascontiguousarray(weight.T)
-    return rng.standard_normal((m, k)), matrix_t, rng.standard_normal(n)
+    return rng.standard_normal((m, k)).astype(dtype), matrix_t, rng.standard_normal(n).astype(dtype)
 
 
 @pytest.mark.parametrize("m, k, n", [(16, 384, 1152), (13, 96, 262), (4, 70, 1027), (7, 1536, 97), (2, 384, 130),
                                      (3, 1536, 384), (6, 100, 1025)])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_products_agree_with_numpy_float64(compiled_on, m, k, n, with_bias):
-    a, matrix_t, b = _operands(m, k, n, seed=m + n)
-    product = few_rows.prepare(matrix_t, b if with_bias else None)
-    exact = a @ matrix_t + (b if with_bias else 0.0)
-    # sums of k products in SIMD lanes: a few ulps of the sum of |terms| from NumPy's
-    scale = np.abs(a) @ np.abs(matrix_t) + (np.abs(b) if with_bias else 0.0)
-    assert np.all(np.abs(product(a) - exact) <= 8 * k * np.finfo(float).eps * scale)
+@pytest.mark.parametrize("columns", [4, 3])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_products_agree_with_the_float64_product(compiled_on, m, k, n, with_bias, columns, dtype):
+    a, matrix_t, b = _operands(m, k, n, seed=m + n, dtype=dtype)
+    product = few_rows.prepare(matrix_t, b if with_bias else None, columns)
+    assert product.columns == columns and product.dtype == dtype
+    wide = [x.astype(np.float64) for x in (a, matrix_t, b)]
+    exact = wide[0] @ wide[1] + (wide[2] if with_bias else 0.0)
+    # sums of k products in SIMD lanes, in the dtype: a few ulps of the sum of |terms|
+    scale = np.abs(wide[0]) @ np.abs(wide[1]) + (np.abs(wide[2]) if with_bias else 0.0)
+    ours = product(a)
+    assert ours.dtype == dtype
+    assert np.all(np.abs(ours - exact) <= 8 * k * np.finfo(dtype).eps * scale)
 
 
-def test_every_split_of_the_columns_gives_the_bits_of_one_thread(compiled_on, monkeypatch):
+@pytest.mark.parametrize("columns", [4, 3])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_every_split_of_the_columns_gives_the_bits_of_one_thread(compiled_on, monkeypatch, columns, dtype):
     kernels = few_rows._kernels()
+    one_thread, parallel = few_rows._TILES[columns]
     for rows in (16, 7):  # row tiles of four; leftover rows padded with zero rows
-        a, matrix_t, b = _operands(rows, 200, 1030, seed=5)
+        a, matrix_t, b = _operands(rows, 200, 1030, seed=5, dtype=dtype)
         a = few_rows.padded(a)
         w = np.ascontiguousarray(matrix_t.T)
-        one = np.empty((a.shape[0], 1030))
-        kernels["columns"](a, w, b, one, 0, 1030)
-        for block in (4, 8, 516, 1032):
-            split = np.full((a.shape[0], 1030), np.nan)
+        one = np.empty((a.shape[0], 1030), dtype)
+        kernels[one_thread](a, w, b, one, 0, 1030)
+        for block in (columns, 2 * columns, 129 * columns, 1032):
+            split = np.full((a.shape[0], 1030), np.nan, dtype)
             for start in range(0, 1030, block):  # the blocks one by one, as the threads take them
-                kernels["columns"](a, w, b, split, start, min(1030, start + block))
+                kernels[one_thread](a, w, b, split, start, min(1030, start + block))
             assert np.array_equal(one, split)
-            threaded = np.full((a.shape[0], 1030), np.nan)
-            kernels["columns_parallel"](a, w, b, threaded, block)
+            threaded = np.full((a.shape[0], 1030), np.nan, dtype)
+            kernels[parallel](a, w, b, threaded, block)
             assert np.array_equal(one, threaded)
-    product = few_rows.prepare(matrix_t, b)
+    product = few_rows.prepare(matrix_t, b, columns)
     outs = []
     for count in ("1", "2", "3"):
         monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
@@ -68,7 +78,9 @@ def test_every_split_of_the_columns_gives_the_bits_of_one_thread(compiled_on, mo
     assert all(np.array_equal(outs[0], other) for other in outs[1:])
     assert outs[0].shape == (7, 1030) and np.array_equal(outs[0], one[:7])
     with pytest.raises(ValueError, match="rows must come in fours"):
-        kernels["columns"](a[:7], w, b, one[:7], 0, 1030)
+        kernels[one_thread](a[:7], w, b, one[:7], 0, 1030)
+    with pytest.raises(ValueError, match="columns: the width of the kernel's tiles, one of"):
+        few_rows.prepare(matrix_t, b, 5)
 
 
 def test_a_matrix_stored_the_other_way_is_copied_once(compiled_on):
@@ -89,7 +101,8 @@ def test_bounds_of_rows_and_size(compiled_on):
     assert [product.applies(r) for r in (1, 2, 3, 16, 17, 1024)] == [False, True, True, True, False, False]
     small = few_rows.prepare(_operands(1, 32, 32, seed=8)[1], None)
     assert not small.applies(16)  # 16 x 32 x 32 multiply-adds: BLAS's
-    assert few_rows.prepare(matrix_t.astype(np.float32), None) is None
+    assert few_rows.prepare(matrix_t.astype(np.float32), None).dtype == np.float32
+    assert few_rows.prepare(matrix_t.astype(np.float16), None) is None
     assert few_rows.prepare(np.zeros(5), None) is None
 
 
@@ -98,12 +111,20 @@ def test_the_verdict_is_the_geometric_mean_against_the_margin(compiled_on, monke
         it = iter(times)
         return lambda call: next(it)
 
-    # (compiled, numpy) per timed shape: ratios 0.5, 0.8, 2.0 -> geometric mean 0.928 > 0.92
-    slow = few_rows.measure(np.float64, timer([1.0, 2.0, 0.8, 1.0, 2.0, 1.0]))
-    assert slow["provider"] == "numpy"
+    # per timed shape: tiles of 4 and of 3 columns, then NumPy. Tile 4's ratios 0.5, 0.8, 2.0
+    # -> geometric mean 0.928 > 0.92; tile 3 no faster
+    slow = few_rows.measure(np.float64, timer([1.0, 1.0, 2.0, 0.8, 0.8, 1.0, 2.0, 2.0, 1.0]))
+    assert slow["provider"] == "numpy" and slow["columns"] == 4
     assert slow["ratio"] == pytest.approx((0.5 * 0.8 * 2.0) ** (1 / 3))
-    fast = few_rows.measure(np.float64, timer([1.0, 2.0, 0.8, 1.0, 1.5, 1.0]))
-    assert fast["provider"] == "compiled" and fast["ratio"] == pytest.approx((0.5 * 0.8 * 1.5) ** (1 / 3))
+    # tile 3 at 0.95 of tile 4's time: within the margin, tile 4 stays
+    fast = few_rows.measure(np.float64, timer([1.0, 0.95, 2.0, 0.8, 0.76, 1.0, 1.5, 1.425, 1.0]))
+    assert fast["provider"] == "compiled" and fast["columns"] == 4
+    assert fast["ratio"] == pytest.approx((0.5 * 0.8 * 1.5) ** (1 / 3))
+    assert fast["tiles"]["3"] == pytest.approx(0.95 * fast["ratio"])
+    # tile 3 at 0.6 of NumPy's time where tile 4 only ties: compiled, in tiles of 3
+    narrow = few_rows.measure(np.float64, timer([1.0, 0.6, 1.0] * 3))
+    assert narrow["provider"] == "compiled" and narrow["columns"] == 3
+    assert narrow["ratio"] == pytest.approx(0.6) and narrow["ratios"] == pytest.approx([0.6] * 3)
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numpy")
     few_rows._kernels.cache_clear()
     try:
@@ -147,10 +168,34 @@ def test_constants_prepare_float64_numpy_states_once(compiled_on):
     constants = Constants(matrix=matrix_t, bias=b)
     first = constants.prepared("matrix", "bias", a)
     assert isinstance(first, few_rows.FewRowsMatrix) and first is constants.prepared("matrix", "bias", a)
-    assert constants.prepared("matrix", "bias", a.astype(np.float32)) is None  # float32: not here
+    single = constants.prepared("matrix", "bias", a.astype(np.float32))  # float32's own, where not packed
+    assert single.dtype == np.float32 and single is not first
     product = gemm.rows_product(a, constants("matrix", a), constants("bias", a), first)
     exact = a @ matrix_t + b
     assert np.abs(product - exact).max() <= 1e-14 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("dtype, columns", [(np.float64, 3), (np.float32, 3), (np.float32, 4)])
+def test_products_take_the_tile_this_machine_measured(compiled_on, fresh_store, monkeypatch, dtype, columns):
+    """The verdict's tile width is stored with it, per dtype, and the prepared products use it."""
+    measured = []
+
+    def verdict(dtype, best, peer=None, threads=1):
+        measured.append(np.dtype(dtype).name)
+        return {"provider": "compiled", "columns": columns, "ratio": 0.6}
+
+    monkeypatch.setattr(few_rows, "measure", verdict)
+    name = np.dtype(dtype).name
+    assert gemm.few_rows_columns(dtype) == columns and measured == [name]
+    _, stored = stored_choices(fresh_store)
+    assert stored[f"few rows {name}"]["columns"] == columns
+    assert stored[f"few rows {name}"]["checked"] == few_rows.CHECKED
+    a, matrix_t, b = _operands(16, 96, 128, seed=12, dtype=dtype)
+    product = Constants(matrix=matrix_t, bias=b).prepared("matrix", "bias", a)
+    assert product.columns == columns and product.dtype == dtype
+    exact = a.astype(np.float64) @ matrix_t.astype(np.float64) + b
+    assert np.abs(product(a) - exact).max() <= 10 * np.finfo(dtype).eps * np.abs(exact).max()
+    assert measured == [name]  # read once
 
 
 def test_no_compiled_products_where_numpy_is_asked_for(monkeypatch):

@@ -231,7 +231,7 @@ def test_prepared_products_are_timed_against_the_rows_peer(monkeypatch):
         np.matmul(a, b, out=out)
 
     monkeypatch.setattr(gemm, "rows_peer", lambda dtype, threads=1: ("torch", peer))
-    times = iter([1.0, 1.0, 1.0, 1.0, 1.0, 1.0])  # kernel, peer per timed shape: ratio 1 each
+    times = iter([1.0] * 9)  # each tile's kernel, then the peer, per timed shape: ratio 1 each
     monkeypatch.setattr(gemm, "_best", lambda call: (call(), next(times))[1])
     verdict = gemm._measure_few_rows(np.dtype(np.float64))
     assert verdict["against"] == "torch" and verdict["provider"] == "numpy" and verdict["ratio"] == 1.0

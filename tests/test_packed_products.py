@@ -32,6 +32,7 @@ def packing_on(monkeypatch):
     everywhere oneDNN is there; the measured choice only decides speed)."""
     monkeypatch.delenv("CTFORMER_GEMM", raising=False)
     monkeypatch.setattr(gemm, "prepared_products", lambda dtype: dtype == np.float32)
+    monkeypatch.setattr(gemm, "_packed_chosen", lambda: True)
 
 
 def _operands(rows, inner, width, lead=(), seed=0):

@@ -109,28 +109,49 @@ def uses_torch(dtype) -> bool:
 
 def prepared_products(dtype) -> bool:
     """Whether feature maps multiply ``dtype`` rows by a product prepared once per matrix on
-    this machine: float32 by the packed matrix (:mod:`ctformer._numerics.packed`), float64 of
-    few rows by the compiled kernel (:mod:`ctformer._numerics.few_rows`); ``CTFORMER_GEMM=auto``
-    only, each measured once. Asked for every product: two comparisons and a cached read."""
+    this machine: float32 by the packed matrix (:mod:`ctformer._numerics.packed`) where it was
+    chosen, else float32 and float64 of few rows by the compiled kernel
+    (:mod:`ctformer._numerics.few_rows`); ``CTFORMER_GEMM=auto`` only, each measured once.
+    Asked for every product: two comparisons and cached reads."""
     if _choice() != "auto":
         return False
-    if dtype == np.float32:
-        kind, name, measure, checked, chosen = "packed", "float32", _measure_packed, _packed.CHECKED, "torch"
-    elif dtype == np.float64:
-        kind, name, measure, checked, chosen = "few rows", "float64", _measure_few_rows, _few_rows.CHECKED, "compiled"
-    else:
+    name = "float32" if dtype == np.float32 else "float64" if dtype == np.float64 else None
+    if name is None:
         return False
-    if name not in _PEERS_DECIDED:  # decided first: the measurement times against it, under the store's lock
-        threaded_rows(dtype)
+    _decide_peer(name)
+    return (name == "float32" and _packed_chosen()) or \
+        _measured("few rows", name, _measure_few_rows, _few_rows.CHECKED) == "compiled"
+
+
+def _decide_peer(name: str) -> None:
+    """Decide the rows' own product first: a prepared product's measurement times against it,
+    under the store's lock, where no other choice may be measured."""
+    if name not in _PEERS_DECIDED:
+        threaded_rows(np.dtype(name))
         _PEERS_DECIDED.add(name)
-    return _measured(kind, name, measure, checked) == chosen
+
+
+def _packed_chosen() -> bool:
+    return _measured("packed", "float32", _measure_packed, _packed.CHECKED) == "torch"
+
+
+@lru_cache(maxsize=None)
+def few_rows_columns(dtype) -> int:
+    """The width of the compiled few-row kernel's tiles for ``dtype`` (float32 or float64) on
+    this machine (four rows by 4 or 3 columns, :func:`ctformer._numerics.few_rows.measure`),
+    where :func:`prepared_products` chose the kernel: read once from the stored verdict."""
+    name = np.dtype(dtype).name
+    threaded_rows(np.dtype(name))  # decided first: the measurement times against it
+    entry = _store.entry("few rows", name, _measure_few_rows, _few_rows.CHECKED, needs_torch=False)
+    return int(entry.get("columns", 4))
 
 
 def packed_rows(dtype) -> bool:
     """Whether feature maps multiply ``dtype`` rows by products packed once and run on one
-    thread (float32 where :func:`prepared_products` holds), so that only blocks of rows
-    (:func:`~ctformer._numerics.threads.by_row_blocks`) put their products on the threads."""
-    return dtype == np.float32 and prepared_products(dtype)
+    thread (float32 where :func:`prepared_products` holds by the packed matrix), so that only
+    blocks of rows (:func:`~ctformer._numerics.threads.by_row_blocks`) put their products on
+    the threads."""
+    return dtype == np.float32 and prepared_products(dtype) and _packed_chosen()
 
 
 def _measure_packed(dtype) -> dict:
@@ -226,6 +247,7 @@ def forget_choices() -> None:
     that switches stores)."""
     _measured.cache_clear()
     _products_entry.cache_clear()
+    few_rows_columns.cache_clear()
 
 
 @lru_cache(maxsize=None)

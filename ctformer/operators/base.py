@@ -78,17 +78,16 @@ class Constants:
         """The product by ``host[matrix]`` plus ``host[bias]`` (a name, or None) prepared once
         for the NumPy state ``like``, where this machine prepares products of its dtype
         (:func:`ctformer._numerics.gemm.prepared_products`): float32 by the packed matrix
-        (:mod:`ctformer._numerics.packed`), float64 of few rows by the compiled kernel
-        (:mod:`ctformer._numerics.few_rows`). None for other states, for tensors handed in, or
-        where the machine does not prepare them."""
+        (:mod:`ctformer._numerics.packed`) where this machine chose it, else float64 and
+        float32 of few rows by the compiled kernel (:mod:`ctformer._numerics.few_rows`). None
+        for other states, for tensors handed in, or where the machine does not prepare them."""
         if type(like) is not np.ndarray or not _gemm.prepared_products(like.dtype):
             return None
         key = (matrix, bias, like.dtype)
         found = self._prepared.get(key, self)
         if found is self:
-            make = _packed.pack if like.dtype == np.float32 else _few_rows.prepare
             found = self._prepared[key] = None if matrix in self._tensors or bias in self._tensors else \
-                make(self(matrix, like), None if bias is None else self(bias, like))
+                _prepare(self(matrix, like), None if bias is None else self(bias, like))
         return found
 
 
@@ -238,6 +237,15 @@ class Normalization(Operator):
     def is_idempotent(self) -> bool:
         """Whether :math:`N(N(u)) = N(u)` for every :math:`u` (default: :attr:`is_projection`)."""
         return self.is_projection
+
+
+def _prepare(matrix, bias):
+    """The product by ``matrix`` and ``bias`` (host arrays of the state's dtype) prepared once:
+    packed for float32 where this machine chose it, else the compiled few-row kernel in this
+    machine's tiles."""
+    if matrix.dtype == np.float32 and _gemm.packed_rows(matrix.dtype):
+        return _packed.pack(matrix, bias)
+    return _few_rows.prepare(matrix, bias, _gemm.few_rows_columns(matrix.dtype))
 
 
 def check_normalization(normalization, argname: str):
