@@ -133,6 +133,42 @@ def test_maps_with_packed_products_take_row_blocks_from_fewer_rows(monkeypatch):
         assert seen == [rows]
 
 
+def test_short_inputs_of_large_products_take_row_blocks(monkeypatch):
+    """256 to 511 rows whose map has at least 2^22 multiply-adds (rows x d x width) run by
+    blocks of at least 128 rows on the workers, every dtype, with the same bits for 1 and 3
+    threads; smaller products, and maps whose products run whole on torch's threads, are
+    called once."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((256, 64)) / 16
+    seen = []
+
+    def product(v):
+        seen.append(v.size // v.shape[-1])
+        time.sleep(0.005)
+        return v @ w.astype(v.dtype)
+
+    u = rng.standard_normal((2, 150, 256))           # 300 rows x 256 x 64: 4.9 M multiply-adds
+    assert 300 * 256 * 64 >= threads_module._SHORT_MIN_PRODUCT > 300 * 256 * 32
+    blocked = threads_module.by_row_blocks(product, width=64)
+    for dtype in (np.float64, np.float32):
+        results = []
+        for count in ("1", "3"):
+            monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+            seen.clear()
+            results.append(blocked(u.astype(dtype)))
+            assert sorted(seen) == [44, 128, 128]
+        np.testing.assert_array_equal(*results)
+        exact, scale = u @ w, np.abs(u) @ np.abs(w)  # sums of 256 products in the dtype
+        assert results[0].dtype == dtype
+        assert np.all(np.abs(results[0] - exact) <= 256 * np.finfo(dtype).eps * scale)
+    narrow = threads_module.by_row_blocks(lambda v: product(v)[..., :32], width=32)
+    threaded = threads_module.by_row_blocks(product, width=64, whole=lambda dtype: True)
+    for blocked_map in (narrow, threaded):
+        seen.clear()
+        blocked_map(u)
+        assert seen == [300]
+
+
 @pytest.mark.parametrize("limit", [1, 2, 3])
 def test_thread_count_follows_blas_limits_as_threadpoolctl_reports_them(monkeypatch, limit):
     """num_threads reads the libraries' counts directly (not threadpoolctl's info(), 10-20 us):

@@ -43,17 +43,23 @@ __all__ = ["num_threads", "fixed_threads", "single_thread_blas", "run_workers", 
 
 _LOCK = threading.Lock()
 # by_row_blocks: inputs with fewer rows take the map as it is (threaded BLAS splits the
-# columns of a short product better); blocks have at least _BLOCK_ROWS rows (BLAS efficiency),
-# and a call has at most _MAX_BLOCKS of them.
+# columns of a short product better), but for the shorter inputs below; blocks have at least
+# _BLOCK_ROWS rows (BLAS efficiency), and a call has at most _MAX_BLOCKS of them.
 _ROW_BLOCKS_MIN_ROWS = 512
 _BLOCK_ROWS = 256
 _MAX_BLOCKS = 8
-# Maps whose products run packed on one thread (float32, ctformer._numerics.packed) have no
-# threaded product to fall back on: they take blocks from _PACKED_MIN_ROWS rows, of at least
-# _PACKED_BLOCK_ROWS (float32 MiniLM, GPT-2, Llama of 256 tokens on two threads: 0.53-0.57
-# of HuggingFace's time by blocks, 1.4-2.7 before; AMD EPYC, family 26 model 2).
+# Inputs of _PACKED_MIN_ROWS to _ROW_BLOCKS_MIN_ROWS rows go by blocks of at least
+# _PACKED_BLOCK_ROWS too, where the map's products run packed on one thread (float32,
+# ctformer._numerics.packed: no threaded product to fall back on; float32 MiniLM, GPT-2, Llama
+# of 256 tokens on two threads: 0.53-0.57 of HuggingFace's time by blocks, 1.4-2.7 before; AMD
+# EPYC, family 26 model 2), and where their products run on BLAS's own threads and have at
+# least _SHORT_MIN_PRODUCT multiply-adds: on a virtual machine that packs an idle process's
+# threads onto one CPU, OpenBLAS's thread, unlike the pool's, is not held apart, and a product
+# after a pause of 20 ms took 1.9x its time (AMD EPYC, family 23 model 49); 256-token forwards
+# took 0.87-0.96 of HuggingFace's time by blocks against 1.04-1.28 (GPT-2, Llama).
 _PACKED_MIN_ROWS = 256
 _PACKED_BLOCK_ROWS = 128
+_SHORT_MIN_PRODUCT = 1 << 22
 
 
 class _Inside(threading.local):
@@ -275,7 +281,7 @@ def _threads_limiter():
 def by_row_blocks(flow, width=None, whole=None, packed=None):
     """``flow`` for a token-wise map ``(..., d) -> (..., width)`` (``width`` None: ``d``), run
     by blocks of rows on the workers for NumPy inputs of at least ``_ROW_BLOCKS_MIN_ROWS``
-    rows; other inputs go to ``flow`` as they are. The blocks (at least ``_BLOCK_ROWS`` rows,
+    rows (and for some shorter ones, below); other inputs go to ``flow`` as they are. The blocks (at least ``_BLOCK_ROWS`` rows,
     at most ``_MAX_BLOCKS`` of them) depend on the input's shape only, and every block runs
     with a single-threaded BLAS whatever the number of workers, one included
     (:func:`run_blas_tasks`), so the result has the same bits for every thread count.
@@ -289,7 +295,10 @@ def by_row_blocks(flow, width=None, whole=None, packed=None):
     ``packed``: None, or a test of the dtype that holds where the map's products run packed
     on one thread (:func:`ctformer._numerics.gemm.packed_rows`); such inputs are run by blocks
     from ``_PACKED_MIN_ROWS`` rows, of at least ``_PACKED_BLOCK_ROWS``, below
-    ``_ROW_BLOCKS_MIN_ROWS`` too: there is no threaded product that would use the threads."""
+    ``_ROW_BLOCKS_MIN_ROWS`` too: there is no threaded product that would use the threads.
+    So are the inputs of that many rows whose map is not ``whole`` and has at least
+    ``_SHORT_MIN_PRODUCT`` multiply-adds (rows x d x ``width``), which BLAS's own threads
+    would multiply otherwise (see ``_SHORT_MIN_PRODUCT``)."""
     def blocked(u):
         # cheapest tests first: small solves call this a few times per step
         if type(u) is not np.ndarray or u.size < _PACKED_MIN_ROWS or u.ndim < 2:
@@ -298,7 +307,9 @@ def by_row_blocks(flow, width=None, whole=None, packed=None):
         if rows < _PACKED_MIN_ROWS or getattr(_INSIDE, "worker", False):
             return flow(u)
         if rows < _ROW_BLOCKS_MIN_ROWS:
-            if packed is None or not packed(u.dtype):
+            if (packed is None or not packed(u.dtype)) and (
+                    u.size * (u.shape[-1] if width is None else width) < _SHORT_MIN_PRODUCT
+                    or (whole is not None and whole(u.dtype))):
                 return flow(u)
             least = _PACKED_BLOCK_ROWS
         elif whole is not None and whole(u.dtype):
