@@ -53,10 +53,11 @@ _MAX_BLOCKS = 8
 # ctformer._numerics.packed: no threaded product to fall back on; float32 MiniLM, GPT-2, Llama
 # of 256 tokens on two threads: 0.53-0.57 of HuggingFace's time by blocks, 1.4-2.7 before; AMD
 # EPYC, family 26 model 2), and where their products run on BLAS's own threads and have at
-# least _SHORT_MIN_PRODUCT multiply-adds: on a virtual machine that packs an idle process's
-# threads onto one CPU, OpenBLAS's thread, unlike the pool's, is not held apart, and a product
-# after a pause of 20 ms took 1.9x its time (AMD EPYC, family 23 model 49); 256-token forwards
-# took 0.87-0.96 of HuggingFace's time by blocks against 1.04-1.28 (GPT-2, Llama).
+# least _SHORT_MIN_PRODUCT multiply-adds: there one threaded product varied from call to call
+# (on a KVM guest, 1.8 ms after another product, 3.5 ms after a pause of 20 ms, its threads
+# held on separate CPUs or not; AMD EPYC, family 23 model 49), and 256-token forwards took
+# 0.89-1.04 of HuggingFace's time by blocks against 1.01-1.41 (MiniLM, GPT-2, Llama). Timed
+# alone, the blocks were slower (the pool's wake-up): the choice is the networks'.
 _PACKED_MIN_ROWS = 256
 _PACKED_BLOCK_ROWS = 128
 _SHORT_MIN_PRODUCT = 1 << 22
