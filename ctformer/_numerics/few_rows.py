@@ -1,13 +1,12 @@
-r"""Feature-map products of few rows in float64 and float32, by a compiled kernel that reads the matrix as it is.
+r"""Feature-map products of few rows (float64, float32) by a compiled kernel that reads the matrix as it is.
 
 A feature map multiplies the rows of every token by one matrix, :math:`v \mapsto v W^T + b`.
 With 2-16 rows (a 16-token forward) a BLAS product spends much of its time copying ("packing")
 :math:`W` into panels, and float64 has no packed-once product to turn to (oneDNN's, which
 :mod:`ctformer._numerics.packed` uses for float32 where this machine chose it, is float32
-only). The kernel of
-:mod:`ctformer._numerics.few_rows_loops` reads the rows of :math:`W` where they lie (a
-converted model's weight, no copy), four columns by four rows at a time, each sum in SIMD
-lanes, and splits the columns between Numba's OpenMP threads
+only). The kernel of :mod:`ctformer._numerics.few_rows_loops` reads the rows of :math:`W`
+where they lie (a converted model's weight, no copy), four rows by four (or three) columns at
+a time, each sum in SIMD lanes, and splits the columns between Numba's OpenMP threads
 (:func:`ctformer._numerics.openmp.openmp_threads`), which start at once where the library's
 own pool threads wake from sleep. On an AMD EPYC (family 26, model 2; two threads) the four
 products of a 16-token MiniLM layer took 0.6-0.85 of OpenBLAS's time, and whole 16-token
@@ -125,8 +124,7 @@ class FewRowsMatrix:
     def _multiply(self, rows, out, threads) -> bool:
         if self._weight is None:
             self._weight = np.ascontiguousarray(self.matrix_t.T)
-        call = _product(_kernels(), self.columns, rows, self._weight, self._bias, out, threads)
-        return call is not None
+        return _product(_kernels(), self.columns, rows, self._weight, self._bias, out, threads) is not None
 
 
 def padded(rows):
