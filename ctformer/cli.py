@@ -44,7 +44,7 @@ import warnings
 from .cli_common import (_WARNINGS, HF_PACKAGES, INSTALL_DEMO, MINILM_PACKAGES,
                          NO_MATPLOTLIB, UserError)
 from .cli_demo import DEMO_STEPS, DEMO_TOKENS, NEXT_COMMANDS, _docs_hint, _run_demo, _run_docs
-from .cli_interrupt import EXIT_INTERRUPTED, _interrupted, loading
+from .cli_interrupt import EXIT_INTERRUPTED, _interrupted, carried_interrupt, loading
 from .cli_limit import _run_cluster, _run_limit
 from .cli_parser import SHARED_DEFAULTS, _join_negative_values, build_parser
 from .cli_study import _run_list, _run_study
@@ -95,19 +95,30 @@ def _main(argv: list) -> int:
                 parser.print_help(sys.stderr)
                 return 2
             return COMMANDS[args.command](args)
-        except UserError as exc:
-            print(f"ctformer: error: {exc}", file=sys.stderr)
-            return 2
         except KeyboardInterrupt as exc:
             print(f"ctformer: {_interrupted(exc, args)}", file=sys.stderr)
             return EXIT_INTERRUPTED
-        except ModuleNotFoundError as exc:
-            if (exc.name or "").split(".")[0] not in MINILM_PACKAGES:
+        except Exception as exc:
+            interrupt = carried_interrupt(exc)  # a Ctrl-C that Python re-raised as another error
+            if interrupt is not None:
+                print(f"ctformer: {_interrupted(interrupt, args)}", file=sys.stderr)
+                return EXIT_INTERRUPTED
+            message = _user_error(exc)
+            if message is None:
                 raise
-            print(f"ctformer: error: this command needs {exc.name}, which is not installed: "
-                  f"{INSTALL_DEMO}", file=sys.stderr)
-            return 2
-        except (ValueError, TypeError, OSError) as exc:
-            message = " ".join(str(exc).split())
             print(f"ctformer: error: {message}", file=sys.stderr)
             return 2
+
+
+def _user_error(exc: Exception) -> str | None:
+    """The one line for an error the user can act on (a bad argument, a missing optional
+    package, a file that cannot be read), or None for any other."""
+    if isinstance(exc, UserError):
+        return str(exc)
+    if isinstance(exc, ModuleNotFoundError):
+        if (exc.name or "").split(".")[0] not in MINILM_PACKAGES:
+            return None
+        return f"this command needs {exc.name}, which is not installed: {INSTALL_DEMO}"
+    if isinstance(exc, (ValueError, TypeError, OSError)):
+        return " ".join(str(exc).split())
+    return None

@@ -31,6 +31,23 @@ def _interrupted(exc: KeyboardInterrupt, args) -> str:
     return "interrupted"
 
 
+def carried_interrupt(exc: BaseException):
+    """The ``KeyboardInterrupt`` that ``exc`` was raised in place of, or None.
+
+    Python turns some exceptions into others on their way out: in Python 3.11 one raised in a
+    ``__set_name__`` while a class is created (a Ctrl-C while Numba's lowering module loads at
+    a first compile) leaves as ``RuntimeError: Error calling __set_name__ ...``, the interrupt
+    as its cause. The command line reports such an error as the interrupt it carries, not as
+    a crash with status 1: the chain of causes and contexts is searched for one."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+    return None
+
+
 def _is_command_line() -> bool:
     """Whether this process is the ``ctformer`` command (``python -m ctformer`` or the console
     script), not a program that imports the library."""

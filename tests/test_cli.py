@@ -248,6 +248,43 @@ def test_ctrl_c_prints_one_line_exits_130_and_resumes(tmp_path):
     assert abs(data["observed_order"] - 1.0) < 0.3                       # Lie: order 1
 
 
+def test_a_ctrl_c_python_re_raised_as_another_error_still_ends_the_command(monkeypatch, capsys):
+    """Python 3.11 turns a KeyboardInterrupt raised in a class's ``__set_name__`` (a Ctrl-C while
+    Numba's lowering loads at a first compile) into ``RuntimeError: Error calling __set_name__``:
+    the command reports the interrupt it carries (one line, status 130), not a crash. Errors that
+    carry none keep their own handling."""
+    class Lowering:
+        def __set_name__(self, owner, name):
+            raise KeyboardInterrupt
+
+    def interrupted_compile(args):
+        type("PyLower", (), {"typobj": Lowering()})  # raises RuntimeError from KeyboardInterrupt
+
+    def wrapped_twice(args):
+        try:
+            interrupted_compile(args)
+        except RuntimeError as exc:
+            raise ImportError("cannot import the lowering") from exc
+
+    for command in (interrupted_compile, wrapped_twice):
+        monkeypatch.setitem(cli.COMMANDS, "list", command)
+        assert cli.main(["list"]) == 130
+        assert capsys.readouterr().err == "ctformer: interrupted\n"
+
+    def bad_value(args):
+        raise ValueError("levels must   increase")
+
+    def crash(args):
+        raise RuntimeError("a defect")
+
+    monkeypatch.setitem(cli.COMMANDS, "list", bad_value)
+    assert cli.main(["list"]) == 2
+    assert capsys.readouterr().err == "ctformer: error: levels must increase\n"
+    monkeypatch.setitem(cli.COMMANDS, "list", crash)
+    with pytest.raises(RuntimeError, match="a defect"):
+        cli.main(["list"])
+
+
 def test_list_names_every_discretization_and_scheme(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
