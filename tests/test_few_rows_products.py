@@ -55,7 +55,7 @@ def test_products_agree_with_the_float64_product(compiled_on, m, k, n, with_bias
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_every_split_of_the_columns_gives_the_bits_of_one_thread(compiled_on, monkeypatch, columns, dtype):
     kernels = few_rows._kernels()
-    one_thread, parallel = few_rows._TILES[columns]
+    one_thread = few_rows._TILES[columns]
     for rows in (16, 7):  # row tiles of four; leftover rows padded with zero rows
         a, matrix_t, b = _operands(rows, 200, 1030, seed=5, dtype=dtype)
         a = few_rows.padded(a)
@@ -68,7 +68,7 @@ def test_every_split_of_the_columns_gives_the_bits_of_one_thread(compiled_on, mo
                 kernels[one_thread](a, w, b, split, start, min(1030, start + block))
             assert np.array_equal(one, split)
             threaded = np.full((a.shape[0], 1030), np.nan, dtype)
-            kernels[parallel](a, w, b, threaded, block)
+            kernels["columns_parallel"](a, w, b, threaded, block, columns)
             assert np.array_equal(one, threaded)
     product = few_rows.prepare(matrix_t, b, columns)
     outs = []

@@ -70,7 +70,7 @@ _INVARIANCE_SHAPES = ((16, 384, 1152), (13, 96, 262), (7, 70, 1027), (_MIN_ROWS,
 _TIMED_SHAPES = ((16, 384, 1152), (16, 1536, 384), (16, 384, 384))
 # what a stored verdict checked, and against what: a verdict stored otherwise is measured again
 # the tiles' widths (four rows by this many columns) and their kernels: one thread, column blocks
-_TILES = {4: ("columns", "columns_parallel"), 3: ("columns3", "columns3_parallel")}
+_TILES = {4: "columns", 3: "columns3"}
 CHECKED = (f"{_INVARIANCE_SHAPES!r} against the rows' own product, on the library's threads; "
            f"tiles of 4 rows by {tuple(_TILES)} columns")
 _MARGIN = 0.92
@@ -83,7 +83,7 @@ def _kernels():
     from . import few_rows_loops as _loops
 
     return {name: _compiled._compiling_uninterrupted(getattr(_loops, name))
-            for names in _TILES.values() for name in names}
+            for name in (*_TILES.values(), "columns_parallel")}
 
 
 class FewRowsMatrix:
@@ -174,12 +174,12 @@ def measure(dtype, best, peer=None, threads: int = 1) -> dict:
     for m, k, n in _INVARIANCE_SHAPES:
         a, w, b = (rng.standard_normal(shape).astype(dtype) for shape in ((m, k), (n, k), (n,)))
         a = padded(a)
-        for tile, (one_thread, parallel) in _TILES.items():
+        for tile, one_thread in _TILES.items():
             one, blocks = np.empty((a.shape[0], n), dtype), np.empty((a.shape[0], n), dtype)
             kernels[one_thread](a, w, b, one, 0, n)
             for block in (tile, 2 * tile, tile * (n // (3 * tile)) + tile):
                 blocks.fill(np.nan)
-                ran = openmp_threads(lambda: kernels[parallel](a, w, b, blocks, block), 3)
+                ran = openmp_threads(lambda: kernels["columns_parallel"](a, w, b, blocks, block, tile), 3)
                 if ran and not np.array_equal(one, blocks):
                     return {"provider": "numpy", "reason": f"column blocks round differently at {(m, k, n)}"}
     times = {tile: [] for tile in _TILES}
@@ -212,10 +212,10 @@ def _product(kernels, columns, rows, weight, bias, out, threads):
     """``out = rows @ weight.T + bias`` by the kernel of tiles ``columns`` wide on ``threads``
     threads (its column blocks on OpenMP's threads), as :meth:`FewRowsMatrix._multiply` runs
     it; returns ``out``, or None (nothing done) where OpenMP's threads cannot run here."""
-    one_thread, parallel = _TILES[columns]
     n = out.shape[1]
     if threads <= 1:
-        kernels[one_thread](rows, weight, bias, out, 0, n)
+        kernels[_TILES[columns]](rows, weight, bias, out, 0, n)
         return out
     block = -(-n // (columns * threads)) * columns  # one block per thread, a whole number of tiles
-    return out if openmp_threads(lambda: kernels[parallel](rows, weight, bias, out, block), threads) else None
+    run = kernels["columns_parallel"]
+    return out if openmp_threads(lambda: run(rows, weight, bias, out, block, columns), threads) else None

@@ -18,8 +18,8 @@ took 0.60-0.67 of the time of sixteen in float64 and 0.57-0.61 in float32 (AMD E
 (:func:`ctformer._numerics.few_rows.measure`). The rows come in fours: callers pad them with
 zero rows (:func:`ctformer._numerics.few_rows.padded`), so that one tile computes every row,
 each with the same code. 'reassoc' lets LLVM split each sum into partial sums, an order fixed
-by the compiled code and the shape, never by the thread count. ``columns_parallel`` and
-``columns3_parallel`` hand blocks of columns (multiples of the tile's width) to Numba's
+by the compiled code and the shape, never by the thread count. ``columns_parallel`` hands
+blocks of columns (multiples of the tile's width) to Numba's
 threads: every entry is computed by the same code on every partition, so the bits are those
 of the one-thread kernel on the whole matrix.
 """
@@ -138,18 +138,12 @@ def _store4(out, i, j, c0, c1, c2, c3):
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy", boundscheck=False)
-def columns_parallel(a, w, bias, out, block):
-    """``columns`` on all of ``out``'s columns, blocks of ``block`` (a multiple of 4) at a time
-    on Numba's threads."""
+def columns_parallel(a, w, bias, out, block, tile):
+    """``columns`` (``tile`` 4) or ``columns3`` (``tile`` 3) on all of ``out``'s columns, blocks
+    of ``block`` (a multiple of ``tile``) at a time on Numba's threads."""
     n = w.shape[0]
     for t in prange((n + block - 1) // block):
-        columns(a, w, bias, out, t * block, min(n, (t + 1) * block))
-
-
-@njit(parallel=True, nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy", boundscheck=False)
-def columns3_parallel(a, w, bias, out, block):
-    """``columns3`` on all of ``out``'s columns, blocks of ``block`` (a multiple of 3) at a time
-    on Numba's threads."""
-    n = w.shape[0]
-    for t in prange((n + block - 1) // block):
-        columns3(a, w, bias, out, t * block, min(n, (t + 1) * block))
+        if tile == 3:
+            columns3(a, w, bias, out, t * block, min(n, (t + 1) * block))
+        else:
+            columns(a, w, bias, out, t * block, min(n, (t + 1) * block))
