@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .loops import FLAGS, exp_, jit
+from .loops import FLAGS, exp_nonpositive_, jit
 
 
 @jit
@@ -62,7 +62,7 @@ def sa_velocity(x, beta, log_w, normalized, out):
         for j in range(n):
             row = scores[j]
             for i in range(n):
-                e = exp_(row[i] - top[i])
+                e = exp_nonpositive_(row[i] - top[i])
                 row[i] = e
                 total[i] += e
             for l in range(d):
