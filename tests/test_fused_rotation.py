@@ -36,3 +36,21 @@ def test_other_tables_keep_the_array_formula(rng):
     cos = np.ones((1, 5, 3))   # broadcast tables: not the kernel's (N, m)
     sin = np.zeros((1, 5, 3))
     np.testing.assert_array_equal(positions.rotate(np, q, cos, sin), q)
+
+
+@pytest.mark.parametrize("view", ["reversed tokens", "broadcast heads", "strided features", "empty"])
+def test_rotation_of_any_view_is_the_complex_product(rng, view):
+    """The kernel reads q through a flat view of its memory: views with negative, zero and
+    non-unit feature strides (copied first, or read in place) rotate as the complex product."""
+    n, m = 7, 3
+    base = rng.standard_normal((2, n, 4 * m))
+    q = {"reversed tokens": base[:, ::-1, : 2 * m],
+         "broadcast heads": np.broadcast_to(base[:1, :, : 2 * m], (3, n, 2 * m)),
+         "strided features": base[:, :, ::2],
+         "empty": base[:0, :, : 2 * m]}[view]
+    theta = rng.uniform(-np.pi, np.pi, (n, m))
+    got = positions.rotate(np, q, np.cos(theta), np.sin(theta))
+    z = (q[..., :m] + 1j * q[..., m:]) * np.exp(1j * theta)
+    exact = np.concatenate([z.real, z.imag], axis=-1)
+    assert got.shape == q.shape
+    np.testing.assert_allclose(got, exact, rtol=0, atol=4e-16 * max(1.0, np.abs(exact).max(initial=0)))

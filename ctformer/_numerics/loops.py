@@ -266,8 +266,9 @@ def exp_rows(s, log_w, causal_start, period, diag_shift, sums):
         top = row_max(row, end)
         for j in range(end):
             row[j] = exp_nonpositive_(row[j] - top)
-        for j in range(end, cols):
-            row[j] = 0
+        # the masked tail by slice assignment: a loop of stores took 20 us for the zeros of
+        # 384 causal rows of 128 scores against 3 us, 40% of this kernel (AMD EPYC 23/49)
+        row[end:] = 0
         sums[i] = row_sum(row, end)
 
 
@@ -298,8 +299,7 @@ def exp_rows_online(s, log_w, col0, causal_start, diag_shift, top, sums, alpha):
         a = math.exp(np.float64(top[i]) - np.float64(new)) if finite else 1.0
         for j in range(end if finite else 0):
             row[j] = exp_nonpositive_(row[j] - new)
-        for j in range(end if finite else 0, cols):
-            row[j] = 0
+        row[end if finite else 0:] = 0  # a slice, not a loop: see exp_rows
         sums[i] = sums[i] * a + row_sum(row, end if finite else 0)
         top[i], alpha[i] = new, a
 
@@ -406,15 +406,20 @@ def gelu64(z, out):
 
 
 @jit
-def rotate_pairs(q, cos, sin, out):
-    """out = (q1 cos - q2 sin, q2 cos + q1 sin) for the halves q1, q2 of the last axis of the
-    4-d ``q`` (any strides; ``cos``, ``sin``: (N, m), ``out`` C order like ``q``)."""
-    groups, heads, n, width = q.shape
+def rotate_pairs(x, steps, cos, sin, out):
+    """out = (q1 cos - q2 sin, q2 cos + q1 sin) for the halves q1, q2 of the last axis of a
+    4-d ``q`` held in the 1-d C array ``x``: q[a, b, i, j] = x[a s0 + b s1 + i s2 + j] for
+    ``steps`` (s0, s1, s2) (``cos``, ``sin``: (N, m); ``out``: C order, q's shape). Each row
+    of q is then a contiguous slice, which LLVM vectorizes; the same loop over a strided 4-d
+    view ran in scalars (float32 2.6x, float64 1.5x slower, AMD EPYC family 23 model 49)."""
+    groups, heads, n, width = out.shape
     m = width // 2
+    s0, s1, s2 = steps
     for a in range(groups):
         for b in range(heads):
             for i in range(n):
-                x, y, c, s = q[a, b, i], out[a, b, i], cos[i], sin[i]
+                start = a * s0 + b * s1 + i * s2
+                q, y, c, s = x[start:start + width], out[a, b, i], cos[i], sin[i]
                 for j in range(m):
-                    y[j] = x[j] * c[j] - x[j + m] * s[j]
-                    y[j + m] = x[j + m] * c[j] + x[j] * s[j]
+                    y[j] = q[j] * c[j] - q[j + m] * s[j]
+                    y[j + m] = q[j + m] * c[j] + q[j] * s[j]

@@ -353,10 +353,22 @@ def rotate(xp, q, cos, sin):
         if kernels is not None:  # one pass instead of six and a concatenation
             out = np.empty(q.shape, dtype=q.dtype)
             extra = (None,) * (4 - q.ndim)
-            kernels.rotate_pairs(q[extra], cos, sin, out[extra])
+            kernels.rotate_pairs(*_flat(q[extra]), cos, sin, out[extra])
             return out
     q1, q2 = q[..., :m], q[..., m:]
     return xp.concat([q1 * cos - q2 * sin, q2 * cos + q1 * sin], axis=-1)
+
+
+def _flat(q):
+    """``(x, steps)``: a 1-d C view ``x`` of the memory the 4-d ``q`` spans and q's first three
+    strides in elements, q[a, b, i, j] = x[a s0 + b s1 + i s2 + j] (q is copied first unless
+    its last axis is contiguous and its strides are nonnegative multiples of the item size)."""
+    size = q.itemsize
+    if q.strides[-1] != size or any(s < 0 or s % size for s in q.strides) or not q.size:
+        q = np.ascontiguousarray(q)
+    steps = tuple(s // size for s in q.strides[:3])
+    span = sum((n - 1) * s for n, s in zip(q.shape[:3], steps)) + q.shape[-1] if q.size else 0
+    return np.lib.stride_tricks.as_strided(q, shape=(span,), strides=(size,)), steps
 
 
 def alibi_slopes(heads: int) -> np.ndarray:
