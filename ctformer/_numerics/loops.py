@@ -19,8 +19,11 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from . import kernel_cache as _kernel_cache
 from . import normal_tail as _normal_tail
 from .normal_tail import ERFC_COEFFICIENTS, TANH_GELU
+
+_kernel_cache.install()  # before any kernel is defined: see kernel_cache
 
 # 'contract' lets LLVM fuse multiply-adds; no flag that changes inf/NaN semantics.
 FLAGS = frozenset({"contract"})

@@ -14,6 +14,10 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import kernel_cache as _kernel_cache
+
+_kernel_cache.install()  # before the kernel is defined: see kernel_cache
+
 
 @intrinsic
 def _gettid(typingctx):
