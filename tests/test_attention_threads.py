@@ -22,6 +22,12 @@ SCRIPT = textwrap.dedent("""
 
     rng = np.random.default_rng(0)
     results = {}
+
+    def masked_heads(dtype):
+        r = np.random.default_rng(5)
+        qm, km, vm = (r.standard_normal((40, 100, 16)).astype(dtype) for _ in range(3))
+        keep = (r.random((40, 100, 100)) < 0.7) | np.eye(100, dtype=bool)
+        return qm, km, vm, keep
     for dtype in ("float64", "float32"):
         # the user's case: (2, 1100, 16), the streamed path (worker tasks)
         q, k, v = (rng.standard_normal((2, 1100, 16)).astype(dtype) for _ in range(3))
@@ -40,6 +46,13 @@ SCRIPT = textwrap.dedent("""
                                                              weights=rng.uniform(0.5, 1.5, 2100))
         p = np.arange(1100, dtype=float)
         results[f"{dtype}-window"] = local_attention(q, k, v, beta=0.7, pattern=window_pattern(p, 300))
+        # many small masked problems (2^18 to 2^20 scores in all): blocks of heads on the workers
+        qm, km, vm, keep = masked_heads(dtype)
+        results[f"{dtype}-maskedheads"] = quadrature_attention(qm, km, vm, beta=0.7, mask=keep)
+        # a sliding window over 256 tokens of 12 heads: its slabs take that path
+        qw, kw, vw = (rng.standard_normal((12, 256, 16)).astype(dtype) for _ in range(3))
+        results[f"{dtype}-windowheads"] = local_attention(qw, kw, vw, beta=0.7,
+                                                          pattern=window_pattern(np.arange(256.0), 128))
     np.savez(sys.argv[1], **results)
 """)
 
@@ -59,7 +72,7 @@ def test_attention_is_bit_identical_for_1_2_3_threads(tmp_path, engine):
         require("numba")
     runs = {threads: _run(tmp_path, engine, threads) for threads in (1, 2, 3)}
     names = sorted(runs[1])
-    assert len(names) == 12
+    assert len(names) == 16
     for threads in (2, 3):
         for name in names:
             a, b = runs[1][name], runs[threads][name]
@@ -72,3 +85,10 @@ def test_attention_is_bit_identical_for_1_2_3_threads(tmp_path, engine):
     s = 0.7 * q @ np.swapaxes(k, -1, -2)
     p = np.exp(s - s.max(-1, keepdims=True))
     assert np.abs(runs[1]["float64-plain"] - p @ v / p.sum(-1, keepdims=True)).max() < 1e-13
+    # and so are the many masked heads, with their masks
+    r = np.random.default_rng(5)
+    qm, km, vm = (r.standard_normal((40, 100, 16)) for _ in range(3))
+    keep = (r.random((40, 100, 100)) < 0.7) | np.eye(100, dtype=bool)
+    s = np.where(keep, 0.7 * qm @ np.swapaxes(km, -1, -2), -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    assert np.abs(runs[1]["float64-maskedheads"] - p @ vm / p.sum(-1, keepdims=True)).max() < 1e-13

@@ -76,12 +76,14 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk, term
         return _numpy_paths.stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry, packs,
                                    terms)
     qs = q * beta  # beta folded into the queries: O(N d), cheaper than scaling every score
-    if numpy and chunk is None and n * m * math.prod(lead) <= _CHUNK_ELEMENTS and n * m < _STREAM_MIN_ENTRIES:
+    if numpy and chunk is None and n * m < _STREAM_MIN_ENTRIES and lead and \
+            n * m * math.prod(lead) >= _numpy_paths._PARALLEL_MIN_ENTRIES:
+        # many heads (a sliding window's slabs too): blocks of heads on the worker threads
+        out = _numpy_paths.small_blocks(qs, k, v, log_w, causal, diag_shift, lead, terms, keep)
+    elif numpy and chunk is None and n * m * math.prod(lead) <= _CHUNK_ELEMENTS and n * m < _STREAM_MIN_ENTRIES:
         out = _numpy_paths.small(qs, k, v, log_w, keep, causal, diag_shift,
                                  out=_numpy_paths.output_array(lead, n, v.shape[-1], _common_dtype(qs, k, v),
                                                                 _numpy_paths.head_axes(q, k, lead)), terms=terms)
-    elif numpy and chunk is None and n * m < _STREAM_MIN_ENTRIES and keep is None:
-        out = _numpy_paths.small_blocks(qs, k, v, log_w, causal, diag_shift, lead, terms)
     else:
         if chunk is None:
             target = _CHUNK_ELEMENTS_DEVICE if array_api_compat.is_cupy_array(q) else _CHUNK_ELEMENTS

@@ -109,14 +109,16 @@ def _small(qs, k, v, log_w, keep, causal, diag_shift, out, terms=None):
     return out
 
 
-def small_blocks(qs, k, v, log_w, causal, diag_shift, lead, terms=None):
+def small_blocks(qs, k, v, log_w, causal, diag_shift, lead, terms=None, keep=None):
     """Many small (batch, head) problems: :func:`small` on blocks of the last leading axis
     (views: the operands are never gathered into one stack), each block's scores at most
     ``_SMALL_TASK_ELEMENTS`` entries, at least ``_MIN_TASKS`` blocks when there are that many
-    problems, shared by the worker threads. The blocks depend on the shapes only."""
+    problems, shared by the worker threads. The blocks depend on the shapes only. ``keep``:
+    None, or a boolean mask broadcasting to ``(*lead, n, m)`` (every row keeps a key)."""
     n, m, e = qs.shape[-2], k.shape[-2], v.shape[-1]
     out = output_array(lead, n, e, np.result_type(qs.dtype, v.dtype), head_axes(qs, k, lead))
     qs, k, v = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (qs, k, v))
+    keep = None if keep is None else np.broadcast_to(keep, (*lead, n, m))
     count, inner = math.prod(lead), lead[-1]
     step = max(1, min(inner, _SMALL_TASK_ELEMENTS // (n * m), -(-count // _MIN_TASKS)))
     tasks = [(idx, slice(start, start + step)) for idx in np.ndindex(*lead[:-1])
@@ -124,7 +126,7 @@ def small_blocks(qs, k, v, log_w, causal, diag_shift, lead, terms=None):
     dtype = out.dtype
     # BLAS is limited once for the pass, not per task (8 us each): by the parallel pass, else
     # here where one problem is large enough to be threaded by OpenBLAS (see ``small``)
-    batch = _small_torch if terms is None and dtype in (np.float32, np.float64) and \
+    batch = _small_torch if terms is None and keep is None and dtype in (np.float32, np.float64) and \
         _gemm.softmax_provider(dtype) == "torch" else _small
     parallel = n * m * count >= _PARALLEL_MIN_ENTRIES
     limit = None if parallel or n * m * qs.shape[-1] < _ONE_BLAS_THREAD_MIN else _threads.single_thread_blas()
@@ -135,8 +137,8 @@ def small_blocks(qs, k, v, log_w, causal, diag_shift, lead, terms=None):
         while (task := next_task()) is not None:
             idx, block = task
             sliced = None if terms is None else terms.at((*idx, block))
-            batch(qs[idx][block], k[idx][block], v[idx][block], log_w, None, causal, diag_shift,
-                  out[idx][block], sliced)
+            batch(qs[idx][block], k[idx][block], v[idx][block], log_w, None if keep is None else keep[idx][block],
+                  causal, diag_shift, out[idx][block], sliced)
 
     with limit if limit is not None else nullcontext():
         _threads.run_blas_tasks(worker, tasks, parallel)
