@@ -143,3 +143,17 @@ def test_an_empty_batch_gives_an_empty_result_on_both_paths(monkeypatch, case, l
                                                 **{k: v for k, v in options.items() if k != "heads"})
     out = model.solve(u, tokens=rule(12), features=Midpoint(16), scheme="strang")
     assert out.shape == u.shape
+
+
+@pytest.mark.parametrize("keep_shape", [(5, 7), (3, 5, 7), (1, 5, 7), (2, 3, 5, 7)])
+def test_masked_scores_are_np_where_in_place_or_not(rng, keep_shape):
+    """The batched pass masks its new scores in place where the mask broadcasts to them, and
+    as np.where (a larger result) where the mask has more axes; either way np.where's values."""
+    from ctformer._numerics import streamed
+
+    s = rng.standard_normal((3, 5, 7))
+    keep = rng.random(keep_shape) < 0.5
+    expected = np.where(keep, s, -np.inf)
+    got = streamed._masked(s.copy(), keep)
+    np.testing.assert_array_equal(got, expected)
+    assert got.shape == expected.shape
