@@ -53,6 +53,10 @@ SCRIPT = textwrap.dedent("""
         qw, kw, vw = (rng.standard_normal((12, 256, 16)).astype(dtype) for _ in range(3))
         results[f"{dtype}-windowheads"] = local_attention(qw, kw, vw, beta=0.7,
                                                           pattern=window_pattern(np.arange(256.0), 128))
+        # grouped queries (3 per key/value head): blocks over the key/value heads and groups
+        qg = rng.standard_normal((4, 4, 3, 128, 16)).astype(dtype)
+        kg, vg = (rng.standard_normal((4, 4, 1, 128, 16)).astype(dtype) for _ in range(2))
+        results[f"{dtype}-groupedheads"] = quadrature_attention(qg, kg, vg, beta=0.7, mask="causal")
     np.savez(sys.argv[1], **results)
 """)
 
@@ -72,7 +76,7 @@ def test_attention_is_bit_identical_for_1_2_3_threads(tmp_path, engine):
         require("numba")
     runs = {threads: _run(tmp_path, engine, threads) for threads in (1, 2, 3)}
     names = sorted(runs[1])
-    assert len(names) == 16
+    assert len(names) == 18
     for threads in (2, 3):
         for name in names:
             a, b = runs[1][name], runs[threads][name]

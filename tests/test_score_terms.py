@@ -56,6 +56,7 @@ def _tol(dtype):
 PATHS = [
     ("one batched pass", (2, 3), 24, 24, None, "small"),
     ("batched blocks on the threads", (4, 80), 128, 128, "causal", "small_blocks"),
+    ("blocks over two leading axes", (16, 4, 2), 128, 128, "causal", "small_blocks"),
     ("causal query chunks", (2,), 512, 512, "causal", "stream"),
     ("query chunks in key blocks", (1,), 1024, 4096, None, "stream"),
     ("many masked problems", (4, 12), 128, 255, "band", "stream"),

@@ -157,3 +157,23 @@ def test_masked_scores_are_np_where_in_place_or_not(rng, keep_shape):
     got = streamed._masked(s.copy(), keep)
     np.testing.assert_array_equal(got, expected)
     assert got.shape == expected.shape
+
+
+@pytest.mark.parametrize("lead, most", [((8, 4, 3), 12), ((8, 12), 12), ((5, 7, 3), 4), ((6, 40), 7),
+                                        ((2, 3, 4, 2), 5), ((13,), 4), ((3, 5), 1)])
+def test_head_blocks_cover_every_problem_once(lead, most):
+    """The tasks of many small problems: every problem in exactly one block of at most ``most``;
+    whole runs of the last axis go together over the next one (grouped queries: 8 x 128 tokens
+    of 4 key/value heads with 3 query heads each make 8 blocks of 12 heads, not 32 of 3)."""
+    from ctformer._numerics import streamed
+
+    blocks = streamed._head_blocks(lead, most)
+    seen = np.zeros(lead, dtype=int)
+    for block in blocks:
+        assert 1 <= seen[block].size <= most
+        seen[block] += 1
+    np.testing.assert_array_equal(seen, 1)
+    if lead == (8, 4, 3):
+        assert len(blocks) == 8
+    if most < lead[-1]:  # runs of the last axis: as many blocks as before the two-axis runs
+        assert len(blocks) == math.prod(lead[:-1]) * -(-lead[-1] // most)

@@ -119,8 +119,8 @@ def _masked(s, keep):
 
 
 def small_blocks(qs, k, v, log_w, causal, diag_shift, lead, terms=None, keep=None):
-    """Many small (batch, head) problems: :func:`small` on blocks of the last leading axis
-    (views: the operands are never gathered into one stack), each block's scores at most
+    """Many small (batch, head) problems: :func:`small` on blocks of problems
+    (:func:`_head_blocks`; views: the operands are never gathered into one stack), each block's scores at most
     ``_SMALL_TASK_ELEMENTS`` entries, at least ``_MIN_TASKS`` blocks when there are that many
     problems, shared by the worker threads. The blocks depend on the shapes only. ``keep``:
     None, or a boolean mask broadcasting to ``(*lead, n, m)`` (every row keeps a key)."""
@@ -128,10 +128,8 @@ def small_blocks(qs, k, v, log_w, causal, diag_shift, lead, terms=None, keep=Non
     out = output_array(lead, n, e, np.result_type(qs.dtype, v.dtype), head_axes(qs, k, lead))
     qs, k, v = (np.broadcast_to(a, (*lead, *a.shape[-2:])) for a in (qs, k, v))
     keep = None if keep is None else np.broadcast_to(keep, (*lead, n, m))
-    count, inner = math.prod(lead), lead[-1]
-    step = max(1, min(inner, _SMALL_TASK_ELEMENTS // (n * m), -(-count // _MIN_TASKS)))
-    tasks = [(idx, slice(start, start + step)) for idx in np.ndindex(*lead[:-1])
-             for start in range(0, inner, step)]
+    count = math.prod(lead)
+    tasks = _head_blocks(lead, min(_SMALL_TASK_ELEMENTS // (n * m), -(-count // _MIN_TASKS)))
     dtype = out.dtype
     # BLAS is limited once for the pass, not per task (8 us each): by the parallel pass, else
     # here where one problem is large enough to be threaded by OpenBLAS (see ``small``)
@@ -143,15 +141,31 @@ def small_blocks(qs, k, v, log_w, causal, diag_shift, lead, terms=None, keep=Non
     terms = None if terms is None else terms.spread(lead, n, m)
 
     def worker(next_task):
-        while (task := next_task()) is not None:
-            idx, block = task
-            sliced = None if terms is None else terms.at((*idx, block))
-            batch(qs[idx][block], k[idx][block], v[idx][block], log_w, None if keep is None else keep[idx][block],
-                  causal, diag_shift, out[idx][block], sliced)
+        while (block := next_task()) is not None:
+            sliced = None if terms is None else terms.at(block)
+            batch(qs[block], k[block], v[block], log_w, None if keep is None else keep[block],
+                  causal, diag_shift, out[block], sliced)
 
     with limit if limit is not None else nullcontext():
         _threads.run_blas_tasks(worker, tasks, parallel)
     return out
+
+
+def _head_blocks(lead, most) -> list:
+    """The tasks of :func:`small_blocks`: indices into the leading axes ``lead``, each a block
+    of at most ``most`` (>= 1) problems. A block is a run of the last axis; where a whole run
+    fits, it is runs of the last two axes (all of a grouped-query layout's groups for several
+    key/value heads): 8 x 128 tokens of 4 key/value heads of 3 queries each made 32 tasks of
+    3 heads, each with its own fixed costs (a dozen NumPy calls), where 8 tasks of 12 do."""
+    inner, most = lead[-1], max(1, most)
+    if most < inner or len(lead) < 2:
+        step = min(inner, most)
+        return [(*idx, slice(start, start + step)) for idx in np.ndindex(*lead[:-1])
+                for start in range(0, inner, step)]
+    outer = lead[-2]
+    step = min(outer, most // inner)
+    return [(*idx, slice(start, start + step), slice(None)) for idx in np.ndindex(*lead[:-2])
+            for start in range(0, outer, step)]
 
 
 def _small_torch(qs, k, v, log_w, keep, causal, diag_shift, out, terms=None):
