@@ -36,7 +36,10 @@ _SCRIPT = textwrap.dedent("""
     out = {"run64": model.run(x), "run32": model.run(x.astype(np.float32)),
            # 400 rows: packed float32 products by blocks of 128 rows, attention on the threads
            "run32_mid": model.run(x[:1, :400].astype(np.float32)),
-           "attention": quadrature_attention(q, k, v, beta=0.7)}
+           "attention": quadrature_attention(q, k, v, beta=0.7),
+           # tasks of whole sequences: 5 blocks of 2 x 64 tokens, 8 of 128
+           "seqs32": model.run(rng.standard_normal((9, 64, 32)).astype(np.float32)),
+           "seqs64": model.run(rng.standard_normal((8, 128, 32)))}
     np.savez(sys.argv[1], **out)
 """)
 
@@ -61,7 +64,7 @@ def test_run_and_attention_are_bitwise_identical_for_1_2_3_threads(engine, tmp_p
     if engine == "numba":
         require("numba")
     results = [_run(engine, t, tmp_path / f"{t}.npz") for t in (1, 2, 3)]
-    for name in ("run64", "run32", "run32_mid", "attention"):
+    for name in ("run64", "run32", "run32_mid", "attention", "seqs32", "seqs64"):
         for threads, other in zip((2, 3), results[1:]):
             diff = np.max(np.abs(other[name].astype(np.float64) - results[0][name]))
             assert np.array_equal(other[name], results[0][name]), \

@@ -34,9 +34,11 @@ from .._numerics import streamed as _streamed
 from .._numerics.fused import engine_setting
 from .._numerics.score_terms import DistanceTerm, ScoreTerms
 from .._numerics.gemm import numpy_rows, packed_rows, plain_rows, rows_product, threaded_rows
-from .._numerics.threads import _INSIDE, by_row_blocks
+from .._numerics.sequences import sequence_blocks
+from .._numerics.threads import _INSIDE, by_row_blocks, run_blas_tasks
 
 _SMALL_SHAPES = 64  # shapes whose small-path decision a discretized attention remembers
+_FLOATS = (np.float32, np.float64)
 
 __all__ = ["DiscretizedAttention", "Layout", "plan_engine"]
 
@@ -135,6 +137,7 @@ class _DenseEngine:
         self.causal, self.diagonal, self.pattern, self.layout = causal, diagonal, pattern, layout
         self.keep = keep   # the combined boolean mask (with padding), or None
         self.terms = terms
+        self.per_sequence = keep is None  # treats every sequence alike: no padding keys
         self._converted = {}   # (array type, device) -> the pattern there
 
     def _pattern_like(self, a):
@@ -182,6 +185,7 @@ class _BandedEngine:
 
     def __init__(self, engine, layout, keys=None):
         self.engine, self.layout, self.keys = engine, layout, keys
+        self.per_sequence = keys is None  # treats every sequence alike: no padding keys
 
     def with_keys(self, real):
         """The engine with the padding keys ``real`` (..., N), reshaped once."""
@@ -236,6 +240,9 @@ class DiscretizedAttention:
                 plan = self._small_plan(u)
             if plan is not None:
                 return self._attend_small(u, plan)
+            blocks = sequence_blocks(u.shape) if self.engine.per_sequence and u.dtype in _FLOATS else None
+            if blocks is not None:
+                return self._attend_by_sequences(u, blocks)
         xp, constants, L = namespace(u), self.constants, self.layout
         q, k, v = self._heads(xp, self._project_qkv(u), u)
         if check:
@@ -246,6 +253,20 @@ class DiscretizedAttention:
         if check:
             _refuse_overflow(xp, out, u, "the output projection")
         return out
+
+    def _attend_by_sequences(self, u, blocks):
+        """The general path on ``blocks`` of the sequences of the NumPy state ``u`` (C order),
+        each block one task on the worker threads (:mod:`ctformer._numerics.sequences`);
+        inside a task every product and every head runs on that thread."""
+        flat = u.reshape(-1, *u.shape[-2:])
+        out = np.empty((*flat.shape[:-1], self.constants.host["O"].shape[-1]), dtype=u.dtype)
+
+        def worker(next_task):
+            while (block := next_task()) is not None:
+                out[block] = self._attend(flat[block], False)
+
+        run_blas_tasks(worker, blocks, True)
+        return out.reshape(*u.shape[:-1], out.shape[-1])
 
     def _heads(self, xp, qkv, u):
         """``(q, k, v)`` of the projected ``qkv`` (..., N, (H + 2 H_kv) d_h), rotated by the
