@@ -85,3 +85,15 @@ def test_padding_keys_keep_the_three_passes():
     for b in range(8):
         alone = flow.with_padding(real[b:b + 1])(u[b:b + 1])
         np.testing.assert_allclose(out[b:b + 1], alone, rtol=0, atol=1e-13 * np.max(np.abs(out)))
+
+
+def test_leading_axes_are_sequences_too():
+    """A state (2, 9, N, d): the 18 sequences in 5 blocks, the result laid out as the state's
+    leading axes, each sequence's values those of the flattened batch and of the three passes."""
+    op, grids, flow = _flow("grouped query, causal", 40)
+    u = np.random.default_rng(9).standard_normal((2, 9, 40, 16))
+    got = flow(u)
+    assert got.shape == u.shape
+    np.testing.assert_array_equal(got.reshape(18, 40, 16), flow(u.reshape(18, 40, 16)))
+    ref = _formula(op, grids, u, True, False).astype(np.float64)
+    assert np.max(np.abs(got - ref)) <= 1e-13 * np.max(np.abs(ref))
