@@ -32,6 +32,12 @@ def test_the_verdict_keeps_the_default_unless_a_candidate_wins_clearly():
     # the ratio is per round: a machine that slows down in later rounds changes nothing
     drift = [1.0 + 0.2 * i for i in range(rounds)]
     assert blocks.verdict({a: drift, b: [0.8 * t for t in drift]}, a) == b
+    # the key blocks' wider margin keeps a steady 7% gain that the default margin does not
+    steady = [0.93] * rounds
+    assert blocks.MARGIN < 0.93 < blocks.KEY_BLOCK_MARGIN
+    assert blocks.verdict({a: default, b: steady}, a) == a
+    assert blocks.verdict({a: default, b: steady}, a, blocks.KEY_BLOCK_MARGIN) == b
+    assert blocks.verdict({a: default, b: [0.96] * rounds}, a, blocks.KEY_BLOCK_MARGIN) == a
 
 
 def test_a_pinned_product_choice_uses_the_default_and_measures_nothing(monkeypatch):

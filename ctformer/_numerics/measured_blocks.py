@@ -24,7 +24,7 @@ import numpy as np
 from . import gemm as _gemm
 from . import store as _store
 from . import streamed as _streamed
-from .blocks import CHUNK_BYTES, DEFAULT, KEY_BLOCKS, ROUNDS, ROWS, Geometry, ratios, verdict
+from .blocks import CHUNK_BYTES, DEFAULT, KEY_BLOCK_MARGIN, KEY_BLOCKS, ROUNDS, ROWS, Geometry, ratios, verdict
 from .threads import run_blas_tasks
 
 __all__ = ["CHUNKS_CHECKED", "KEY_BLOCKS_CHECKED", "geometry"]
@@ -32,7 +32,7 @@ __all__ = ["CHUNKS_CHECKED", "KEY_BLOCKS_CHECKED", "geometry"]
 _KEYS, _FEATURES = 4096, 64
 _PROBLEM = f"{_KEYS} keys of {_FEATURES} features, {ROUNDS} rounds"
 CHUNKS_CHECKED = f"chunks {CHUNK_BYTES} bytes; {_PROBLEM}"
-KEY_BLOCKS_CHECKED = f"key blocks {KEY_BLOCKS} x rows {ROWS}; {_PROBLEM}"
+KEY_BLOCKS_CHECKED = f"key blocks {KEY_BLOCKS} x rows {ROWS}; {_PROBLEM}; margin {KEY_BLOCK_MARGIN}"
 _UNBLOCKED = Geometry(_KEYS, DEFAULT.rows, DEFAULT.chunk_bytes)  # one key block of all keys
 
 
@@ -82,7 +82,7 @@ def _measure_key_blocks(dtype) -> dict:
     block meeting ``_KEYS`` keys, with the ratios to the default."""
     tasks = {Geometry(key_block, rows, DEFAULT.chunk_bytes): rows for key_block in KEY_BLOCKS for rows in ROWS}
     times = _times(dtype, tasks)
-    chosen = verdict(times, DEFAULT)
+    chosen = verdict(times, DEFAULT, KEY_BLOCK_MARGIN)
     return {"provider": "numpy", "key_block": chosen.key_block, "rows": chosen.rows,
             "ratios": {f"{s.key_block}x{s.rows}": ratios(times[s], times[DEFAULT])[0] for s in tasks}}
 
