@@ -1,7 +1,8 @@
 """Grouped-query attention writes its output in the layout of the heads' concatenation: the
 query heads ``(H_kv, G)`` of a key/value head lie next to each other in memory, after the
 token axis, so that the caller's ``(..., N, H_kv G e)`` concatenation is a view (no copy),
-on every NumPy path (small batched, small blocks, streamed, torch's fused kernel). The values
+on every NumPy path (small batched, small blocks, streamed, chunks of grouped heads, torch's
+fused kernel). The values
 are checked against a float64 (longdouble) evaluation of the formula with the key/value heads
 repeated."""
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ctformer._numerics import dense, streamed
+from ctformer._numerics import dense, grouped, streamed
 
 from .conftest import fused_path_on, require
 
@@ -58,8 +59,12 @@ def test_grouped_paths_match_the_formula_with_repeated_heads(monkeypatch, shape,
     beta = 0.4
     mask = "causal" if causal else None
     called = []
-    real = getattr(streamed, path)
-    monkeypatch.setattr(streamed, path, lambda *a, **kw: called.append(path) or real(*a, **kw))
+    # long causal grouped problems take chunks of all the heads of a group (test_grouped_chunks)
+    module = grouped if path == "stream" and grouped.applies(q, k, v, shape[:3], None, causal, None, None) \
+        else streamed
+    path = "stream_groups" if module is grouped else path
+    real = getattr(module, path)
+    monkeypatch.setattr(module, path, lambda *a, **kw: called.append(path) or real(*a, **kw))
     got = dense.attend_trusted(q, k, v, beta, None, mask, "full")
     assert called and got.shape == q.shape
     assert streamed.head_axes(q, k, shape[:3]) == 2

@@ -26,6 +26,7 @@ import array_api_compat
 import numpy as np
 
 from . import fused as _fused_kernel
+from . import grouped as _grouped
 from . import measured_blocks as _measured_blocks
 from . import packed_attention as _packed_attention
 from . import streamed as _numpy_paths
@@ -68,6 +69,8 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk, term
             keep is not None and chunk is None and n * m * math.prod(lead) > _CHUNK_ELEMENTS)):
         # masked problems too many for one batched pass: each (batch, head) a task
         # beta scales each query chunk inside the workers
+        if _grouped.applies(q, k, v, lead, keep, causal, chunk, terms):
+            return _grouped.stream_groups(q, beta, k, v, log_w, diag_shift, lead)
         geometry = _measured_blocks.geometry(q.dtype)
         packs = None
         if (q.dtype == np.float32 and keep is None and not causal and terms is None and m >= 2 * geometry.key_block
