@@ -48,7 +48,15 @@ def compiled(monkeypatch):
 
 @pytest.mark.parametrize("groups, chunk", [(2, 192), (3, 128), (4, 96), (7, 64), (8, 64)])
 def test_chunks_stack_about_384_rows(groups, chunk):
-    assert grouped.chunk_rows(groups) == chunk
+    assert grouped.chunk_rows(groups, 512, 8) == chunk
+
+
+@pytest.mark.parametrize("groups, n, itemsize, chunk", [(3, 4096, 4, 128), (3, 8192, 4, 85), (3, 8192, 8, 0),
+                                                        (8, 2048, 8, 64), (8, 4096, 8, 0)])
+def test_chunks_hold_no_more_scores_than_the_streamed_engine(groups, n, itemsize, chunk):
+    # 8 MiB of scores at most (the default chunk bytes), else the streamed engine's chunks
+    assert grouped.chunk_rows(groups, n, itemsize) == chunk
+    assert groups * chunk * n * itemsize <= 8 << 20
 
 
 # at least 2^16 scores a head (N >= 256): the streamed branch, where the path sits

@@ -25,6 +25,7 @@ import math
 
 import numpy as np
 
+from . import blocks as _blocks
 from . import compiled as _compiled
 from . import gemm as _gemm
 from . import streamed as _streamed
@@ -40,23 +41,31 @@ __all__ = ["applies", "chunk_rows", "stream_groups"]
 _GROUP_ROWS = 384
 
 
-def chunk_rows(groups: int) -> int:
-    """Queries a head in a chunk of ``groups`` query heads (a constant of the layout)."""
-    return max(_streamed._MIN_CHUNK_ROWS, _GROUP_ROWS // max(1, groups))
+def chunk_rows(groups: int, n: int, itemsize: int) -> int:
+    """Queries a head in a chunk of ``groups`` query heads over ``n`` keys: about
+    ``_GROUP_ROWS`` rows in all, at least ``_streamed._MIN_CHUNK_ROWS`` a head, and no more
+    scores than the streamed engine's chunks hold (the default chunk bytes of
+    :mod:`ctformer._numerics.blocks`); 0 where those bytes leave fewer than
+    ``_MIN_CHUNK_ROWS`` a head (the streamed engine then takes the problem). A constant of the
+    shape, never of the thread count."""
+    least = _streamed._MIN_CHUNK_ROWS
+    fits = _blocks.DEFAULT.chunk_bytes // max(1, groups * n * itemsize)
+    return min(max(least, _GROUP_ROWS // max(1, groups)), fits) if fits >= least else 0
 
 
 def applies(q, k, v, lead, keep, causal, chunk, terms) -> bool:
     """Whether :func:`stream_groups` takes a NumPy problem: causal, no other mask or score
     term, no chunk asked for, a grouped layout (``q`` (..., H_kv, G, N, d) against ``k`` and
     ``v`` (..., H_kv, 1, N, .), G > 1), float32 or float64 with the compiled row kernel
-    normalizing the scores, and at least two chunks of queries."""
+    normalizing the scores, and at least two chunks of queries (:func:`chunk_rows`)."""
     if not causal or keep is not None or terms is not None or chunk is not None:
         return False
     if _streamed.head_axes(q, k, lead) != 2 or v.ndim != q.ndim or v.shape[-3] != 1 or k.shape[-2] != q.shape[-2]:
         return False
     if q.dtype not in (np.float32, np.float64) or _compiled.kernels() is None:
         return False
-    return q.shape[-2] >= 2 * chunk_rows(lead[-1]) and _gemm.softmax_provider(q.dtype) == "numpy"
+    chunk = chunk_rows(lead[-1], q.shape[-2], q.dtype.itemsize)
+    return chunk > 0 and q.shape[-2] >= 2 * chunk and _gemm.softmax_provider(q.dtype) == "numpy"
 
 
 def stream_groups(q, beta, k, v, log_w, diag_shift, lead):
@@ -69,7 +78,7 @@ def stream_groups(q, beta, k, v, log_w, diag_shift, lead):
     streamed.output_array` with the groups next to their key/value head)."""
     dtype = q.dtype
     n, d, e, groups = q.shape[-2], q.shape[-1], v.shape[-1], lead[-1]
-    chunk = chunk_rows(groups)
+    chunk = chunk_rows(groups, n, dtype.itemsize)
     out = _streamed.output_array(lead, n, e, dtype, 2)
     q = np.broadcast_to(q, (*lead, n, d))
     # one key and value matrix a group: (*lead[:-1], M, .) views
