@@ -10,6 +10,7 @@ segment ends are those jump times, with either ``steps_per_layer`` fixed steps o
 from __future__ import annotations
 
 from . import solvers
+from ._numerics import sequence_groups as _sequence_groups
 from ._numerics.elementwise import add as threaded_add
 from ._numerics.threads import fixed_threads
 from .model_inputs import check_padding_mask, check_steps
@@ -76,9 +77,14 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
             raise ValueError("padding_mask needs nodal token and feature discretizations, "
                              "got a Galerkin one")
         padding_mask = check_padding_mask(padding_mask, u)
-    problem = solvers.Piecewise.layers((block.split_problem(grids, padding_mask)
-                                        for block in model.blocks),
-                                       t0=0.0 if start is None else start.t0)
+
+    def layered(mask):
+        return solvers.Piecewise.layers((block.split_problem(grids, mask) for block in model.blocks),
+                                        t0=0.0 if start is None else start.t0)
+
+    problem = layered(padding_mask)
+    # fixed steps of a NumPy batch: groups of whole sequences advanced side by side
+    groups = None if steps_per_layer is None else _sequence_groups.plan(u, padding_mask, problem, layered)
     weights = solvers.grid_weights(grids) if u.ndim >= 2 else None
     # the order serves step doubling only: fixed steps skip its walk over the blocks
     # the thread count read once, not at every product of every step; the residual sums of
@@ -90,4 +96,4 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
                                  what="the state", layered=True,
                                  checkpoint=checkpoint,
                                  start=start if start is not None and start.h is not None else None,
-                                 labels={"grids": grids})
+                                 labels={"grids": grids}, groups=groups)

@@ -11,7 +11,8 @@ validation; this package holds the engines they call once their inputs are known
 - :mod:`.banded`: attention over the columns a sparse pattern reaches (sliding windows, ALiBi);
 - :mod:`.compiled` and :mod:`.loops`: fused loops compiled by Numba (optional), with
   :mod:`.normal_tail`, the coefficients of the normal tail they share with the NumPy path;
-- :mod:`.threads`: the worker pool, BLAS thread limits and ``CTFORMER_NUM_THREADS``.
+- :mod:`.threads`: the worker pool, BLAS thread limits and ``CTFORMER_NUM_THREADS``;
+- :mod:`.sequence_groups`: fixed-step solves of a batch, groups of whole sequences a task.
 
 Every engine gives results that do not depend on the number of threads.
 """

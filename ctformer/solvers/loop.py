@@ -107,7 +107,7 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
               events=(), weights=None, order: float | None = None, what: str = "the state",
               layered: bool = False, checkpoint: bool = False, save_every: int = 1, out=None,
               on_save=None, hint: str = "or the parameters too large", start=None,
-              labels=None) -> Solution:
+              labels=None, groups=None) -> Solution:
     r"""Integrate ``u0`` over ``problem``'s segments with fixed or controlled steps.
 
     Parameters
@@ -144,6 +144,11 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
     start : RestartPoint, optional
         Controlled steps: continue an earlier solve at ``problem``'s first boundary with its
         next step size and error history (:mod:`ctformer.solvers.restart`).
+    groups : optional
+        Fixed steps that keep only layers or the final state: independent groups of the
+        batch axis, each advanced by its own problem in worker tasks
+        (:class:`ctformer._numerics.sequence_groups.SequenceGroups`); the evaluations of the
+        first group are counted.
 
     Returns
     -------
@@ -161,6 +166,9 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
     save_at = SaveAt() if save_at is None else save_at
     counter = _Counter()
     problem = Piecewise(problem.boundaries, tuple(counter.wrap(p) for p in problem.problems))
+    if groups is not None:
+        first = groups.problems[0]
+        groups = groups.with_first(Piecewise(first.boundaries, tuple(counter.wrap(p) for p in first.problems)))
     saver = Saver(save_at, problem, u0, every=save_every, out=out, on_save=on_save)
     run = _Run(problem, scheme, saver, counter, tuple(events), what, layered, hint)
     run.labels = dict(labels or {})
@@ -170,7 +178,7 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
                 run.adaptive(u0, control, weights, order, start)
             else:
                 steps, h = control if isinstance(control, tuple) else (control, None)
-                run.fixed(u0, int(steps), checkpoint, h)
+                run.fixed(u0, int(steps), checkpoint, h, groups)
     except KeyboardInterrupt:
         raise SolveInterrupted(run.interrupted_message(), run.solution(control)) from None
     return run.solution(control)
@@ -243,17 +251,18 @@ class _Run:
             f"may be too large {self.hint}")
 
     # -- fixed steps ------------------------------------------------------------------------
-    def fixed(self, u, steps: int, checkpoint: bool, h_given=None):
+    def fixed(self, u, steps: int, checkpoint: bool, h_given=None, groups=None):
         self.u = u
         self.total = steps * len(self.problem.problems)
         self.saver.start(self.t, u)
         if self.events:
             self._start_events(self.t, u)
         plain = self.saver.plain and not self.events
-        for a, b, problem in self.problem.segments:
+        for index, (a, b, problem) in enumerate(self.problem.segments):
             h = (b - a) / steps if h_given is None else h_given
             if plain:  # the fast path: nothing is looked at inside a segment
-                self.u = _segment(self.scheme, problem, self.u, steps, h, checkpoint)
+                self.u = _segment(self.scheme, problem, self.u, steps, h, checkpoint) if groups is None \
+                    else groups.segment(self.scheme, index, self.u, steps, h)
                 self.done += steps
                 self.t = b
                 self.step_times.append(b)
