@@ -18,13 +18,13 @@ def two_cpus(monkeypatch):
     """The rule as on a machine of two CPUs, and a count of the grouped passes."""
     monkeypatch.setattr(groups_module, "machine_cpus", lambda: 2)
     calls = []
-    segment = groups_module.SequenceGroups.segment
+    advance = groups_module.SequenceGroups.advance
 
-    def counted(self, *args):
-        calls.append(len(self.slices))
-        return segment(self, *args)
+    def counted(self, scheme, u, segments, *args, **kwargs):
+        calls.extend([len(self.slices)] * len(segments))  # the groups, once per segment
+        return advance(self, scheme, u, segments, *args, **kwargs)
 
-    monkeypatch.setattr(groups_module.SequenceGroups, "segment", counted)
+    monkeypatch.setattr(groups_module.SequenceGroups, "advance", counted)
     return calls
 
 
@@ -178,3 +178,49 @@ def test_a_state_that_overflows_names_the_layer(two_cpus):
     with pytest.raises(FloatingPointError, match=r"in layer 0 \(t in \[0, 1\]\)"):
         model.run(x)
     assert two_cpus == [2]
+
+
+@pytest.mark.parametrize("seconds, passes", [(1e-9, 6), (1e9, 2)])
+def test_passes_cover_the_layers_that_take_a_quarter_second(monkeypatch, two_cpus, seconds, passes):
+    """One pass per layer when a layer takes longer than the pass may, else the first layer
+    alone (to time it) and the rest in one pass: the same bits either way."""
+    monkeypatch.setattr(groups_module.SequenceGroups, "chunk_seconds", seconds)
+    sizes = []
+    advance = groups_module.SequenceGroups.advance
+    monkeypatch.setattr(groups_module.SequenceGroups, "advance",
+                        lambda self, scheme, u, segments, *a, **k: sizes.append(len(segments))
+                        or advance(self, scheme, u, segments, *a, **k))
+    model = ctformer.ContinuousTransformer.random_smooth(seed=3, layers=6, heads=2, placement="pre")
+    x = np.random.default_rng(9).standard_normal((2, 128, 8)).astype(np.float32)
+    got = model.solve(x, tokens="midpoint", features="midpoint", trajectory=True)
+    assert len(sizes) == passes and sum(sizes) == 6
+    monkeypatch.setattr(groups_module.SequenceGroups, "chunk_seconds", 1e-9 if seconds > 1 else 1e9)
+    again = model.solve(x, tokens="midpoint", features="midpoint", trajectory=True)
+    assert len(got) == len(again) == 7
+    assert all(np.array_equal(a, b) for a, b in zip(got, again))
+
+
+def test_ctrl_c_keeps_the_layers_before_the_pass(monkeypatch, two_cpus):
+    """Ctrl-C during the second pass: the solve is interrupted with the states of the first
+    pass (t = 0 and t = 1), which equal those of the uninterrupted solve."""
+    from ctformer.solvers import SolveInterrupted
+
+    model = ctformer.ContinuousTransformer.random_smooth(seed=3, layers=3, heads=2, placement="pre")
+    x = np.random.default_rng(10).standard_normal((2, 128, 8))
+    kw = dict(tokens="midpoint", features="midpoint", scheme="lie", steps_per_layer=1, save_at=SaveAt(layers=True))
+    full = model.evolve(x, **kw)
+    run = groups_module.run_blas_tasks
+    passes = []
+
+    def interrupted(*args):
+        passes.append(1)
+        if len(passes) == 2:
+            raise KeyboardInterrupt
+        return run(*args)
+
+    monkeypatch.setattr(groups_module, "run_blas_tasks", interrupted)
+    with pytest.raises(SolveInterrupted, match=r"kept 2 states up to t=1") as caught:
+        model.evolve(x, **kw)
+    kept = caught.value.result
+    assert list(kept.times) == [0.0, 1.0]
+    assert all(np.array_equal(a, b) for a, b in zip(kept.states, full.states[:2]))

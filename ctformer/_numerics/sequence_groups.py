@@ -18,6 +18,11 @@ On two threads (AMD EPYC, family 23 model 49) forwards of 8 x 128 and 4 x 512 to
 16 x 32 0.84-0.89; groups of fewer than 128 rows were slower (1.05-1.16 at 2 x 16 and
 2 x 32: small states lose their prepared plans inside a task).
 
+A pass of the tasks takes each group through the layers that take about ``CHUNK_SECONDS``
+(timed on the first layer): a pass per layer was 1-4% slower than one for the whole solve
+(each pass wakes the pool's thread and waits for the slower group), and one pass for the
+whole solve would make Ctrl-C wait for all of it.
+
 The groups depend on the state's shape and on the machine's CPU count only (:func:`slices`),
 never on the thread count, and each group runs in a worker task with one BLAS thread whatever
 the number of workers: the result has the same bits for every thread count. Its last bits
@@ -28,12 +33,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import ClassVar
 
 import numpy as np
 
+from ..backend import all_finite
 from .threads import run_blas_tasks
 
-__all__ = ["SequenceGroups", "machine_cpus", "plan", "slices"]
+__all__ = ["CHUNK_SECONDS", "SequenceGroups", "machine_cpus", "plan", "slices"]
 
 # A group holds the whole sequences of about _GROUP_ROWS rows (tokens): one thread's products
 # then multiply 512 rows at a time. 8 x 128 tokens in groups of 4 sequences took 0.90-0.94 of
@@ -41,6 +48,9 @@ __all__ = ["SequenceGroups", "machine_cpus", "plan", "slices"]
 _GROUP_ROWS = 512
 # No group of fewer rows: small states are faster on the operators' prepared plans.
 _LEAST_ROWS = 128
+#: A pass of the tasks covers the segments (layers) that take about this long, as timed on
+#: the first one: Ctrl-C waits for one pass, and keeps the state before it.
+CHUNK_SECONDS = 0.25
 
 
 @lru_cache(maxsize=1)
@@ -76,37 +86,60 @@ class SequenceGroups:
 
     ``problems[g]`` is the problem of the sequences ``slices[g]`` (the whole batch's problem
     where it does not depend on the batch, or the problem of the group's padding mask);
-    ``whole`` is the whole batch's, which repeats a step that failed in a group so that the
+    ``whole`` is the whole batch's, which repeats steps that failed in a group so that the
     error names the batch's own indices (a token ``(1, 5)``, not ``(0, 5)`` of a group)."""
 
     slices: tuple
     problems: tuple
     whole: object
+    chunk_seconds: ClassVar[float] = CHUNK_SECONDS  # the duration of a pass (module constant)
 
     def with_first(self, problem) -> "SequenceGroups":
         """The groups with the first group's problem replaced (a solve counting its
         evaluations on one group only)."""
         return replace(self, problems=(problem,) + self.problems[1:])
 
-    def segment(self, scheme, index: int, u, steps: int, h: float):
-        """``steps`` steps of ``h`` of segment ``index`` from ``u``: each step one pass of
-        worker tasks, a task advancing one group (:func:`run_blas_tasks`); a new array."""
-        states = [u[s] for s in self.slices]
-        problems = [p.problems[index] for p in self.problems]
+    def advance(self, scheme, u, segments, steps: int, keep: bool):
+        """Segments ``segments`` (``(index, h)`` pairs, consecutive) of ``steps`` steps each from
+        ``u``, in one pass of worker tasks, a task advancing one group through all of them
+        (:func:`run_blas_tasks`). Returns ``(states, failed)``: the batch's state at the end of
+        each segment (only the last one unless ``keep``), and the place in ``segments`` of
+        the first segment after which a group's state was not finite (None if none was; the
+        states after it are not computed)."""
+        states, failed = [u[s] for s in self.slices], [len(segments)] * len(self.slices)
+        kept = [[] for _ in self.slices]
 
         def worker(next_task):
             while (g := next_task()) is not None:
-                states[g] = scheme.step(problems[g], states[g], h)
+                v, problem = states[g], self.problems[g].problems
+                for place, (index, h) in enumerate(segments):
+                    for _ in range(steps):
+                        v = scheme.step(problem[index], v, h)
+                    if keep:
+                        kept[g].append(v)
+                    if not all_finite(v):
+                        failed[g] = place
+                        break
+                states[g] = v
 
-        tasks = list(range(len(states)))
-        for _ in range(steps):  # a pass per step: Ctrl-C waits for one step at most
-            before = list(states)  # steps make new states: these stay the step's start
-            try:
-                run_blas_tasks(worker, tasks, True)
-            except Exception:
-                scheme.step(self.whole.problems[index], np.concatenate(before, axis=0), h)
-                raise  # the whole batch's step did not fail: the group's error as it is
-        return np.concatenate(states, axis=0)
+        try:
+            run_blas_tasks(worker, list(range(len(states))), True)
+        except Exception:
+            # the whole batch from the same start, as the ungrouped solve: its error names the
+            # batch's indices, or its state stops being finite first
+            v = u
+            for place, (index, h) in enumerate(segments):
+                for _ in range(steps):
+                    v = scheme.step(self.whole.problems[index], v, h)
+                if not all_finite(v):
+                    return [], place
+            raise  # the whole batch's steps did not fail: the group's error as it is
+        first = min(failed)
+        if first < len(segments):
+            return [], first
+        if not keep:
+            return [np.concatenate(states, axis=0)], None
+        return [np.concatenate(column, axis=0) for column in zip(*kept)], None
 
 
 def plan(u, padding_mask, problem, build) -> SequenceGroups | None:

@@ -18,6 +18,7 @@ computed) are handled here once for all of them.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import array_api_compat
@@ -237,8 +238,10 @@ class _Run:
         self.counter.calls += n * len(self.problem.problems[0].flows)
 
     def _nonfinite(self, t_start, t_end, h):
-        if all_finite(self.u):
-            return
+        if not all_finite(self.u):
+            self._raise_nonfinite(t_start, t_end, h)
+
+    def _raise_nonfinite(self, t_start, t_end, h):
         if self.layered:
             layer = int(np.floor(t_start + 1e-12))
             raise FloatingPointError(
@@ -258,11 +261,13 @@ class _Run:
         if self.events:
             self._start_events(self.t, u)
         plain = self.saver.plain and not self.events
-        for index, (a, b, problem) in enumerate(self.problem.segments):
+        if plain and groups is not None:
+            self._fixed_groups(groups, steps, h_given)
+            return
+        for a, b, problem in self.problem.segments:
             h = (b - a) / steps if h_given is None else h_given
             if plain:  # the fast path: nothing is looked at inside a segment
-                self.u = _segment(self.scheme, problem, self.u, steps, h, checkpoint) if groups is None \
-                    else groups.segment(self.scheme, index, self.u, steps, h)
+                self.u = _segment(self.scheme, problem, self.u, steps, h, checkpoint)
                 self.done += steps
                 self.t = b
                 self.step_times.append(b)
@@ -292,6 +297,31 @@ class _Run:
             self.saver.step(record, self.t, self.u, end=(s == steps), done=self.done)
         self._nonfinite(a, b, h)
         return False
+
+    def _fixed_groups(self, groups, steps: int, h_given):
+        """The fast path on groups of the batch (:class:`~ctformer._numerics.sequence_groups.
+        SequenceGroups`): a pass of tasks covers the segments that take about
+        ``groups.chunk_seconds`` (one segment first, to time it), so that Ctrl-C waits for one
+        pass and keeps the state before it."""
+        segments = [(a, b, (b - a) / steps if h_given is None else h_given) for a, b, _ in self.problem.segments]
+        layers = self.saver.save_at.layers
+        start, count = 0, 1
+        while start < len(segments):
+            chunk = segments[start:start + count]
+            began = time.perf_counter()
+            states, failed = groups.advance(self.scheme, self.u, [(start + i, h) for i, (_, _, h) in enumerate(chunk)],
+                                            steps, keep=layers)
+            elapsed = time.perf_counter() - began
+            if failed is not None:
+                self._raise_nonfinite(*chunk[failed])
+            for _, b, _ in chunk:
+                self.done += steps
+                self.step_times.append(b)
+            for (_, b, _), u in zip(chunk if layers else chunk[-1:], states):
+                self.saver.boundary(b, u)
+            self.u, self.t = states[-1], chunk[-1][1]
+            start += len(chunk)
+            count = max(1, int(groups.chunk_seconds * len(chunk) / max(elapsed, 1e-9)))
 
     # -- controlled steps -------------------------------------------------------------------
     def adaptive(self, u, controller: PIController, weights, order, start=None):
