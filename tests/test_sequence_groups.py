@@ -224,3 +224,8 @@ def test_ctrl_c_keeps_the_layers_before_the_pass(monkeypatch, two_cpus):
     kept = caught.value.result
     assert list(kept.times) == [0.0, 1.0]
     assert all(np.array_equal(a, b) for a, b in zip(kept.states, full.states[:2]))
+    # nothing is lost: a restart from what was kept ends with the uninterrupted solve's bits
+    monkeypatch.setattr(groups_module, "run_blas_tasks", run)
+    rest = model.evolve(None, initial=kept, **kw)
+    assert list(rest.times) == [1.0, 2.0, 3.0]
+    assert all(np.array_equal(a, b) for a, b in zip(rest.states, full.states[1:]))
