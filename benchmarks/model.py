@@ -220,6 +220,7 @@ def main(argv=None):
     header(f"whole networks against HuggingFace: medians of {args.repeats} alternating rounds after "
            f">= 0.5 s warm-up; ctformer on {args.state} states")
     sizes = [tuple(int(p) for p in s.lower().split("x")) for s in args.sizes]
+    _print_groups(sizes)
     if args.profile:
         return profile(*load_model(args.models[-1]), *sizes[-1], args.dtypes[0])
 
@@ -242,6 +243,19 @@ def main(argv=None):
     if not all(r["ok"] for r in rows):
         raise SystemExit(1)
     return rows
+
+
+def _print_groups(sizes):
+    """How ctformer's solves split each batch (ctformer._numerics.sequence_groups): groups of
+    whole sequences, each a task of one thread, on this machine's CPU count."""
+    from ctformer._numerics.sequence_groups import machine_cpus, slices
+
+    parts = []
+    for batch, tokens in sizes:
+        groups = slices(np.empty((batch, tokens, 1)))
+        parts.append(f"{batch}x{tokens} " + ("whole" if groups is None else
+                                             "+".join(str(g.stop - g.start) for g in groups)))
+    print(f"sequence groups on {machine_cpus()} CPUs (sequences a group): {', '.join(parts)}")
 
 
 def _network_rows(name, model, ct, sizes, args):
