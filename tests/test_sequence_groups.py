@@ -229,3 +229,22 @@ def test_ctrl_c_keeps_the_layers_before_the_pass(monkeypatch, two_cpus):
     rest = model.evolve(None, initial=kept, **kw)
     assert list(rest.times) == [1.0, 2.0, 3.0]
     assert all(np.array_equal(a, b) for a, b in zip(rest.states, full.states[1:]))
+
+
+def test_the_first_group_runs_alone_the_first_time(monkeypatch, two_cpus):
+    """The first pass of a new group shape runs its first group alone (the machine's one-time
+    measurements then see an idle machine), later passes and solves all groups at once; the
+    same bits either way."""
+    monkeypatch.setattr(groups_module, "_SEEN", set())
+    run = groups_module.run_blas_tasks
+    calls = []
+    monkeypatch.setattr(groups_module, "run_blas_tasks",
+                        lambda worker, tasks, parallel: calls.append(list(tasks)) or run(worker, tasks, parallel))
+    model = ctformer.ContinuousTransformer.random_smooth(seed=5, layers=3, heads=2, placement="pre")
+    x = np.random.default_rng(11).standard_normal((2, 128, 8)).astype(np.float32)
+    first = model.run(x)
+    assert calls[:2] == [[0], [1]] and all(c == [0, 1] for c in calls[2:])
+    calls.clear()
+    again = model.run(x)
+    assert calls and all(c == [0, 1] for c in calls)
+    assert np.array_equal(first, again)

@@ -31,6 +31,7 @@ differ from the operators' passes on the whole batch (other product shapes).
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import ClassVar
@@ -48,6 +49,8 @@ __all__ = ["CHUNK_SECONDS", "SequenceGroups", "machine_cpus", "plan", "slices"]
 _GROUP_ROWS = 512
 # No group of fewer rows: small states are faster on the operators' prepared plans.
 _LEAST_ROWS = 128
+_LOCK = threading.Lock()
+_SEEN: set = set()  # (dtype, group shape, scheme, flows) advanced in this process (_first_seen)
 #: A pass of the tasks covers the segments (layers) that take about this long, as timed on
 #: the first one: Ctrl-C waits for one pass, and keeps the state before it.
 CHUNK_SECONDS = 0.25
@@ -122,8 +125,14 @@ class SequenceGroups:
                         break
                 states[g] = v
 
+        tasks = list(range(len(states)))
         try:
-            run_blas_tasks(worker, list(range(len(states))), True)
+            if _first_seen(u.dtype, states[0].shape, scheme, self.problems[0].problems[segments[0][0]]):
+                # the first group alone first: the choices this machine measures once (products,
+                # softmax rows, block sizes, FFT engines) are timed on an otherwise idle machine
+                run_blas_tasks(worker, tasks[:1], True)
+                tasks = tasks[1:]
+            run_blas_tasks(worker, tasks, True)
         except Exception:
             # the whole batch from the same start, as the ungrouped solve: its error names the
             # batch's indices, or its state stops being finite first
@@ -140,6 +149,18 @@ class SequenceGroups:
         if not keep:
             return [np.concatenate(states, axis=0)], None
         return [np.concatenate(column, axis=0) for column in zip(*kept)], None
+
+
+def _first_seen(dtype, shape, scheme, problem) -> bool:
+    """True the first time in this process that a group of ``shape`` and ``dtype`` is advanced
+    by ``scheme`` on ``problem`` (a layer's split problem, whose flows make a network's
+    operators): only then can its step meet a choice not yet measured."""
+    key = (np.dtype(dtype).str, shape, type(scheme).__name__, len(problem.flows))
+    with _LOCK:
+        if key in _SEEN:
+            return False
+        _SEEN.add(key)
+        return True
 
 
 def plan(u, padding_mask, problem, build) -> SequenceGroups | None:
