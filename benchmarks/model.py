@@ -47,6 +47,13 @@ is about half as fast as OpenBLAS's AVX-512 kernel on an AMD EPYC, not on an Int
 kernels, those HuggingFace calls; the goal there is parity, ``<= 1.0`` (the project's choice:
 the issue's goals are for NumPy states).
 
+``--compare-groups`` also times ctformer with ``CTFORMER_SEQUENCE_GROUPS=off`` in the same
+rounds, at the sizes this machine solves in sequence groups (the header line "sequence groups
+on P CPUs" names them), and prints the ratio groups / passes at the end of each such row: a
+machine where torch's fused attention kernel takes the networks' attention (MKL's strict
+mode on) runs the library's own attention inside a group's task instead, and this says what
+the groups gain or lose there.
+
 ``--models mistral gemma2`` adds two networks of the same size that exercise other attention
 paths (not run by default, not counted by ``goals.py``): ``mistral``, a random ``MistralModel``
 like ``llama`` with a sliding window of 128 tokens (the banded engine from 129 tokens on), and
@@ -211,6 +218,9 @@ def main(argv=None):
     parser.add_argument("--profile", action="store_true", help="cProfile ctformer's side at the last size")
     parser.add_argument("--state", choices=("numpy", "torch"), default="numpy",
                         help="the state ctformer runs on (torch: torch tensors, goal <= 1.0)")
+    parser.add_argument("--compare-groups", action="store_true",
+                        help="where a batch is solved in sequence groups, also time ctformer with "
+                             "CTFORMER_SEQUENCE_GROUPS=off in the same rounds and print groups / passes")
     add_run_options(parser, quick="size 1x16 only, 3 repeats (a smoke test)")
     args = parser.parse_args(argv)
     if args.quick:
@@ -279,7 +289,11 @@ def _network_rows(name, model, ct, sizes, args):
                         return ct.run(x).numpy()
 
             ours = c_call()
-            timed = rounds({"torch": t_call, "ctformer": c_call}, args.repeats)
+            calls = {"torch": t_call, "ctformer": c_call}
+            compared = args.compare_groups and args.state == "numpy" and _grouped(x)
+            if compared:
+                calls["passes"] = _groups_off(c_call)
+            timed = rounds(calls, args.repeats)
             diff = float(np.max(np.abs(np.asarray(ours, dtype=np.float64) - ref)) / np.max(np.abs(ref)))
             ok = diff <= TOLERANCE[dtype] and np.asarray(ours).dtype == np.dtype(dtype)
             ratio = timed.ratio("ctformer", "torch")
@@ -287,6 +301,7 @@ def _network_rows(name, model, ct, sizes, args):
             rows.append(dict(network=name, size=f"{batch}x{tokens}", dtype=dtype, ratio=ratio, floor=floor,
                              diff=diff, ok=ok))
             spread = timed.spread("ctformer", "torch")
+            versus = f"  groups / passes {timed.ratio('ctformer', 'passes'):.3f}" if compared else ""
             state = " (torch state)" if args.state == "torch" else ""
             goal = GOAL_TORCH if args.state == "torch" else GOAL
             met = verdict(f"{name} {batch}x{tokens} {dtype}{state} / HuggingFace", ratio, goal, show=False,
@@ -294,8 +309,30 @@ def _network_rows(name, model, ct, sizes, args):
             print(f"{name:>8} {batch:>3} x {tokens:<4}{dtype:>8} {timed['torch'] * 1e3:>10.2f} {timed['ctformer'] * 1e3:>12.2f} "
                   f"{ratio:>7.2f} {f'[{spread[0]:.2f}-{spread[1]:.2f}]':>11} {floor:>6.2f} {diff:>10.1e} "
                   f"{'met' if met else 'not met':>8}"
-                  f"{'' if ok else '  <- outputs differ beyond tolerance'}", flush=True)
+                  f"{'' if ok else '  <- outputs differ beyond tolerance'}{versus}", flush=True)
     return rows
+
+
+def _grouped(x) -> bool:
+    """Whether ctformer's solve of the NumPy batch ``x`` advances sequence groups here."""
+    from ctformer._numerics.sequence_groups import slices
+
+    return type(x) is np.ndarray and slices(x) is not None
+
+
+def _groups_off(call):
+    """``call`` with ``CTFORMER_SEQUENCE_GROUPS=off``: the operators' passes over the whole batch."""
+    def off():
+        previous = os.environ.get("CTFORMER_SEQUENCE_GROUPS")
+        os.environ["CTFORMER_SEQUENCE_GROUPS"] = "off"
+        try:
+            return call()
+        finally:
+            if previous is None:
+                del os.environ["CTFORMER_SEQUENCE_GROUPS"]
+            else:
+                os.environ["CTFORMER_SEQUENCE_GROUPS"] = previous
+    return off
 
 
 def profile(model, ct, batch, tokens, dtype):

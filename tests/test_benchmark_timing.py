@@ -161,3 +161,34 @@ def test_goals_table_carries_the_floor(env, monkeypatch, tmp_path):
     assert table[-4].endswith("| net 8x128 float32 / HuggingFace | 0.700x | 0.60-0.75 | <= 0.8x | met | 0.50 |")
     assert table[-3].endswith("| convolution M=128 | 1.100x |  | <= 1x | not met |  |")
     assert table[-1] == "1 of 2 goals met"
+
+
+def test_model_compares_groups_with_the_whole_batch(monkeypatch):
+    """benchmarks/model.py --compare-groups: the batches this machine solves in groups (8 x 128
+    on two CPUs), and the passes' call, which solves them whole (no grouped pass) and leaves
+    the setting as it found it, set or not."""
+    pytest.importorskip("torch")
+    import numpy as np
+
+    import ctformer
+    from ctformer._numerics import sequence_groups
+
+    model = benchmark_module("model")
+    monkeypatch.setattr(sequence_groups, "machine_cpus", lambda: 2)
+    x = np.random.default_rng(0).standard_normal((8, 128, 8)).astype(np.float32)
+    assert model._grouped(x) and not model._grouped(x[:1]) and not model._grouped(x.tolist())
+    advanced = []
+    advance = sequence_groups.SequenceGroups.advance
+    monkeypatch.setattr(sequence_groups.SequenceGroups, "advance",
+                        lambda self, *a, **k: advanced.append(len(self.slices)) or advance(self, *a, **k))
+    net = ctformer.ContinuousTransformer.random_smooth(seed=2, layers=2, heads=2, placement="pre")
+    for previous in (None, "auto"):
+        if previous is None:
+            monkeypatch.delenv("CTFORMER_SEQUENCE_GROUPS", raising=False)
+        else:
+            monkeypatch.setenv("CTFORMER_SEQUENCE_GROUPS", previous)
+        whole = model._groups_off(lambda: net.run(x))()
+        assert advanced == [] and os.environ.get("CTFORMER_SEQUENCE_GROUPS") == previous
+    grouped = net.run(x)
+    assert advanced == [2, 2]  # two groups, in two passes: the first covers one layer and is timed
+    assert np.abs(grouped - whole).max() < 2e-6 * np.abs(whole).max()

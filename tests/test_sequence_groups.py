@@ -65,6 +65,32 @@ def test_other_states_are_not_grouped(monkeypatch, u):
     assert groups_module.slices(u) is None
 
 
+def test_off_advances_the_whole_batch_with_bits_independent_of_the_cpu_count(monkeypatch):
+    """``CTFORMER_SEQUENCE_GROUPS=off``: no groups on a machine of 2 or 4 CPUs (where the rule
+    makes 4 + 4 and 2 + 2 + 2 + 2 sequences), and the float32 bits of the whole batch's solve
+    on a machine of 16 CPUs (one group, so none); a float64 solve agrees to float32 rounding."""
+    model = ctformer.ContinuousTransformer.random_smooth(seed=2, layers=2, heads=2, placement="pre")
+    x = np.random.default_rng(6).standard_normal((8, 128, 8)).astype(np.float32)
+    monkeypatch.setattr(groups_module, "machine_cpus", lambda: 16)
+    assert groups_module.slices(x) is None
+    whole = model.run(x)
+    monkeypatch.setenv("CTFORMER_SEQUENCE_GROUPS", "off")
+    for cpus in (2, 4):
+        monkeypatch.setattr(groups_module, "machine_cpus", lambda cpus=cpus: cpus)
+        assert groups_module.slices(x) is None
+        assert np.array_equal(model.run(x), whole)
+    monkeypatch.setenv("CTFORMER_SEQUENCE_GROUPS", " AUTO ")  # read as the other settings are
+    assert [s.stop - s.start for s in groups_module.slices(x)] == [2, 2, 2, 2]
+    assert rel_err(whole, model.run(x.astype(np.float64))) < 2e-6
+
+
+def test_a_bad_groups_setting_is_refused_naming_it(monkeypatch):
+    monkeypatch.setenv("CTFORMER_SEQUENCE_GROUPS", "never")
+    model = ctformer.ContinuousTransformer.random_smooth(seed=2, layers=1, heads=2, placement="pre")
+    with pytest.raises(ValueError, match="CTFORMER_SEQUENCE_GROUPS must be one of auto, off, got 'never'"):
+        model.run(np.zeros((8, 128, 8)))
+
+
 def test_machine_cpus_is_the_affinity():
     import os
 

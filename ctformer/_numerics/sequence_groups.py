@@ -39,6 +39,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..backend import all_finite
+from ..environment import choice
 from .threads import run_blas_tasks
 
 __all__ = ["CHUNK_SECONDS", "SequenceGroups", "machine_cpus", "plan", "slices"]
@@ -73,7 +74,16 @@ def slices(u) -> tuple | None:
     A group holds :math:`s = \min(\lceil 512 / N \rceil, \lfloor B / P \rfloor)` sequences
     (:math:`P` = :func:`machine_cpus`): about 512 rows, fewer where that leaves a CPU without
     a group. None for other arrays than float32 and float64 NumPy states of three axes, for a
-    group of fewer than 128 rows, and for a single group. The last group may be shorter."""
+    group of fewer than 128 rows, and for a single group. The last group may be shorter.
+    None too with ``CTFORMER_SEQUENCE_GROUPS=off`` (the default is ``auto``): every solve
+    then advances the whole batch, whose bits do not depend on the CPU count.
+
+    Raises
+    ------
+    ValueError
+        If ``CTFORMER_SEQUENCE_GROUPS`` is not one of auto, off (read at every call)."""
+    if choice("CTFORMER_SEQUENCE_GROUPS", ("auto", "off")) == "off":
+        return None
     if type(u) is not np.ndarray or u.ndim != 3 or u.dtype not in (np.float32, np.float64):
         return None
     batch, tokens = u.shape[0], u.shape[1]
