@@ -146,15 +146,26 @@ def test_streamed_attention_bits_do_not_depend_on_threads(monkeypatch, provider,
 
 def test_feature_rows_use_the_choice_inside_workers_only(monkeypatch):
     """Without MKL's strict mode (tests/test_strict_mkl.py has it on), only worker tasks
-    multiply by torch."""
+    multiply by torch, a bias entering the product (one ``addmm``, no pass adding it after)."""
     monkeypatch.setenv("CTFORMER_GEMM", "torch")
     monkeypatch.setattr(torch_threads, "_STRICT_MKL", [False])
     calls = []
-    monkeypatch.setattr(gemm, "matmul", lambda a, b, out: calls.append(a.shape) or np.matmul(a, b, out=out))
-    a, b = np.ones((4, 8, 3)), np.ones((3, 5))
-    assert np.array_equal(gemm.rows_product(a, b), np.full((4, 8, 5), 3.0)) and calls == []
-    threads.run_workers(lambda next_task: next_task() and gemm.rows_product(a, b), [1], 1)
-    assert calls == [(32, 3)]
+    mm, addmm = torch.mm, torch.addmm
+    monkeypatch.setattr(torch, "mm", lambda *args, **kw: calls.append("mm") or mm(*args, **kw))
+    monkeypatch.setattr(torch, "addmm", lambda *args, **kw: calls.append("addmm") or addmm(*args, **kw))
+    rng = np.random.default_rng(3)
+    a, b, bias = rng.standard_normal((4, 8, 3)), rng.standard_normal((3, 5)), rng.standard_normal(5)
+    assert np.array_equal(gemm.rows_product(a, b), a @ b) and calls == []
+    got = []
+
+    def task(next_task):
+        if next_task() is not None:
+            monkeypatch.setattr(gemm, "plus_bias", lambda out, bias: out if bias is None else pytest.fail("a bias pass"))
+            got.extend([gemm.rows_product(a, b), gemm.rows_product(a, b, bias)])
+
+    threads.run_workers(task, [1], 1)
+    assert calls == ["mm", "addmm"]
+    assert np.abs(got[0] - a @ b).max() < 1e-15 and np.abs(got[1] - (a @ b + bias)).max() < 1e-15
 
 
 @pytest.mark.parametrize("provider", ["numpy", "torch"])
