@@ -160,7 +160,8 @@ def test_feature_rows_use_the_choice_inside_workers_only(monkeypatch):
 
     def task(next_task):
         if next_task() is not None:
-            monkeypatch.setattr(gemm, "plus_bias", lambda out, bias: out if bias is None else pytest.fail("a bias pass"))
+            monkeypatch.setattr(gemm, "plus_bias",
+                                lambda out, bias: out if bias is None else pytest.fail("a bias pass"))
             got.extend([gemm.rows_product(a, b), gemm.rows_product(a, b, bias)])
 
     threads.run_workers(task, [1], 1)

@@ -269,8 +269,8 @@ def rows_product(a, b, bias=None, prepared=None):
     product on the folded rows: inside a worker task by torch on one thread; outside, where
     :func:`threaded_products` holds and the product has at least 2^18 multiply-adds, by torch
     on :func:`~ctformer._numerics.threads.num_threads` threads; in both, a bias of the rows'
-    dtype enters the product (``addmm``: one pass over the output less). torch tensors with a bias of their
-    dtype and device by ``torch.addmm``, as torch's ``Linear``. Anything else by
+    dtype enters the product (``addmm``: one pass over the output less). torch tensors with a
+    bias of their dtype and device by ``torch.addmm``, as torch's ``Linear``. Anything else by
     :func:`ctformer.backend.matmul_rows` (NumPy's BLAS as configured, torch, CuPy) and
     :func:`ctformer.backend.plus_bias`."""
     if (type(a) is np.ndarray and type(b) is np.ndarray and a.ndim >= 2 and b.ndim == 2
