@@ -134,10 +134,17 @@ def timed_block(call, repeats, warmup_s=0.5, min_calls=2):
 
 class Rounds:
     """Per-round times of several calls (:func:`rounds`): ``times[name]`` is one block median
-    per round, in seconds."""
+    per round, in seconds; ``faults[name]`` the minor page faults per call of each round's
+    block (the whole process's, which runs nothing else meanwhile; empty where the platform
+    cannot count them)."""
 
-    def __init__(self, times: dict):
+    def __init__(self, times: dict, faults: dict | None = None):
         self.times = times
+        self.faults = faults or {name: [] for name in times}
+
+    def faults_per_call(self, name: str) -> float | None:
+        """The median over rounds of ``name``'s minor page faults per call, or None."""
+        return statistics.median(self.faults[name]) if self.faults.get(name) else None
 
     def median(self, name: str) -> float:
         """The median over rounds of ``name``'s time (seconds)."""
@@ -198,6 +205,7 @@ def rounds(calls: dict, repeats: int, warmup_s: float = 0.5, gap_s: float = 0.2,
         once = (time.perf_counter() - t0) / done
         counts[name] = max(1, min(2000, int(block_s / max(once, 1e-7))))
     times = {name: [] for name in calls}
+    faults = {name: [] for name in calls}
     names = list(calls)
     for r in range(repeats):
         before = _cpu_ticks()
@@ -207,15 +215,32 @@ def rounds(calls: dict, repeats: int, warmup_s: float = 0.5, gap_s: float = 0.2,
             if counts[name] > 1:
                 call()
             block = []
+            first = minor_faults()
             for _ in range(counts[name]):
                 t = time.perf_counter()
                 call()
                 block.append(time.perf_counter() - t)
+            last = minor_faults()
             times[name].append(statistics.median(block))
+            if first is not None and last is not None:
+                faults[name].append((last - first) / len(block))
         after = _cpu_ticks()
         if before and after and after[1] > before[1]:
             _STEAL.append((after[0] - before[0]) / (after[1] - before[1]))
-    return Rounds(times)
+    return Rounds(times, faults)
+
+
+def minor_faults() -> int | None:
+    """The process's minor page faults so far (all its threads), or None where the platform
+    cannot say. A call that takes memory the allocator has just given back to the system
+    touches it again page by page: glibc returns the top of its heap above a threshold that
+    it raises to the largest block it has freed so far (up to 32 MiB), so the same call can
+    fault 0 or 15 000 times a forward depending on what the process allocated before it."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def steal_report() -> str | None:
@@ -357,9 +382,21 @@ def header(title: str, notes=()) -> None:
         print("environment: " + (f"re-executed without {cleared} (--keep-env keeps them)" if cleared else
                                  f"kept {', '.join(kept)}" if kept else
                                  "OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE not set, nothing removed"))
+    print(f"memory allocator: {allocator_settings()}")
     for note in notes:
         print(note)
     print(f"load average at start: {os.getloadavg()[0]:.2f}\n", flush=True)
+
+
+# glibc's malloc settings that decide whether freed memory goes back to the system
+ALLOCATOR_VARIABLES = ("GLIBC_TUNABLES", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_",
+                       "LD_PRELOAD")
+
+
+def allocator_settings() -> str:
+    """The allocator settings of this process that change the page faults of both sides."""
+    found = [f"{name}={os.environ[name]}" for name in ALLOCATOR_VARIABLES if os.environ.get(name)]
+    return ", ".join(found) if found else "the C library's defaults (no GLIBC_TUNABLES, MALLOC_*_ or LD_PRELOAD)"
 
 
 _VERDICTS: list[tuple[str, float, float, str, bool, tuple | None]] = []

@@ -235,7 +235,7 @@ def main(argv=None):
         return profile(*load_model(args.models[-1]), *sizes[-1], args.dtypes[0])
 
     titles = (f"{'network':>8} {'B x N':>8} {'dtype':>8} {'torch ms':>10} {'ctformer ms':>12} {'ratio':>7} "
-              f"{'quartiles':>11} {'floor':>6} {'rel. diff':>10} {'goal':>8}")
+              f"{'quartiles':>11} {'floor':>6} {'faults t/c':>12} {'rel. diff':>10} {'goal':>8}")
     print(titles)
     print("-" * len(titles))
     rows = []
@@ -307,10 +307,16 @@ def _network_rows(name, model, ct, sizes, args):
             met = verdict(f"{name} {batch}x{tokens} {dtype}{state} / HuggingFace", ratio, goal, show=False,
                           spread=spread, floor=floor)
             print(f"{name:>8} {batch:>3} x {tokens:<4}{dtype:>8} {timed['torch'] * 1e3:>10.2f} {timed['ctformer'] * 1e3:>12.2f} "
-                  f"{ratio:>7.2f} {f'[{spread[0]:.2f}-{spread[1]:.2f}]':>11} {floor:>6.2f} {diff:>10.1e} "
+                  f"{ratio:>7.2f} {f'[{spread[0]:.2f}-{spread[1]:.2f}]':>11} {floor:>6.2f} {_faults(timed):>12} {diff:>10.1e} "
                   f"{'met' if met else 'not met':>8}"
                   f"{'' if ok else '  <- outputs differ beyond tolerance'}{versus}", flush=True)
     return rows
+
+
+def _faults(timed) -> str:
+    """Minor page faults per call, torch / ctformer (medians over the rounds), or "-"."""
+    counts = [timed.faults_per_call(name) for name in ("torch", "ctformer")]
+    return "-" if None in counts else "/".join(f"{count:.0f}" for count in counts)
 
 
 def _grouped(x) -> bool:

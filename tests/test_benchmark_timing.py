@@ -76,6 +76,26 @@ def test_rounds_time_every_call_in_each_round(env):
     assert order[2:] == ["short", "long", "long", "short"] * 2
 
 
+def test_rounds_count_the_page_faults_of_each_call(env):
+    """A call that maps and touches 256 fresh pages faults at least once a page; one that
+    touches nothing new faults (almost) never."""
+    import mmap
+
+    pages = 256
+
+    def touch():
+        with mmap.mmap(-1, pages * mmap.PAGESIZE) as m:
+            for page in range(pages):
+                m[page * mmap.PAGESIZE] = 1
+
+    timed = env.rounds({"touch": touch, "idle": lambda: None}, repeats=3, warmup_s=0.0, gap_s=0.0,
+                       block_s=0.0)
+    assert len(timed.faults["touch"]) == 3
+    assert pages <= timed.faults_per_call("touch") < 2 * pages
+    assert timed.faults_per_call("idle") < 8
+    assert env.Rounds({"ours": [1.0]}).faults_per_call("ours") is None
+
+
 def test_steal_share_of_the_rounds_is_a_fraction(env):
     env._STEAL.clear()
     env.rounds({"noop": lambda: None}, repeats=3, warmup_s=0.0, gap_s=0.05)

@@ -177,3 +177,46 @@ def test_head_blocks_cover_every_problem_once(lead, most):
         assert len(blocks) == 8
     if most < lead[-1]:  # runs of the last axis: as many blocks as before the two-axis runs
         assert len(blocks) == math.prod(lead[:-1]) * -(-lead[-1] // most)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_many_heads_on_one_thread_take_fewer_tasks_with_the_same_bits(monkeypatch, dtype):
+    """48 heads of 128 tokens inside a worker's task (a group of sequences) run in blocks of
+    ``_ALONE_TASK_ELEMENTS`` scores, 2 blocks instead of 8, with the bits of the eight blocks
+    of a two-thread pass; both agree with the formula in float64."""
+    from ctformer._numerics import streamed, threads
+
+    rng = np.random.default_rng(5)
+    b, h, n, e = 4, 12, 128, 32
+    qkv = rng.standard_normal((b, n, 3 * h * e)).astype(dtype)
+    q, k, v = (qkv[..., i * h * e:(i + 1) * h * e].reshape(b, n, h, e).swapaxes(1, 2) for i in range(3))
+    qs = q * dtype(0.2)
+    calls = []
+    small = streamed._small
+    monkeypatch.setattr(streamed, "_small", lambda *a, **kw: calls.append(a[0].shape[:2]) or small(*a, **kw))
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "2")
+    passes = streamed.small_blocks(qs, k, v, None, False, None, (b, h))
+    assert len(calls) == 8
+    calls.clear()
+    alone = []
+    threads.run_workers(lambda next_task: [alone.append(streamed.small_blocks(qs, k, v, None, False, None, (b, h)))
+                                           for _ in iter(next_task, None)], [0], 2)
+    assert calls == [(2, 12), (2, 12)]
+    np.testing.assert_array_equal(alone[0], passes)
+    s = qs.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    exact = (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
+    assert np.abs(passes - exact).max() / np.abs(exact).max() < (2e-6 if dtype == np.float32 else 1e-14)
+
+
+def test_rows_divided_in_the_outputs_memory_order(rng):
+    """The weighted sums divided by their row sums in the memory order of a heads-interleaved
+    output: NumPy's division of the same arrays, bit for bit."""
+    from ctformer._numerics import streamed
+
+    out = streamed.output_array((3, 4), 6, 5, np.float64)
+    out[...] = rng.standard_normal(out.shape)
+    sums = rng.uniform(0.5, 2.0, (3, 4, 6))
+    expected = out / sums[..., None]
+    streamed._divide_rows(out, sums)
+    np.testing.assert_array_equal(out, expected)

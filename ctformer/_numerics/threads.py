@@ -202,6 +202,12 @@ class fixed_threads:
             _placement.solve_ended()
 
 
+def runs_alone() -> bool:
+    """Whether a pass started on this thread runs on it alone: inside a worker's task, or
+    with one thread in all."""
+    return getattr(_INSIDE, "worker", False) or num_threads() == 1
+
+
 def run_workers(worker, tasks: list, threads: int) -> None:
     """Run ``worker(next_task)`` on ``threads`` threads until ``tasks`` are all taken.
 
