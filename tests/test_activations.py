@@ -130,3 +130,38 @@ def test_pool_threads_only_arrays_worth_a_wake_up(name, threaded_from, monkeypat
     for a, ref in zip((below, at), expected):
         assert np.abs(phi(a) - ref).max() < 4 * np.finfo(np.float32).eps * 8
     assert asked == [1, 2]
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_overwrite_gives_the_new_arrays_bits_in_place(name, dtype, loop_engine, monkeypatch):
+    """``overwrite`` writes phi(z) over z (blocks on two threads for a large z): the bits of
+    ``phi(z)``, and z itself returned; with NumPy's passes, which read z after writing, it
+    declines (None) and leaves z as it was. Float64 torch agrees to rounding."""
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "2")
+    phi = activations.ACTIVATIONS[name]
+    z = _points().astype(dtype)
+    expected = phi(z)
+    owned = z.copy()
+    done = activations.overwrite(phi, owned)
+    if loop_engine == "numpy":
+        assert done is None and np.array_equal(owned, z)
+        return
+    assert done is owned
+    np.testing.assert_array_equal(owned, expected)
+    z64 = z.astype(np.float64)
+    ref = REFERENCE[name](torch.from_numpy(z64)).numpy()
+    assert np.max(np.abs(owned - ref) / np.maximum(np.abs(z64), 1.0)) <= TOLERANCE[name, dtype] * np.finfo(dtype).eps
+
+
+def test_overwrite_declines_what_it_may_not_change(loop_engine):
+    """None (and z untouched) for another activation, a float16, a strided or read-only array."""
+    z = np.linspace(-3, 3, 64)
+    assert activations.overwrite(activations.relu, z.copy()) is None
+    assert activations.overwrite(activations.gelu, z.astype(np.float16)) is None
+    strided = np.linspace(-3, 3, 128)
+    assert activations.overwrite(activations.gelu, strided[::2]) is None
+    frozen = z.copy()
+    frozen.flags.writeable = False
+    assert activations.overwrite(activations.gelu, frozen) is None
+    np.testing.assert_array_equal(strided, np.linspace(-3, 3, 128))

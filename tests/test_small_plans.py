@@ -181,3 +181,34 @@ def test_strided_and_large_states_take_the_general_path():
         ref = FORMULAS["silu"](u @ w["w1"].T + w["b1"]) @ w["w2"].T + w["b2"]
         assert np.max(np.abs(got - ref)) <= 1e-14 * np.max(np.abs(ref))
     assert list(flow._plans.values()) == [None]  # the large state's entry; the view made none
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_large_states_take_the_activation_over_the_first_product(monkeypatch, gated, dtype):
+    """Past the plans (600 tokens, row blocks on two threads) the activation overwrites the
+    first product's new output (``activations.overwrite``): the bits of the evaluation with a
+    new array for it, the state itself untouched, and the formula to rounding."""
+    from ctformer.operators import feature
+
+    monkeypatch.setenv("CTFORMER_NUM_THREADS", "2")
+    w = _weights(4)
+    activation = "silu" if gated else "gelu"
+    op = _gated(activation, w) if gated else _feedforward(activation, w)
+    u = _state((2,), 600, dtype, seed=5)
+    before = u.copy()
+    calls = []
+    real = feature.overwrite
+    monkeypatch.setattr(feature, "overwrite", lambda phi, z: calls.append(z.shape) or real(phi, z))
+    got = op.discretize(_grids(600))(u)
+    assert calls and all(shape[-1] == HIDDEN for shape in calls)
+    monkeypatch.setattr(feature, "overwrite", lambda phi, z: None)
+    np.testing.assert_array_equal(got, op.discretize(_grids(600))(u))
+    np.testing.assert_array_equal(u, before)
+    x = u.astype(np.float64)
+    hidden = FORMULAS[activation](x @ w["w1"].T + w["b1"])
+    if gated:
+        hidden = hidden * (x @ w["wu"].T + w["bu"])
+    ref = hidden @ w["w2"].T + w["b2"]
+    tol = 1e-14 if dtype == np.float64 else 3e-6
+    assert np.max(np.abs(got - ref)) <= tol * np.max(np.abs(ref))

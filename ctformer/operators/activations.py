@@ -79,8 +79,8 @@ from .._numerics import threads as _threads
 from .._numerics.normal_tail import ERFC_COEFFICIENTS as _ERFC_COEFFICIENTS
 from .._numerics.normal_tail import TANH_GELU as _TANH_GELU
 
-__all__ = ["ACTIVATIONS", "get_activation", "register_activation", "is_built_in", "one_block", "relu",
-           "gelu", "gelu_tanh", "silu"]
+__all__ = ["ACTIVATIONS", "get_activation", "register_activation", "is_built_in", "one_block", "overwrite",
+           "relu", "gelu", "gelu_tanh", "silu"]
 
 # Elements per block: 256-512 KiB, so the passes of a block stay in L2, and long enough that
 # two threads do not queue for the GIL between passes (smaller blocks were 2x slower threaded).
@@ -145,13 +145,14 @@ def _one_block(kernel, z):
     return out
 
 
-def _blockwise(kernel, z, threaded_min=_THREADED_MIN):
+def _blockwise(kernel, z, threaded_min=_THREADED_MIN, over=False):
     """``kernel(z_block, out_block)`` over cache-sized blocks of ``z``, threaded from
-    ``threaded_min`` elements."""
-    z = np.ascontiguousarray(z)
-    if z.size <= _BLOCK:  # one block: no task list (small solves call this every step)
+    ``threaded_min`` elements; with ``over``, ``kernel(z_block)`` on the C-contiguous ``z``
+    itself, which it returns."""
+    z = z if over else np.ascontiguousarray(z)
+    if z.size <= _BLOCK and not over:  # one block: no task list (small solves call this every step)
         return _one_block(kernel, z)
-    out = np.empty_like(z)
+    out = z if over else np.empty_like(z)
     flat_z, flat_out = z.reshape(-1), out.reshape(-1)
     size = flat_z.size
     tasks = [(start, min(size, start + _BLOCK)) for start in range(0, size, _BLOCK)]
@@ -160,7 +161,10 @@ def _blockwise(kernel, z, threaded_min=_THREADED_MIN):
         with np.errstate(over="ignore", under="ignore"):  # exp(-z) -> inf is the right limit
             while (task := next_task()) is not None:
                 a, b = task
-                kernel(flat_z[a:b], flat_out[a:b])
+                if over:
+                    kernel(flat_z[a:b])
+                else:
+                    kernel(flat_z[a:b], flat_out[a:b])
 
     threads = _threads.num_threads() if size >= threaded_min else 1
     _threads.run_workers(worker, tasks, threads)
@@ -308,8 +312,34 @@ def silu(z):
     return z * xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
-# the built-in activations with a loop per dtype: its name among the compiled kernels, and its NumPy passes
-_LOOPS = {gelu: ("gelu", _gelu_block), gelu_tanh: ("gelu_tanh", _gelu_tanh_block), silu: ("silu", _silu_block)}
+# the built-in activations with a loop per dtype: its name among the compiled kernels, its
+# NumPy passes, and the elements from which it runs on the threads
+_LOOPS = {gelu: ("gelu", _gelu_block, _THREADED_MIN), gelu_tanh: ("gelu_tanh", _gelu_tanh_block, _THREADED_MIN_CHEAP),
+          silu: ("silu", _silu_block, _THREADED_MIN_CHEAP)}
+
+
+def overwrite(function, z):
+    """``function(z)`` written over ``z``, for the built-in GELU, tanh GELU and SiLU on a
+    C-contiguous, writable NumPy float32 or float64 ``z`` that the caller owns (a product's
+    new output that nothing else reads): the same bits, without a second array of ``z``'s
+    size. Returns ``z``, or None where that does not apply (another activation or array, or
+    the NumPy engine, whose passes read ``z`` after writing the result); the caller then
+    calls ``function(z)``.
+
+    A feed-forward layer's hidden values are the largest arrays of a forward: a float32
+    MiniLM forward of 8 x 128 tokens, alone in a process, made and freed one more of 3 MiB per
+    layer and group, and the C library gave the memory back to the system and faulted it in
+    again (9 000 faults a forward); over the product's output, none (AMD EPYC, family 23
+    model 49)."""
+    entry = _LOOPS.get(function)
+    if entry is None or not _host_float(z) or not z.flags.c_contiguous or not z.flags.writeable:
+        return None
+    made = _compiled.kernels()
+    if made is None:
+        return None
+    name, _, threaded_min = entry
+    kernel = getattr(made, name + "_over" + ("32" if z.dtype == np.float32 else "64"))
+    return _blockwise(kernel, z, threaded_min, over=True)
 
 
 def one_block(function, like):
@@ -321,7 +351,7 @@ def one_block(function, like):
     entry = _LOOPS.get(function)
     if entry is None or not _host_float(like) or like.size > _BLOCK:
         return None
-    kernel = _loop(*entry, like.dtype)
+    kernel = _loop(*entry[:2], like.dtype)
     return lambda v: _one_block(kernel, v)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import Kernel
-from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, one_block, relu, silu
+from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, one_block, overwrite, relu, silu
 from .base import Constants, Grids, Operator
 from .small_plans import SmallPlans
 from .functions import as_feature_function, named_parameters
@@ -196,9 +196,16 @@ class FeedForward(Operator):
     def _discretize(self, grids: Grids):
         y, r = grids.features, grids.hidden
         w_1, w_2, phi = _affine(self.W_1, self.b_1, r, y), _affine(self.W_2, self.b_2, y, r), _pointwise(self)
+        # a dense first map's output is a new array that only phi reads: phi may overwrite it
+        fresh = _dense_host(self.W_1) and is_built_in(self.activation_name, self.phi)
 
         def feedforward(u):
-            return w_2(phi(w_1(u)))
+            hidden = w_1(u)
+            if fresh:
+                done = overwrite(phi, hidden)
+                if done is not None:
+                    return w_2(done)
+            return w_2(phi(hidden))
 
         dense = _dense_host(self.W_1) and _dense_host(self.W_2)
         general = by_row_blocks(feedforward, whole=threaded_rows if dense else None,
@@ -269,9 +276,12 @@ class GatedFeedForward(Operator):
         w_gate, w_up = _affine(self.W_gate, self.b_gate, r, y), _affine(self.W_up, self.b_up, r, y)
         w_2, phi = _affine(self.W_2, self.b_2, y, r), _pointwise(self)
         fresh = is_built_in(self.activation_name, self.phi)  # returns a new array for NumPy input
+        dense_gate = fresh and _dense_host(self.W_gate)  # its new output only phi reads
 
         def gated_feedforward(u):
-            gate, up = phi(w_gate(u)), w_up(u)
+            product = w_gate(u)
+            gate = overwrite(phi, product) if dense_gate else None
+            gate, up = phi(product) if gate is None else gate, w_up(u)
             if fresh and type(gate) is np.ndarray and type(up) is np.ndarray \
                     and gate.shape == up.shape and gate.dtype == up.dtype:
                 # the activation's own new array takes the product: no third array of the
