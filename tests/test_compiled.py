@@ -259,6 +259,7 @@ for dtype in (np.float32, np.float64):
     for name in ("gelu", "gelu_tanh", "silu"):
         getattr(made, name + bits)(z, np.empty_like(z))
         getattr(made, name + "_over" + bits)(z.copy())
+    made.activation_over(2, z.copy())
     made.exp_array(z, np.empty_like(z))
     s = np.ones((3, 4), dtype)
     made.exp_rows(s, np.empty(0, dtype), -1, 1 << 62, dtype(0), np.empty(3, dtype))
@@ -287,8 +288,9 @@ def test_compiled_kernels_are_loaded_from_numbas_cache_in_a_new_process(tmp_path
     run()
     files = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
     assert any(name.endswith(".nbc") for name in files)
-    # 3 activations x 2 precisions x (new array, over the input), exp_array and exp_rows x 2 signatures
-    assert run() == 16
+    # 3 activations x 2 precisions x (new array, over the input), activation_over, exp_array and
+    # exp_rows x 2 signatures
+    assert run() == 18
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == files
 
 

@@ -9,7 +9,8 @@ import multiprocessing
 import numpy as np
 import pytest
 
-from ctformer._numerics import few_rows, gemm, openmp
+from ctformer._numerics import few_rows, gemm, loops, openmp
+from ctformer.operators import activations
 from ctformer.operators.base import Constants
 
 from .conftest import require, stored_choices
@@ -68,7 +69,7 @@ def test_every_split_of_the_columns_gives_the_bits_of_one_thread(compiled_on, mo
                 kernels[one_thread](a, w, b, split, start, min(1030, start + block))
             assert np.array_equal(one, split)
             threaded = np.full((a.shape[0], 1030), np.nan, dtype)
-            kernels["columns_parallel"](a, w, b, threaded, block, columns)
+            kernels["columns_parallel"](a, w, b, threaded, block, columns, -1)
             assert np.array_equal(one, threaded)
     product = few_rows.prepare(matrix_t, b, columns)
     outs = []
@@ -81,6 +82,36 @@ def test_every_split_of_the_columns_gives_the_bits_of_one_thread(compiled_on, mo
         kernels[one_thread](a[:7], w, b, one[:7], 0, 1030)
     with pytest.raises(ValueError, match="columns: the width of the kernel's tiles, one of"):
         few_rows.prepare(matrix_t, b, 5)
+
+
+@pytest.mark.parametrize("name", ["silu", "gelu_tanh", "gelu"])
+@pytest.mark.parametrize("columns", [4, 3])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_an_activation_in_the_kernel_gives_the_bits_of_the_product_then_the_activation(
+        compiled_on, monkeypatch, name, columns, dtype):
+    """phi(a M + b) with phi applied by each thread to its own columns: the bits of the
+    product followed by the library's activation, for any thread count, rows left over
+    (7, padded to 8) and columns left over (1030 = 3 x 343 + 1 = 4 x 257 + 2); and, in
+    float32, within a few ulps of the float64 formula (float64's own accuracy: test_compiled)."""
+    from scipy.special import erf
+
+    function = activations.ACTIVATIONS[name]
+    kind = activations.loop_kind(function)
+    assert kind == loops.ACTIVATION_KINDS[name]
+    a, matrix_t, b = _operands(7, 200, 1030, seed=12, dtype=dtype)
+    product = few_rows.prepare(matrix_t, b, columns)
+    for count in ("1", "2", "3"):
+        monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+        plain = product(a)
+        fused = product.then(kind)(a)
+        assert fused.shape == (7, 1030) and fused.dtype == dtype
+        assert np.array_equal(fused, function(plain))
+    if dtype == np.float64:
+        return
+    z = plain.astype(np.float64)
+    exact = {"silu": z / (1 + np.exp(-z)), "gelu": 0.5 * z * (1 + erf(z / np.sqrt(2))),
+             "gelu_tanh": 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))}[name]
+    assert np.all(np.abs(fused - exact) <= 16 * np.finfo(dtype).eps * (np.abs(exact) + np.abs(z) * 1e-3))
 
 
 def test_a_matrix_stored_the_other_way_is_copied_once(compiled_on):
@@ -252,8 +283,11 @@ def test_16_token_float64_networks_are_their_float64_modules(compiled_on, monkey
     x, reference = out.hidden_states[0].numpy(), out.last_hidden_state[0].numpy()
     calls = []
     call = few_rows.FewRowsMatrix.__call__
-    monkeypatch.setattr(few_rows.FewRowsMatrix, "__call__", lambda self, a: calls.append(a.shape) or call(self, a))
+    monkeypatch.setattr(few_rows.FewRowsMatrix, "__call__",
+                        lambda self, a, *kind: calls.append(kind) or call(self, a, *kind))
     got = from_hf(module).run(x)
-    # every layer's products: qkv, out, and the feed-forward's two (GPT-2) or three (Llama)
+    # every layer's products: qkv, out, and the feed-forward's two (GPT-2) or three (Llama),
+    # the first's (the gate's) with its activation in the kernel
     assert len(calls) == 2 * (4 if name == "gpt2" else 5)
+    assert calls.count((loops.ACTIVATION_KINDS["gelu_tanh" if name == "gpt2" else "silu"],)) == 2
     assert np.abs(got[0] - reference).max() / np.abs(reference).max() < 1e-12

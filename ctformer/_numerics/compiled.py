@@ -82,7 +82,7 @@ def kernels():
 
 _KERNELS = ("exp_array", "exp_rows", "exp_rows_online", "rescale_add", "silu32", "silu64", "gelu_tanh32",
             "gelu_tanh64", "gelu32", "gelu64", "silu_over32", "silu_over64", "gelu_tanh_over32",
-            "gelu_tanh_over64", "gelu_over32", "gelu_over64", "rotate_pairs", "add_distance")
+            "gelu_tanh_over64", "gelu_over32", "gelu_over64", "activation_over", "rotate_pairs", "add_distance")
 
 
 @lru_cache(maxsize=None)

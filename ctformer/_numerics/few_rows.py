@@ -107,24 +107,36 @@ class FewRowsMatrix:
         """Whether ``rows`` rows are multiplied here (the bounds of the module docstring)."""
         return _MIN_ROWS <= rows <= _MAX_ROWS and rows * self.inner * self.width >= _MIN_PRODUCT
 
-    def __call__(self, a):
-        """``a @ M + b`` for C-contiguous rows ``a`` (..., inner) of the matrix's dtype: a new NumPy array."""
+    def __call__(self, a, activation: int = -1):
+        r"""``a @ M + b`` for C-contiguous rows ``a`` (..., inner) of the matrix's dtype: a new
+        NumPy array. ``activation``: -1, or the kind of an activation loop
+        (:func:`ctformer._numerics.loops.activation_over`) to apply to the product, each
+        thread to its own columns: :math:`\phi(a M + b)` with the bits of the product followed
+        by that loop."""
         rows = a.reshape(-1, self.inner)
         tiles = padded(rows)
         out = np.empty((tiles.shape[0], self.width), self.dtype)
         threads = 1 if getattr(_INSIDE, "worker", False) else num_threads()
-        if self._multiply(tiles, out, threads):
+        if self._multiply(tiles, out, threads, activation):
             out = out[:rows.shape[0]]
         else:  # no OpenMP threads here: BLAS's threads
             out = rows @ self.matrix_t
             if self.bias is not None:
                 out += self.bias
+            if activation >= 0:
+                _compiled.kernels().activation_over(activation, out.reshape(-1))
         return out.reshape(*a.shape[:-1], self.width)
 
-    def _multiply(self, rows, out, threads) -> bool:
+    def then(self, activation: int):
+        """The callable ``a -> phi(a M + b)`` of activation loop ``activation`` (see
+        :meth:`__call__`)."""
+        return lambda a: self(a, activation)
+
+    def _multiply(self, rows, out, threads, activation=-1) -> bool:
         if self._weight is None:
             self._weight = np.ascontiguousarray(self.matrix_t.T)
-        return _product(_kernels(), self.columns, rows, self._weight, self._bias, out, threads) is not None
+        return _product(_kernels(), self.columns, rows, self._weight, self._bias, out, threads,
+                        activation) is not None
 
 
 def padded(rows):
@@ -179,7 +191,7 @@ def measure(dtype, best, peer=None, threads: int = 1) -> dict:
             kernels[one_thread](a, w, b, one, 0, n)
             for block in (tile, 2 * tile, tile * (n // (3 * tile)) + tile):
                 blocks.fill(np.nan)
-                ran = openmp_threads(lambda: kernels["columns_parallel"](a, w, b, blocks, block, tile), 3)
+                ran = openmp_threads(lambda: kernels["columns_parallel"](a, w, b, blocks, block, tile, -1), 3)
                 if ran and not np.array_equal(one, blocks):
                     return {"provider": "numpy", "reason": f"column blocks round differently at {(m, k, n)}"}
     times = {tile: [] for tile in _TILES}
@@ -208,14 +220,18 @@ def _geometric_mean(ratios) -> float:
     return float(np.exp(np.mean(np.log(ratios))))  # each shape counts alike
 
 
-def _product(kernels, columns, rows, weight, bias, out, threads):
+def _product(kernels, columns, rows, weight, bias, out, threads, activation=-1):
     """``out = rows @ weight.T + bias`` by the kernel of tiles ``columns`` wide on ``threads``
     threads (its column blocks on OpenMP's threads), as :meth:`FewRowsMatrix._multiply` runs
-    it; returns ``out``, or None (nothing done) where OpenMP's threads cannot run here."""
+    it, then activation loop ``activation`` over it (-1: none); returns ``out``, or None
+    (nothing done) where OpenMP's threads cannot run here."""
     n = out.shape[1]
     if threads <= 1:
         kernels[_TILES[columns]](rows, weight, bias, out, 0, n)
+        if activation >= 0:
+            _compiled.kernels().activation_over(activation, out.reshape(-1))
         return out
     block = -(-n // (columns * threads)) * columns  # one block per thread, a whole number of tiles
     run = kernels["columns_parallel"]
-    return out if openmp_threads(lambda: run(rows, weight, bias, out, block, columns), threads) else None
+    return out if openmp_threads(lambda: run(rows, weight, bias, out, block, columns, activation),
+                                 threads) else None

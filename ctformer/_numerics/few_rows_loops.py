@@ -21,13 +21,15 @@ each with the same code. 'reassoc' lets LLVM split each sum into partial sums, a
 by the compiled code and the shape, never by the thread count. ``columns_parallel`` hands
 blocks of columns (multiples of the tile's width) to Numba's
 threads: every entry is computed by the same code on every partition, so the bits are those
-of the one-thread kernel on the whole matrix.
+of the one-thread kernel on the whole matrix. It may also apply a feed-forward layer's
+activation, :math:`\phi(C)`, to each block where it was computed: the activation's own loop,
+compiled without 'reassoc', so the bits are those of the product followed by the activation.
 """
 from __future__ import annotations
 
 from numba import njit, prange
 
-from .loops import FLAGS
+from .loops import FLAGS, activation_over
 
 _FLAGS = set(FLAGS) | {"reassoc"}
 jit = njit(nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy", boundscheck=False)
@@ -138,12 +140,19 @@ def _store4(out, i, j, c0, c1, c2, c3):
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=_FLAGS, error_model="numpy", boundscheck=False)
-def columns_parallel(a, w, bias, out, block, tile):
+def columns_parallel(a, w, bias, out, block, tile, activation):
     """``columns`` (``tile`` 4) or ``columns3`` (``tile`` 3) on all of ``out``'s columns, blocks
-    of ``block`` (a multiple of ``tile``) at a time on Numba's threads."""
+    of ``block`` (a multiple of ``tile``) at a time on Numba's threads; then, for
+    ``activation`` >= 0, that activation's loop (:func:`ctformer._numerics.loops.activation_over`)
+    over each row of the block, on the same thread, while the block is in its cache."""
     n = w.shape[0]
+    flat = out.reshape(-1)
     for t in prange((n + block - 1) // block):
+        j0, j1 = t * block, min(n, (t + 1) * block)
         if tile == 3:
-            columns3(a, w, bias, out, t * block, min(n, (t + 1) * block))
+            columns3(a, w, bias, out, j0, j1)
         else:
-            columns(a, w, bias, out, t * block, min(n, (t + 1) * block))
+            columns(a, w, bias, out, j0, j1)
+        if activation >= 0:
+            for i in range(out.shape[0]):
+                activation_over(activation, flat[i * n + j0:i * n + j1])

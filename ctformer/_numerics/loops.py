@@ -404,6 +404,7 @@ def gelu_value(x):
 
 
 _SILU, _GELU_TANH, _GELU = 0, 1, 2  # the activations' kinds
+ACTIVATION_KINDS = {"silu": _SILU, "gelu_tanh": _GELU_TANH, "gelu": _GELU}  # by their loops' names
 
 
 @inline
@@ -438,6 +439,20 @@ def _activation_loops(kind):
 silu32, silu_over32 = silu64, silu_over64 = _activation_loops(_SILU)
 gelu_tanh32, gelu_tanh_over32 = gelu_tanh64, gelu_tanh_over64 = _activation_loops(_GELU_TANH)
 gelu32, gelu_over32 = gelu64, gelu_over64 = _activation_loops(_GELU)
+
+
+@jit
+def activation_over(kind, z):
+    """Activation ``kind`` (``_SILU``, ``_GELU_TANH``, ``_GELU``) written over the 1-d C array
+    ``z`` by its loop above: for callers compiled with other flags (the few-row products'
+    'reassoc'), which would otherwise apply their flags to an inlined activation and change
+    its bits."""
+    if kind == _SILU:
+        silu_over64(z)
+    elif kind == _GELU_TANH:
+        gelu_tanh_over64(z)
+    else:
+        gelu_over64(z)
 
 
 @jit

