@@ -5,15 +5,16 @@ Compares, in one process, for a batch of ``tokens`` rows of ``M`` features on ``
 * ``numpy.fft`` : the circulant product written directly with ``numpy.fft.rfft/irfft`` (the peer),
 * ``ctformer``  : ``Convolution(profile).apply`` through the backend's planned pyFFTW
   transforms (:class:`ctformer.fft.PlannedFFT`) as a user gets them: the default planner
-  (``FFTW_ESTIMATE``), transforms of at least 2^18 points on the library's worker count of FFTW
+  (``auto``: one-thread plans measured once per machine and kept as FFTW wisdom, threaded ones
+  estimated), transforms of at least 2^18 points on the library's worker count of FFTW
   threads (``--threads``, default ``CTFORMER_NUM_THREADS`` or the BLAS thread count); grids up
-  to the crossover measured on this machine (printed) apply the dense matrix instead,
+  to the crossover measured on this machine (printed) apply the dense matrix instead; the
+  warm-up call's time, planning included, is printed (a machine's first run measures each
+  plan, later runs read the stored wisdom),
 * ``fft only``  : the same transforms alone, ``fft.irfft(fft.rfft(u) * symbol)``
   (the same arithmetic as ``numpy.fft``, without the kernel's own per-call work),
 * ``1 thread``  : ``apply`` with one FFTW thread at every size (``numpy.fft`` has no threads:
   the like-for-like column),
-* ``measured``  : one thread with ``FFTW_MEASURE`` plans (planning happens in the warm-up call
-  and is reported; skipped with ``--no-measure``),
 * ``dense``     : the ``M x M`` matrix product (BLAS), the O(M^2) peer, for M <= 4096.
 
 The methods are timed in ``--repeats`` alternating rounds after a 0.2 s warm-up each
@@ -55,7 +56,6 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5, help="alternating rounds")
     parser.add_argument("--threads", type=int, default=None,
                         help="FFTW threads of the 'ctformer' column (default: the library's worker count)")
-    parser.add_argument("--no-measure", action="store_true", help="skip the FFTW_MEASURE column")
     parser.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     parser.add_argument("--quick", action="store_true", help="M = 16, 64, ..., 4096 (a smoke test)")
     parser.add_argument("--keep-env", action="store_true", help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE")
@@ -67,10 +67,7 @@ def main(argv=None):
     import ctformer.backend as backend_module
 
     backend = backend_module.get_backend("numpy")
-    variants = {"ctformer": PlannedFFT(threads=args.threads, effort="FFTW_ESTIMATE"),
-                "1 thread": PlannedFFT(threads=1, effort="FFTW_ESTIMATE")}
-    if not args.no_measure:
-        variants["measured"] = PlannedFFT(threads=1, effort="FFTW_MEASURE")
+    variants = {"ctformer": PlannedFFT(threads=args.threads), "1 thread": PlannedFFT(threads=1)}
 
     kernel = Convolution(lambda z: np.exp(np.cos(2 * np.pi * z)))
     rng = np.random.default_rng(0)
@@ -120,7 +117,7 @@ def main(argv=None):
                       spread=timed.spread("ctformer", "numpy.fft"))
         print(f"{'':>7} " + " ".join(f"{relative[n]:>11.2f}" if n in med else f"{'-':>11}" for n in names)
               + f"   {'met' if met else 'not met'}"
-              + ("   (planning MEASURE %.2f s)" % plan_seconds["measured"] if "measured" in plan_seconds else ""))
+              + "   (first call %.2f s)" % plan_seconds["ctformer"])
         ratios[m] = relative
     backend.__dict__.pop("fft", None)
     # Two runs of the same method differ by up to ~10 % on a shared machine (medians of

@@ -157,7 +157,8 @@ class Backend:
         :class:`ctformer.fft.PlannedFFT` on the CPU (pyFFTW plans executed directly, cached;
         ``CTFORMER_FFT_THREADS`` threads for large transforms, default the library's worker
         count; planner effort
-        ``CTFORMER_FFTW_PLANNER``, default ``FFTW_ESTIMATE``); ``cupyx.scipy.fft`` on the GPU.
+        ``CTFORMER_FFTW_PLANNER``, default ``auto``: small transforms' plans measured once per
+        machine and stored); ``cupyx.scipy.fft`` on the GPU.
         """
         if self.name == "cupy":
             import cupyx.scipy.fft as cufft

@@ -1,7 +1,8 @@
 """The engine of each FFT (ctformer.fft with ``engine="auto"``) is timed once per machine and
 kept in its store of measured choices (ctformer._numerics.store): a later process runs the
 stored engine, bit for bit numpy.fft's or FFTW's, without timing; a damaged entry is timed again;
-a pinned engine stores nothing."""
+a pinned engine stores nothing. The ``auto`` planner's measured FFTW plans are kept as FFTW's
+wisdom in the same store: a later process plans from it, with the same bits, measuring nothing."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,8 @@ from ctformer.fft import PlannedFFT
 
 from .conftest import stored_choices
 
-_KEY = "fft engine {kind} (6, 96) axis 1 n 96 threads 1 FFTW_ESTIMATE float64"
+# the default planner (auto) measures transforms of fewer than 2^18 points: FFTW_MEASURE
+_KEY = "fft engine {kind} (6, 96) axis 1 n 96 threads 1 FFTW_MEASURE float64"
 
 
 def _data():
@@ -89,3 +91,82 @@ def test_a_pinned_engine_stores_nothing(fresh_store, monkeypatch, engine):
     x = _data()
     np.testing.assert_allclose(PlannedFFT(threads=1, engine=engine).rfft(x), np.fft.rfft(x),
                                rtol=0, atol=1e-13 * np.abs(np.fft.rfft(x)).max())
+
+
+_PLAN_IN_A_PROCESS = """
+import sys
+import numpy as np
+from ctformer.fft import PlannedFFT
+first = sys.argv[1]
+if first != "none":  # an explicit FFTW_MEASURE plan first (timed in this process, not stored)
+    PlannedFFT(threads=1, effort="FFTW_MEASURE", engine="fftw").rfft(np.ones((3, int(first))))
+x = np.random.default_rng(4).standard_normal((8, 200))
+np.save(sys.argv[2], PlannedFFT(threads=1, engine="fftw").rfft(x))
+"""
+
+
+def _plan_in_a_process(root, first, out):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XDG_CACHE_HOME=str(root))
+    subprocess.run([sys.executable, "-c", _PLAN_IN_A_PROCESS, str(first), str(out)], env=env, check=True,
+                   timeout=300)
+    return np.load(out)
+
+
+def _records(root):
+    """The stored wisdom's records (one per line), double precision."""
+    wisdom = stored_choices(root)[1]["fftw wisdom"]["wisdom"][0].splitlines()
+    return wisdom[1:-1]
+
+
+def test_measured_plans_are_stored_once_and_replanned_from_wisdom(fresh_store, tmp_path):
+    """The first process measures the plan (8 x 200 points, below 2^18) and stores FFTW's
+    wisdom; a second plans from it: the same bits, nothing new stored."""
+    import pyfftw
+
+    first = _plan_in_a_process(fresh_store, "none", tmp_path / "a.npy")
+    path, stored = stored_choices(fresh_store)
+    kept = stored["fftw wisdom"]
+    assert kept["checked"] == f"pyfftw {pyfftw.__version__}" and len(kept["wisdom"]) == 3
+    assert _records(fresh_store) and kept["wisdom"][0].startswith("(fftw-3")
+    text = path.read_text()
+    second = _plan_in_a_process(fresh_store, "none", tmp_path / "b.npy")
+    assert np.array_equal(first, second)
+    assert path.read_text() == text  # planned from the stored wisdom: nothing measured, nothing added
+    x = np.random.default_rng(4).standard_normal((8, 200))
+    np.testing.assert_allclose(first, np.fft.rfft(x), rtol=0, atol=1e-13 * np.abs(first).max())
+
+
+def test_an_explicit_measured_plan_adds_nothing_to_the_store(fresh_store, tmp_path):
+    """An FFTW_MEASURE plan of the user's (timed in its own process, as FFTW does) made
+    before the auto planner's: the store keeps only what the auto planner measured, the
+    same records as a process that made the auto plan alone."""
+    _plan_in_a_process(fresh_store, 1000, tmp_path / "a.npy")
+    mixed = set(_records(fresh_store))
+    alone_root = tmp_path / "alone"
+    _plan_in_a_process(alone_root, "none", tmp_path / "b.npy")
+    assert mixed == set(_records(alone_root))
+
+
+def test_the_auto_planner_measures_only_transforms_that_run_on_one_thread():
+    """Below 2^18 points a transform always runs on one thread: measured. From 2^18 FFTW's
+    threads may run it, and a threaded plan is kept only with a one-thread plan's bits, which
+    two measured plans do not share: estimated. An explicit effort is used as it is."""
+    auto = PlannedFFT(threads=2)
+    assert auto.planner_effort == "auto"
+    assert auto._effort((1 << 18) - 1) == "FFTW_MEASURE" and auto._effort(1 << 18) == "FFTW_ESTIMATE"
+    assert PlannedFFT(effort="FFTW_PATIENT")._effort(1 << 20) == "FFTW_PATIENT"
+
+
+def test_damaged_wisdom_is_measured_again(fresh_store, tmp_path):
+    _plan_in_a_process(fresh_store, "none", tmp_path / "a.npy")
+    path, stored = stored_choices(fresh_store)
+    stored["fftw wisdom"]["wisdom"] = "not wisdom"
+    path.write_text(json.dumps(stored))
+    got = _plan_in_a_process(fresh_store, "none", tmp_path / "b.npy")
+    x = np.random.default_rng(4).standard_normal((8, 200))
+    np.testing.assert_allclose(got, np.fft.rfft(x), rtol=0, atol=1e-13 * np.abs(got).max())
+    assert _records(fresh_store)  # stored afresh

@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ from ..environment import cpu_model
 from .threads import blas_controller
 from .torch_threads import _torch, _torch_version, installed_version
 
-__all__ = ["KERNEL_SETTINGS", "cache_file", "entry", "fft_engine", "read", "write"]
+__all__ = ["KERNEL_SETTINGS", "cache_file", "entry", "fft_engine", "read", "with_fftw_wisdom", "write"]
 
 #: Environment variables that change which machine code the measured libraries run, hence
 #: the speeds a choice was measured at: torch's vector kernels, oneDNN's and MKL's instruction
@@ -71,6 +72,7 @@ def entry(kind: str, dtype: str, measure, checked: str | None = None, valid=None
                 _MEASURING.key = None
             if checked is not None:
                 entry["checked"] = checked
+            _add_wisdom(stored)  # plans the measurement made (with_fftw_wisdom)
             write(path, stored)
         return entry
 
@@ -89,6 +91,101 @@ def fft_engine(signature: str, dtype: str, time_it) -> str:
 
 
 _fft.use_engine_store(fft_engine)
+
+_WISDOM_KEY = "fftw wisdom"
+_PENDING_WISDOM: list = []  # wisdom lines that plans made inside a measurement added
+
+
+def with_fftw_wisdom(make):
+    """``make()`` (an FFTW plan of the ``auto`` planner, :class:`ctformer.fft.PlannedFFT`)
+    with this machine's stored FFTW wisdom: the stored wisdom is imported first, so FFTW
+    measures only the transforms it lacks, and the wisdom that the plan added is stored as
+    ``fftw wisdom`` (under the store's lock: processes that start together measure a
+    transform once, one at a time, and the others plan from the first one's wisdom). A
+    transform is then planned alike, and gives the same bits, in every process on the
+    machine. Only what these plans add is stored, not the rest of the process's wisdom (plans
+    of an explicit ``FFTW_MEASURE`` are timed in their own process). Wisdom of another FFTW
+    build is refused by FFTW and replaced. Inside a measurement (which holds the lock) what
+    the plan adds is stored with that measurement (:func:`entry`)."""
+    import pyfftw
+
+    path = cache_file()
+    inside = getattr(_MEASURING, "key", None) is not None
+    with nullcontext() if inside else _LOCK, nullcontext() if inside else _machine_lock(path):
+        stored = read(path)
+        _import_wisdom(stored)
+        before = pyfftw.export_wisdom()
+        plan = make()
+        _PENDING_WISDOM.append(_new_lines(before, pyfftw.export_wisdom()))
+        if not inside and _add_wisdom(stored):
+            write(path, stored)
+        return plan
+
+
+def _lines(text: bytes) -> tuple:
+    """(header, entries, footer) of one FFTW wisdom text: a header line naming FFTW's version
+    and build, one line per solver record, and a closing parenthesis."""
+    lines = text.decode("ascii").splitlines()
+    if len(lines) < 2:
+        return text.decode("ascii"), [], ""
+    return lines[0], lines[1:-1], lines[-1]
+
+
+def _new_lines(before, after) -> list:
+    """For each of FFTW's three wisdom texts (double, single, long double): the header,
+    footer and records in ``after`` that ``before`` lacked."""
+    added = []
+    for old, new in zip(before, after):
+        header, records, footer = _lines(new)
+        known = set(_lines(old)[1])
+        added.append([header, [r for r in records if r not in known], footer])
+    return added
+
+
+def _import_wisdom(stored) -> None:
+    """The stored wisdom into this process's FFTW (nothing where it is missing, damaged or of
+    another pyFFTW; FFTW itself refuses wisdom of another build)."""
+    import pyfftw
+
+    kept = stored.get(_WISDOM_KEY)
+    wisdom = None if kept is None else kept.get("wisdom")
+    if (kept is not None and kept.get("checked") == _wisdom_checked() and isinstance(wisdom, list)
+            and len(wisdom) == 3 and all(isinstance(text, str) for text in wisdom)):
+        pyfftw.import_wisdom(tuple(text.encode("ascii") for text in wisdom))
+
+
+def _wisdom_checked() -> str | None:
+    """What stored wisdom must have been made with (pyFFTW's version), or None where pyFFTW
+    is not loaded."""
+    pyfftw = sys.modules.get("pyfftw")
+    return None if pyfftw is None else f"pyfftw {pyfftw.__version__}"
+
+
+def _add_wisdom(stored) -> bool:
+    """The wisdom records that plans added since the last call (:data:`_PENDING_WISDOM`)
+    into ``stored``, with those stored already: True when ``stored`` changed (it is then to
+    be written)."""
+    pending, _PENDING_WISDOM[:] = list(_PENDING_WISDOM), []
+    if not any(records for added in pending for _, records, _ in added):
+        return False
+    kept = stored.get(_WISDOM_KEY) or {}
+    valid = kept.get("checked") == _wisdom_checked() and isinstance(kept.get("wisdom"), list) \
+        and len(kept["wisdom"]) == 3
+    texts = []
+    for i in range(3):
+        header, records, footer = _lines(kept["wisdom"][i].encode("ascii")) if valid else (None, [], None)
+        records = list(records)
+        for added in pending:
+            new_header, new_records, new_footer = added[i]
+            if header != new_header:  # another build's records: replaced
+                header, footer, records = new_header, new_footer, []
+            records += [r for r in new_records if r not in records]
+        texts.append("\n".join([header, *records, footer]) + "\n")
+    stored[_WISDOM_KEY] = {"provider": "fftw", "wisdom": texts, "checked": _wisdom_checked()}
+    return True
+
+
+_fft.use_wisdom_store(with_fftw_wisdom)
 
 
 @contextmanager
