@@ -170,3 +170,23 @@ def test_damaged_wisdom_is_measured_again(fresh_store, tmp_path):
     x = np.random.default_rng(4).standard_normal((8, 200))
     np.testing.assert_allclose(got, np.fft.rfft(x), rtol=0, atol=1e-13 * np.abs(got).max())
     assert _records(fresh_store)  # stored afresh
+
+
+def test_plans_made_inside_a_measurement_are_stored_with_it(fresh_store):
+    """A measured choice whose timing plans a transform (the store's lock held by the
+    measuring thread): the plan is made from the stored wisdom without taking the lock
+    again, and what it measured is stored with the choice."""
+    import pyfftw
+
+    pyfftw.forget_wisdom()  # this process's own plans of the transform, if any, measured again
+
+    def measure(dtype):
+        x = np.random.default_rng(5).standard_normal((5, 301))
+        got = PlannedFFT(threads=1, engine="fftw").rfft(x)
+        np.testing.assert_allclose(got, np.fft.rfft(x), rtol=0, atol=1e-13 * np.abs(got).max())
+        return {"provider": "numpy"}
+
+    store.entry("planning inside a measurement", "float64", measure, needs_torch=False)
+    stored = stored_choices(fresh_store)[1]
+    assert stored["planning inside a measurement float64"]["provider"] == "numpy"
+    assert _records(fresh_store)
