@@ -36,6 +36,7 @@ def blocks(monkeypatch):
     original = streamed.key_blocked
     monkeypatch.setattr(streamed, "key_blocked", lambda m, keep=None, dtype=None, causal=False, key_block=None:
                         original(m, keep, dtype, False, key_block))
+    monkeypatch.setattr(streamed, "whole_rows", lambda m, itemsize, geometry: False)
 
 
 def test_the_rule_asks_for_two_blocks_and_no_mask(monkeypatch):
@@ -97,3 +98,37 @@ def test_a_row_without_keys_in_a_block_keeps_its_running_values():
     assert top[0] == 2.0 and abs(alpha[0] - np.exp(-1.0)) < 1e-16
     assert np.allclose(s[0], np.exp([-2.0, 0.0, -1.0, 0.0]), rtol=1e-15, atol=0)
     assert abs(sums[0] - (3.0 * np.exp(-1.0) + np.exp(-2.0) + 2.0 + np.exp(-1.0))) < 1e-15
+
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_keys_that_fit_a_chunk_twice_over_come_in_whole_rows(monkeypatch, dtype):
+    """Key blocks only where a chunk of the geometry's query rows cannot hold the scores of
+    all keys in half its bytes: 512 rows x 2048 keys of float32 (4 MiB of an 8 MiB budget)
+    take whole rows, without the online softmax, and 4096 keys stay in blocks (float64: 1024
+    and 2048); both give softmax attention (float64 reference) with the same bits on one and
+    two threads."""
+    require("numba")
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
+    monkeypatch.setenv("CTFORMER_GEMM", "numpy")
+    from ctformer._numerics.blocks import Geometry
+
+    geometry = Geometry(512, 512, 8 << 20)
+    size = np.dtype(dtype).itemsize
+    fits = 4096 // size * 2  # 2 x 512 rows x fits x itemsize = 8 MiB
+    assert streamed.whole_rows(fits, size, geometry) and not streamed.whole_rows(fits + 1, size, geometry)
+    made = compiled._build()
+    original, online = made.exp_rows_online, []
+    monkeypatch.setattr(made, "exp_rows_online", lambda *args: (online.append(1), original(*args))[1])
+    rng = np.random.default_rng(8)
+    for m, whole in ((fits, True), (2 * fits, False)):
+        q, k, v = (rng.standard_normal((1, n, 16)).astype(dtype) for n in (700, m, m))
+        online.clear()
+        runs = []
+        for count in ("1", "2"):
+            monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+            runs.append(streamed.stream(q[0], 0.3, k[0], v[0], None, None, False, None, (), None, geometry))
+        assert (not online) is whole, (m, len(online))
+        assert np.array_equal(runs[0], runs[1])
+        ref = reference(q, k, v, 0.3)[0]
+        assert np.abs(runs[0] - ref).max() / np.abs(ref).max() < TOL[dtype]
