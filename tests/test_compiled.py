@@ -254,32 +254,6 @@ def test_gelu64_is_relatively_accurate_to_a_few_ulp_down_to_the_smallest_normal_
     assert out[3] == 1e300 and out[4] == 0 and out[5] == 0 and np.signbit(out[6])
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_activation_loops_give_every_element_its_own_bits_at_every_length(made, dtype):
-    """The loops take one element of each quarter of the array per iteration (four chains a
-    core overlaps) and the last n % 4 one by one: at every length, into a new array and over
-    the input alike, each entry is bit for bit what the loop gives that element alone (one
-    element takes the generic per-element path, the quarters the per-precision one)."""
-    rng = np.random.default_rng(3)
-    bits = "32" if dtype == np.float32 else "64"
-    for name in ("silu", "gelu_tanh", "gelu"):
-        into, over = getattr(made, name + bits), getattr(made, name + "_over" + bits)
-        for n in [*range(0, 41), 1023, 4097]:
-            z = (4 * rng.standard_normal(n)).astype(dtype)
-            if n > 8:
-                z[[1, n // 2, n - 2]] = [-60.0, np.inf, np.nan]
-            alone = np.empty_like(z)
-            for i in range(n):
-                one = z[i:i + 1].copy()
-                over(one)
-                alone[i] = one[0]
-            out = np.empty_like(z)
-            into(z, out)
-            np.testing.assert_array_equal(out, alone)
-            over(z)
-            np.testing.assert_array_equal(z, alone)
-
-
 _CALL_EVERY_KERNEL = """
 import json, numpy as np
 from ctformer._numerics import compiled

@@ -345,30 +345,15 @@ def add_distance(s, p, pk, slope):
 # the input itself fails LLVM's runtime overlap check and runs in scalars (10.8 ns an entry
 # against 1.5 for the float32 GELU, AMD EPYC family 23 model 49); ``z[i] = f(z[i])``
 # vectorizes as it is.
-# Each activation in each precision, and a generic form for both (the interleaved loops below
-# inline an element's function four times, and Numba's SSA check warns where a generic form,
-# an overload, is inlined more than once in a function).
-_TANH32, _CUBIC32 = f32(TANH_GELU), f32(0.044715)
+@inline
+def silu_value(x):
+    return x / (like_(1.0, x) + exp_(-x))
 
 
 @inline
-def silu64_value(x):
-    return x / (1.0 + exp64(-x))
-
-
-@inline
-def silu32_value(x):
-    return x / (f32(1) + exp32(-x))
-
-
-@inline
-def gelu_tanh64_value(x):
-    return x / (1.0 + exp64(-(TANH_GELU * x * (1.0 + 0.044715 * x * x))))
-
-
-@inline
-def gelu_tanh32_value(x):
-    return x / (f32(1) + exp32(-(_TANH32 * x * (f32(1) + _CUBIC32 * x * x))))
+def gelu_tanh_value(x):
+    one = like_(1.0, x)
+    return x / (one + exp_(-(like_(TANH_GELU, x) * x * (one + like_(0.044715, x) * x * x))))
 
 
 # float32 GELU: Phi(-|z|) = erfc(|z|/sqrt 2)/2 = t exp(P(t) - z^2/2 + ln 1/2), t = 1/(1 + k|z|)
@@ -412,22 +397,6 @@ def gelu64_value(v):
     return v if v != v else value  # NaN stays NaN
 
 
-@_in_precision(single=silu32_value, double=silu64_value)
-def silu_value(x):
-    """SiLU, x / (1 + e^-x), in the argument's precision (from Python, in float64)."""
-    e = math.exp(-abs(x))  # e^-|x| <= 1: no overflow on either side
-    return x / (1.0 + e) if x >= 0 else x * e / (1.0 + e)
-
-
-@_in_precision(single=gelu_tanh32_value, double=gelu_tanh64_value)
-def gelu_tanh_value(x):
-    """The tanh GELU in its logistic form, x / (1 + e^-u), u = 2 sqrt(2/pi) (x + 0.044715 x^3),
-    in the argument's precision (from Python, in float64)."""
-    u = TANH_GELU * x * (1.0 + 0.044715 * x * x)
-    e = math.exp(-abs(u))
-    return x / (1.0 + e) if u >= 0 else x * e / (1.0 + e)
-
-
 @_in_precision(single=gelu32_value, double=gelu64_value)
 def gelu_value(x):
     """The exact GELU of a float in its precision, for generic kernels; called from Python,
@@ -450,64 +419,17 @@ def activation_value(kind, x):
     return gelu_value(x)
 
 
-@inline
-def _value64(kind, x):
-    if kind == _SILU:
-        return silu64_value(x)
-    if kind == _GELU_TANH:
-        return gelu_tanh64_value(x)
-    return gelu64_value(x)
-
-
-@inline
-def _value32(kind, x):
-    if kind == _SILU:
-        return silu32_value(x)
-    if kind == _GELU_TANH:
-        return gelu_tanh32_value(x)
-    return gelu32_value(x)
-
-
-def four_values(kind, a, b, c, d):
-    """The activation ``kind`` of four elements of one precision, as four independent chains
-    (compiled code only)."""
-    raise NotImplementedError("four_values is compiled into the activation loops only")
-
-
-@overload(four_values, inline="always")
-def _four_values_for(kind, a, b, c, d):
-    value = _value32 if a == types.float32 else _value64
-    return lambda kind, a, b, c, d: (value(kind, a), value(kind, b), value(kind, c), value(kind, d))
-
-
 def _activation_loops(kind):
     """The two loops of activation ``kind``: into a new array, and over the input. Closures
-    over a plain number, which Numba's cache keys by its value (see the module docstring).
-
-    Each iteration takes an element of each quarter of the array: four vectors whose chains
-    of dependent operations a core overlaps, where one vector's chain left its units idle
-    (the float64 GELU's degree-23 polynomial and exponential: 5.12 -> 4.39 ns an entry, SiLU
-    1.67 -> 1.52, tanh GELU 2.13 -> 1.96; float32 0.55 -> 0.52, 0.74 -> 0.69, the GELU 1.30
-    either way; AVX2, AMD EPYC family 23 model 49). Every element gets the same operations
-    as alone, so the bits do not change."""
+    over a plain number, which Numba's cache keys by its value (see the module docstring)."""
     @jit
     def into(z, out):
-        n = z.size
-        q = n // 4
-        for i in range(q):
-            out[i], out[i + q], out[i + 2 * q], out[i + 3 * q] = four_values(
-                kind, z[i], z[i + q], z[i + 2 * q], z[i + 3 * q])
-        for i in range(4 * q, n):
+        for i in range(z.size):
             out[i] = activation_value(kind, z[i])
 
     @jit
     def over(z):
-        n = z.size
-        q = n // 4
-        for i in range(q):
-            z[i], z[i + q], z[i + 2 * q], z[i + 3 * q] = four_values(
-                kind, z[i], z[i + q], z[i + 2 * q], z[i + 3 * q])
-        for i in range(4 * q, n):
+        for i in range(z.size):
             z[i] = activation_value(kind, z[i])
 
     return into, over
