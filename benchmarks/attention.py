@@ -14,6 +14,9 @@ configuration it times in the same process
   geometry, :func:`ctformer._numerics.measured_blocks.geometry`, printed in the header),
 * ``naive``: NumPy with the full N x N score matrix (in place, one softmax; N <= 8192 only,
   it needs 8 N^2 bytes),
+* ``products`` (without a mask): the streamed path's two products alone (:func:`products_alone`),
+  whose ratio to SDPA is printed as the goal's ``floor``: where it is close to 0.9, the goal
+  is out of reach unless the BLAS products themselves get faster,
 
 all with 2 threads (torch.set_num_threads, OPENBLAS/OMP/MKL_NUM_THREADS and threadpoolctl),
 in ``--repeats`` alternating rounds after a 0.5 s warm-up each (:func:`_environment.rounds`: a
@@ -108,7 +111,40 @@ def methods(causal):
     def naive(q, k, v, beta):
         return lambda: naive_attention(q, k, v, beta, causal)
 
-    return {"sdpa": sdpa, "quadrature": quadrature, "streamed": streamed, "naive": naive}
+    table = {"sdpa": sdpa, "quadrature": quadrature, "streamed": streamed, "naive": naive}
+    if not causal:
+        table["products"] = products_alone
+    return table
+
+
+def products_alone(q, k, v, beta):
+    """The streamed path's two products alone, as its worker tasks run them without a mask:
+    the same query chunks and key blocks (whole rows where the library takes them), the same
+    BLAS for each product (:func:`ctformer._numerics.gemm.attention_products`), on the same
+    threads, with nothing between them (no exponentials, no sums, no division). Its time over
+    SDPA's is the attention goals' floor: the ratio left if everything else took no time.
+    Where float32 blocks are packed (oneDNN), the floor is still that of the BLAS products."""
+    from ctformer._numerics import gemm, measured_blocks, streamed, threads
+
+    shape = measured_blocks.geometry(q.dtype)
+    (n, d), m, e = q.shape, len(k), v.shape[-1]
+    blocked = streamed.key_blocked(m, None, q.dtype, False, shape.key_block)
+    chunk = streamed.stream_chunk(n, m, q.dtype.itemsize, 1, blocked, shape)
+    width = shape.key_block if blocked and not streamed.whole_rows(m, q.dtype.itemsize, shape) else m
+    score, weighted = gemm.attention_products(q.dtype)
+    tasks = list(range(0, n, chunk))
+
+    def worker(next_task):
+        scores, sums = np.empty(chunk * width, dtype=q.dtype), np.empty((chunk, e), dtype=q.dtype)
+        while (start := next_task()) is not None:
+            rows = q[start:start + chunk]
+            for col0 in range(0, m, width):
+                keys, values = k[col0:col0 + width], v[col0:col0 + width]
+                s = scores[: len(rows) * len(keys)].reshape(len(rows), len(keys))
+                score(rows, keys.T, out=s)
+                weighted(s, values, out=sums[: len(rows)])
+
+    return lambda: threads.run_blas_tasks(worker, tasks, n * m >= streamed._PARALLEL_MIN_ENTRIES)
 
 
 def _print_geometry(dtypes):
@@ -281,10 +317,11 @@ def main(argv=None):
     print(f"\ntiming rounds started on an idle machine (>= 90% of CPU idle): {waiter.idle_rounds} of {waiter.rounds}")
     _print_engines(args.dtypes)
     _print_geometry(args.dtypes)
+    floors = {(r["mask"], r["n"], r["dtype"]): r["ratio"] for r in rows if r["method"] == "products"}
     for r in rows:
         if r["method"] == "quadrature":
             verdict(f"attention {r['mask']:<7} N={r['n']:<5} {r['dtype']} / SDPA", r["ratio"], GOAL_RATIO, show=False,
-                    spread=r["spread"])
+                    spread=r["spread"], floor=floors.get((r["mask"], r["n"], r["dtype"])))
             if r["n"] == 8192 and r["dtype"] == "float64":
                 verdict(f"attention {r['mask']:<7} N=8192  float64 extra memory", r["traced"], GOAL_MIB, "MiB",
                         show=False)
@@ -306,6 +343,12 @@ def _configuration(causal, n, dtype, args, waiter):
     rows = []
     mask = "causal" if causal else "none"
     for name, call in calls.items():
+        if name == "products":  # no output: the floor of the goal
+            rows.append(dict(mask=mask, n=n, dtype=dtype, method=name, ms=timed[name] * 1e3,
+                             ratio=timed.ratio(name, "sdpa"), spread=timed.spread(name, "sdpa")))
+            print(f"{mask:>6} {n:>6} {dtype:>8} {name:>11} {timed[name] * 1e3:>9.1f} {rows[-1]['ratio']:>7.3f} "
+                  f"{'-':>11} {'-':>8}   (the two products alone: the floor)", flush=True)
+            continue
         out = np.asarray(call()).reshape(ref.shape)
         err = float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
         traced = math.nan if name == "sdpa" else traced_extra(call)

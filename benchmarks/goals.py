@@ -18,8 +18,8 @@ goal is the overhead of a small solve against a one-thread loop). Each script's 
 ``--logs`` (one file per script, the header with the CPU and BLAS included); each script
 also appends its goals to a JSON-lines file (``CTFORMER_GOALS_FILE``, set here), from which
 the closing table is printed as Markdown: the CPU model, every goal with its median ratio,
-quartiles and verdict (and, for the networks, ``model.py``'s floor: the ratio the feature
-products alone would give), and the count met. A script that fails is named with its exit status
+quartiles and verdict (and, for the networks and attention without a mask, the floor: the
+ratio the feature products alone, or attention's two products alone, would give), and the count met. A script that fails is named with its exit status
 and the goals it did record; the others still run. Ctrl-C stops the run and still prints the
 table of the goals recorded so far, naming the script it interrupted.
 """

@@ -80,3 +80,35 @@ def test_alibi_peer_is_ctformers_alibi_attention():
     q, k, v, _ = bench.problem(96, 4, 8, "float64")
     plain = quadrature_attention(q, k, v, beta=8 ** -0.5, mask="causal")
     assert bench.relative(plain, peer) > 1e-3
+
+
+@pytest.mark.parametrize("n, dtype", [(3000, np.float64), (4500, np.float32)])
+def test_attention_floor_forms_every_score_once(monkeypatch, n, dtype):
+    """attention.py's floor (``products_alone``) does the streamed path's two products and
+    nothing else: every one of the N x M scores formed once as q k^T, and weighted sums over
+    exactly those scores (checked against float64 products), on the library's threads."""
+    from ctformer._numerics import gemm
+
+    attention = benchmark_module("attention")
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((n, 64)).astype(dtype) for _ in range(3))
+    formed, summed = [], []
+    score, weighted = gemm.attention_products(dtype)
+
+    def checked(product, seen):
+        def call(a, b, out):
+            product(a, b, out=out)
+            exact = a.astype(np.float64) @ b.astype(np.float64)
+            seen.append((a.shape[0] * b.shape[-1] if seen is formed else a.size,
+                         float(np.abs(out - exact).max() / np.abs(exact).max())))
+            return out
+        return call
+
+    monkeypatch.setattr(gemm, "attention_products",
+                        lambda dt: (checked(score, formed), checked(weighted, summed)))
+    attention.products_alone(q, k, v, 0.125)()
+    # every score formed once, and every score block weighted once
+    assert sum(size for size, _ in formed) == sum(size for size, _ in summed) == n * n
+    assert len(summed) == len(formed)
+    tolerance = 1e-12 if dtype == np.float64 else 1e-5
+    assert max(err for _, err in formed + summed) < tolerance
