@@ -16,9 +16,11 @@
   points 0.63-0.71 of ``numpy.fft``'s time, against 0.76-1.05 with estimated ones. An
   explicit ``FFTW_ESTIMATE``, ``FFTW_MEASURE``, ``FFTW_PATIENT`` or ``FFTW_EXHAUSTIVE`` is
   used for every plan; the measuring ones are then timed in each process, as FFTW does, and
-  not stored. FFTW's own rule applies within a process: a plan of any effort uses the wisdom
-  the process holds for its transform, so an estimated plan made after a measured one of
-  the same transform is the measured plan;
+  not stored. FFTW's own rule applies to them within a process: a plan of any effort uses
+  the wisdom the process holds for its transform, so an estimated plan made after a measured
+  one of the same transform is the measured plan. The ``auto`` planner's measured plans come
+  from the stored wisdom alone (the process's own is set aside while they are made), so
+  explicit plans never steer them;
 * each call executes the plan on new arrays (``update_arrays`` + ``execute``): a C-contiguous,
   16-byte aligned input of the plan's dtype (any NumPy array of that kind) is read in place,
   any other input is copied once into the plan's own aligned buffer; the output is a fresh

@@ -98,8 +98,8 @@ import sys
 import numpy as np
 from ctformer.fft import PlannedFFT
 first = sys.argv[1]
-if first != "none":  # an explicit FFTW_MEASURE plan first (timed in this process, not stored)
-    PlannedFFT(threads=1, effort="FFTW_MEASURE", engine="fftw").rfft(np.ones((3, int(first))))
+if first != "none":  # an explicit FFTW_MEASURE plan of rows x n first (timed in this process, not stored)
+    PlannedFFT(threads=1, effort="FFTW_MEASURE", engine="fftw").rfft(np.ones(tuple(map(int, first.split("x")))))
 x = np.random.default_rng(4).standard_normal((8, 200))
 np.save(sys.argv[2], PlannedFFT(threads=1, engine="fftw").rfft(x))
 """
@@ -140,15 +140,48 @@ def test_measured_plans_are_stored_once_and_replanned_from_wisdom(fresh_store, t
     np.testing.assert_allclose(first, np.fft.rfft(x), rtol=0, atol=1e-13 * np.abs(first).max())
 
 
-def test_an_explicit_measured_plan_adds_nothing_to_the_store(fresh_store, tmp_path):
-    """An FFTW_MEASURE plan of the user's (timed in its own process, as FFTW does) made
-    before the auto planner's: the store keeps only what the auto planner measured, the
-    same records as a process that made the auto plan alone."""
-    _plan_in_a_process(fresh_store, 1000, tmp_path / "a.npy")
-    mixed = set(_records(fresh_store))
-    alone_root = tmp_path / "alone"
-    _plan_in_a_process(alone_root, "none", tmp_path / "b.npy")
-    assert mixed == set(_records(alone_root))
+def _store_alone_plans(root, shape) -> bool:
+    """Whether the stored wisdom alone (this process's own set aside) plans the one-thread
+    ``rfft`` of float64 ``shape`` along its last axis without measuring: FFTW's
+    ``FFTW_WISDOM_ONLY`` refuses a plan unless wisdom covers every part of it."""
+    import pyfftw
+
+    texts = stored_choices(root)[1]["fftw wisdom"]["wisdom"]
+    held = pyfftw.export_wisdom()
+    pyfftw.forget_wisdom()
+    try:
+        pyfftw.import_wisdom(tuple(text.encode("ascii") for text in texts))
+        source = pyfftw.empty_aligned(shape, dtype="float64", n=pyfftw.simd_alignment)
+        target = pyfftw.empty_aligned((*shape[:-1], shape[-1] // 2 + 1), dtype="complex128",
+                                      n=pyfftw.simd_alignment)
+        pyfftw.FFTW(source, target, axes=(-1,), direction="FFTW_FORWARD",
+                    flags=("FFTW_MEASURE", "FFTW_WISDOM_ONLY"), threads=1)
+        return True
+    except RuntimeError:  # "No FFTW wisdom is known for this plan."
+        return False
+    finally:
+        pyfftw.forget_wisdom()
+        pyfftw.import_wisdom(held)
+
+
+@pytest.mark.parametrize("first", ["3x1000", "8x200"])
+def test_an_explicit_measured_plan_neither_enters_the_store_nor_steers_the_auto_planner(
+        fresh_store, tmp_path, first):
+    """An FFTW_MEASURE plan of the user's (timed in its own process, as FFTW does) made before
+    the auto planner's, of another transform (3 x 1000) or of the same one (8 x 200): the
+    auto planner plans from the store alone, so the stored wisdom alone plans its transform
+    (every part of it; FFTW's ``FFTW_WISDOM_ONLY`` refuses anything less), it does not plan
+    the user's 3 x 1000 transform, and a later process plans from it the same bits and stores
+    nothing new."""
+    mixed = _plan_in_a_process(fresh_store, first, tmp_path / "a.npy")
+    assert _store_alone_plans(fresh_store, (8, 200))
+    assert not _store_alone_plans(fresh_store, (3, 1000))
+    path = stored_choices(fresh_store)[0]
+    text = path.read_text()
+    assert np.array_equal(_plan_in_a_process(fresh_store, "none", tmp_path / "b.npy"), mixed)
+    assert path.read_text() == text
+    x = np.random.default_rng(4).standard_normal((8, 200))
+    np.testing.assert_allclose(mixed, np.fft.rfft(x), rtol=0, atol=1e-13 * np.abs(mixed).max())
 
 
 def test_the_auto_planner_measures_only_transforms_that_run_on_one_thread():
@@ -181,12 +214,13 @@ def test_plans_made_inside_a_measurement_are_stored_with_it(fresh_store):
     pyfftw.forget_wisdom()  # this process's own plans of the transform, if any, measured again
 
     def measure(dtype):
-        x = np.random.default_rng(5).standard_normal((5, 301))
-        got = PlannedFFT(threads=1, engine="fftw").rfft(x)
-        np.testing.assert_allclose(got, np.fft.rfft(x), rtol=0, atol=1e-13 * np.abs(got).max())
+        for n in (301, 602):  # the second planned with the first's wisdom at hand
+            x = np.random.default_rng(5).standard_normal((5, n))
+            got = PlannedFFT(threads=1, engine="fftw").rfft(x)
+            np.testing.assert_allclose(got, np.fft.rfft(x), rtol=0, atol=1e-13 * np.abs(got).max())
         return {"provider": "numpy"}
 
     store.entry("planning inside a measurement", "float64", measure, needs_torch=False)
     stored = stored_choices(fresh_store)[1]
     assert stored["planning inside a measurement float64"]["provider"] == "numpy"
-    assert _records(fresh_store)
+    assert _store_alone_plans(fresh_store, (5, 301)) and _store_alone_plans(fresh_store, (5, 602))

@@ -98,25 +98,34 @@ _PENDING_WISDOM: list = []  # wisdom lines that plans made inside a measurement 
 
 def with_fftw_wisdom(make):
     """``make()`` (an FFTW plan of the ``auto`` planner, :class:`ctformer.fft.PlannedFFT`)
-    with this machine's stored FFTW wisdom: the stored wisdom is imported first, so FFTW
-    measures only the transforms it lacks, and the wisdom that the plan added is stored as
-    ``fftw wisdom`` (under the store's lock: processes that start together measure a
-    transform once, one at a time, and the others plan from the first one's wisdom). A
-    transform is then planned alike, and gives the same bits, in every process on the
-    machine. Only what these plans add is stored, not the rest of the process's wisdom (plans
-    of an explicit ``FFTW_MEASURE`` are timed in their own process). Wisdom of another FFTW
-    build is refused by FFTW and replaced. Inside a measurement (which holds the lock) what
-    the plan adds is stored with that measurement (:func:`entry`)."""
+    planned from this machine's stored FFTW wisdom alone: the process's own wisdom is set
+    aside, the stored wisdom imported, so FFTW measures only the transforms it lacks, and the
+    wisdom that the plan added is stored as ``fftw wisdom`` (under the store's lock: processes
+    that start together measure a transform once, one at a time, and the others plan from the
+    first one's wisdom). The process's own wisdom is then merged back. A transform is then
+    planned alike, and gives the same bits, in every process on the machine, whatever else
+    the process planned first: plans of an explicit ``FFTW_MEASURE`` (timed in their own
+    process) neither enter the store nor steer the ``auto`` planner, and the stored wisdom
+    alone plans every transform stored. Wisdom of another FFTW build is refused by FFTW and
+    replaced. Inside a measurement (which holds the lock) what the plan adds is stored with
+    that measurement (:func:`entry`)."""
     import pyfftw
 
     path = cache_file()
     inside = getattr(_MEASURING, "key", None) is not None
     with nullcontext() if inside else _LOCK, nullcontext() if inside else _machine_lock(path):
         stored = read(path)
-        _import_wisdom(stored)
-        before = pyfftw.export_wisdom()
-        plan = make()
-        _PENDING_WISDOM.append(_new_lines(before, pyfftw.export_wisdom()))
+        held = pyfftw.export_wisdom()
+        pyfftw.forget_wisdom()
+        try:
+            texts = _merged_wisdom(stored, _PENDING_WISDOM)  # a measurement's earlier plans too
+            if texts is not None:
+                pyfftw.import_wisdom(tuple(text.encode("ascii") for text in texts))
+            before = pyfftw.export_wisdom()
+            plan = make()
+            _PENDING_WISDOM.append(_new_lines(before, pyfftw.export_wisdom()))
+        finally:
+            pyfftw.import_wisdom(held)
         if not inside and _add_wisdom(stored):
             write(path, stored)
         return plan
@@ -142,18 +151,6 @@ def _new_lines(before, after) -> list:
     return added
 
 
-def _import_wisdom(stored) -> None:
-    """The stored wisdom into this process's FFTW (nothing where it is missing, damaged or of
-    another pyFFTW; FFTW itself refuses wisdom of another build)."""
-    import pyfftw
-
-    kept = stored.get(_WISDOM_KEY)
-    wisdom = None if kept is None else kept.get("wisdom")
-    if (kept is not None and kept.get("checked") == _wisdom_checked() and isinstance(wisdom, list)
-            and len(wisdom) == 3 and all(isinstance(text, str) for text in wisdom)):
-        pyfftw.import_wisdom(tuple(text.encode("ascii") for text in wisdom))
-
-
 def _wisdom_checked() -> str | None:
     """What stored wisdom must have been made with (pyFFTW's version), or None where pyFFTW
     is not loaded."""
@@ -161,16 +158,15 @@ def _wisdom_checked() -> str | None:
     return None if pyfftw is None else f"pyfftw {pyfftw.__version__}"
 
 
-def _add_wisdom(stored) -> bool:
-    """The wisdom records that plans added since the last call (:data:`_PENDING_WISDOM`)
-    into ``stored``, with those stored already: True when ``stored`` changed (it is then to
-    be written)."""
-    pending, _PENDING_WISDOM[:] = list(_PENDING_WISDOM), []
-    if not any(records for added in pending for _, records, _ in added):
-        return False
+def _merged_wisdom(stored, pending) -> list | None:
+    """FFTW's three wisdom texts: the stored ones (where valid: made with this pyFFTW) with
+    the records of ``pending`` (lists of :func:`_new_lines`) added once each; None where
+    there is neither. Records of another FFTW build replace the stored ones."""
     kept = stored.get(_WISDOM_KEY) or {}
     valid = kept.get("checked") == _wisdom_checked() and isinstance(kept.get("wisdom"), list) \
-        and len(kept["wisdom"]) == 3
+        and len(kept["wisdom"]) == 3 and all(isinstance(text, str) for text in kept["wisdom"])
+    if not valid and not pending:
+        return None
     texts = []
     for i in range(3):
         header, records, footer = _lines(kept["wisdom"][i].encode("ascii")) if valid else (None, [], None)
@@ -181,7 +177,18 @@ def _add_wisdom(stored) -> bool:
                 header, footer, records = new_header, new_footer, []
             records += [r for r in new_records if r not in records]
         texts.append("\n".join([header, *records, footer]) + "\n")
-    stored[_WISDOM_KEY] = {"provider": "fftw", "wisdom": texts, "checked": _wisdom_checked()}
+    return texts
+
+
+def _add_wisdom(stored) -> bool:
+    """The wisdom records that plans added since the last call (:data:`_PENDING_WISDOM`)
+    into ``stored``, with those stored already: True when ``stored`` changed (it is then to
+    be written)."""
+    pending, _PENDING_WISDOM[:] = list(_PENDING_WISDOM), []
+    if not any(records for added in pending for _, records, _ in added):
+        return False
+    stored[_WISDOM_KEY] = {"provider": "fftw", "wisdom": _merged_wisdom(stored, pending),
+                           "checked": _wisdom_checked()}
     return True
 
 
