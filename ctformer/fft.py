@@ -41,7 +41,9 @@
   a pinned engine. On an AMD EPYC (family 26, model 2), FFT convolutions of 64 rows of
   8192-65536 points took 0.44-0.71 of ``numpy.fft``'s time on two threads (``numpy.fft`` has
   none) and 0.83-0.99 on one;
-* each plan has a lock, so threads may share the object;
+* each plan has a lock, so threads may share the object; plans are made one at a time
+  (:data:`PLANNER_LOCK`, which the interface transforms below hold too): FFTW's planner and
+  its wisdom are one per process and not thread-safe;
 * the engine of each (transform, shape, dtype, axis, n) is chosen when its plan is made:
   with ``CTFORMER_FFT_ENGINE=auto`` (the default) the FFTW plan and ``numpy.fft`` (pocketfft)
   are each timed on the plan's buffers (best of at least five calls each, in turn, and 4 ms)
@@ -143,11 +145,23 @@ def use_engine_store(remember) -> None:
     _ENGINES_STORE[0] = remember
 
 
+# FFTW's planner and its wisdom are one per process and not thread-safe: every plan this
+# module makes, and every change of the process's wisdom around one, holds this lock (pyFFTW's
+# own lock covers the planning, not the wisdom). The store takes it after its own lock.
+PLANNER_LOCK = threading.Lock()
+
+
+def _planned(make):
+    with PLANNER_LOCK:
+        return make()
+
+
 # Who keeps FFTW's wisdom (the measured plans): ``with_wisdom(make)`` loads the machine's
 # stored wisdom, calls ``make()`` (which plans, measuring only what the wisdom lacks) and
-# stores what it added, all under the store's lock. Given by ctformer._numerics.store, like the
-# engines' store; until then each process measures its own plans.
-_WISDOM_STORE = [lambda make: make()]
+# stores what it added, all under the store's lock and then PLANNER_LOCK. Given by
+# ctformer._numerics.store, like the engines' store; until then each process measures its own
+# plans.
+_WISDOM_STORE = [_planned]
 
 
 def use_wisdom_store(with_wisdom) -> None:
@@ -309,7 +323,8 @@ class PlannedFFT:
 
         def call(*args, **kwargs):
             kwargs.setdefault("workers", 1 if _FORKS[0] else self.threads or 1)
-            return func(*args, **kwargs)
+            with PLANNER_LOCK:  # pyFFTW's interfaces may plan, and read the process's wisdom
+                return func(*args, **kwargs)
 
         call.__name__ = name
         return call
@@ -420,7 +435,7 @@ class PlannedFFT:
                                      threads=threads)
 
         measured_once = self.planner_effort == "auto" and effort != "FFTW_ESTIMATE"
-        return _WISDOM_STORE[0](make) if measured_once else make()
+        return _WISDOM_STORE[0](make) if measured_once else _planned(make)
 
 
 def same_bits(threaded, single, source) -> bool:

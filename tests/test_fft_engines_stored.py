@@ -224,3 +224,47 @@ def test_plans_made_inside_a_measurement_are_stored_with_it(fresh_store):
     stored = stored_choices(fresh_store)[1]
     assert stored["planning inside a measurement float64"]["provider"] == "numpy"
     assert _store_alone_plans(fresh_store, (5, 301)) and _store_alone_plans(fresh_store, (5, 602))
+
+
+_PLAN_IN_THREADS = """
+import threading
+import numpy as np
+from ctformer.fft import PlannedFFT
+wrong = []
+
+def measured(i):  # the auto planner: measured plans, the process's wisdom set aside meanwhile
+    for n in range(100 + 7 * i, 120 + 7 * i):
+        x = np.random.default_rng(n).standard_normal((4, n))
+        if not np.allclose(PlannedFFT(threads=1).rfft(x), np.fft.rfft(x), rtol=0, atol=1e-12):
+            wrong.append(n)
+
+def estimated(i):  # explicit estimated plans and pyFFTW's interfaces, planning meanwhile
+    for n in range(3000 + 11 * i, 3030 + 11 * i):
+        x = np.random.default_rng(n).standard_normal((3, n))
+        fft = PlannedFFT(threads=1, effort="FFTW_ESTIMATE", engine="fftw")
+        if not (np.allclose(fft.rfft(x), np.fft.rfft(x), rtol=0, atol=1e-11)
+                and np.allclose(fft.fft(x + 0j), np.fft.fft(x), rtol=0, atol=1e-11)):
+            wrong.append(n)
+
+threads = [threading.Thread(target=f, args=(i,)) for i in range(3) for f in (measured, estimated)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(len(wrong), "wrong")
+"""
+
+
+def test_plans_made_on_many_threads_at_once(fresh_store):
+    """FFTW's planner and wisdom are not thread-safe: the auto planner sets the process's
+    wisdom aside while explicit plans and pyFFTW's interfaces plan on other threads. Every
+    transform equals numpy.fft's, and the process ends normally (without the planner's lock
+    it aborted with a corrupted heap or a floating-point exception, three runs of three)."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _PLAN_IN_THREADS], env=dict(os.environ, XDG_CACHE_HOME=str(fresh_store)),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["0", "wrong"]

@@ -115,17 +115,18 @@ def with_fftw_wisdom(make):
     inside = getattr(_MEASURING, "key", None) is not None
     with nullcontext() if inside else _LOCK, nullcontext() if inside else _machine_lock(path):
         stored = read(path)
-        held = pyfftw.export_wisdom()
-        pyfftw.forget_wisdom()
-        try:
-            texts = _merged_wisdom(stored, _PENDING_WISDOM)  # a measurement's earlier plans too
-            if texts is not None:
-                pyfftw.import_wisdom(tuple(text.encode("ascii") for text in texts))
-            before = pyfftw.export_wisdom()
-            plan = make()
-            _PENDING_WISDOM.append(_new_lines(before, pyfftw.export_wisdom()))
-        finally:
-            pyfftw.import_wisdom(held)
+        with _fft.PLANNER_LOCK:  # no other plan of the process sees the wisdom set aside
+            held = pyfftw.export_wisdom()
+            pyfftw.forget_wisdom()
+            try:
+                texts = _merged_wisdom(stored, _PENDING_WISDOM)  # a measurement's earlier plans too
+                if texts is not None:
+                    pyfftw.import_wisdom(tuple(text.encode("ascii") for text in texts))
+                before = pyfftw.export_wisdom()
+                plan = make()
+                _PENDING_WISDOM.append(_new_lines(before, pyfftw.export_wisdom()))
+            finally:
+                pyfftw.import_wisdom(held)
         if not inside and _add_wisdom(stored):
             write(path, stored)
         return plan
