@@ -118,3 +118,63 @@ def test_row_blocks_run_single_threaded_blas_for_every_worker_count(dtype, monke
     eps = np.finfo(dtype).eps
     assert np.max(np.abs(results[1].reshape(-1, 512) - exact)) < 64 * eps * np.max(np.abs(exact))
     assert np.max(np.abs(threaded - exact)) < 64 * eps * np.max(np.abs(exact))
+
+
+_CALLER_THREADS_SCRIPT = textwrap.dedent("""
+    import json
+    import threading
+    import numpy as np
+    import threadpoolctl
+    from ctformer import ContinuousTransformer
+    from ctformer.operators.quadrature_attention import quadrature_attention
+
+    np.ones((64, 64)) @ np.ones((64, 64))  # BLAS loaded
+    blas = [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+    assert blas and max(blas) == 2, f"the BLAS of this process should have 2 threads, has {blas}"
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 700, 32))
+    seqs = rng.standard_normal((9, 64, 32)).astype(np.float32)
+    q, k, v = (rng.standard_normal((2, 1100, 16)).astype(np.float32) for _ in range(3))
+    model = ContinuousTransformer.random_smooth(seed=1, layers=2, heads=2)
+
+    def compute():
+        return {"run64": model.run(x), "run32": model.run(x.astype(np.float32)),
+                "attention": quadrature_attention(q, k, v, beta=0.7), "seqs32": model.run(seqs)}
+
+    main = compute()  # on the main thread first: the thread that set OpenBLAS's count first
+    differ = {}
+
+    def elsewhere(label):
+        for name, value in compute().items():
+            if not np.array_equal(value, main[name]):
+                differ[f"{label} {name}"] = float(np.max(np.abs(value.astype(np.float64) - main[name])))
+
+    for group in (["one other thread"], ["three at once, 1", "three at once, 2", "three at once, 3"]):
+        threads = [threading.Thread(target=elsewhere, args=(label,)) for label in group]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    blas = [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+    print(json.dumps({"differ": differ, "blas after": max(blas)}))
+""")
+
+
+def test_results_are_the_same_on_any_calling_thread():
+    """The same calls (``run`` in float64 and float32, many short sequences, streamed
+    attention) on the main thread, on one other thread, and on three threads at once, with a
+    two-thread BLAS: the same bits everywhere, and the BLAS count is two again afterwards.
+    Before, threadpoolctl obeyed only the thread that first set OpenBLAS's count (here the
+    main thread), so the other threads' one-thread products ran on OpenBLAS's threads."""
+    require("threadpoolctl")
+    import json
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    env.update(OPENBLAS_NUM_THREADS="2", CTFORMER_NUM_THREADS="2")
+    result = subprocess.run([sys.executable, "-c", _CALLER_THREADS_SCRIPT], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["differ"] == {}
+    assert report["blas after"] == 2

@@ -126,27 +126,68 @@ class _OneBlasThread:
     What threadpoolctl's ``limit(limits=1, user_api="blas")`` does, through the same library
     controllers (and so with their rule for OpenBLAS: only the thread that controls its
     shared pool changes it), without building a new limiter each time: 3 us per block
-    against 8 (a parallel pass takes one, a batched attention pass another)."""
+    against 8 (a parallel pass takes one, a batched attention pass another).
 
-    __slots__ = ("libraries", "changed")
+    A BLAS library's thread count is one per process, so the blocks of all threads share one
+    limit: the first to enter sets the counts to one, the last to leave restores them (each
+    block restoring its own would let a pass on one of the caller's threads end another's
+    limit). Any thread may set them (:func:`_set_threads`): threadpoolctl lets only the first
+    thread that set OpenBLAS's count set it again, and silently ignored the others, so a pass
+    called from any other thread (a Dask or joblib worker thread, a ``threading.Thread``) ran
+    its one-thread products on OpenBLAS's threads, with other bits: streamed attention of
+    333-1500 tokens called from a second thread differed from the main thread's result in
+    the last bits for every shape."""
+
+    __slots__ = ("libraries",)
 
     def __init__(self, libraries):
-        self.libraries, self.changed = libraries, ()
+        self.libraries = libraries
 
     def __enter__(self):
-        changed = []
-        for library in self.libraries:
-            count = library.num_threads
-            if count is not None and count != 1:  # None: a library that cannot say, left alone
-                library.set_num_threads(1)
-                changed.append((library, count))
-        self.changed = changed
+        with _LIMIT_LOCK:
+            if _LIMIT["blocks"] == 0:
+                changed = []
+                for library in self.libraries:
+                    count = library.num_threads
+                    if count is not None and count != 1:  # None: a library that cannot say, left alone
+                        _set_threads(library, 1)
+                        changed.append((library, count))
+                _LIMIT["restore"] = changed
+            _LIMIT["blocks"] += 1
         return self
 
     def __exit__(self, *exc):
-        for library, count in self.changed:
-            library.set_num_threads(count)
-        self.changed = ()
+        with _LIMIT_LOCK:
+            _LIMIT["blocks"] -= 1
+            if _LIMIT["blocks"] == 0:
+                for library, count in _LIMIT["restore"]:
+                    _set_threads(library, count)
+                _LIMIT["restore"] = ()
+
+
+def _set_threads(library, count) -> None:
+    """``library`` (a threadpoolctl controller) at ``count`` threads, from whichever thread
+    calls (under :data:`_LIMIT_LOCK`). threadpoolctl's controller of a process-wide OpenBLAS
+    pool obeys only the thread that took control (the first to set a count) and ignores the
+    others without a word, since threads that limit it independently would undo each other's
+    limits; the shared limit above is that coordination, so the library's own setter is
+    called (``_real_set_num_threads``, 1 us), else control is released before and after the
+    public setter (3 us more a call; with a threadpoolctl without the rule, the public setter
+    alone)."""
+    setter = getattr(library, "_real_set_num_threads", None)
+    if setter is not None:
+        setter(count)
+        return
+    release = getattr(type(library), "clear_controlling_thread", None)
+    if release is not None:
+        release(force=True)
+    library.set_num_threads(count)
+    if release is not None:
+        release(force=True)
+
+
+_LIMIT_LOCK = threading.Lock()
+_LIMIT = {"blocks": 0, "restore": ()}  # the blocks inside the shared limit, the counts to restore
 
 
 def num_threads() -> int:
