@@ -55,3 +55,31 @@ def test_small_blocks_limit_blas_once_a_pass(monkeypatch, parallel):
     p = np.exp(s - s.max(-1, keepdims=True))
     exact = (p / p.sum(-1, keepdims=True)) @ v
     assert np.abs(out - exact).max() / np.abs(exact).max() < 1e-14
+
+
+def test_a_limit_held_on_another_thread_leaves_the_worker_count_alone(monkeypatch):
+    """While a pass on one thread holds the one-thread limit, a pass started on another
+    thread still gets the user's worker count (the BLAS count the limit will restore), and
+    the limit stays until the last block leaves."""
+    import threading
+
+    monkeypatch.delenv("CTFORMER_NUM_THREADS", raising=False)
+    entered, release, seen = threading.Event(), threading.Event(), {}
+
+    def hold():
+        with threads.single_thread_blas():
+            entered.set()
+            release.wait(10)
+
+    with threadpool_limits(limits=3, user_api="blas"):
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert entered.wait(10)
+        seen["blas"] = set(_blas_counts().values())
+        seen["workers"] = threads.num_threads()
+        with threads.single_thread_blas():
+            release.set()
+            holder.join()
+            seen["after the holder"] = set(_blas_counts().values())
+        seen["after both"] = set(_blas_counts().values())
+    assert seen == {"blas": {1}, "workers": 3, "after the holder": {1}, "after both": {3}}

@@ -191,8 +191,10 @@ _LIMIT = {"blocks": 0, "restore": ()}  # the blocks inside the shared limit, the
 
 
 def num_threads() -> int:
-    """Worker threads: ``CTFORMER_NUM_THREADS``, else the BLAS library's current thread count
-    (inside :class:`fixed_threads` on this thread: the count read when it was entered).
+    """Worker threads: ``CTFORMER_NUM_THREADS``, else the BLAS library's thread count
+    (inside :class:`fixed_threads` on this thread: the count read when it was entered). While
+    passes hold the shared one-thread limit (:class:`_OneBlasThread`), the count it will
+    restore: a pass started on another thread meanwhile gets the user's workers, not one.
 
     Raises
     ------
@@ -207,7 +209,8 @@ def num_threads() -> int:
         return count
     libraries = _blas_libraries()
     if libraries:
-        return max(library.num_threads or 1 for library in libraries)
+        held = {id(library): count for library, count in _LIMIT["restore"]}  # one read: atomic
+        return max(held.get(id(library)) or library.num_threads or 1 for library in libraries)
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         try:
             return max(1, int(os.environ.get(name, "").split(",")[0]))
