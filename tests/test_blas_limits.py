@@ -83,3 +83,78 @@ def test_a_limit_held_on_another_thread_leaves_the_worker_count_alone(monkeypatc
             seen["after the holder"] = set(_blas_counts().values())
         seen["after both"] = set(_blas_counts().values())
     assert seen == {"blas": {1}, "workers": 3, "after the holder": {1}, "after both": {3}}
+
+
+_FORK_WHILE_LIMITED = """
+import json
+import os
+import threading
+
+import numpy as np
+import threadpoolctl
+
+from ctformer._numerics import threads
+from ctformer.operators.quadrature_attention import quadrature_attention
+
+np.ones((64, 64)) @ np.ones((64, 64))  # BLAS loaded
+
+
+def counts():
+    return sorted({i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"})
+
+
+entered, release = threading.Event(), threading.Event()
+
+
+def hold():  # another thread's pass, holding the limit while the main thread forks
+    with threads.single_thread_blas():
+        entered.set()
+        release.wait(30)
+
+
+holder = threading.Thread(target=hold)
+holder.start()
+entered.wait(10)
+q = np.random.default_rng(0).standard_normal((1500, 32))
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(read)
+    report = {"child": counts(), "workers": threads.num_threads()}
+    out = quadrature_attention(q, q, q, beta=0.3)
+    report["child after a pass"] = counts()
+    report["child result"] = out.tolist()
+    os.write(write, json.dumps(report).encode())
+    os._exit(0)
+os.close(write)
+data = b""
+while chunk := os.read(read, 1 << 16):
+    data += chunk
+os.waitpid(pid, 0)
+release.set()
+holder.join()
+report = json.loads(data)
+report["parent after"] = counts()
+report["same result"] = np.array_equal(np.array(report.pop("child result")), quadrature_attention(q, q, q, beta=0.3))
+print(json.dumps(report))
+"""
+
+
+def test_a_child_forked_while_another_thread_holds_the_limit():
+    """A fork while another thread's pass holds the one-thread limit: the child (where that
+    pass does not go on) has the BLAS libraries' own count back, keeps it after a pass of its
+    own, and computes the parent's bits; the parent's count is restored when its pass ends.
+    Before, the child kept one BLAS thread for good."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env.update(OPENBLAS_NUM_THREADS="2", CTFORMER_NUM_THREADS="2")
+    done = subprocess.run([sys.executable, "-c", _FORK_WHILE_LIMITED], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report == {"child": [2], "workers": 2, "child after a pass": [2], "parent after": [2],
+                      "same result": True}

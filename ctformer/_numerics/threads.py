@@ -158,6 +158,8 @@ class _OneBlasThread:
 
     def __exit__(self, *exc):
         with _LIMIT_LOCK:
+            if _LIMIT["blocks"] == 0:  # a block entered before a fork, left in the child
+                return
             _LIMIT["blocks"] -= 1
             if _LIMIT["blocks"] == 0:
                 for library, count in _LIMIT["restore"]:
@@ -188,6 +190,22 @@ def _set_threads(library, count) -> None:
 
 _LIMIT_LOCK = threading.Lock()
 _LIMIT = {"blocks": 0, "restore": ()}  # the blocks inside the shared limit, the counts to restore
+
+
+def _limit_after_fork() -> None:
+    """In a forked child no pass of the parent's other threads goes on: the shared limit
+    starts afresh (a lock that such a thread held at the fork would never be released) and
+    the BLAS libraries get back the counts a parent's pass had limited (else the child kept
+    one thread for good, and its passes read one worker)."""
+    global _LIMIT_LOCK
+    _LIMIT_LOCK = threading.Lock()
+    restore, _LIMIT["blocks"], _LIMIT["restore"] = _LIMIT["restore"], 0, ()
+    for library, count in restore:
+        _set_threads(library, count)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_limit_after_fork)
 
 
 def num_threads() -> int:
