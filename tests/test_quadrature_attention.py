@@ -376,6 +376,30 @@ def test_unchecked_call_equals_checked_call(rng, path):
 
 
 # -- scale safety -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("namespace", ["numpy", "torch"])
+def test_unchecked_float32_call_stays_float32_with_float64_beta_and_weights(rng, path, namespace):
+    # 1 / np.sqrt(d) is a NumPy float64: unchecked, it had turned float32 queries into
+    # float64 ones in the batched path (a float64 result, at half the speed)
+    q, k, v = (a.astype(np.float32) for a in _qkv(rng, (2, 3, 40), (2, 3, 40)))
+    w = rng.uniform(0.5, 1.5, 40)
+    betas = (np.float64(1 / np.sqrt(8)), np.array([0.5, 1.0, 2.0]), np.array(0.7))
+    if namespace == "torch":
+        torch = require("torch")
+        q, k, v, w = (torch.from_numpy(a) for a in (q, k, v, w))
+        betas = (betas[0], torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64), torch.tensor(0.7, dtype=torch.float64))
+    for beta in betas:
+        for kwargs in (dict(), dict(weights=w), dict(mask="causal", weights=w)):
+            checked = quadrature_attention(q, k, v, beta=beta, **kwargs)
+            unchecked = quadrature_attention(q, k, v, beta=beta, check=False, **kwargs)
+            assert unchecked.dtype == checked.dtype == q.dtype
+            scale = np.asarray(beta, dtype=np.float64).reshape(-1, 1, 1)
+            bias = np.zeros((40, 40)) if "weights" not in kwargs else np.broadcast_to(np.log(np.asarray(w)), (40, 40))
+            if "mask" in kwargs:
+                bias = bias + np.where(np.tril(np.ones((40, 40))) > 0, 0.0, -np.inf)
+            ref = _torch_sdpa(np.asarray(q) * scale, k, v, scale=1.0, bias=bias)
+            assert _rel(np.asarray(unchecked), ref) < 1e-5
 def _hard_max(q, k, v, mask=None):
     """The beta -> infinity limit: the value of the best allowed key (float64)."""
     s = q.astype(np.float64) @ k.astype(np.float64).T

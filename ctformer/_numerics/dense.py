@@ -388,19 +388,23 @@ def attend_rows(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk,
 
 
 def trusted(q, k, v, beta, weights, mask, diagonal):
-    """The few derived values a validated call needs (``check=False``): nothing is verified."""
+    """The few derived values a validated call needs (``check=False``): nothing is verified,
+    but ``beta`` and the weights are brought to the inputs' dtype, as a checked call does (a
+    NumPy float64 such as ``1 / np.sqrt(d)`` is a Python float subclass that NumPy's
+    promotion treats as float64: it made float32 queries float64, and the result with them)."""
     xp = _NUMPY if type(q) is np.ndarray else array_api_compat.array_namespace(q, k, v)
     lead = q.shape[:-2]
     if k.shape[:-2] != lead or v.shape[:-2] != lead:
         lead = np.broadcast_shapes(lead, k.shape[:-2], v.shape[:-2])
-    if not isinstance(beta, (int, float)):
-        if beta.ndim == 0:
-            beta = float(beta)
-        else:
-            if len(beta.shape) > len(lead) or lead[len(lead) - len(beta.shape):] != beta.shape:
-                lead = np.broadcast_shapes(lead, beta.shape)
-            beta = beta[..., None, None]
-    log_w = None if weights is None else xp.log(weights)
+    if isinstance(beta, (int, float)):
+        beta = float(beta)
+    elif beta.ndim == 0:
+        beta = float(beta)
+    else:
+        if len(beta.shape) > len(lead) or lead[len(lead) - len(beta.shape):] != beta.shape:
+            lead = np.broadcast_shapes(lead, beta.shape)
+        beta = _in_dtype(xp, beta, q.dtype)[..., None, None]
+    log_w = None if weights is None else xp.log(_in_dtype(xp, weights, q.dtype))
     keep = diag_shift = None
     if isinstance(mask, str):
         if diagonal == "half":
@@ -409,3 +413,8 @@ def trusted(q, k, v, beta, weights, mask, diagonal):
         keep = mask
         lead = np.broadcast_shapes(lead, mask.shape[:-2])
     return xp, beta, log_w, keep, diag_shift, tuple(lead)
+
+
+def _in_dtype(xp, a, dtype):
+    """``a`` in ``dtype`` (itself where it has it already)."""
+    return a if a.dtype == dtype else xp.astype(a, dtype)

@@ -75,7 +75,9 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
         that already validated their data (a solve validates its state once, at entry) pass
         ``check=False``: ``q``, ``k``, ``v`` must then be arrays of one namespace and one real
         floating dtype, finite and of moderate size (no rescaling is done), ``beta`` finite,
-        ``weights`` positive and a mask valid; nothing of this is verified.
+        ``weights`` positive and a mask valid; nothing of this is verified. ``beta`` and
+        ``weights`` are brought to the inputs' dtype, as with ``check=True``: a NumPy float64
+        ``beta`` leaves float32 inputs float32.
 
     Returns
     -------
