@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "ctformer"
 
 LAYERS = {
-    "environment": -2, "validation": -2, "labelled_methods": -2, "fft": -1,
+    "environment": -2, "validation": -2, "labelled_methods": -2, "_fftw_shared": -1.5, "fft": -1,
     "backend": 0, "atomic": 0, "shared_tensors": 0,
     "discretizations": 1, "solvers": 1, "model_inputs": 1,
     "state": 2,
