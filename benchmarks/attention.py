@@ -103,8 +103,8 @@ def methods(causal):
         from ctformer.operators import quadrature_attention
 
         shape = geometry(q.dtype)
-        blocked = key_blocked(len(k), None, q.dtype, causal, shape.key_block)
-        chunk = stream_chunk(len(q), len(k), q.dtype.itemsize, 1, blocked, shape)
+        blocked = key_blocked(len(k), None, q.dtype, causal, shape.key_block, shape.chunk_bytes)
+        chunk = stream_chunk(len(q), len(k), q.dtype.itemsize, 1, blocked, shape, causal)
         mask = "causal" if causal else None
         return lambda: quadrature_attention(q, k, v, beta=beta, mask=mask, chunk=chunk)
 

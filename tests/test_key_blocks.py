@@ -34,8 +34,8 @@ def blocks(monkeypatch):
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
     monkeypatch.setenv("CTFORMER_GEMM", "numpy")
     original = streamed.key_blocked
-    monkeypatch.setattr(streamed, "key_blocked", lambda m, keep=None, dtype=None, causal=False, key_block=None:
-                        original(m, keep, dtype, False, key_block))
+    monkeypatch.setattr(streamed, "key_blocked", lambda m, keep=None, dtype=None, causal=False, key_block=None,
+                        chunk_bytes=None: original(m, keep, dtype, False, key_block))
     monkeypatch.setattr(streamed, "whole_rows", lambda m, itemsize, geometry: False)
 
 
@@ -131,4 +131,43 @@ def test_keys_that_fit_a_chunk_twice_over_come_in_whole_rows(monkeypatch, dtype)
         assert (not online) is whole, (m, len(online))
         assert np.array_equal(runs[0], runs[1])
         ref = reference(q, k, v, 0.3)[0]
+        assert np.abs(runs[0] - ref).max() / np.abs(ref).max() < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_long_causal_problems_meet_their_keys_in_blocks_where_the_budget_would_cut_their_chunks(monkeypatch, dtype):
+    """A causal problem takes key blocks exactly where a chunk of ``_CAUSAL_CHUNK_ROWS``
+    queries cannot hold all its keys' scores in the chunk budget (it would otherwise be cut to
+    fewer rows); below, whole causal chunks. Both give causal softmax attention (float64
+    reference, with weights and a half diagonal), with the same bits on one and three threads."""
+    require("numba")
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
+    monkeypatch.setenv("CTFORMER_GEMM", "numpy")
+    from ctformer._numerics.blocks import Geometry
+
+    size, rows = np.dtype(dtype).itemsize, streamed._CAUSAL_CHUNK_ROWS
+    m = 1000
+    budget = rows * m * size  # exactly 192 rows of 1000 keys
+    assert not streamed.key_blocked(m, None, dtype, True, 256, budget)
+    assert streamed.key_blocked(m, None, dtype, True, 256, budget - 1)
+    assert not streamed.key_blocked(m, None, dtype, True, 256)  # no budget given: chunks
+    assert not streamed.key_blocked(m, np.ones((m, m), bool), dtype, True, 256, 1)  # a mask array: never
+    assert not streamed.key_blocked(m, None, dtype, True, 512, 1)  # fewer than two blocks
+    made = compiled._build()
+    original, online = made.exp_rows_online, []
+    monkeypatch.setattr(made, "exp_rows_online", lambda *args: (online.append(1), original(*args))[1])
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((2, m, 16)).astype(dtype) for _ in range(3))
+    log_w = np.log(rng.uniform(0.5, 2.0, m)).astype(dtype)
+    shift = float(np.log(0.5))
+    ref = reference(q, k, v, 0.3, log_w, True, shift)
+    for chunk_bytes, blocked in ((budget, False), (budget - 1, True)):
+        geometry = Geometry(256, 512, chunk_bytes)
+        online.clear()
+        runs = []
+        for count in ("1", "3"):
+            monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+            runs.append(streamed.stream(q, 0.3, k, v, log_w, None, True, shift, (2,), None, geometry))
+        assert bool(online) is blocked, (chunk_bytes, len(online))
+        assert np.array_equal(runs[0], runs[1])
         assert np.abs(runs[0] - ref).max() / np.abs(ref).max() < TOL[dtype]

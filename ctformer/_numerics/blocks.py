@@ -6,9 +6,10 @@ scores :math:`s = \beta q k^\top`. Each task takes a chunk of query rows, and
 
 * without a mask (with the compiled kernels), ``rows`` queries meet the keys ``key_block`` at
   a time, the softmax carried from block to block (online softmax): a ``(rows, key_block)``
-  block of scores;
-* with the causal mask, a mask array, or without the compiled kernels, a chunk meets all its
-  keys at once, about ``chunk_bytes`` of scores.
+  block of scores; so do long causal problems, whose causal chunks ``chunk_bytes`` would cut
+  short;
+* with a mask array, without the compiled kernels, or with the causal mask otherwise, a chunk
+  meets all its keys at once, about ``chunk_bytes`` of scores.
 
 Which sizes are fastest depends on the core's caches and the BLAS kernel: this module holds
 the default and the candidates, and the rule that keeps a candidate only when it wins

@@ -74,6 +74,12 @@ _ONE_BLAS_THREAD_MIN = 1 << 17
 # float32 and float64, on AVX-512 as with AVX2 kernels; 64 rows were slower again (AMD EPYC,
 # family 26 model 2).
 _CAUSAL_CHUNK_ROWS = 192
+# ... and where a chunk of that many queries cannot hold the scores of all the keys in the
+# chunk budget (8 MiB: from 10923 keys in float32, 5462 in float64), causal chunks meet the
+# keys in blocks rather than shrink: at 32768 tokens the budget left chunks of 64 queries,
+# and key blocks took 0.81-0.84 of their time (float32 and float64; 16384 tokens float32
+# 0.87; two threads, one head of 64 features; AMD EPYC, family 25 model 17), with less
+# memory (a block of 192 x 2048 float32 scores is 1.5 MiB).
 
 
 # -- small problems: one batched pass ------------------------------------------------------------
@@ -244,15 +250,21 @@ def _causal_bias(n, dtype, diag_shift):
 
 
 # -- large problems: streamed query chunks -------------------------------------------------------
-def key_blocked(m, keep=None, dtype=None, causal=False, key_block=None) -> bool:
+def key_blocked(m, keep=None, dtype=None, causal=False, key_block=None, chunk_bytes=None) -> bool:
     """Whether streamed attention over ``m`` keys meets them in key blocks (online softmax):
     at least two blocks of ``key_block`` keys (None: the default,
-    :data:`ctformer._numerics.blocks.DEFAULT`), the compiled kernels, no mask at all (a causal
-    chunk already skips the keys after it, and was 1.08-1.3x slower in key blocks in float32),
-    and the compiled row kernel (not torch's softmax) normalizing the scores of ``dtype``
-    (None: not asked)."""
+    :data:`ctformer._numerics.blocks.DEFAULT`), the compiled kernels, no mask array, and the
+    compiled row kernel (not torch's softmax) normalizing the scores of ``dtype`` (None: not
+    asked). A ``causal`` problem only where its chunks of ``_CAUSAL_CHUNK_ROWS`` queries would
+    not hold all ``m`` keys' scores in ``chunk_bytes`` (given, with ``dtype``): a causal chunk
+    already skips the keys after it, and was 1.08-1.3x slower in key blocks in float32 (AMD
+    EPYC, family 26 model 2), but where the budget cuts its rows, key blocks keep them (see
+    ``_CAUSAL_CHUNK_ROWS``)."""
     key_block = _blocks.DEFAULT.key_block if key_block is None else key_block
-    return (m >= 2 * key_block and keep is None and not causal and _compiled.kernels() is not None
+    if causal and (chunk_bytes is None or dtype is None
+                   or _CAUSAL_CHUNK_ROWS * m * np.dtype(dtype).itemsize <= chunk_bytes):
+        return False
+    return (m >= 2 * key_block and keep is None and _compiled.kernels() is not None
             and (dtype is None or _gemm.softmax_provider(dtype) == "numpy"))
 
 
@@ -313,7 +325,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
     dtype = q.dtype
     n, m, e, d = q.shape[-2], k.shape[-2], v.shape[-1], q.shape[-1]
     geometry = _blocks.DEFAULT if geometry is None else geometry
-    blocked = key_blocked(m, keep, dtype, causal, geometry.key_block)
+    blocked = key_blocked(m, keep, dtype, causal, geometry.key_block, geometry.chunk_bytes)
     if chunk is None:  # whole rows instead of key blocks keep the blocks' chunks
         chunk = stream_chunk(n, m, dtype.itemsize, math.prod(lead), blocked, geometry, causal)
     blocked = blocked and (packs is not None or not whole_rows(m, dtype.itemsize, geometry))
