@@ -112,3 +112,38 @@ def test_attention_floor_forms_every_score_once(monkeypatch, n, dtype):
     assert len(summed) == len(formed)
     tolerance = 1e-12 if dtype == np.float64 else 1e-5
     assert max(err for _, err in formed + summed) < tolerance
+
+
+def test_particle_floor_forms_the_scores_of_four_velocities_a_step(monkeypatch):
+    """particles.py's floor (``velocity_products``) does the two products of every RK4
+    velocity of the simulation and nothing else: for 3 steps of 300 particles in R^16,
+    12 x 300 x 300 scores formed as x x^T and weighted once, each product equal to the
+    float64 product (1e-12), and as many score chunks as the library's velocity forms
+    (counted in the same way through a real velocity call)."""
+    from ctformer._numerics import gemm
+    from ctformer.particles import SelfAttentionDynamics
+
+    particles = benchmark_module("particles")
+    x = np.random.default_rng(8).standard_normal((300, 16))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    score, weighted = gemm.attention_products(np.float64)
+    formed, summed = [], []
+
+    def checked(product, seen):
+        def call(a, b, out):
+            product(a, b, out=out)
+            exact = a @ b
+            seen.append((a.shape[0] * b.shape[-1] if seen is formed else a.size,
+                         float(np.abs(out - exact).max() / np.abs(exact).max())))
+            return out
+        return call
+
+    monkeypatch.setattr(gemm, "attention_products", lambda dt: (checked(score, formed), checked(weighted, summed)))
+    particles.velocity_products(x, 1.0, 3)()
+    assert sum(size for size, _ in formed) == sum(size for size, _ in summed) == 12 * 300 * 300
+    assert max(err for _, err in formed + summed) < 1e-12
+    chunks = len(formed)
+    formed.clear()
+    SelfAttentionDynamics(1.0).velocity(x)
+    assert 12 * len(formed) == chunks
+    assert sum(size for size, _ in formed) == 300 * 300
