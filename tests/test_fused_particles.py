@@ -1,6 +1,6 @@
-"""The fused velocity of many small particle systems and the one-pass retraction
-(ctformer._numerics.particles) against an independent float64 formula of the SA/USA
-velocity, the BLAS path they replace, and the thread count."""
+"""The fused velocity of many small particle systems and the one-pass retraction and tangent
+projection (ctformer._numerics.particles) against independent float64 formulas, the BLAS
+path they replace, and the thread count."""
 from __future__ import annotations
 
 import numpy as np
@@ -60,6 +60,7 @@ def test_the_numpy_engine_keeps_the_formulas(rng, monkeypatch):
         x = sphere(rng, (8, 16, 2))
         assert fused.fused_velocity(x, 1.0, -np.log(16), True) is None
         assert fused.unit_rows(x) is None
+        assert fused.tangent_rows(x, x) is None
         exact = reference_velocity(x, 1.0, np.full(16, 1 / 16), True)
         assert np.abs(SelfAttentionDynamics(1.0).velocity(x) - exact).max() < 1e-14
     finally:
@@ -75,17 +76,56 @@ def test_fused_bits_do_not_depend_on_threads(rng, monkeypatch):
     assert np.array_equal(finals[0], finals[1])
 
 
+@pytest.mark.parametrize("d", [3, 64, 300])
 @pytest.mark.parametrize("dtype, tol", [(np.float64, 4e-16), (np.float32, 2.5e-7)])
-def test_unit_rows_is_scale_safe(rng, dtype, tol):
-    x = rng.standard_normal((1000, 3))
+def test_unit_rows_is_scale_safe(rng, dtype, tol, d):
+    """Rows of every length, divided by their norm directly (float32 always; float64 near 1)
+    or, where the squares would overflow or underflow (float64 near its limits), by their
+    largest entry first: within 2 ulp of the float64 unit vectors at every scale."""
+    x = rng.standard_normal((1000, d))
     exact = x / np.linalg.norm(x, axis=-1, keepdims=True)
     tiny = np.finfo(dtype).tiny * 4
-    huge = np.finfo(dtype).max / 4
+    huge = np.finfo(dtype).max / (4 * np.abs(x).max())  # every scaled entry finite
     for scale in (1.0, tiny, huge):
         got = fused.unit_rows((x * scale).astype(dtype))
         assert np.abs(got - exact).max() < tol, scale
     with np.errstate(invalid="ignore"):
         assert np.isnan(fused.unit_rows(np.zeros((2, 3)))).all()   # as the NumPy formula: no direction
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 2e-15), (np.float32, 2e-7)])
+@pytest.mark.parametrize("shape", [(1000, 64), (7, 5, 3), (4000, 2), (30, 513)])
+def test_tangent_rows_is_the_tangent_projection(rng, dtype, tol, shape):
+    """v - <x, v> x in one pass equals the projector I - x x^T applied in float64 (to
+    rounding, relative to the largest entry), is orthogonal to x, and is what
+    ``tangent_projection`` returns for NumPy arrays; other inputs take the formula."""
+    from ctformer.particles import tangent_projection
+
+    x = sphere(rng, shape, dtype)
+    v = rng.standard_normal(shape).astype(dtype)
+    x64, v64 = x.astype(np.float64), v.astype(np.float64)
+    projector = np.eye(shape[-1]) - x64[..., :, None] * x64[..., None, :]
+    exact = np.einsum("...ij,...j->...i", projector, v64)
+    got = fused.tangent_rows(x, v)
+    assert got.dtype == dtype and got.shape == shape
+    assert np.abs(got - exact).max() / np.abs(exact).max() < tol
+    radial = np.abs(np.sum(got.astype(np.float64) * x64, axis=-1)).max()
+    assert radial < 8 * tol * np.abs(exact).max() * np.sqrt(shape[-1])
+    assert np.array_equal(tangent_projection(x, v), got)
+    assert fused.tangent_rows(x, v[..., :-1, :]) is None                       # shapes differ
+    assert fused.tangent_rows(x, v.astype(np.float16)) is None                 # dtypes differ
+    assert np.abs(tangent_projection(x, v.astype(np.float16)) - exact).max() < 1e-2 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-13), (np.float32, 2e-6)])
+def test_large_state_velocity_is_the_sa_velocity(rng, dtype, tol):
+    """A state of 1000 particles in R^64 (streamed attention, then the one-pass tangent
+    projection) moves as the float64 formula says."""
+    x = sphere(rng, (1000, 64), dtype)
+    got = SelfAttentionDynamics(1.5).velocity(x)
+    exact = reference_velocity(x, 1.5, np.full(1000, 1e-3), True)
+    assert got.dtype == dtype
+    assert np.abs(got - exact).max() / np.abs(exact).max() < tol
 
 
 def _velocity_in_child(x):

@@ -12,8 +12,9 @@ pass per particle, with :math:`Q = K = V = I`:
 
 :math:`m = \max_j s_j`: the score product, the row exponentials, the weighted sum and the
 tangent projection without a score matrix in memory. ``unit_rows`` is the scale-safe
-retraction :math:`x / \|x\|` (each row divided by its largest entry before squaring).
-The sums accumulate in the state's precision, as torch's softmax does: for float32 states a
+retraction :math:`x / \|x\|` and ``tangent_rows`` the tangent projection
+:math:`v - \langle x, v\rangle x`, one pass per row each, for states of any size.
+``sa_velocity``'s sums accumulate in the state's precision, as torch's softmax does: for float32 states a
 float64 accumulator cost 1.3-1.5x the time of the whole kernel (every exponential converted,
 half the SIMD lanes) for an error that, over at most 64 terms, was 1e-7 instead of 3e-7
 relative (Intel Xeon, n = 32, d = 2 and n = 64, d = 4).
@@ -92,19 +93,62 @@ def sa_velocity_blocks(x, beta, log_w, normalized, out, block):
         sa_velocity(x[start:stop], beta, log_w, normalized, out[start:stop])
 
 
-@jit
+# The row kernels below sum in float64 and let LLVM reorder those sums ('reassoc') to use
+# SIMD lanes: the order is fixed when the kernel is compiled, so a machine's bits never depend
+# on the threads or the run. Their passes are bound by memory, so the wider accumulator costs
+# little here (unlike sa_velocity's exponentials).
+_row_jit = njit(nogil=True, cache=True, fastmath=set(FLAGS) | {"reassoc"}, error_model="numpy")
+# A row's sum of squares in this range came from squares that neither overflowed nor lost the
+# row to underflow: the row is divided by its norm directly. A float32 row always is (its
+# squares in float64 lie between 1e-90 and 1e77) unless it is zero or not finite.
+_SQUARES_LOW, _SQUARES_HIGH = 1e-300, 1e300
+
+
+@_row_jit
 def unit_rows(x, out):
-    """out[r] = x[r] / |x[r]| for the rows of 2-d ``x``, as y / sqrt(sum y^2) with
-    y = x[r] / max|x[r]| (scale-safe; a zero row gives NaN)."""
+    """out[r] = x[r] / |x[r]| for the rows of 2-d ``x``: x[r] / sqrt(sum x^2), the squares
+    summed in float64, where that sum lies in (1e-300, 1e300); otherwise (a float64 row with
+    an entry beyond 1e150 or all below 1e-150, a zero or non-finite row) scale-safely, as
+    y / sqrt(sum y^2) with y = x[r] / max|x[r]| (a zero row gives NaN)."""
     rows, d = x.shape
     for r in range(rows):
-        scale = abs(x[r, 0])
-        for l in range(1, d):
-            scale = max(scale, abs(x[r, l]))
-        squares = (x[r, 0] / scale) * (x[r, 0] / scale)
-        for l in range(1, d):
-            y = x[r, l] / scale
-            squares += y * y
-        root = np.sqrt(squares)
+        row = x[r]
+        squares = 0.0
         for l in range(d):
-            out[r, l] = (x[r, l] / scale) / root
+            y = np.float64(row[l])
+            squares += y * y
+        if _SQUARES_LOW < squares < _SQUARES_HIGH:
+            root = np.sqrt(squares)
+            for l in range(d):
+                out[r, l] = np.float64(row[l]) / root
+        else:
+            _scaled_unit_row(row, out[r])
+
+
+@jit
+def _scaled_unit_row(row, out):
+    """out = row / |row| as y / sqrt(sum y^2), y = row / max|row| (no overflow, no underflow)."""
+    d = row.shape[0]
+    scale = abs(row[0])
+    for l in range(1, d):
+        scale = max(scale, abs(row[l]))
+    squares = (row[0] / scale) * (row[0] / scale)
+    for l in range(1, d):
+        y = row[l] / scale
+        squares += y * y
+    root = np.sqrt(squares)
+    for l in range(d):
+        out[l] = (row[l] / scale) / root
+
+
+@_row_jit
+def tangent_rows(x, v, out):
+    """out[r] = v[r] - <x[r], v[r]> x[r], the projection of v[r] onto the tangent space of the
+    sphere at x[r] (2-d ``x``, ``v``, ``out`` of one shape), the inner product in float64."""
+    rows, d = x.shape
+    for r in range(rows):
+        dot = 0.0
+        for l in range(d):
+            dot += np.float64(x[r, l]) * np.float64(v[r, l])
+        for l in range(d):
+            out[r, l] = np.float64(v[r, l]) - dot * np.float64(x[r, l])
