@@ -71,9 +71,7 @@ def gemm_provider(dtype) -> str:
         If ``CTFORMER_GEMM=torch`` and torch is not installed.
     """
     choice = _choice()
-    name = _FLOAT_NAMES.get(dtype)  # a dict lookup: asked for every product of a small solve
-    if name is None:
-        name = _FLOAT_NAMES.setdefault(dtype, _float_name(np.dtype(dtype)))
+    name = _float_name_of(dtype)
     if not name or choice == "numpy":
         return "numpy"
     if choice == "torch":
@@ -87,6 +85,15 @@ def _float_name(dtype) -> str:
     return dtype.name if dtype in (np.float32, np.float64) else ""
 
 
+def _float_name_of(dtype) -> str:
+    """"float32", "float64" or "" for a dtype as given: a dict lookup, asked for every product
+    of a small solve and every attention call (NumPy's ``dtype.name`` took 3-5 us)."""
+    name = _FLOAT_NAMES.get(dtype)
+    if name is None:
+        name = _FLOAT_NAMES.setdefault(dtype, _float_name(np.dtype(dtype)))
+    return name
+
+
 def _choice() -> str:
     return choice("CTFORMER_GEMM", _PROVIDERS)  # read for every product
 
@@ -98,8 +105,7 @@ def measured_name(dtype) -> str | None:
     of auto, numpy, torch."""
     if _choice() != "auto":
         return None
-    dtype = np.dtype(dtype)
-    return dtype.name if dtype in (np.float32, np.float64) else None
+    return _float_name_of(dtype) or None
 
 
 def uses_torch(dtype) -> bool:
@@ -190,7 +196,7 @@ def softmax_provider(dtype) -> str:
         return "numpy"
     if _choice() == "torch":
         return "torch"
-    return _measured("softmax", np.dtype(dtype).name)
+    return _measured("softmax", _float_name_of(dtype))
 
 
 def softmax_rows(s) -> None:
