@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from ctformer._numerics import blocks, gemm, measured_blocks, store, streamed
+from ctformer._numerics import blocks, chunking, gemm, measured_blocks, store, streamed
 
 from .conftest import require, stored_choices
 
@@ -209,7 +209,7 @@ def test_causal_chunks_meet_fewer_keys(monkeypatch, n, problems, itemsize):
     """A causal problem of many queries is streamed in chunks of at most
     ``_CAUSAL_CHUNK_ROWS`` (each chunk meets the keys up to its last query only); smaller
     problems keep their chunk; the output is causal softmax attention (scipy) on 1 and 2 threads."""
-    cap = streamed._CAUSAL_CHUNK_ROWS
+    cap = chunking._CAUSAL_CHUNK_ROWS
     plain = streamed.stream_chunk(n, n, itemsize, problems, False)
     causal = streamed.stream_chunk(n, n, itemsize, problems, False, causal=True)
     assert causal == min(plain, cap)
@@ -249,7 +249,7 @@ def test_few_heads_stream_in_at_least_four_chunks(monkeypatch, n, problems, dtyp
     attention (scipy, float64) with the same bits on 1 and 3 threads."""
     itemsize = np.dtype(dtype).itemsize
     chunk = streamed.stream_chunk(n, n, itemsize, problems, False)
-    per_problem = -(-streamed._MIN_CHUNKS // problems)
+    per_problem = -(-chunking._MIN_CHUNKS // problems)
     assert chunk == -(-n // per_problem)
     assert problems * -(-n // chunk) >= 4
     rng = np.random.default_rng(problems)
@@ -273,7 +273,7 @@ def test_few_chunks_come_in_an_even_number(monkeypatch, n, problems, blocked, ex
     chunk = streamed.stream_chunk(n, n, 4, problems, blocked)
     assert chunk == expected
     count = problems * -(-n // chunk)
-    assert count % 2 == 0 or count >= streamed._BALANCED_TASKS
+    assert count % 2 == 0 or count >= chunking._BALANCED_TASKS
     if n == 2300:
         rng = np.random.default_rng(7)
         q, k, v = (rng.standard_normal((1, n, 16)).astype(np.float32) for _ in range(3))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from ctformer._numerics import compiled, streamed
+from ctformer._numerics import chunking, compiled, streamed
 from ctformer._numerics.blocks import DEFAULT
 from tests.conftest import require
 
@@ -39,12 +39,12 @@ def blocks(monkeypatch):
     monkeypatch.setattr(streamed, "whole_rows", lambda m, itemsize, geometry: False)
 
 
-def test_the_rule_asks_for_two_blocks_and_no_mask(monkeypatch):
+def test_the_rule_asks_for_one_block_and_no_mask(monkeypatch):
     require("numba")
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
     monkeypatch.setenv("CTFORMER_GEMM", "numpy")
     b = DEFAULT.key_block  # CTFORMER_GEMM pinned: the default geometry
-    assert streamed.key_blocked(2 * b, None, np.float64) and not streamed.key_blocked(2 * b - 1, None, np.float64)
+    assert streamed.key_blocked(b, None, np.float64) and not streamed.key_blocked(b - 1, None, np.float64)
     assert not streamed.key_blocked(4 * b, np.ones((4, 4 * b), bool), np.float64)
     assert not streamed.key_blocked(4 * b, None, np.float64, causal=True)
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numpy")
@@ -145,7 +145,7 @@ def test_long_causal_problems_meet_their_keys_in_blocks_where_the_budget_would_c
     monkeypatch.setenv("CTFORMER_GEMM", "numpy")
     from ctformer._numerics.blocks import Geometry
 
-    size, rows = np.dtype(dtype).itemsize, streamed._CAUSAL_CHUNK_ROWS
+    size, rows = np.dtype(dtype).itemsize, chunking._CAUSAL_CHUNK_ROWS
     m = 1000
     budget = rows * m * size  # exactly 192 rows of 1000 keys
     assert not streamed.key_blocked(m, None, dtype, True, 256, budget)
@@ -170,4 +170,36 @@ def test_long_causal_problems_meet_their_keys_in_blocks_where_the_budget_would_c
             runs.append(streamed.stream(q, 0.3, k, v, log_w, None, True, shift, (2,), None, geometry))
         assert bool(online) is blocked, (chunk_bytes, len(online))
         assert np.array_equal(runs[0], runs[1])
+        assert np.abs(runs[0] - ref).max() / np.abs(ref).max() < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("extra", [0, 300])
+def test_from_one_block_of_keys_the_chunks_keep_the_geometrys_rows(monkeypatch, dtype, extra):
+    """Between one and two blocks' worth of keys, streamed attention takes the geometry's query
+    rows (whole rows, or a full block and a short one where whole rows would not fit half the
+    budget), not the chunks the budget allows (1024 rows of 1024 float64 keys): the result is
+    softmax attention (float64 reference, with weights) with the same bits on 1 and 3 threads."""
+    require("numba")
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
+    monkeypatch.setenv("CTFORMER_GEMM", "numpy")
+    from ctformer._numerics.blocks import Geometry
+
+    size, m = np.dtype(dtype).itemsize, DEFAULT.key_block + extra
+    assert streamed.key_blocked(m, None, np.dtype(dtype), False, DEFAULT.key_block)
+    assert not streamed.key_blocked(DEFAULT.key_block - 1, None, np.dtype(dtype), False, DEFAULT.key_block)
+    assert streamed.stream_chunk(m, m, size, 4, True, DEFAULT) == DEFAULT.rows
+    assert streamed.stream_chunk(m, m, size, 4, False, DEFAULT) > DEFAULT.rows  # the budget's chunks
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((4, m, 16)).astype(dtype) for _ in range(3))
+    log_w = np.log(rng.uniform(0.5, 2.0, m)).astype(dtype)
+    ref = reference(q, k, v, 0.3, log_w)
+    tight = Geometry(DEFAULT.key_block, DEFAULT.rows, 1 << 20)  # whole rows do not fit: blocks
+    for geometry, whole in ((DEFAULT, True), (tight, False)):
+        assert streamed.whole_rows(m, size, geometry) is whole
+        runs = []
+        for count in ("1", "3"):
+            monkeypatch.setenv("CTFORMER_NUM_THREADS", count)
+            runs.append(streamed.stream(q, 0.3, k, v, log_w, None, False, None, (4,), None, geometry))
+        assert runs[0].dtype == dtype and np.array_equal(runs[0], runs[1])
         assert np.abs(runs[0] - ref).max() / np.abs(ref).max() < TOL[dtype]

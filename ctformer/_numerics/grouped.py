@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from . import blocks as _blocks
+from . import chunking as _chunking
 from . import compiled as _compiled
 from . import gemm as _gemm
 from . import streamed as _streamed
@@ -34,7 +35,7 @@ from .row_exponentials import log_weights as _log_weights
 __all__ = ["applies", "chunk_rows", "stream_groups"]
 
 # A chunk stacks about this many query rows over the heads of a group (at least
-# _streamed._MIN_CHUNK_ROWS queries a head). 12 query heads on 4 key/value heads, 4 x 512 tokens,
+# _chunking._MIN_CHUNK_ROWS queries a head). 12 query heads on 4 key/value heads, 4 x 512 tokens,
 # head dimension 32, two threads, against the streamed engine's chunks of 192 queries a head
 # (AMD EPYC, family 23 model 49): 128 queries a head (384 rows) took 0.81 of its time in float32
 # and 0.79 in float64; 64 a head 0.87 and 0.85, 192 a head 0.87 (float32).
@@ -43,12 +44,12 @@ _GROUP_ROWS = 384
 
 def chunk_rows(groups: int, n: int, itemsize: int) -> int:
     """Queries a head in a chunk of ``groups`` query heads over ``n`` keys: about
-    ``_GROUP_ROWS`` rows in all, at least ``_streamed._MIN_CHUNK_ROWS`` a head, and no more
+    ``_GROUP_ROWS`` rows in all, at least ``_chunking._MIN_CHUNK_ROWS`` a head, and no more
     scores than the streamed engine's chunks hold (the default chunk bytes of
     :mod:`ctformer._numerics.blocks`); 0 where those bytes leave fewer than
     ``_MIN_CHUNK_ROWS`` a head (the streamed engine then takes the problem). A constant of the
     shape, never of the thread count."""
-    least = _streamed._MIN_CHUNK_ROWS
+    least = _chunking._MIN_CHUNK_ROWS
     fits = _blocks.DEFAULT.chunk_bytes // max(1, groups * n * itemsize)
     return min(max(least, _GROUP_ROWS // max(1, groups)), fits) if fits >= least else 0
 
