@@ -97,6 +97,31 @@ def test_key_blocks_are_timed_only_where_they_are_used(fresh_store, monkeypatch)
     assert timed == ["chunks", "key blocks"]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_chunk_measurement_times_chunks_that_meet_all_keys_at_once(monkeypatch, dtype):
+    """The chunk budget is measured on the path masked and causal problems take (all keys at
+    once, in chunks of about the budget's bytes), never on key blocks: every candidate's task
+    runs the unblocked worker, with as many query rows as the budget holds."""
+    require("numba")
+    monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
+    monkeypatch.setattr(gemm, "softmax_provider", lambda dtype: "numpy")
+    monkeypatch.setattr(measured_blocks, "ROUNDS", 1)
+    monkeypatch.setattr(streamed, "_blocked_worker", lambda *a, **kw: pytest.fail("key blocks were timed"))
+    chunks = []
+    real = streamed.stream
+
+    def stream(q, *args):
+        chunks.append(len(q))
+        return real(q, *args)
+
+    monkeypatch.setattr(streamed, "stream", stream)
+    times = measured_blocks._times(np.dtype(dtype), {G(measured_blocks._UNBLOCKED.key_block, 256, size):
+                                                     size // (measured_blocks._KEYS * np.dtype(dtype).itemsize)
+                                                     for size in blocks.CHUNK_BYTES})
+    assert len(times) == len(blocks.CHUNK_BYTES) and all(len(t) == 1 and t[0] > 0 for t in times.values())
+    assert sorted(set(chunks)) == sorted(size // (4096 * np.dtype(dtype).itemsize) for size in blocks.CHUNK_BYTES)
+
+
 @pytest.mark.parametrize("kind, field", [("attention chunks", "chunk_bytes"), ("attention key blocks", "key_block")])
 def test_a_damaged_geometry_is_measured_again(fresh_store, key_blocks_here, monkeypatch, kind, field):
     first = measured_blocks.geometry(np.float32)
