@@ -86,8 +86,9 @@ def _float_name(dtype) -> str:
 
 
 def _float_name_of(dtype) -> str:
-    """"float32", "float64" or "" for a dtype as given: a dict lookup, asked for every product
-    of a small solve and every attention call (NumPy's ``dtype.name`` took 3-5 us)."""
+    """The name ``"float32"``, ``"float64"`` or ``""`` of a dtype as given: a dict lookup, asked
+    for every product of a small solve and every attention call (NumPy's ``dtype.name`` took
+    3-5 us)."""
     name = _FLOAT_NAMES.get(dtype)
     if name is None:
         name = _FLOAT_NAMES.setdefault(dtype, _float_name(np.dtype(dtype)))
