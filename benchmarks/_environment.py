@@ -372,6 +372,7 @@ def header(title: str, notes=()) -> None:
               f"{_prepared_products(f'few rows {dtype}', 'compiled', 'Numba, OpenMP threads')}")
     threads = ", ".join(f"{name}={os.environ.get(name, 'unset')}" for name in THREAD_VARIABLES)
     print(f"threads: {threads}")
+    print(f"OpenBLAS's idle threads: {openblas_idle()}")
     cleared = os.environ.get(MARK)
     kept = [f"{name}={os.environ[name]}" for name in CLEARED if name in os.environ]
     emulated = os.environ.get(EMULATION_MARK)
@@ -386,6 +387,21 @@ def header(title: str, notes=()) -> None:
     for note in notes:
         print(note)
     print(f"load average at start: {os.getloadavg()[0]:.2f}\n", flush=True)
+
+
+def openblas_idle() -> str:
+    """How long OpenBLAS's threads spin after a threaded product before they sleep:
+    ``OPENBLAS_THREAD_TIMEOUT`` (read when OpenBLAS loads: 2^n cycles for n > 0, n clamped to
+    4..30; 2^28 when unset or not positive), which decides how long a core stays busy after
+    such a product (docs/performance.rst, "Where the threads run")."""
+    value = os.environ.get("OPENBLAS_THREAD_TIMEOUT", "").strip()
+    try:
+        given = int(value) if value else 0
+    except ValueError:
+        return f"spin 2^28 cycles before they sleep (OPENBLAS_THREAD_TIMEOUT={value!r} is not an integer)"
+    exponent = min(30, max(4, given)) if given > 0 else 28  # 0 or less: OpenBLAS's default
+    source = f"OPENBLAS_THREAD_TIMEOUT={value}" if value else "OPENBLAS_THREAD_TIMEOUT unset"
+    return f"spin 2^{exponent} cycles before they sleep ({source})"
 
 
 # glibc's malloc settings that decide whether freed memory goes back to the system

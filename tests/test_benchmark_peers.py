@@ -14,6 +14,21 @@ def test_growth_exponent_recovers_a_power_law():
     assert env.growth_exponent(sizes, [2.0] * 4) == pytest.approx(0.0, abs=1e-12)
 
 
+@pytest.mark.parametrize("value, exponent", [(None, 28), ("", 28), ("4", 4), ("12", 12), ("2", 4), ("40", 30),
+                                             ("0", 28), ("-3", 28), ("soon", 28)])
+def test_the_header_states_how_long_openblas_threads_spin(monkeypatch, value, exponent):
+    """OpenBLAS's idle threads spin 2^n cycles for OPENBLAS_THREAD_TIMEOUT = n > 0 (n clamped to
+    4..30) and 2^28 otherwise; the header says which applies, naming the setting."""
+    env = benchmark_module("_environment")
+    if value is None:
+        monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", value)
+    line = env.openblas_idle()
+    assert line.startswith(f"spin 2^{exponent} cycles before they sleep (")
+    assert "OPENBLAS_THREAD_TIMEOUT" in line and (value in (None, "") or value in line)
+
+
 def test_plain_particle_loop_is_ctformers_rk4():
     """particles.py's peer, RK4 on softmax(beta M M^T) M with the tangent projection in plain
     torch, rows renormalized after each step, gives ctformer's SA solve to rounding (float64,
