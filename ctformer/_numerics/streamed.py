@@ -243,7 +243,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
     queries in the worker's buffer: no scaled copy of ``q`` is made. ``terms``: the scores'
     :class:`~ctformer._numerics.score_terms.ScoreTerms` (before the weights and masks), or None."""
     dtype = q.dtype
-    n, m, e, d = q.shape[-2], k.shape[-2], v.shape[-1], q.shape[-1]
+    n, m, e = q.shape[-2], k.shape[-2], v.shape[-1]
     geometry = _blocks.DEFAULT if geometry is None else geometry
     blocked = key_blocked(m, keep, dtype, causal, geometry.key_block, geometry.chunk_bytes)
     if chunk is None:  # whole rows instead of key blocks keep the blocks' chunks
@@ -281,8 +281,23 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
             packs.prepare(k, v, lead)
         worker = _blocked_worker(q, scale, k, v, _log_weights(log_w, dtype), causal, diag_shift, chunk, out,
                                  (product, weighted_product), geometry.key_block, packs, terms)
-        _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
-        return out
+    else:
+        worker = _chunk_worker(q, scale, k, v, keep, causal, chunk, out, (product, weighted_product), exp_rows,
+                               terms)
+    _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
+    return out
+
+
+def _chunk_worker(q, scale, k, v, keep, causal, chunk, out, products, exp_rows, terms=None):
+    """The worker of :func:`stream` with each chunk of queries meeting its keys at once: the
+    chunk's scores (``keep``: a boolean mask broadcasting to the problems' scores, or None),
+    their row exponentials and sums (``exp_rows``), the weighted sums of values, divided.
+    ``products``: the scores' and the weighted sums'
+    (:func:`~ctformer._numerics.gemm.attention_products`); one not NumPy's writes into a
+    buffer of the worker, then divides into ``out``."""
+    product, weighted_product = products
+    dtype, n, m = q.dtype, q.shape[-2], k.shape[-2]
+    d, e = q.shape[-1], v.shape[-1]
 
     def worker(next_task):
         scores = np.empty(chunk * m, dtype=dtype)
@@ -310,9 +325,7 @@ def stream(q, beta, k, v, log_w, keep, causal, diag_shift, lead, chunk, geometry
             into = result if weighted is None else weighted[:r]
             weighted_product(s, v[idx][:cols], out=into)
             np.divide(into, sums[:r], out=result)
-
-    _run_tasks(worker, tasks, n * m * (math.prod(lead) or 1))
-    return out
+    return worker
 
 
 def _blocked_worker(q, scale, k, v, log_w, causal, diag_shift, chunk, out, products, key_block, packs=None,
