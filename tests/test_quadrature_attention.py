@@ -313,6 +313,29 @@ def test_non_finite_input_is_refused_naming_the_argument(rng, name, bad):
         quadrature_attention(args.pop("q"), args.pop("k"), args.pop("v"), beta=1.0, **args)
 
 
+@pytest.mark.parametrize("same, reductions", [("qkv", 1), ("qk", 2), ("kv", 2), ("qv", 2), ("", 3)])
+def test_one_array_given_as_several_arguments_is_reduced_once(rng, monkeypatch, same, reductions):
+    """The scale check takes max |a| once per distinct array (self-attention of a state, q is k
+    is v, once); the maxima are those of each argument, and a NaN in a shared array is still
+    refused under the first argument's name."""
+    from ctformer._numerics import dense
+
+    x, y, z = (rng.standard_normal((5, 7, 3)) for _ in range(3))
+    args = {"q": x, "k": x if "k" in same and "q" in same else y,
+            "v": x if "v" in same and "q" in same else (y if same == "kv" else z)}
+    calls = []
+    real = dense.global_abs_max
+    monkeypatch.setattr(dense, "global_abs_max", lambda xp, a: calls.append(a) or real(xp, a))
+    amax = dense.finite_abs_max(np, args["q"], args["k"], args["v"])
+    assert len(calls) == reductions
+    assert amax == tuple(float(np.abs(args[name]).max()) for name in "qkv")
+    out = quadrature_attention(args["q"], args["k"], args["v"], beta=0.7)
+    assert _rel(out, _torch_sdpa(args["q"], args["k"], args["v"], scale=0.7)) < 1e-13
+    x[2, 3, 1] = np.nan  # x is always q
+    with pytest.raises(ValueError, match="^q must be finite"):
+        quadrature_attention(args["q"], args["k"], args["v"], beta=0.7)
+
+
 def test_nan_value_with_causal_mask_is_refused_not_spread(rng, path):
     # the reproducer: v[5] = NaN with a causal mask made all six rows NaN without a word
     q, k, v = _qkv(rng, (6,), (6,))

@@ -251,9 +251,12 @@ def times_pow2(xp, out, e):
 
 
 def finite_abs_max(xp, q, k, v):
-    """(max|q|, max|k|, max|v|) as Python floats, one reduction per array; ValueError naming
+    """(max|q|, max|k|, max|v|) as Python floats, one reduction per distinct array (the
+    attention of a state with itself, ``q is k is v``, reduces it once); ValueError naming
     the array that holds NaN or inf (they propagate through the maximum)."""
-    amax = tuple(global_abs_max(xp, a) for a in (q, k, v))
+    aq = global_abs_max(xp, q)
+    ak = aq if k is q else global_abs_max(xp, k)
+    amax = (aq, ak, aq if v is q else ak if v is k else global_abs_max(xp, v))
     for name, a in zip("qkv", amax):
         if not math.isfinite(a):
             raise ValueError(f"{name} must be finite; it contains NaN or inf")
