@@ -318,15 +318,15 @@ def test_one_array_given_as_several_arguments_is_reduced_once(rng, monkeypatch, 
     """The scale check takes max |a| once per distinct array (self-attention of a state, q is k
     is v, once); the maxima are those of each argument, and a NaN in a shared array is still
     refused under the first argument's name."""
-    from ctformer._numerics import dense
+    from ctformer._numerics import scale_safety
 
     x, y, z = (rng.standard_normal((5, 7, 3)) for _ in range(3))
     args = {"q": x, "k": x if "k" in same and "q" in same else y,
             "v": x if "v" in same and "q" in same else (y if same == "kv" else z)}
     calls = []
-    real = dense.global_abs_max
-    monkeypatch.setattr(dense, "global_abs_max", lambda xp, a: calls.append(a) or real(xp, a))
-    amax = dense.finite_abs_max(np, args["q"], args["k"], args["v"])
+    real = scale_safety.global_abs_max
+    monkeypatch.setattr(scale_safety, "global_abs_max", lambda xp, a: calls.append(a) or real(xp, a))
+    amax = scale_safety.finite_abs_max(np, args["q"], args["k"], args["v"])
     assert len(calls) == reductions
     assert amax == tuple(float(np.abs(args[name]).max()) for name in "qkv")
     out = quadrature_attention(args["q"], args["k"], args["v"], beta=0.7)

@@ -23,7 +23,8 @@ import math
 import array_api_compat
 import numpy as np
 
-from .dense import attend_trusted, scale_safe_inputs, times_pow2
+from .dense import attend_trusted
+from .scale_safety import scale_safe_inputs, times_pow2
 from .score_terms import ScoreTerms
 
 __all__ = ["BandedAttention", "slopes_bias", "window_block_rows"]

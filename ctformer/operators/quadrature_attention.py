@@ -29,7 +29,8 @@ import numpy as np
 
 from .. import validation
 from .._numerics import dense as _dense
-from .._numerics.dense import times_pow2
+from .._numerics import scale_safety as _scale_safety
+from .._numerics.scale_safety import times_pow2
 
 _NUMPY = array_api_compat.array_namespace(np.zeros(0))
 
@@ -159,7 +160,7 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
         chunk = validation.integer(chunk, "chunk")
     if q.shape[-2] == 0:
         return xp.zeros((*lead, 0, v.shape[-1]), dtype=q.dtype)
-    q, beta, k, v, v_scale = _dense.scaled_inputs(xp, q, k, v, beta, amax)
+    q, beta, k, v, v_scale = _scale_safety.scaled_inputs(xp, q, k, v, beta, amax)
     out = _dense.attend_rows(xp, q, k, v, beta, log_w, keep, isinstance(mask, str), diag_shift, lead, chunk)
     return times_pow2(xp, out, v_scale)
 
@@ -201,7 +202,7 @@ def _validate(q, k, v, beta, weights, mask, diagonal):
         dtype = xp.result_type(q, k, v)
         q, k, v = (xp.astype(a, dtype, copy=False) for a in (q, k, v))
     dtype = q.dtype
-    amax = _dense.finite_abs_max(xp, q, k, v)
+    amax = _scale_safety.finite_abs_max(xp, q, k, v)
 
     beta = _check_beta(xp, beta, dtype, shapes)
 
@@ -241,7 +242,7 @@ def _check_beta(xp, beta, dtype, shapes):
             raise ValueError(f"beta must be finite, got {beta!r}")
         return float(beta)
     arr = _real_array(xp, beta, dtype, "beta must be a real number or an array of them")
-    if not math.isfinite(_dense.global_abs_max(xp, arr)):
+    if not math.isfinite(_scale_safety.global_abs_max(xp, arr)):
         raise ValueError("beta must be finite")
     if arr.ndim == 0:
         return float(arr)
