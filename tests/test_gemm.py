@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from ctformer._numerics import blocks, gemm, store, streamed, threads, torch_threads
+from ctformer._numerics import blocks, gemm, gemm_measure, store, streamed, threads, torch_threads
 
 from .conftest import require
 
@@ -51,7 +51,7 @@ def test_the_choice_is_measured_once_and_kept(fresh_store, monkeypatch):
     stored = json.loads(files[0].read_text())
     entry = stored["products float32"]
     assert entry["provider"] == choice and entry["numpy_s"] > 0 and entry["torch_s"] > 0
-    assert choice == ("torch" if entry["torch_s"] < gemm._MARGIN * entry["numpy_s"] else "numpy")
+    assert choice == ("torch" if entry["torch_s"] < gemm_measure._MARGIN * entry["numpy_s"] else "numpy")
     # a later process reads the stored choice instead of measuring: write the other one
     other = "numpy" if choice == "torch" else "torch"
     entry["provider"] = other
