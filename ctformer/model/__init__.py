@@ -25,209 +25,39 @@ solve is exactly the discrete network (design notes, section 2; Tai, Liu, Li, Ch
 """
 from __future__ import annotations
 
-from numbers import Real
-from typing import Callable, Sequence
+from typing import Sequence
 
-import array_api_compat
 import numpy as np
 
-from . import solvers, validation
-from .discretizations import Discretization, Midpoint, as_discretization
-from .kernels import is_host
-from .operators.base import check_normalization, has_host_parameters
-from .operators.functions import assign_parameter, named_parameters
-from .evolution import evolve
-from .model_inputs import as_state_array, check_padding_mask, check_steps
-from .random_models import random_layers
-from .solvers import InconsistentDepthLimitWarning
-from .state import Grids
+from .. import solvers, validation
+from ..discretizations import Discretization, Midpoint, as_discretization
+from ..kernels import is_host
+from ..operators.base import check_normalization, has_host_parameters
+from ..operators.functions import assign_parameter, named_parameters
+from ..evolution import evolve
+from ..model_inputs import as_state_array, check_padding_mask, check_steps
+from ..random_models import random_layers
+from ..solvers import InconsistentDepthLimitWarning
+from ..state import Grids
+# Block, the parameter checks and the steps of a solve around its time loop have modules of
+# their own; every name this module had before stays importable from here.
+from . import block
+from .block import Block, _compose
+from .checks import (_check_parameter_names, _check_parameter_shape, _check_tensor_kinds,
+                     _checked_parameter, _device)
+from .solving import _Solving
 
 __all__ = ["Block", "ContinuousTransformer", "InconsistentDepthLimitWarning", "PLACEMENTS"]
 
+# Block is defined in .block and named by this path, as before: pickles and the identities of
+# stored study cases (ctformer.studies.identity) record ctformer.model.Block.
+Block.__module__ = __name__
+
 #: Where the normalizations of a block act.
-PLACEMENTS = ("pre", "post", "none")
+PLACEMENTS = block.PLACEMENTS
 
 
-def _check_parameter_names(own: dict, params) -> None:
-    """``params`` must be a mapping with exactly the names of ``own`` (KeyError listing them)."""
-    if not hasattr(params, "items") or not hasattr(params, "keys"):
-        raise TypeError(f"params must be a mapping name -> array (like parameters()), got "
-                        f"{type(params).__name__}")
-    missing, unknown = sorted(set(own) - set(params)), sorted(set(params) - set(own))
-    if missing or unknown:
-        raise KeyError(f"params must have exactly the names of parameters(): missing {missing[:5]}"
-                       f"{' ...' if len(missing) > 5 else ''}, unknown {unknown[:5]}"
-                       f"{' ...' if len(unknown) > 5 else ''}")
-
-
-def _checked_parameter(name: str, value, shape: tuple):
-    """``value`` as the new parameter ``name`` of ``shape``: a read-only float64 host copy, or
-    the tensor itself. Real numbers only, finite, of the parameter's shape."""
-    what = f"params[{name!r}]"
-    if not is_host(value):   # a tensor of another namespace: kept, so autograd sees it
-        xp = array_api_compat.array_namespace(value)
-        if not xp.isdtype(value.dtype, "real floating"):
-            raise TypeError(f"{what} is a tensor of dtype {value.dtype}; parameters are real: "
-                            "pass a real floating tensor (e.g. torch.float64)")
-        _check_parameter_shape(what, tuple(value.shape), shape)
-        if not bool(xp.all(xp.isfinite(value))):
-            raise ValueError(f"{what} holds NaN or inf; parameters must be finite")
-        return value
-    array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic, Real, list, tuple)) \
-        else None
-    if array is None or array.dtype.kind not in "iuf":
-        kind = "complex numbers" if array is not None and array.dtype.kind == "c" else \
-            f"a {type(value).__name__}"
-        raise TypeError(f"{what} must be a real array of shape {shape} (a NumPy array, a number "
-                        f"or a torch tensor), got {kind}")
-    _check_parameter_shape(what, array.shape, shape)
-    array = np.array(array, dtype=np.float64)
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{what} holds NaN or inf; parameters must be finite")
-    array.setflags(write=False)
-    return array
-
-
-def _check_parameter_shape(what: str, got: tuple, shape: tuple) -> None:
-    if tuple(got) != tuple(shape):
-        raise ValueError(f"{what} has shape {tuple(got)}, the parameter has shape {tuple(shape)}")
-
-
-def _device(array):
-    """The device of an array of any namespace (``"cpu"`` for NumPy)."""
-    return array_api_compat.device(array)
-
-
-def _check_tensor_kinds(params: dict) -> None:
-    """Tensor parameters must share one type, device and dtype (TypeError naming the odd one)."""
-    tensors = [(name, v) for name, v in params.items() if not is_host(v)]
-    for name, value in tensors[1:]:
-        first, like = tensors[0]
-        same = type(value) is type(like) and _device(value) == _device(like)
-        if not same or value.dtype != like.dtype:
-            raise TypeError(
-                f"params[{name!r}] is a {type(value).__name__} of dtype {value.dtype} on "
-                f"{_device(value)}, params[{first!r}] one of dtype {like.dtype} "
-                f"on {_device(like)}: give every tensor parameter one dtype and "
-                "device")
-
-
-class Block:
-    r"""One layer of the continuous Transformer: attention and feed-forward sub-flows.
-
-    Parameters
-    ----------
-    attention : ctformer.operators.Attention or None
-        The attention operator :math:`\mathrm{Attn}`; ``None`` drops the sub-flow.
-    feedforward : ctformer.operators.FeedForward or None
-        The feed-forward operator :math:`F`; ``None`` drops the sub-flow.
-    normalization1, normalization2 : ctformer.operators.Normalization or None
-        :class:`ctformer.operators.LayerNormProjection`, :class:`ctformer.operators.RMSNorm`,
-        :class:`ctformer.operators.SphereProjection`, a user's subclass of
-        :class:`ctformer.operators.Normalization`, or ``None`` (identity).
-        ``normalization1`` belongs to attention, ``normalization2`` to the feed-forward.
-    placement : {"pre", "post", "none"}
-        Where the normalizations act:
-
-        - ``"pre"``: flows :math:`u \mapsto \mathrm{Attn}(N_1 u)` and
-          :math:`u \mapsto F(N_2 u)`, no projections;
-        - ``"post"``: flows :math:`\mathrm{Attn}`, :math:`F` followed by the projections
-          :math:`N_1`, :math:`N_2`;
-        - ``"none"``: no normalization (both must be ``None``).
-
-    Raises
-    ------
-    ValueError
-        For an unknown placement, a block without sub-flows, or normalizations with
-        ``"none"``.
-    TypeError
-        For a normalization that is not a :class:`ctformer.operators.Normalization`, naming
-        the argument.
-    """
-
-    def __init__(self, attention=None, feedforward=None, normalization1=None, normalization2=None,
-                 placement="pre"):
-        validation.one_of(placement, "placement", PLACEMENTS)
-        if attention is None and feedforward is None:
-            raise ValueError("a Block needs an attention or a feedforward operator (both are None)")
-        if placement == "none" and (normalization1 is not None or normalization2 is not None):
-            raise ValueError("placement='none' takes no normalizations; pass normalization1=None "
-                             "and normalization2=None")
-        normalization1 = check_normalization(normalization1, "normalization1")
-        normalization2 = check_normalization(normalization2, "normalization2")
-        self.attention = attention
-        self.feedforward = feedforward
-        self.normalization1 = normalization1
-        self.normalization2 = normalization2
-        self.placement = placement
-
-    def __repr__(self) -> str:
-        return (f"Block(attention={self.attention!r}, feedforward={self.feedforward!r}, "
-                f"normalization1={self.normalization1!r}, normalization2={self.normalization2!r}, "
-                f"placement={self.placement!r})")
-
-    @property
-    def is_consistent_in_depth(self) -> bool:
-        """False for a post-norm block with a normalization that is not idempotent
-        (:attr:`ctformer.operators.Normalization.is_idempotent`)."""
-        if self.placement != "post":
-            return True
-        return all(n is None or n.is_idempotent for n in (self.normalization1, self.normalization2))
-
-    def parameters(self) -> dict:
-        """Named arrays of every parameter of the block (see :meth:`ContinuousTransformer.parameters`)."""
-        return named_parameters(attention=self.attention, feedforward=self.feedforward,
-                                normalization1=self.normalization1,
-                                normalization2=self.normalization2)
-
-    def split_problem(self, grids: Grids, padding_mask=None) -> solvers.SplitProblem:
-        r"""The layer as a split problem on ``grids``, acting on stored values.
-
-        Parameters
-        ----------
-        grids : ctformer.Grids
-            Discretizations of tokens, features, head features and the hidden variable.
-        padding_mask : bool array of shape (..., N) or ctformer.operators.Padding, optional
-            Tokens that are real (True) in padded batches; validated by the caller
-            (:meth:`ContinuousTransformer.solve`). Only for nodal token discretizations.
-            Combined with the attention's mask here, once
-            (:meth:`ctformer.operators.Attention.discretize`): the flows build no mask.
-
-        Returns
-        -------
-        ctformer.solvers.SplitProblem
-            Flows in splitting order (attention, then feed-forward) and, for post-norm, the
-            projections :math:`N_1, N_2`, each lifted by :meth:`Grids.lift` from point values
-            to stored values (the identity for nodal grids). Each operator is discretized
-            once per ``grids``.
-        """
-        if not isinstance(grids, Grids):
-            raise TypeError(f"grids must be a ctformer.Grids, got {type(grids).__name__}")
-        attention = None
-        if self.attention is not None:
-            attention = self.attention.discretize(grids) if padding_mask is None else \
-                self.attention.discretize(grids, padding_mask=padding_mask)
-        feedforward = self.feedforward.discretize(grids) if self.feedforward is not None else None
-        flows, projections = [], []
-        for op, normalization in ((attention, self.normalization1), (feedforward, self.normalization2)):
-            if op is None:
-                continue
-            n = normalization.discretize(grids) if normalization is not None else None
-            flows.append(_compose(op, n) if self.placement == "pre" and n is not None else op)
-            projections.append(n if self.placement == "post" else None)
-        flows = [grids.lift(f) for f in flows]
-        projections = [grids.lift(p) for p in projections] if any(p is not None for p in projections) else []
-        return solvers.SplitProblem(flows, projections)
-
-
-def _compose(op: Callable, normalization: Callable) -> Callable:
-    def flow(u):
-        return op(normalization(u))
-
-    return flow
-
-
-class ContinuousTransformer:
+class ContinuousTransformer(_Solving):
     r"""A Transformer as an evolution equation in depth, :math:`t \in [0, T]`, ``T = len(blocks)``.
 
     Parameters
@@ -356,31 +186,6 @@ class ContinuousTransformer:
             assign_parameter(model, name, value)
         return model
 
-    def _operators(self):
-        """Every operator of the model (None where a block has none)."""
-        for block in self.blocks:
-            yield from (block.attention, block.feedforward, block.normalization1, block.normalization2)
-        yield self.final_normalization
-
-    def _check_namespaces(self, u) -> None:
-        """A state and tensor parameters must live in one namespace and on one device."""
-        if all(op is None or has_host_parameters(op) for op in self._operators()):
-            return  # host parameters only, known since each operator was discretized (no walk)
-        tensors = [v for v in self.parameters().values() if not is_host(v)]
-        if not tensors:
-            return
-        like = tensors[0]
-        if type(u) is not type(like) or _device(u) != _device(like):
-            raise TypeError(
-                f"the state is a {type(u).__module__}.{type(u).__name__} on "
-                f"{_device(u)}, the parameters are {type(like).__module__}."
-                f"{type(like).__name__} on {_device(like)}: pass u0 in the "
-                "parameters' namespace and on their device")
-        if u.dtype != like.dtype:
-            name = next(k for k, v in self.parameters().items() if v is like)
-            raise TypeError(f"u0 has dtype {u.dtype}, the tensor parameters (e.g. {name!r}) have "
-                            f"dtype {like.dtype}: pass u0 as {like.dtype} (u0.to({like.dtype}))")
-
     # -- grids ---------------------------------------------------------------------------
     def grids(self, tokens, features, head_features=None, hidden=None, context_length=None) -> Grids:
         """The :class:`ctformer.Grids` used by :meth:`solve` for these choices."""
@@ -391,16 +196,6 @@ class ContinuousTransformer:
         length = self.context_length if context_length is None else context_length
         return Grids(tokens=tokens, features=features, head_features=head_features, hidden=hidden,
                      context_length=length)
-
-    @staticmethod
-    def _default(spec, own, features, name):
-        if spec is None:
-            return own if own is not None else features
-        if isinstance(spec, str):
-            return as_discretization(spec, own.n if own is not None else features.n)
-        if not isinstance(spec, Discretization):
-            raise TypeError(f"{name} must be a Discretization, a name or None, got {type(spec).__name__}")
-        return spec
 
     # -- evolution -----------------------------------------------------------------------
     def solve(self, u0, *, tokens, features, head_features=None, hidden=None, scheme="lie",
@@ -476,33 +271,6 @@ class ContinuousTransformer:
                           context_length=context_length,
                           checkpoint=validation.boolean(checkpoint, "checkpoint"))
         return self._readout(solution, trajectory)
-
-    def _solve_controlled(self, u0, tokens, features, head_features, hidden, scheme,
-                          steps_per_layer, trajectory, padding_mask, context_length, checkpoint,
-                          rtol, atol):
-        if steps_per_layer != 1:
-            raise ValueError(f"steps_per_layer={steps_per_layer!r} and rtol/atol both given: "
-                             "choose fixed steps or error control, not both")
-        if validation.boolean(checkpoint, "checkpoint"):
-            raise ValueError("checkpoint=True needs fixed steps (steps_per_layer), not rtol/atol")
-        save_at = solvers.SaveAt(layers=validation.boolean(trajectory, "trajectory"))
-        solution = evolve(self, u0, tokens=tokens, features=features, head_features=head_features,
-                          hidden=hidden, scheme=scheme,
-                          rtol=1e-6 if rtol is None else rtol, atol=1e-9 if atol is None else atol,
-                          save_at=save_at, padding_mask=padding_mask, context_length=context_length)
-        return self._readout(solution, trajectory)
-
-    def _readout(self, solution, trajectory):
-        """The final state after the final normalization (or the layer states, the last one so)."""
-        grids = solution.grids
-        final = grids.lift(self.final_normalization.discretize(grids)) \
-            if self.final_normalization is not None else None
-        if trajectory:
-            states = [solution.states[i, ...] for i in range(len(solution.times))]
-            if final is not None:
-                states[-1] = final(states[-1])
-            return states
-        return solution.final if final is None else final(solution.final)
 
     def evolve(self, u0, *, tokens, features, head_features=None, hidden=None, scheme="tsit5",
                rtol=1e-6, atol=1e-9, steps_per_layer=None, save_at=None, events=(),
@@ -585,25 +353,6 @@ class ContinuousTransformer:
                       steps_per_layer=steps_per_layer, save_at=save_at, events=events,
                       max_steps=max_steps, padding_mask=padding_mask,
                       context_length=context_length, controller=controller, initial=initial)
-
-    def _initial_state(self, u0, tokens, features, head_features, hidden, context_length):
-        if callable(u0) and not hasattr(u0, "shape"):
-            for name, spec in (("tokens", tokens), ("features", features)):
-                if not isinstance(spec, Discretization):
-                    raise ValueError(
-                        f"{name} given as {spec!r} needs n, which a callable u0 cannot provide; "
-                        "pass a Discretization object"
-                    )
-            grids = self.grids(tokens, features, head_features, hidden, context_length)
-            return grids.sample(u0), grids
-        u = as_state_array(u0, "u0")
-        if u.ndim < 2:
-            raise ValueError(f"u0 must have shape (..., tokens, features), got shape {tuple(u.shape)}")
-        tokens = as_discretization(tokens, u.shape[-2])
-        features = as_discretization(features, u.shape[-1])
-        grids = self.grids(tokens, features, head_features, hidden, context_length)
-        grids.validate(u, "u0")
-        return u, grids
 
     def run(self, x, padding_mask=None):
         r"""The discrete network: midpoint grids, ``lie``, one step per layer.

@@ -1,0 +1,201 @@
+r"""The :class:`Kernel` contract: values on the reference square, the matrix, its application.
+
+A kernel :math:`W_{\mathrm{ref}}(s, t)` on :math:`[0, 1]^2`, discretized on an output
+discretization ``out`` and an input discretization ``inp`` of lengths :math:`L_{\mathrm{out}}`,
+:math:`L_{\mathrm{in}}`, is the host matrix
+
+.. math::  A_{ij} = W_{\mathrm{ref}}(s_i, t_j)\, w_j / L_{\mathrm{in}} ,
+
+with :math:`s_i = (y_i - a_{\mathrm{out}}) / L_{\mathrm{out}}`, :math:`t_j = (\eta_j -
+a_{\mathrm{in}}) / L_{\mathrm{in}}` and :math:`w_j` = ``inp.quadrature_weights``; applying it is
+the contraction :math:`(W u)(y_i) = \sum_j A_{ij} u_j` along one axis of ``u``. Also here: the
+checks of that input array, shared by every kernel's :meth:`Kernel.apply`.
+"""
+from __future__ import annotations
+
+import abc
+
+import array_api_compat
+import numpy as np
+
+from ..backend import _cached, constant
+from .parameters import is_host
+
+
+def _reference_points(disc) -> np.ndarray:
+    a, b = disc.domain
+    return (np.asarray(disc.quadrature_nodes, dtype=np.float64) - a) / (b - a)
+
+
+def _check_discretization(disc, argname: str):
+    if not (hasattr(disc, "quadrature_nodes") and hasattr(disc, "quadrature_weights")):
+        raise TypeError(f"{argname} must be a Discretization, got {type(disc).__name__}")
+
+
+class Kernel(abc.ABC):
+    r"""A kernel :math:`W(y, \eta)` on :math:`[0, 1]^2` that discretizes onto any pair of grids.
+
+    Subclasses implement :meth:`evaluate`; they may override :meth:`_build_matrix` (for an
+    exact or separable construction) and :meth:`apply` (for a fast algorithm).
+
+    Notes
+    -----
+    Host matrices are built once per ``(out, inp)`` pair and device copies once per namespace,
+    device and dtype, both in the library's cache (:func:`ctformer.backend.constant`), not on
+    the kernel: a kernel is plain data.
+    """
+
+    @abc.abstractmethod
+    def evaluate(self, s, t) -> np.ndarray:
+        r"""Kernel values :math:`W_{\mathrm{ref}}(s, t)` at reference points (NumPy, broadcasting).
+
+        Parameters
+        ----------
+        s, t : ndarray
+            Output and input reference coordinates in :math:`[0, 1]`, broadcast together.
+
+        Returns
+        -------
+        ndarray
+            The kernel values, of the broadcast shape.
+        """
+
+    def parameters(self) -> dict:
+        """Named arrays of the kernel's numbers (a user function's own ``parameters()``, if any)."""
+        return {}
+
+    def _host(self) -> bool:
+        """True when every parameter is on the host (the cached, NumPy assembly applies)."""
+        return all(is_host(v) for v in self.parameters().values())
+
+    def matrix(self, out, inp) -> np.ndarray:
+        r"""The host matrix :math:`A_{ij} = W(y_i, \eta_j) w_j` of shape ``(nq_out, nq_in)``.
+
+        Parameters
+        ----------
+        out : Discretization
+            Discretization of the output variable :math:`y` (rows).
+        inp : Discretization
+            Discretization of the input variable :math:`\eta` (columns, with weights).
+
+        Returns
+        -------
+        ndarray, shape (len(out.quadrature_nodes), len(inp.quadrature_nodes))
+            Read-only float64 array.
+
+        Raises
+        ------
+        TypeError
+            If ``out`` or ``inp`` is not a discretization.
+        ValueError
+            If the kernel takes non-finite values on these grids.
+        """
+        _check_discretization(out, "out")
+        _check_discretization(inp, "inp")
+        from ..discretizations.base import check_dense
+
+        check_dense(len(out.quadrature_nodes), len(inp.quadrature_nodes),
+                    f"the matrix of {self!r} on {out!r} x {inp!r}", "use smaller discretizations")
+        if not self._host():
+            return self._build_matrix(out, inp)    # in the parameters' namespace, not cached
+        return _cached(self, ("matrix", out, inp), lambda: self._checked_matrix(out, inp))
+
+    def _checked_matrix(self, out, inp) -> np.ndarray:
+        built = self._build_matrix(out, inp)
+        shared = built is getattr(self, "weight", None)  # checked when the kernel was made
+        mat = built.view() if shared else np.ascontiguousarray(built, dtype=np.float64)
+        shape = (len(out.quadrature_nodes), len(inp.quadrature_nodes))
+        if mat.shape != shape:
+            raise ValueError(f"{type(self).__name__} produced a matrix of shape {mat.shape}, expected {shape}")
+        if not shared and not np.all(np.isfinite(mat)):
+            raise ValueError(f"{type(self).__name__} takes NaN or inf values on {out!r} x {inp!r}")
+        mat.setflags(write=False)
+        return mat
+
+    def transposed_matrix(self, out, inp) -> np.ndarray:
+        r"""The host matrix :math:`A^T` of :meth:`matrix`, for products :math:`u A^T` from the right.
+
+        The transposed view of :meth:`matrix`, whatever its layout (no copy): the kernel's own
+        weight (:class:`PiecewiseConstant` in the discrete limit) or the matrix built for these
+        grids. BLAS reads either layout; the few-row float64 kernel
+        (:mod:`ctformer._numerics.few_rows`) reads the rows of :meth:`matrix`. Cached with the
+        kernel, like :meth:`matrix`.
+        """
+        return _cached(self, ("matrix_t", out, inp), lambda: self.matrix(out, inp).T)
+
+    def _build_matrix(self, out, inp) -> np.ndarray:
+        s = _reference_points(out)
+        t = _reference_points(inp)
+        values = np.broadcast_to(self.evaluate(s[:, None], t[None, :]), (s.size, t.size))
+        return values * (np.asarray(inp.quadrature_weights) / inp.length)[None, :]
+
+    def device_matrix(self, u, out, inp):
+        """The matrix of :meth:`matrix` on the backend and in the dtype of the array ``u``."""
+        return constant(self, ("matrix", out, inp), lambda: self.matrix(out, inp), u)
+
+    def apply(self, u, out, inp, axis: int = -1):
+        r"""Apply the operator: :math:`(W u)(y_i) = \sum_j A_{ij} u_j` along ``axis``.
+
+        Parameters
+        ----------
+        u : array
+            Values at ``inp.quadrature_nodes`` along ``axis`` (NumPy or CuPy, real floating).
+        out, inp : Discretization
+            Output and input discretizations.
+        axis : int
+            The axis of ``u`` holding the input variable; it is replaced by the output one.
+
+        Returns
+        -------
+        array
+            Same backend and dtype as ``u``; length ``len(out.quadrature_nodes)`` along ``axis``.
+
+        Raises
+        ------
+        ValueError
+            If ``u`` has the wrong length along ``axis``.
+        TypeError
+            If ``u`` is not a real floating array.
+        """
+        if not self._host():
+            xp, axis = _check_input(u, inp, axis)
+            product = xp.moveaxis(u, axis, -1) @ xp.matrix_transpose(self.matrix(out, inp))
+            return xp.moveaxis(product, -1, axis)
+        native = type(u) is np.ndarray  # lists take the checked path (they may hold inf)
+        if not native or u.dtype.kind != "f":
+            u = _as_input(u)
+        transposed = lambda: self.transposed_matrix(out, inp)  # noqa: E731
+        if (native and u.dtype.kind == "f" and axis in (-1, u.ndim - 1)
+                and u.shape[-1] == len(inp.quadrature_nodes)):
+            # the hot path of a solve: one product with the cached transposed matrix
+            return u @ constant(self, ("matrix_t", out, inp), transposed, u)
+        xp, axis = _check_input(u, inp, axis)
+        mat_t = constant(self, ("matrix_t", out, inp), transposed, u)
+        return xp.moveaxis(xp.moveaxis(u, axis, -1) @ mat_t, -1, axis)
+
+
+def _as_input(u):
+    """Lists and NumPy integer arrays become float64 host arrays; complex is refused."""
+    if isinstance(u, np.ndarray) and u.dtype.kind in "biu":
+        return u.astype(np.float64)
+    if array_api_compat.is_array_api_obj(u) and not isinstance(u, np.generic):
+        return u
+    from ..discretizations.base import real_host_array
+
+    return real_host_array(u, "u")
+
+
+def _check_input(u, inp, axis):
+    xp = array_api_compat.array_namespace(u)
+    if not xp.isdtype(u.dtype, "real floating"):
+        raise TypeError(f"u must be a real floating array, got dtype {u.dtype}")
+    if not -u.ndim <= axis < u.ndim:
+        raise ValueError(f"axis {axis} is out of range for u with {u.ndim} dimensions")
+    axis %= u.ndim
+    nq = len(inp.quadrature_nodes)
+    if u.shape[axis] != nq:
+        raise ValueError(
+            f"u has length {u.shape[axis]} along axis {axis}, expected {nq} "
+            f"(the quadrature points of {inp!r})"
+        )
+    return xp, axis

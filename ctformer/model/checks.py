@@ -1,0 +1,80 @@
+"""The checks a model's parameters pass: names, kinds, shapes and values, one device.
+
+:meth:`ctformer.model.ContinuousTransformer.with_parameters` takes a mapping with exactly the
+names of ``parameters()`` (``_check_parameter_names``), turns each value into a read-only
+float64 host copy or keeps it as the tensor it is (``_checked_parameter``: real, finite, of the
+parameter's shape) and requires every tensor to share one type, device and dtype
+(``_check_tensor_kinds``). ``_device`` reads the device of an array of any namespace.
+"""
+from __future__ import annotations
+
+from numbers import Real
+
+import array_api_compat
+import numpy as np
+
+from ..kernels import is_host
+
+
+def _check_parameter_names(own: dict, params) -> None:
+    """``params`` must be a mapping with exactly the names of ``own`` (KeyError listing them)."""
+    if not hasattr(params, "items") or not hasattr(params, "keys"):
+        raise TypeError(f"params must be a mapping name -> array (like parameters()), got "
+                        f"{type(params).__name__}")
+    missing, unknown = sorted(set(own) - set(params)), sorted(set(params) - set(own))
+    if missing or unknown:
+        raise KeyError(f"params must have exactly the names of parameters(): missing {missing[:5]}"
+                       f"{' ...' if len(missing) > 5 else ''}, unknown {unknown[:5]}"
+                       f"{' ...' if len(unknown) > 5 else ''}")
+
+
+def _checked_parameter(name: str, value, shape: tuple):
+    """``value`` as the new parameter ``name`` of ``shape``: a read-only float64 host copy, or
+    the tensor itself. Real numbers only, finite, of the parameter's shape."""
+    what = f"params[{name!r}]"
+    if not is_host(value):   # a tensor of another namespace: kept, so autograd sees it
+        xp = array_api_compat.array_namespace(value)
+        if not xp.isdtype(value.dtype, "real floating"):
+            raise TypeError(f"{what} is a tensor of dtype {value.dtype}; parameters are real: "
+                            "pass a real floating tensor (e.g. torch.float64)")
+        _check_parameter_shape(what, tuple(value.shape), shape)
+        if not bool(xp.all(xp.isfinite(value))):
+            raise ValueError(f"{what} holds NaN or inf; parameters must be finite")
+        return value
+    array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic, Real, list, tuple)) \
+        else None
+    if array is None or array.dtype.kind not in "iuf":
+        kind = "complex numbers" if array is not None and array.dtype.kind == "c" else \
+            f"a {type(value).__name__}"
+        raise TypeError(f"{what} must be a real array of shape {shape} (a NumPy array, a number "
+                        f"or a torch tensor), got {kind}")
+    _check_parameter_shape(what, array.shape, shape)
+    array = np.array(array, dtype=np.float64)
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{what} holds NaN or inf; parameters must be finite")
+    array.setflags(write=False)
+    return array
+
+
+def _check_parameter_shape(what: str, got: tuple, shape: tuple) -> None:
+    if tuple(got) != tuple(shape):
+        raise ValueError(f"{what} has shape {tuple(got)}, the parameter has shape {tuple(shape)}")
+
+
+def _device(array):
+    """The device of an array of any namespace (``"cpu"`` for NumPy)."""
+    return array_api_compat.device(array)
+
+
+def _check_tensor_kinds(params: dict) -> None:
+    """Tensor parameters must share one type, device and dtype (TypeError naming the odd one)."""
+    tensors = [(name, v) for name, v in params.items() if not is_host(v)]
+    for name, value in tensors[1:]:
+        first, like = tensors[0]
+        same = type(value) is type(like) and _device(value) == _device(like)
+        if not same or value.dtype != like.dtype:
+            raise TypeError(
+                f"params[{name!r}] is a {type(value).__name__} of dtype {value.dtype} on "
+                f"{_device(value)}, params[{first!r}] one of dtype {like.dtype} "
+                f"on {_device(like)}: give every tensor parameter one dtype and "
+                "device")

@@ -1,0 +1,105 @@
+"""What a model's solves do around the time loop, for :class:`ctformer.model.ContinuousTransformer`.
+
+``_Solving`` is inherited by the model (it reads its ``blocks``, ``final_normalization``,
+``grids()`` and ``parameters()``): the initial state and its grids (``_initial_state``, with
+the default discretizations of ``_default``) and the check that the state and tensor
+parameters share a namespace, device and dtype (``_check_namespaces``, over ``_operators``),
+both called by :func:`ctformer.evolution.evolve`; the error-controlled branch of ``solve``
+(``_solve_controlled``) and the result after the final normalization (``_readout``).
+"""
+from __future__ import annotations
+
+from .. import solvers, validation
+from ..discretizations import Discretization, as_discretization
+from ..evolution import evolve
+from ..kernels import is_host
+from ..model_inputs import as_state_array
+from ..operators.base import has_host_parameters
+from .checks import _device
+
+
+class _Solving:
+    """The steps of ``solve`` and ``evolve`` around the time loop, for
+    :class:`ContinuousTransformer` (reads its ``blocks``, ``final_normalization``, ``grids()``
+    and ``parameters()``)."""
+
+    def _operators(self):
+        """Every operator of the model (None where a block has none)."""
+        for block in self.blocks:
+            yield from (block.attention, block.feedforward, block.normalization1, block.normalization2)
+        yield self.final_normalization
+
+    def _check_namespaces(self, u) -> None:
+        """A state and tensor parameters must live in one namespace and on one device."""
+        if all(op is None or has_host_parameters(op) for op in self._operators()):
+            return  # host parameters only, known since each operator was discretized (no walk)
+        tensors = [v for v in self.parameters().values() if not is_host(v)]
+        if not tensors:
+            return
+        like = tensors[0]
+        if type(u) is not type(like) or _device(u) != _device(like):
+            raise TypeError(
+                f"the state is a {type(u).__module__}.{type(u).__name__} on "
+                f"{_device(u)}, the parameters are {type(like).__module__}."
+                f"{type(like).__name__} on {_device(like)}: pass u0 in the "
+                "parameters' namespace and on their device")
+        if u.dtype != like.dtype:
+            name = next(k for k, v in self.parameters().items() if v is like)
+            raise TypeError(f"u0 has dtype {u.dtype}, the tensor parameters (e.g. {name!r}) have "
+                            f"dtype {like.dtype}: pass u0 as {like.dtype} (u0.to({like.dtype}))")
+
+    @staticmethod
+    def _default(spec, own, features, name):
+        if spec is None:
+            return own if own is not None else features
+        if isinstance(spec, str):
+            return as_discretization(spec, own.n if own is not None else features.n)
+        if not isinstance(spec, Discretization):
+            raise TypeError(f"{name} must be a Discretization, a name or None, got {type(spec).__name__}")
+        return spec
+
+    def _solve_controlled(self, u0, tokens, features, head_features, hidden, scheme,
+                          steps_per_layer, trajectory, padding_mask, context_length, checkpoint,
+                          rtol, atol):
+        if steps_per_layer != 1:
+            raise ValueError(f"steps_per_layer={steps_per_layer!r} and rtol/atol both given: "
+                             "choose fixed steps or error control, not both")
+        if validation.boolean(checkpoint, "checkpoint"):
+            raise ValueError("checkpoint=True needs fixed steps (steps_per_layer), not rtol/atol")
+        save_at = solvers.SaveAt(layers=validation.boolean(trajectory, "trajectory"))
+        solution = evolve(self, u0, tokens=tokens, features=features, head_features=head_features,
+                          hidden=hidden, scheme=scheme,
+                          rtol=1e-6 if rtol is None else rtol, atol=1e-9 if atol is None else atol,
+                          save_at=save_at, padding_mask=padding_mask, context_length=context_length)
+        return self._readout(solution, trajectory)
+
+    def _readout(self, solution, trajectory):
+        """The final state after the final normalization (or the layer states, the last one so)."""
+        grids = solution.grids
+        final = grids.lift(self.final_normalization.discretize(grids)) \
+            if self.final_normalization is not None else None
+        if trajectory:
+            states = [solution.states[i, ...] for i in range(len(solution.times))]
+            if final is not None:
+                states[-1] = final(states[-1])
+            return states
+        return solution.final if final is None else final(solution.final)
+
+    def _initial_state(self, u0, tokens, features, head_features, hidden, context_length):
+        if callable(u0) and not hasattr(u0, "shape"):
+            for name, spec in (("tokens", tokens), ("features", features)):
+                if not isinstance(spec, Discretization):
+                    raise ValueError(
+                        f"{name} given as {spec!r} needs n, which a callable u0 cannot provide; "
+                        "pass a Discretization object"
+                    )
+            grids = self.grids(tokens, features, head_features, hidden, context_length)
+            return grids.sample(u0), grids
+        u = as_state_array(u0, "u0")
+        if u.ndim < 2:
+            raise ValueError(f"u0 must have shape (..., tokens, features), got shape {tuple(u.shape)}")
+        tokens = as_discretization(tokens, u.shape[-2])
+        features = as_discretization(features, u.shape[-1])
+        grids = self.grids(tokens, features, head_features, hidden, context_length)
+        grids.validate(u, "u0")
+        return u, grids
