@@ -49,10 +49,6 @@ from .solving import _Solving
 
 __all__ = ["Block", "ContinuousTransformer", "InconsistentDepthLimitWarning", "PLACEMENTS"]
 
-# Block is defined in .block and named by this path, as before: pickles and the identities of
-# stored study cases (ctformer.studies.identity) record ctformer.model.Block.
-Block.__module__ = __name__
-
 #: Where the normalizations of a block act.
 PLACEMENTS = block.PLACEMENTS
 
