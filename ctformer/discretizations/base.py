@@ -23,8 +23,6 @@ Galerkin rules ``to_quadrature`` evaluates :math:`f_h` at per-element Gauss poin
 from __future__ import annotations
 
 import abc
-import os
-import math
 from functools import cached_property
 from typing import Callable, ClassVar
 
@@ -33,6 +31,11 @@ import numpy as np
 
 from .. import validation
 from ..backend import constant
+from .checks import (MIN_DOMAIN_ULPS, MIN_NODE_GAP_ULPS, _MAX_ENDPOINT, as_values,  # noqa: F401
+                     check_domain, check_node_gaps, check_values, is_native_array, real_host_array)
+from .matrices import apply_along_first, apply_matrix, barycentric_matrix, linear_matrix  # noqa: F401
+from .memory import (MEMORY_BUDGET_ENV, _ALWAYS_WITHIN_BUDGET, SizeTooLargeError,  # noqa: F401
+                     _format_bytes, check_allocation, check_dense, memory_budget)
 
 __all__ = [
     "Discretization",
@@ -55,81 +58,6 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, type["Discretization"]] = {}
-
-
-class SizeTooLargeError(ValueError, MemoryError):
-    """A requested size would need more memory than :func:`memory_budget` allows.
-
-    Raised *before* anything is allocated. It is both a :class:`ValueError` (a bad argument)
-    and a :class:`MemoryError`.
-    """
-
-
-#: Environment variable overriding :func:`memory_budget` (bytes, e.g. ``"2e9"``).
-MEMORY_BUDGET_ENV = "CTFORMER_MEMORY_BUDGET"
-# Allocations this small are never refused when no budget is set: a machine with less than
-# twice this available would fail elsewhere first (and raise MemoryError, not compute wrong).
-_ALWAYS_WITHIN_BUDGET = 64 << 20
-
-
-def memory_budget() -> int:
-    """Bytes one array (or one dense matrix) of ctformer may take.
-
-    ``CTFORMER_MEMORY_BUDGET`` (bytes) when set; else half the memory available now
-    (:mod:`psutil` when installed, else ``os.sysconf``), else 8 GiB if neither is known.
-
-    Raises
-    ------
-    ValueError
-        If ``CTFORMER_MEMORY_BUDGET`` is not a positive number of bytes.
-    """
-    text = os.environ.get(MEMORY_BUDGET_ENV)
-    if text:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{MEMORY_BUDGET_ENV} must be a positive number of bytes, got {text!r}")
-        return int(value)
-    try:
-        import psutil
-
-        available = psutil.virtual_memory().available
-    except Exception:  # noqa: BLE001 - psutil missing or unsupported platform
-        try:
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (AttributeError, ValueError, OSError):
-            available = 16 * 2**30
-    return int(available // 2)
-
-
-def _format_bytes(nbytes: float) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= size:
-            return f"{nbytes / size:.3g} {unit}"
-    return f"{int(nbytes)} B"
-
-
-def check_allocation(nbytes: float, what: str, remedy: str) -> None:
-    """Raise :class:`SizeTooLargeError` if ``nbytes`` exceed :func:`memory_budget`.
-
-    The one-line message names ``what`` would be allocated, the sizes, and the ``remedy``.
-    Without ``CTFORMER_MEMORY_BUDGET``, sizes up to 64 MiB pass without reading the available
-    memory (a tenth of a millisecond, which every solve paid).
-    """
-    if nbytes <= _ALWAYS_WITHIN_BUDGET and not os.environ.get(MEMORY_BUDGET_ENV):
-        return
-    budget = memory_budget()
-    if nbytes > budget:
-        raise SizeTooLargeError(
-            f"{what} would need {_format_bytes(nbytes)}, more than the memory budget of "
-            f"{_format_bytes(budget)} (half the available memory, or {MEMORY_BUDGET_ENV}); {remedy}")
-
-
-def check_dense(rows: int, cols: int, what: str, remedy: str = "use fewer points or a smaller n") -> None:
-    """:func:`check_allocation` for a dense float64 ``(rows, cols)`` matrix."""
-    check_allocation(8.0 * float(rows) * float(cols), f"{what} ({rows} x {cols}, dense)", remedy)
 
 
 def register(cls: type["Discretization"]) -> type["Discretization"]:
@@ -200,139 +128,6 @@ def as_discretization(spec, n: int | None = None) -> "Discretization":
             raise ValueError(f"discretization given by name {spec!r} needs n")
         return get(spec, n)
     raise TypeError(f"expected a Discretization or a name from {available()}, got {type(spec).__name__}")
-
-
-def real_host_array(values, argname: str = "values") -> np.ndarray:
-    """``values`` (any array-like of real numbers) as a host float64 array.
-
-    Raises
-    ------
-    TypeError
-        For complex numbers (never silently truncated to their real part) and for anything
-        that is not numbers (strings, objects, ragged nested lists).
-    """
-    try:
-        arr = np.asarray(values)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{argname} must be an array of real numbers ({exc})") from None
-    if np.iscomplexobj(arr):
-        raise TypeError(f"{argname} must be real, got complex values (dtype {arr.dtype}); "
-                        "pass the real and imaginary parts separately")
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(f"{argname} must be an array of real numbers, got dtype {arr.dtype}")
-    return arr.astype(np.float64, copy=False)
-
-
-def as_values(values, n: int, axis: int, argname: str = "values", allow_complex: bool = False):
-    """Accept an array-like of discretized values and validate it (see :func:`check_values`).
-
-    Arrays of any array-API namespace are kept as they are; lists, tuples and other
-    array-likes become host float64 arrays; NumPy integer and boolean arrays become float64.
-
-    Returns
-    -------
-    values, xp, axis
-        The array, its namespace and the normalized (non-negative) axis.
-
-    Raises
-    ------
-    TypeError
-        For complex values (unless ``allow_complex``) or values that are not numbers.
-    ValueError
-        As :func:`check_values`.
-    """
-    if isinstance(values, np.ndarray) and values.dtype.kind in "biu":
-        values = values.astype(np.float64)
-    elif not array_api_compat.is_array_api_obj(values) or isinstance(values, np.generic):
-        values = real_host_array(values, argname)
-    xp = array_api_compat.array_namespace(values)
-    if not allow_complex and xp.isdtype(values.dtype, "complex floating"):
-        raise TypeError(f"{argname} must be real, got complex values (dtype {values.dtype}); "
-                        "pass the real and imaginary parts separately")
-    if not xp.isdtype(values.dtype, ("real floating", "complex floating")):
-        raise TypeError(f"{argname} must be an array of real numbers, got dtype {values.dtype}")
-    xp, axis = check_values(values, n, axis, argname)
-    return values, xp, axis
-
-
-def check_values(values, n: int, axis: int, argname: str = "values"):
-    """Validate an array of discretized values: length ``n`` along ``axis`` and all finite.
-
-    Returns the array namespace of ``values`` and the normalized (non-negative) axis.
-    """
-    xp = array_api_compat.array_namespace(values)
-    ndim = values.ndim
-    if ndim == 0:
-        raise ValueError(f"{argname} must have at least one dimension, got a scalar")
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis {axis} is out of range for {argname} with {ndim} dimensions")
-    axis = axis % ndim
-    if values.shape[axis] != n:
-        raise ValueError(
-            f"{argname} has length {values.shape[axis]} along axis {axis}, expected n = {n}"
-        )
-    if not bool(xp.all(xp.isfinite(values))):
-        raise ValueError(f"{argname} contains NaN or inf")
-    return xp, axis
-
-
-#: A domain ``(a, b)`` must be at least this many ulps of ``max(|a|, |b|)`` long, and
-#: neighbouring nodes at least :data:`MIN_NODE_GAP_ULPS` ulps apart.
-MIN_DOMAIN_ULPS = 64
-MIN_NODE_GAP_ULPS = 4
-# Endpoints beyond this magnitude make b - a, a + b or 2 x overflow.
-_MAX_ENDPOINT = np.finfo(np.float64).max / 2
-
-
-def check_domain(domain) -> tuple[float, float]:
-    r"""Validate an interval ``(a, b)`` and return it as a pair of floats.
-
-    The interval must be representable with room for its nodes: :math:`a < b`, both finite,
-    :math:`\max(|a|, |b|) \le` half the largest float64 (so :math:`b - a`, :math:`a + b`
-    and :math:`2x` never overflow), and
-    :math:`b - a \ge 64\,\mathrm{ulp}(\max(|a|, |b|))` (a shorter interval holds fewer than 64
-    float64 numbers, and its nodes, weights and interpolants are rounding noise).
-
-    Raises
-    ------
-    ValueError
-        Naming the domain, the rule it breaks and the remedy.
-    """
-    try:
-        a, b = (float(v) for v in domain)
-    except (TypeError, ValueError):
-        raise ValueError(f"domain must be a pair (a, b) of numbers, got {domain!r}") from None
-    if not (math.isfinite(a) and math.isfinite(b)) or not a < b:
-        raise ValueError(f"domain must be a finite interval (a, b) with a < b, got {domain!r}")
-    scale = max(abs(a), abs(b))
-    if scale > _MAX_ENDPOINT:
-        raise ValueError(f"domain {domain!r}: endpoints must have magnitude at most "
-                         f"{_MAX_ENDPOINT:.4g} (half the largest float64) so that b - a does not "
-                         "overflow; rescale the variable to a smaller interval")
-    ulp = float(np.spacing(scale))
-    if b - a < MIN_DOMAIN_ULPS * ulp:
-        raise ValueError(f"domain {domain!r} is too short to be represented: b - a = {b - a:.3g} is "
-                         f"{(b - a) / ulp:.3g} ulp of its endpoints, at least {MIN_DOMAIN_ULPS} are "
-                         "needed; shift the variable so the interval sits near 0, or lengthen it")
-    return a, b
-
-
-def check_node_gaps(nodes: np.ndarray, disc, what: str = "nodes") -> np.ndarray:
-    r"""Refuse 1-D ``nodes`` whose neighbours are less than
-    :data:`MIN_NODE_GAP_ULPS` ulps of ``max(|a|, |b|)`` apart (they would round together).
-
-    Raises
-    ------
-    ValueError
-        Naming the discretization, its ``n`` and domain, and the remedy.
-    """
-    a, b = disc.domain
-    gap = MIN_NODE_GAP_ULPS * float(np.spacing(max(abs(a), abs(b))))
-    if nodes.size > 1 and not np.all(np.diff(nodes) >= gap):
-        raise ValueError(f"{type(disc).__name__}: the {what} of n = {disc.n} values on the domain ({a!r}, {b!r}) "
-                         f"are not {MIN_NODE_GAP_ULPS} ulp apart in float64; use a smaller n or a "
-                         "longer domain")
-    return nodes
 
 
 class Discretization(abc.ABC):
@@ -552,67 +347,6 @@ class Discretization(abc.ABC):
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self.n, self.domain))
-
-
-def is_native_array(x) -> bool:
-    """True for NumPy and CuPy arrays (the libraries with a :class:`~ctformer.backend.Backend`)."""
-    return array_api_compat.is_numpy_array(x) or array_api_compat.is_cupy_array(x)
-
-
-def apply_matrix(mat, values, axis: int):
-    """Contract a dense ``(m, n)`` matrix with the length-``n`` axis ``axis`` of ``values``.
-
-    The axis keeps its position and gets length ``m``; all other axes are batch axes.
-    """
-    xp = array_api_compat.array_namespace(values)
-    out = xp.moveaxis(values, axis, -1) @ xp.matrix_transpose(mat)
-    return xp.moveaxis(out, -1, axis)
-
-
-def apply_along_first(values, axis: int, linear_map):
-    """Apply ``linear_map`` (acting on 2-D arrays ``(n, k)``, e.g. a sparse product or a
-    factorized solve) along ``axis`` of ``values``, treating all other axes as columns."""
-    xp = array_api_compat.array_namespace(values)
-    v = xp.moveaxis(values, axis, 0)
-    batch = tuple(v.shape[1:])
-    cols = math.prod(batch)
-    out = linear_map(xp.reshape(v, (v.shape[0], cols)))
-    out = xp.reshape(xp.asarray(out), (out.shape[0],) + batch)
-    return xp.moveaxis(out, 0, axis)
-
-
-def barycentric_matrix(nodes: np.ndarray, bary: np.ndarray, points: np.ndarray) -> np.ndarray:
-    r"""Matrix of the barycentric interpolation formula (second kind).
-
-    .. math::  p(x) = \frac{\sum_j \frac{\lambda_j}{x - x_j} v_j}{\sum_j \frac{\lambda_j}{x - x_j}}
-
-    Rows for points that coincide with a node are the unit vectors of that node.
-    """
-    check_dense(points.size, nodes.size, "the barycentric interpolation matrix")
-    diff = points[:, None] - nodes[None, :]
-    exact = diff == 0.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = bary[None, :] / diff
-        mat = c / c.sum(axis=1, keepdims=True)
-    hit = exact.any(axis=1)
-    mat[hit] = exact[hit].astype(np.float64)
-    return mat
-
-
-def linear_matrix(nodes: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """Matrix of piecewise-linear interpolation through ``nodes`` (linear extrapolation at ends)."""
-    n = nodes.size
-    check_dense(points.size, n, "the linear interpolation matrix")
-    mat = np.zeros((points.size, n))
-    if n == 1:
-        mat[:, 0] = 1.0
-        return mat
-    i = np.clip(np.searchsorted(nodes, points, side="right") - 1, 0, n - 2)
-    t = (points - nodes[i]) / (nodes[i + 1] - nodes[i])
-    rows = np.arange(points.size)
-    mat[rows, i] = 1.0 - t
-    mat[rows, i + 1] = t
-    return mat
 
 
 def _check_factor(factor) -> int:

@@ -1,0 +1,89 @@
+r"""The memory budget: sizes refused before anything is allocated.
+
+One array (or one dense matrix) of ctformer may take at most :func:`memory_budget` bytes:
+``CTFORMER_MEMORY_BUDGET`` when set, else half the memory available now. An allocation of
+:math:`N` bytes is refused with :class:`SizeTooLargeError` when :math:`N` exceeds the budget;
+a dense float64 ``(rows, cols)`` matrix needs :math:`N = 8 \cdot \mathrm{rows} \cdot
+\mathrm{cols}` bytes (:func:`check_dense`).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+__all__ = ["SizeTooLargeError", "MEMORY_BUDGET_ENV", "memory_budget", "check_allocation", "check_dense"]
+
+
+class SizeTooLargeError(ValueError, MemoryError):
+    """A requested size would need more memory than :func:`memory_budget` allows.
+
+    Raised *before* anything is allocated. It is both a :class:`ValueError` (a bad argument)
+    and a :class:`MemoryError`.
+    """
+
+
+#: Environment variable overriding :func:`memory_budget` (bytes, e.g. ``"2e9"``).
+MEMORY_BUDGET_ENV = "CTFORMER_MEMORY_BUDGET"
+# Allocations this small are never refused when no budget is set: a machine with less than
+# twice this available would fail elsewhere first (and raise MemoryError, not compute wrong).
+_ALWAYS_WITHIN_BUDGET = 64 << 20
+
+
+def memory_budget() -> int:
+    """Bytes one array (or one dense matrix) of ctformer may take.
+
+    ``CTFORMER_MEMORY_BUDGET`` (bytes) when set; else half the memory available now
+    (:mod:`psutil` when installed, else ``os.sysconf``), else 8 GiB if neither is known.
+
+    Raises
+    ------
+    ValueError
+        If ``CTFORMER_MEMORY_BUDGET`` is not a positive number of bytes.
+    """
+    text = os.environ.get(MEMORY_BUDGET_ENV)
+    if text:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{MEMORY_BUDGET_ENV} must be a positive number of bytes, got {text!r}")
+        return int(value)
+    try:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    except Exception:  # noqa: BLE001 - psutil missing or unsupported platform
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            available = 16 * 2**30
+    return int(available // 2)
+
+
+def _format_bytes(nbytes: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.3g} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def check_allocation(nbytes: float, what: str, remedy: str) -> None:
+    """Raise :class:`SizeTooLargeError` if ``nbytes`` exceed :func:`memory_budget`.
+
+    The one-line message names ``what`` would be allocated, the sizes, and the ``remedy``.
+    Without ``CTFORMER_MEMORY_BUDGET``, sizes up to 64 MiB pass without reading the available
+    memory (a tenth of a millisecond, which every solve paid).
+    """
+    if nbytes <= _ALWAYS_WITHIN_BUDGET and not os.environ.get(MEMORY_BUDGET_ENV):
+        return
+    budget = memory_budget()
+    if nbytes > budget:
+        raise SizeTooLargeError(
+            f"{what} would need {_format_bytes(nbytes)}, more than the memory budget of "
+            f"{_format_bytes(budget)} (half the available memory, or {MEMORY_BUDGET_ENV}); {remedy}")
+
+
+def check_dense(rows: int, cols: int, what: str, remedy: str = "use fewer points or a smaller n") -> None:
+    """:func:`check_allocation` for a dense float64 ``(rows, cols)`` matrix."""
+    check_allocation(8.0 * float(rows) * float(cols), f"{what} ({rows} x {cols}, dense)", remedy)
