@@ -68,178 +68,22 @@ operator refuses any other, naming the activation, when applied).
 from __future__ import annotations
 
 import math
-import threading
-from types import FunctionType
 from typing import Callable
 
 import array_api_compat
 import numpy as np
 from scipy.special import erf as _scipy_erf
-from scipy.special import ndtr as _scipy_ndtr
 
 from ..backend import namespace
 from .._numerics import compiled as _compiled
-from .._numerics import threads as _threads
-from .._numerics.normal_tail import ERFC_COEFFICIENTS as _ERFC_COEFFICIENTS
-from .._numerics.normal_tail import TANH_GELU as _TANH_GELU
+# the blockwise NumPy evaluation, re-exported here where it was defined before
+from .activation_blocks import (_BLOCK, _CLAMP, _FOLDED, _K, _SCRATCH, _SQRT_HALF,  # noqa: F401
+                                _THREADED_MIN, _THREADED_MIN_CHEAP, _blockwise, _gelu_block,
+                                _gelu_tanh_block, _host_float, _host_half, _logistic_times, _loop,
+                                _one_block, _scratch, _silu_block, via_float32)
 
 __all__ = ["ACTIVATIONS", "get_activation", "register_activation", "is_built_in", "loop_kind", "one_block", "overwrite",
            "relu", "gelu", "gelu_tanh", "silu"]
-
-# Elements per block: 256-512 KiB, so the passes of a block stay in L2, and long enough that
-# two threads do not queue for the GIL between passes (smaller blocks were 2x slower threaded).
-_BLOCK = 1 << 16
-# Arrays with fewer elements run on the calling thread only: a pass of the pool costs a
-# wake-up of its threads (45-60 us on a virtual AMD EPYC, family 26 model 2), which the cheap
-# activations (one exponential per element) win back only from about 2^19 elements (a tanh
-# GELU of 128 x 1536 float32 values took 88 us on two threads, 46 on one; SiLU of 384 x
-# 1536, 136 against 104), the exact GELU (a polynomial and an exponential) from 2^17.
-_THREADED_MIN = 1 << 17
-_THREADED_MIN_CHEAP = 1 << 19
-_SQRT_HALF = math.sqrt(0.5)
-
-
-def _host_float(z) -> bool:
-    return type(z) is np.ndarray and z.dtype in (np.float32, np.float64)
-
-
-def _host_half(z) -> bool:
-    return type(z) is np.ndarray and z.dtype == np.float16
-
-
-def via_float32(function, z, name: str):
-    r"""``function(z)`` for a NumPy float16 ``z``: computed on float32 and rounded once to float16.
-
-    Float16 keeps 11 significant bits, so a float32 evaluation (24 bits) rounded once is within
-    half an ulp of float16 (plus float32's own error, :math:`2^{-13}` of that ulp), where
-    arithmetic in float16 itself would round at every step.
-
-    Raises
-    ------
-    OverflowError
-        If a finite float32 value exceeds float16's largest number, 65504 (it would round to
-        inf); the message names ``name`` and the remedy (a float32 state).
-    """
-    wide = function(z.astype(np.float32))
-    with np.errstate(over="ignore"):
-        out = wide.astype(np.float16)
-    if not np.isfinite(out).all() and (np.isfinite(out) != np.isfinite(wide)).any():
-        largest = float(np.abs(wide[np.isfinite(wide)]).max())
-        raise OverflowError(f"{name} of a float16 state reaches {largest:.6g}, beyond float16's "
-                            "largest number 65504 (it would round to inf); use a float32 state")
-    return out
-
-
-def _loop(name, numpy_kernel, dtype):
-    """The compiled loop ``name`` for ``dtype`` where there is one, else ``numpy_kernel``."""
-    made = _compiled.kernels()
-    if made is None:
-        return numpy_kernel
-    return getattr(made, name + ("32" if dtype == np.float32 else "64"), numpy_kernel)
-
-
-def _one_block(kernel, z):
-    """``kernel`` on the C-contiguous ``z`` of at most ``_BLOCK`` elements: a new array."""
-    out = np.empty_like(z)
-    if isinstance(kernel, FunctionType):  # NumPy passes: exp(-z) -> inf is the right limit
-        with np.errstate(over="ignore", under="ignore"):
-            kernel(z.reshape(-1), out.reshape(-1))
-    else:  # a compiled loop never signals through NumPy's error state (errstate: 2 us)
-        kernel(z.reshape(-1), out.reshape(-1))
-    return out
-
-
-def _blockwise(kernel, z, threaded_min=_THREADED_MIN, over=False):
-    """``kernel(z_block, out_block)`` over cache-sized blocks of ``z``, threaded from
-    ``threaded_min`` elements; with ``over``, ``kernel(z_block)`` on the C-contiguous ``z``
-    itself, which it returns."""
-    z = z if over else np.ascontiguousarray(z)
-    if z.size <= _BLOCK and not over:  # one block: no task list (small solves call this every step)
-        return _one_block(kernel, z)
-    out = z if over else np.empty_like(z)
-    flat_z, flat_out = z.reshape(-1), out.reshape(-1)
-    size = flat_z.size
-    tasks = [(start, min(size, start + _BLOCK)) for start in range(0, size, _BLOCK)]
-
-    def worker(next_task):
-        with np.errstate(over="ignore", under="ignore"):  # exp(-z) -> inf is the right limit
-            while (task := next_task()) is not None:
-                a, b = task
-                if over:
-                    kernel(flat_z[a:b])
-                else:
-                    kernel(flat_z[a:b], flat_out[a:b])
-
-    threads = _threads.num_threads() if size >= threaded_min else 1
-    _threads.run_workers(worker, tasks, threads)
-    return out
-
-
-# The float32 GELU below folds constants into the coefficients: with a = |z| / sqrt(2),
-# t = 1 / (1 + a / 2) = 1 / (1 + k |z|) and Phi(-|z|) = erfc(a) / 2 = t exp(P(t) - z^2 / 2 + ln 1/2).
-_K = 0.5 * _SQRT_HALF
-_FOLDED = (np.float32(_ERFC_COEFFICIENTS[0] + math.log(0.5)),) + tuple(
-    np.float32(c) for c in _ERFC_COEFFICIENTS[1:])
-_SCRATCH = threading.local()
-# |z| is clamped here before it multiplies Phi(-|z|) = 0, so that z = inf gives inf, not NaN.
-_CLAMP = np.float32(1e18)
-
-
-def _scratch(size):
-    """Three float32 work arrays of ``size`` for this thread (kept between calls)."""
-    buffers = getattr(_SCRATCH, "buffers", None)
-    if buffers is None or buffers[0].size < size:
-        buffers = _SCRATCH.buffers = tuple(np.empty(max(size, _BLOCK), np.float32) for _ in range(3))
-    return tuple(b[:size] for b in buffers)
-
-
-def _gelu_block(z, out):
-    if z.dtype == np.float64:
-        _scipy_ndtr(z, out=out)
-        out *= z
-        return
-    # gelu(z) = max(z, 0) - |z| Phi(-|z|): one form for both signs, no cancellation for z < 0
-    size, t, square = _scratch(z.size)
-    np.abs(z, out=size)
-    np.minimum(size, _CLAMP, out=size)
-    np.multiply(size, np.float32(_K), out=t)
-    t += np.float32(1)
-    np.reciprocal(t, out=t)
-    np.multiply(t, _FOLDED[-1], out=out)
-    for c in _FOLDED[-2:0:-1]:
-        out += c
-        out *= t
-    out += _FOLDED[0]
-    np.multiply(z, z, out=square)
-    square *= np.float32(0.5)
-    out -= square
-    np.exp(out, out=out)
-    out *= t                               # Phi(-|z|), relatively accurate
-    out *= size
-    np.maximum(z, np.float32(0), out=square)
-    np.subtract(square, out, out=out)
-
-
-def _logistic_times(z, out):
-    """``out = z / (1 + exp(-s))`` for the ``s`` that ``out`` holds on entry."""
-    np.negative(out, out=out)
-    np.exp(out, out=out)
-    out += 1
-    np.divide(z, out, out=out)
-
-
-def _gelu_tanh_block(z, out):
-    np.square(z, out=out)
-    out *= z.dtype.type(0.044715)
-    out += 1
-    out *= z
-    out *= z.dtype.type(_TANH_GELU)
-    _logistic_times(z, out)
-
-
-def _silu_block(z, out):
-    np.copyto(out, z)
-    _logistic_times(z, out)
 
 
 def relu(z):

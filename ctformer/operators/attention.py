@@ -37,37 +37,20 @@ Components of current Transformers:
 """
 from __future__ import annotations
 
-import array_api_compat
 import numpy as np
 
 from .. import validation
-from ..backend import namespace
-from ..kernels import Kernel, is_host
+from ..kernels import is_host
+from .attention_arguments import _compose_mask, _kernel_list, _position
+# the assembly helpers, re-exported here where they were defined before
+from .attention_assembly import _NUMPY, _assembly, _output_matrix, _root  # noqa: F401
 from .attention_flow import DiscretizedAttention, Layout, plan_engine
 from .base import Constants, Grids, Operator
 from .functions import as_feature_function, named_parameters
-from .masks import (DIAGONALS, Causal, Intersection, Mask, Padding, SlidingWindow, check_padding,
-                    padding_for)
-from .positions import NoPositions, PositionEncoding
+from .masks import Intersection, Padding, SlidingWindow, check_padding, padding_for
+from .positions import NoPositions
 
 __all__ = ["Attention"]
-
-_NUMPY = array_api_compat.array_namespace(np.zeros(1))
-
-
-def _kernel_list(kernels, name: str) -> list:
-    if isinstance(kernels, Kernel):
-        kernels = [kernels]
-    try:
-        kernels = list(kernels)
-    except TypeError:
-        raise TypeError(f"{name} must be a list of Kernel objects (one per head), got {type(kernels).__name__}") from None
-    if not kernels:
-        raise ValueError(f"{name} must contain at least one kernel (one per head)")
-    for h, k in enumerate(kernels):
-        if not isinstance(k, Kernel):
-            raise TypeError(f"{name}[{h}] must be a ctformer.kernels.Kernel, got {type(k).__name__}")
-    return kernels
 
 
 class Attention(Operator):
@@ -413,84 +396,3 @@ class Attention(Operator):
         padding = padding_mask if isinstance(padding_mask, Padding) else Padding(padding_mask)
         combined = padding if self.mask is None else Intersection(self.mask, padding)
         return flow.with_padding(check_padding(combined.keys(), grids.shape[0]))
-
-
-def _compose_mask(mask, diagonal, window):
-    """The operator's mask from the keywords (``"causal"``, ``diagonal``, ``window``) or a Mask."""
-    diagonal = validation.one_of(diagonal, "diagonal", DIAGONALS)
-    if isinstance(mask, Mask):
-        if diagonal != "full" or window is not None:
-            raise ValueError(f"diagonal= and window= build the mask from mask='causal'; with "
-                             f"mask={mask!r} write them into it (Causal(diagonal='half'), "
-                             "& SlidingWindow(W))")
-        return mask
-    if mask is not None and not (isinstance(mask, str) and mask == "causal"):
-        raise ValueError(f"mask must be None, 'causal' or a Mask (Causal(), SlidingWindow(W), their "
-                         f"product with &, or a subclass), got {mask!r}")
-    if diagonal == "half" and mask is None:
-        raise ValueError("diagonal='half' only applies with mask='causal'")
-    if window is not None:
-        validation.real(window, "window (sliding-window attention, in positions)", positive=True)
-        if mask != "causal" or diagonal != "full":
-            raise ValueError("window (sliding-window attention, 0 <= p(x) - p(x') < W) needs "
-                             "mask='causal' and diagonal='full' (or pass mask=Causal() & "
-                             "SlidingWindow(W))")
-        return Causal() & SlidingWindow(window)
-    return None if mask is None else Causal(diagonal)
-
-
-def _position(positions, heads: int) -> PositionEncoding:
-    """The position encoding (``None``: :class:`NoPositions`), checked against the heads."""
-    if positions is None:
-        return NoPositions()
-    if not isinstance(positions, PositionEncoding):
-        raise ValueError(f"positions must be None or a PositionEncoding (RoPE, AxialRoPE, ALiBi, "
-                         f"NoPositions or a subclass), got {positions!r}")
-    positions.check_heads(heads)
-    return positions
-
-
-def _root(array):
-    """The array that owns the memory of the view ``array``."""
-    while isinstance(getattr(array, "base", None), np.ndarray):
-        array = array.base
-    return array
-
-
-def _output_matrix(mats) -> np.ndarray:
-    """``(H n_h, n_y)``, row ``h n_h + s`` = column ``s`` of head ``h``'s ``(n_y, n_h)`` matrix.
-
-    When the heads' matrices are consecutive column blocks of one array (the columns of a
-    converted output projection), this is that array's transposed view; otherwise a copy.
-    """
-    first = mats[0]
-    n_y, n_h = first.shape
-    start, step = first.__array_interface__["data"][0], n_h * first.strides[1]
-    if first.base is not None and all(
-            m.shape == first.shape and m.strides == first.strides and _root(m) is _root(first)
-            and m.__array_interface__["data"][0] == start + h * step for h, m in enumerate(mats)):
-        full = np.lib.stride_tricks.as_strided(first, shape=(n_y, len(mats) * n_h), strides=first.strides,
-                                               writeable=False)
-        return full.T
-    out = np.empty((len(mats) * n_h, n_y))
-    for h, m in enumerate(mats):
-        out[h * n_h:(h + 1) * n_h] = m.T
-    return out
-
-
-def _assembly(parameters: dict):
-    """``(xp, on)`` for assembling the discretized constants: NumPy and the identity for host
-    parameters; for tensors handed in by ``with_parameters``, their namespace and the
-    conversion of a host array into it (same dtype and device), so autograd sees the
-    assembly."""
-    tensors = [v for v in parameters.values() if not is_host(v)]
-    if not tensors:
-        return _NUMPY, lambda a: a
-    like = tensors[0]
-    xp = array_api_compat.array_namespace(*tensors)
-    device = array_api_compat.device(like)
-
-    def on(a):
-        return xp.asarray(np.asarray(a), dtype=like.dtype, device=device) if is_host(a) else a
-
-    return xp, on
