@@ -51,241 +51,23 @@ import numpy as np
 
 from .. import solvers
 from ..backend import constant, to_host
-from ..validation import is_real
 from .timegrid import (SolveInterrupted, Trajectory, _numpy_dtype, check_memory, evolve_on, march,
                        restart_of,
                        saved_count, time_steps)
 from ..operators.quadrature_attention import quadrature_attention
 from .._numerics import particles as _fused
+from .partition import _CHUNK_ELEMENTS, _log_partition, log_partition
+from .particle_checks import _ParticleChecks, _as_heads, _check_beta, _host_real, _spectral_norm
+from .sphere_geometry import _unit_rows, retract, sphere_tolerance, tangent_projection
+# Moved to partition, particle_checks and sphere_geometry; importable from here as before.
+from .particle_checks import _USA_LOG_MAX, _as_real_floating  # noqa: F401
+from .sphere_geometry import _row_norms, _row_scale  # noqa: F401
 
 __all__ = ["SelfAttentionDynamics", "Trajectory", "SolveInterrupted", "log_partition",
            "tangent_projection", "retract", "sphere_tolerance"]
 
-_CHUNK_ELEMENTS = 1 << 20
-# Largest log Z accepted for USA, by dtype: exp(log Z) and the sums of RK stages stay finite.
-_USA_LOG_MAX = {8: 700.0, 4: 80.0}
 
-
-def sphere_tolerance(dtype) -> float:
-    r"""Largest :math:`\max_i |\|x_i\| - 1|` accepted as "on the unit sphere" in ``dtype``.
-
-    :math:`\sqrt{\varepsilon}` of the dtype: 1.5e-8 in float64, 3.5e-4 in float32, so that
-    data normalized in its own precision (a few :math:`\varepsilon` off) is accepted while
-    data that was never normalized is not.
-    """
-    return math.sqrt(float(np.finfo(_numpy_dtype(dtype)).eps))
-
-
-def tangent_projection(x, y):
-    r"""Project ``y`` on the tangent space of the sphere at ``x``.
-
-    .. math::  P^\perp_x y = y - \langle x, y\rangle x.
-
-    Parameters
-    ----------
-    x, y : array, shape (..., d)
-
-    Returns
-    -------
-    array, shape (..., d)
-
-    Notes
-    -----
-    NumPy float arrays of one shape and dtype are projected in one compiled pass per row
-    (where Numba is installed), the inner product accumulated in float64.
-    """
-    projected = _fused.tangent_rows(x, y)  # NumPy states: one compiled pass
-    if projected is not None:
-        return projected
-    xp = array_api_compat.array_namespace(x, y)
-    return y - xp.sum(x * y, axis=-1, keepdims=True) * x
-
-
-def _row_scale(xp, x):
-    """The largest absolute entry of each row (keepdims): the scale divided out before squaring."""
-    return xp.max(xp.abs(x), axis=-1, keepdims=True)
-
-
-def _unit_rows(xp, x):
-    """x / |x| row-wise, scale-safe, unchecked (a zero row gives NaN): the projection of a solve
-    (one compiled pass for NumPy states with short rows)."""
-    fused = _fused.unit_rows(x)
-    if fused is not None:
-        return fused
-    y = x / _row_scale(xp, x)
-    return y / xp.sqrt(xp.sum(y * y, axis=-1, keepdims=True))
-
-
-def _row_norms(xp, x):
-    """|x| row-wise (keepdims), without overflow or underflow in the squares."""
-    scale = _row_scale(xp, x)
-    safe = xp.where(scale > 0, scale, xp.ones_like(scale))
-    y = x / safe
-    return scale * xp.sqrt(xp.sum(y * y, axis=-1, keepdims=True))
-
-
-def retract(x):
-    r"""The retraction onto the unit sphere, :math:`x \mapsto x / \|x\|` along the last axis.
-
-    Scale-safe: each row is divided by its largest absolute entry before squaring, so
-    ``retract(c * x)`` equals ``retract(x)`` to rounding for every representable ``c > 0``.
-
-    Raises
-    ------
-    ValueError
-        If some vector is zero or not finite.
-    """
-    xp = array_api_compat.array_namespace(x)
-    scale = _row_scale(xp, x)
-    if not bool(xp.all(scale > 0)):
-        raise ValueError("cannot project a zero vector onto the sphere")
-    if not bool(xp.all(xp.isfinite(scale))):
-        raise ValueError("cannot project a vector with NaN or infinite entries onto the sphere")
-    return _unit_rows(xp, x)
-
-
-def log_partition(q, k, *, beta, weights=None, mask=None, chunk=None):
-    r"""The log of the attention normalizer, computed stably.
-
-    .. math::
-
-        \log Z_i = \log \sum_j w_j m_{ij} \exp(\beta\, q_i \cdot k_j)
-                 = s^\ast_i + \log \sum_j \exp(\beta\, q_i\cdot k_j + \log w_j - s^\ast_i),
-
-    with :math:`s^\ast_i` the row maximum of the exponent (log-sum-exp), in chunks of query rows.
-
-    Parameters
-    ----------
-    q : array, shape (..., N, m)
-    k : array, shape (..., M, m)
-    beta : float
-        Finite inverse temperature.
-    weights : array, shape (M,), optional
-        Positive token weights; default :math:`w_j = 1/M`.
-    mask : None, "causal" or bool array broadcasting to (..., N, M)
-        Entries kept (``"causal"``: :math:`j \le i`).
-    chunk : int, optional
-        Query rows per block (default: about a million scores per block).
-
-    Returns
-    -------
-    array, shape (..., N)
-        Finite for every finite input (no overflow at large :math:`\beta`).
-
-    Raises
-    ------
-    ValueError
-        For a non-finite ``beta``, bad weights or a bad mask.
-    """
-    xp = array_api_compat.array_namespace(q, k)
-    beta = _check_beta(beta)
-    n, m = q.shape[-2], k.shape[-2]
-    if weights is None:
-        log_w = -math.log(m)
-    else:
-        w = xp.asarray(weights, dtype=q.dtype)
-        if w.ndim != 1 or w.shape[0] != m:
-            raise ValueError(f"weights must have shape ({m},), got {tuple(w.shape)}")
-        if not bool(xp.all(w > 0)) or not bool(xp.all(xp.isfinite(w))):
-            raise ValueError("weights must be positive and finite")
-        log_w = xp.log(w)
-    if isinstance(mask, str):
-        if mask != "causal" or n != m:
-            raise ValueError(f"mask must be None, 'causal' (square) or a boolean array, got {mask!r}")
-    elif mask is not None:
-        mask = xp.asarray(mask)
-    if chunk is None:
-        batch = math.prod(q.shape[:-2]) or 1
-        chunk = max(1, min(n, _CHUNK_ELEMENTS // max(1, m * batch)))
-    return _log_partition(xp, q, k, beta, log_w, mask, chunk)
-
-
-def _log_partition(xp, q, k, beta, log_w, mask, chunk):
-    """log Z without checks (inputs validated where they entered)."""
-    n, m = q.shape[-2], k.shape[-2]
-    causal = isinstance(mask, str)
-    kt = xp.matrix_transpose(k)
-    cols = xp.arange(m)
-    blocks = []
-    for start in range(0, n, chunk):
-        stop = min(n, start + chunk)
-        s = (q[..., start:stop, :] @ kt) * beta + log_w
-        if causal:
-            s = xp.where(cols[None, :] <= xp.arange(start, stop)[:, None], s, -xp.inf)
-        elif mask is not None:
-            s = xp.where(mask[..., start:stop, :], s, -xp.inf)
-        s_max = xp.max(s, axis=-1, keepdims=True)
-        blocks.append(s_max[..., 0] + xp.log(xp.sum(xp.exp(s - s_max), axis=-1)))
-    return xp.concat(blocks, axis=-1) if len(blocks) > 1 else blocks[0]
-
-
-def _check_beta(beta) -> float:
-    """A finite real beta; refuses bool, strings, complex and other non-reals with a TypeError."""
-    if not is_real(beta):
-        raise TypeError(f"beta must be a real number, got {type(beta).__name__} {beta!r}")
-    if not math.isfinite(float(beta)):
-        raise ValueError(f"beta must be finite, got {beta!r}")
-    return float(beta)
-
-
-def _host_real(a, what: str) -> np.ndarray:
-    """A host float64 copy of a matrix or vector argument; complex or non-numeric is refused."""
-    host = to_host(a) if array_api_compat.is_array_api_obj(a) else np.asarray(a)
-    if np.iscomplexobj(host):
-        raise TypeError(f"{what} must be real, got a complex array")
-    if host.dtype == bool or not (np.issubdtype(host.dtype, np.floating) or np.issubdtype(host.dtype, np.integer)):
-        raise TypeError(f"{what} must be a real numeric array, got dtype {host.dtype}")
-    return np.asarray(host, dtype=np.float64)
-
-
-def _as_heads(Q, K, V):
-    """Normalize Q, K, V to equal-length lists of host float64 matrices (None = identity)."""
-    given = [m for m in (Q, K, V) if isinstance(m, (list, tuple))]
-    heads = len(given[0]) if given else 1
-    if any(len(m) != heads for m in given) or heads == 0:
-        raise ValueError(
-            "Q, K, V given as lists must all have the same positive length (one matrix per head), "
-            f"got lengths {[len(m) for m in given]}"
-        )
-    out = []
-    for name, mats in (("Q", Q), ("K", K), ("V", V)):
-        mats = list(mats) if isinstance(mats, (list, tuple)) else [mats] * heads
-        checked = []
-        for h, a in enumerate(mats):
-            if a is None:
-                checked.append(None)
-                continue
-            a = _host_real(a, f"{name}[{h}]")
-            if a.ndim != 2 or not np.all(np.isfinite(a)):
-                raise ValueError(f"{name}[{h}] must be a finite 2-D matrix, got shape {a.shape}")
-            checked.append(a)
-        out.append(checked)
-    for h, (q, k, v) in enumerate(zip(*out)):
-        rows_q = None if q is None else q.shape[0]
-        rows_k = None if k is None else k.shape[0]
-        if rows_q is not None and rows_k is not None and rows_q != rows_k:
-            raise ValueError(f"Q[{h}] and K[{h}] must have the same number of rows, got {q.shape} and {k.shape}")
-        if v is not None and v.shape[0] != v.shape[1]:
-            raise ValueError(f"V[{h}] must be square (d, d), got shape {v.shape}")
-    return out
-
-
-def _as_real_floating(x, what: str):
-    """``x`` as a real floating array of its own namespace (lists and integers become float64)."""
-    if not array_api_compat.is_array_api_obj(x):
-        x = np.asarray(x)
-    xp = array_api_compat.array_namespace(x)
-    if xp.isdtype(x.dtype, "complex floating"):
-        raise TypeError(f"{what} must be real; got a complex array (dtype {x.dtype}): the particles "
-                        "live on the real sphere, pass the real part explicitly if that is meant")
-    if xp.isdtype(x.dtype, "real floating"):
-        return x
-    if xp.isdtype(x.dtype, "integral"):
-        return xp.astype(x, xp.float64)
-    raise TypeError(f"{what} must be a real floating or integer array, got dtype {x.dtype}")
-
-
-class SelfAttentionDynamics:
+class SelfAttentionDynamics(_ParticleChecks):
     r"""Self-attention dynamics of tokens on the unit sphere, (SA) or (USA).
 
     .. math::
@@ -353,49 +135,6 @@ class SelfAttentionDynamics:
     def __repr__(self) -> str:
         kind = "SA" if self.normalized else "USA"
         return f"SelfAttentionDynamics({kind}, beta={self.beta}, heads={self.heads}, mask={self.mask!r})"
-
-    # -- checks (where data enters: velocity, step, solve) ------------------------------------
-    def _check_particles(self, x):
-        xp = array_api_compat.array_namespace(x)
-        if x.ndim not in (2, 3):
-            raise ValueError(f"x must have shape (n, d) or (batch, n, d), got shape {tuple(x.shape)}")
-        n, d = x.shape[-2], x.shape[-1]
-        if d < 2 or n < 1:
-            raise ValueError(f"need at least one particle in dimension d >= 2, got n={n}, d={d}")
-        for h in range(self.heads):
-            for name, a in (("Q", self.Q[h]), ("K", self.K[h]), ("V", self.V[h])):
-                if a is not None and a.shape[1] != d:
-                    raise ValueError(f"{name}[{h}] has shape {a.shape}; it must have {d} columns (particle dimension d={d})")
-            if (self.Q[h] is None) != (self.K[h] is None):
-                a = self.Q[h] if self.Q[h] is not None else self.K[h]
-                if a.shape[0] != d:
-                    raise ValueError(f"Q[{h}] and K[{h}] must have the same number of rows; one is the identity (d={d}), the other has shape {a.shape}")
-        if self.weights is not None and self.weights.shape[0] != n:
-            raise ValueError(f"weights has length {self.weights.shape[0]}, but there are n={n} particles")
-        if self._mask_host is not None and tuple(self._mask_host.shape) != (n, n):
-            raise ValueError(f"mask must have shape ({n}, {n}), got {tuple(self._mask_host.shape)}")
-        if self._mask_host is not None and not np.all(np.any(self._mask_host, axis=-1)):
-            raise ValueError("the mask removes every token for some particle; each row needs one True")
-        if not self.normalized:
-            total_w = 1.0 if self.weights is None else float(np.sum(self.weights))
-            bound = max(
-                abs(self.beta) * _spectral_norm(self.Q[h]) * _spectral_norm(self.K[h]) for h in range(self.heads)
-            ) + math.log(total_w)
-            limit = _USA_LOG_MAX.get(xp.finfo(x.dtype).bits // 8, 700.0)
-            if bound > limit:
-                raise OverflowError(
-                    f"USA (normalized=False) velocities are of size exp(beta <Qx, Kx>) <= exp({bound:.1f}), "
-                    f"beyond the {x.dtype} range (log bound {limit}); use the normalized dynamics (SA), "
-                    "a smaller beta, or rescale time"
-                )
-        return xp
-
-    def _checked(self, x, what="x"):
-        x = _as_real_floating(x, what)
-        xp = self._check_particles(x)
-        if not bool(xp.all(xp.isfinite(x))):
-            raise ValueError(f"{what} contains NaN or infinite entries")
-        return xp, x
 
     # -- the vector field --------------------------------------------------------------------
     def _flow(self, like):
@@ -493,28 +232,6 @@ class SelfAttentionDynamics:
         dt = solvers.check_dt(dt)
         _, x = self._checked(x)
         return scheme.step(self.problem(x), x, dt)
-
-    def _initial(self, x0, normalize):
-        """Validate ``x0`` once (shape, dtype, finite, on the sphere) and normalize it if asked."""
-        x0 = _as_real_floating(x0, "x0")
-        xp = self._check_particles(x0)
-        if not bool(xp.all(xp.isfinite(x0))):
-            raise ValueError("x0 contains NaN or infinite entries")
-        norm = _row_norms(xp, x0)
-        if normalize:
-            if not bool(xp.all(norm > 0)):
-                flat = to_host(xp.reshape(norm, (-1,)))
-                raise ValueError(f"x0 has a zero row (row {int(np.argmin(flat))} of the flattened "
-                                 "(..., n) rows is exactly zero); it cannot be normalized onto the sphere")
-            return xp, _unit_rows(xp, x0)
-        gap = float(xp.max(xp.abs(norm - 1.0)))
-        tol = sphere_tolerance(x0.dtype)
-        if gap > tol:
-            raise ValueError(
-                f"x0 is not on the unit sphere (max | |x_i| - 1 | = {gap:.3g} > {tol:.2g}, the "
-                f"tolerance sqrt(eps) of {x0.dtype}); normalize it or pass normalize=True"
-            )
-        return xp, x0
 
     def solve(self, x0, t1, dt, scheme="rk4", save_every=1, normalize=False):
         r"""Integrate from :math:`t = 0` to ``t1``.
@@ -619,9 +336,3 @@ class SelfAttentionDynamics:
                              controller=controller, what="particle", start=start,
                              axes=("particle", "dimension"))
         return solution
-
-
-def _spectral_norm(a) -> float:
-    return 1.0 if a is None else float(np.linalg.norm(a, 2))
-
-

@@ -51,96 +51,24 @@ a Lax-Richtmyer bound); for RK4 on long runs it is :math:`2\sqrt{2}/(K V)` to 0.
 from __future__ import annotations
 
 import math
-import warnings
-from dataclasses import dataclass
 
-import array_api_compat
 import numpy as np
 from scipy import optimize, special
 
 from .. import solvers
-from ..backend import backend_of, constant, get_backend, to_host
+from ..backend import backend_of, constant, to_host
 from ..validation import integer
-from .dynamics import _check_beta
+from .circle_states import _NEGATIVE_TOLERANCE, MeanFieldSolution, ResolutionWarning, _CircleStates, _host_angles
+from .linear_stability import linear_growth_rate, stability_function
+from .particle_checks import _check_beta
 from .timegrid import check_memory, evolve_on, march, restart_of, saved_count, time_steps
-from ..labelled_methods import LabelledResult
 
 __all__ = ["CircleMeanField", "MeanFieldSolution", "ResolutionWarning", "linear_growth_rate", "stability_function"]
 
 _USA_BETA_MAX = 700.0
-# A saved density below -this times the uniform density means the modes no longer resolve it.
-_NEGATIVE_TOLERANCE = 1e-6
 
 
-class ResolutionWarning(UserWarning):
-    """The mean-field density went negative: its clusters are narrower than the retained modes."""
-
-
-def linear_growth_rate(k, beta, normalized=True):
-    r"""Growth rate of the mode :math:`\cos(k\theta)` of the linearization about the uniform density.
-
-    .. math::
-
-        \lambda_k = \frac{k^2 I_k(\beta)}{\beta I_0(\beta)} \;\text{(SA)}, \qquad
-        \lambda_k = \frac{k^2 I_k(\beta)}{\beta} \;\text{(USA, mass one)}.
-
-    Parameters
-    ----------
-    k : int or array of int
-        Wavenumbers (>= 0).
-    beta : float
-        Inverse temperature, finite and nonzero.
-    normalized : bool
-        SA (True) or USA (False).
-
-    Returns
-    -------
-    float or numpy.ndarray
-    """
-    beta = _check_beta(beta)
-    if beta == 0:
-        raise ValueError(f"beta must be finite and nonzero, got {beta}")
-    k = np.asarray(k)
-    # k I_k / beta = (I_{k-1} - I_{k+1}) / 2 avoids dividing by a small beta.
-    half_diff = 0.5 * (special.ive(k - 1, beta) - special.ive(k + 1, beta))
-    if normalized:
-        return k * half_diff / special.ive(0, beta)
-    return k * half_diff * math.exp(abs(beta))
-
-
-@dataclass
-class MeanFieldSolution(LabelledResult):
-    r"""Saved states of :meth:`CircleMeanField.solve`.
-
-    Attributes
-    ----------
-    times : numpy.ndarray, shape (T,)
-        Saved times (first 0, last ``t1``).
-    grid : numpy.ndarray, shape (N,)
-        Angles :math:`2\pi j / N`, uniform on :math:`[0, 2\pi)`.
-    density : array, shape (T, N)
-        The density at the grid angles, one row per saved time.
-    coefficients : array, shape (T, K + 1)
-        The retained Fourier coefficients (``rfft`` normalization) per saved time.
-    tracers : array, shape (T, m) or None
-        Angles of tracer points moved along the characteristics
-        :math:`\dot\theta = X[\rho_t](\theta)` (unwrapped, not reduced mod :math:`2\pi`).
-    """
-
-    times: np.ndarray
-    grid: np.ndarray
-    density: object
-    coefficients: object
-    tracers: object = None
-
-    @property
-    def mass(self):
-        r"""Total mass :math:`\frac{2\pi}{N}\sum_j \rho(\theta_j)` per saved time."""
-        xp = array_api_compat.array_namespace(self.density)
-        return (2 * math.pi / self.grid.shape[0]) * xp.sum(self.density, axis=-1)
-
-
-class CircleMeanField:
+class CircleMeanField(_CircleStates):
     r"""Fourier spectral solver of the mean-field continuity equation on the circle.
 
     .. math::
@@ -277,28 +205,6 @@ class CircleMeanField:
         backend, rho = self._density_values(rho)
         c = backend.fft.rfft(rho)[: self.max_wavenumber + 1]
         return self._coefficient_flow(backend, c)[1](c)
-
-    def _density_values(self, rho0):
-        if callable(rho0):
-            backend = get_backend(self._backend_name or "numpy")
-            values = np.asarray(rho0(self.grid))
-        else:
-            backend = get_backend(self._backend_name) if self._backend_name else backend_of(rho0)
-            values = rho0 if array_api_compat.is_array_api_obj(rho0) else np.asarray(rho0)
-        xp0 = array_api_compat.array_namespace(values)
-        if xp0.isdtype(values.dtype, "complex floating"):
-            raise TypeError(f"rho0 must be real (a density), got a complex array of dtype {values.dtype}")
-        if not (xp0.isdtype(values.dtype, "real floating") or xp0.isdtype(values.dtype, "integral")):
-            raise TypeError(f"rho0 must be a real numeric array, got dtype {values.dtype}")
-        rho = backend.asarray(values, dtype=np.float64)
-        if tuple(rho.shape) != (self.n_modes,):
-            raise ValueError(f"rho0 must give {self.n_modes} values (one per grid angle), got shape {tuple(rho.shape)}")
-        xp = backend.xp
-        if not bool(xp.all(xp.isfinite(rho))):
-            raise ValueError("rho0 has NaN or infinite values")
-        if float(xp.min(rho)) < 0 or float(xp.sum(rho)) <= 0:
-            raise ValueError("rho0 must be a nonnegative density with positive mass")
-        return backend, rho
 
     # -- stable steps --------------------------------------------------------------------------
     def velocity_bound(self, mass: float = 1.0) -> float:
@@ -481,58 +387,3 @@ class CircleMeanField:
                              hint="or the density under-resolved (raise n_modes)", start=start,
                              axes=("wavenumber",))
         return solution
-
-    def _check_resolved(self, backend, c, floor, mass, t_start, t_end) -> bool:
-        """Warn once when the density goes negative: the modes no longer resolve it."""
-        lowest = float(to_host(backend.xp.min(backend.fft.irfft(c, n=self.n_modes))))
-        if lowest >= floor:
-            return True
-        warnings.warn(
-            f"the mean-field density went negative between t={t_start:.6g} and t={t_end:.6g} "
-            f"(min {lowest * 2 * math.pi / mass:.3g} times the uniform density): its clusters are "
-            f"narrower than the {self.max_wavenumber} retained modes resolve, and later times are "
-            "not accurate; raise n_modes or shorten t1", ResolutionWarning, stacklevel=3)
-        return False
-
-    def _solution(self, backend, times, states, m):
-        xp = backend.xp
-        kept = self.max_wavenumber + 1
-        coefficients = states[:, :kept]
-        density = backend.fft.irfft(coefficients, n=self.n_modes, axis=-1)
-        tracer_path = xp.real(states[:, kept:]) if m else None
-        return MeanFieldSolution(times=np.asarray(times), grid=self.grid.copy(), density=density,
-                                 coefficients=coefficients, tracers=tracer_path)
-
-
-def _host_angles(tracers) -> np.ndarray:
-    theta = to_host(tracers) if array_api_compat.is_array_api_obj(tracers) else np.asarray(tracers)
-    if np.iscomplexobj(theta):
-        raise TypeError("tracers must be real angles, got a complex array")
-    theta = np.asarray(theta, dtype=np.float64).reshape(-1)
-    if not np.all(np.isfinite(theta)):
-        raise ValueError("tracers must be finite angles")
-    return theta
-
-
-def stability_function(scheme, z):
-    r"""The stability function :math:`R(z)` of a scheme: one step of :math:`u' = \lambda u`
-    from :math:`u = 1` with :math:`\lambda\,\Delta t = z`.
-
-    Computed by running ``scheme.step`` on the scalar linear split problem (one flow, no
-    projection), so it holds for every scheme of :func:`ctformer.solvers.available` (with one
-    flow ``lie`` and ``parallel`` are explicit Euler, ``strang`` is Heun) and for user schemes.
-
-    Parameters
-    ----------
-    scheme : str or Scheme
-    z : complex or array of complex
-
-    Returns
-    -------
-    numpy.ndarray of complex
-        E.g. RK4: :math:`1 + z + z^2/2 + z^3/6 + z^4/24`.
-    """
-    scheme = solvers.get(scheme)
-    z = np.asarray(z, dtype=np.complex128)
-    problem = solvers.SplitProblem(flows=(lambda u: z * u,))
-    return scheme.step(problem, np.ones_like(z), 1.0)

@@ -1,0 +1,85 @@
+r"""Linear stability: the growth of the mean field's modes, and of a scheme's steps.
+
+* :func:`linear_growth_rate`: linearized about the uniform density, the mode
+  :math:`\cos(k\theta)` of the circle mean field grows like :math:`e^{\lambda_k t}`,
+
+  .. math::
+
+      \lambda_k = \frac{k^2 I_k(\beta)}{\beta I_0(\beta)} \;\text{(SA)}, \qquad
+      \lambda_k = \frac{k^2 I_k(\beta)}{\beta} \;\text{(USA, mass one)},
+
+  computed as :math:`k\,\tfrac12\big(I_{k-1}(\beta) - I_{k+1}(\beta)\big)` (equal to
+  :math:`k^2 I_k(\beta)/\beta`, no division by a small :math:`\beta`) from the exponentially
+  scaled :math:`I_k(\beta) e^{-|\beta|}` (:func:`scipy.special.ive`).
+* :func:`stability_function`: :math:`R(z)`, one step of :math:`u' = \lambda u` from
+  :math:`u = 1` with :math:`z = \lambda\,\Delta t`, for any scheme (RK4:
+  :math:`1 + z + z^2/2 + z^3/6 + z^4/24`); :meth:`~ctformer.particles.CircleMeanField.stable_step`
+  bounds :math:`|R(iy)|` over the transport eigenvalues, :math:`|y| \le \Delta t\, K V`.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import special
+
+from .. import solvers
+from .particle_checks import _check_beta
+
+__all__ = ["linear_growth_rate", "stability_function"]
+
+
+def linear_growth_rate(k, beta, normalized=True):
+    r"""Growth rate of the mode :math:`\cos(k\theta)` of the linearization about the uniform density.
+
+    .. math::
+
+        \lambda_k = \frac{k^2 I_k(\beta)}{\beta I_0(\beta)} \;\text{(SA)}, \qquad
+        \lambda_k = \frac{k^2 I_k(\beta)}{\beta} \;\text{(USA, mass one)}.
+
+    Parameters
+    ----------
+    k : int or array of int
+        Wavenumbers (>= 0).
+    beta : float
+        Inverse temperature, finite and nonzero.
+    normalized : bool
+        SA (True) or USA (False).
+
+    Returns
+    -------
+    float or numpy.ndarray
+    """
+    beta = _check_beta(beta)
+    if beta == 0:
+        raise ValueError(f"beta must be finite and nonzero, got {beta}")
+    k = np.asarray(k)
+    # k I_k / beta = (I_{k-1} - I_{k+1}) / 2 avoids dividing by a small beta.
+    half_diff = 0.5 * (special.ive(k - 1, beta) - special.ive(k + 1, beta))
+    if normalized:
+        return k * half_diff / special.ive(0, beta)
+    return k * half_diff * math.exp(abs(beta))
+
+
+def stability_function(scheme, z):
+    r"""The stability function :math:`R(z)` of a scheme: one step of :math:`u' = \lambda u`
+    from :math:`u = 1` with :math:`\lambda\,\Delta t = z`.
+
+    Computed by running ``scheme.step`` on the scalar linear split problem (one flow, no
+    projection), so it holds for every scheme of :func:`ctformer.solvers.available` (with one
+    flow ``lie`` and ``parallel`` are explicit Euler, ``strang`` is Heun) and for user schemes.
+
+    Parameters
+    ----------
+    scheme : str or Scheme
+    z : complex or array of complex
+
+    Returns
+    -------
+    numpy.ndarray of complex
+        E.g. RK4: :math:`1 + z + z^2/2 + z^3/6 + z^4/24`.
+    """
+    scheme = solvers.get(scheme)
+    z = np.asarray(z, dtype=np.complex128)
+    problem = solvers.SplitProblem(flows=(lambda u: z * u,))
+    return scheme.step(problem, np.ones_like(z), 1.0)

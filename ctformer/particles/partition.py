@@ -1,0 +1,99 @@
+r"""The log of the attention normalizer, :math:`\log Z_i`, computed without overflow.
+
+.. math::
+
+    \log Z_i = \log \sum_j w_j m_{ij} e^{\beta\, q_i \cdot k_j}
+             = s^\ast_i + \log \sum_j e^{\beta\, q_i \cdot k_j + \log w_j - s^\ast_i},
+    \qquad s^\ast_i = \max_j \big(\beta\, q_i \cdot k_j + \log w_j\big),
+
+the maximum and the sum over the kept keys (:math:`m_{ij} = 1`), in blocks of query rows of
+about :math:`2^{20}` scores. Every term of the sum is at most one and the largest is one, so
+:math:`\log Z_i` is finite for every finite input. The unnormalized dynamics (USA) multiply
+the SA velocity by :math:`Z_i = \exp(\log Z_i)`; :func:`ctformer.particles.energy` sums it.
+"""
+from __future__ import annotations
+
+import math
+
+import array_api_compat
+
+from .particle_checks import _check_beta
+
+__all__ = ["log_partition"]
+
+_CHUNK_ELEMENTS = 1 << 20
+
+
+def log_partition(q, k, *, beta, weights=None, mask=None, chunk=None):
+    r"""The log of the attention normalizer, computed stably.
+
+    .. math::
+
+        \log Z_i = \log \sum_j w_j m_{ij} \exp(\beta\, q_i \cdot k_j)
+                 = s^\ast_i + \log \sum_j \exp(\beta\, q_i\cdot k_j + \log w_j - s^\ast_i),
+
+    with :math:`s^\ast_i` the row maximum of the exponent (log-sum-exp), in chunks of query rows.
+
+    Parameters
+    ----------
+    q : array, shape (..., N, m)
+    k : array, shape (..., M, m)
+    beta : float
+        Finite inverse temperature.
+    weights : array, shape (M,), optional
+        Positive token weights; default :math:`w_j = 1/M`.
+    mask : None, "causal" or bool array broadcasting to (..., N, M)
+        Entries kept (``"causal"``: :math:`j \le i`).
+    chunk : int, optional
+        Query rows per block (default: about a million scores per block).
+
+    Returns
+    -------
+    array, shape (..., N)
+        Finite for every finite input (no overflow at large :math:`\beta`).
+
+    Raises
+    ------
+    ValueError
+        For a non-finite ``beta``, bad weights or a bad mask.
+    """
+    xp = array_api_compat.array_namespace(q, k)
+    beta = _check_beta(beta)
+    n, m = q.shape[-2], k.shape[-2]
+    if weights is None:
+        log_w = -math.log(m)
+    else:
+        w = xp.asarray(weights, dtype=q.dtype)
+        if w.ndim != 1 or w.shape[0] != m:
+            raise ValueError(f"weights must have shape ({m},), got {tuple(w.shape)}")
+        if not bool(xp.all(w > 0)) or not bool(xp.all(xp.isfinite(w))):
+            raise ValueError("weights must be positive and finite")
+        log_w = xp.log(w)
+    if isinstance(mask, str):
+        if mask != "causal" or n != m:
+            raise ValueError(f"mask must be None, 'causal' (square) or a boolean array, got {mask!r}")
+    elif mask is not None:
+        mask = xp.asarray(mask)
+    if chunk is None:
+        batch = math.prod(q.shape[:-2]) or 1
+        chunk = max(1, min(n, _CHUNK_ELEMENTS // max(1, m * batch)))
+    return _log_partition(xp, q, k, beta, log_w, mask, chunk)
+
+
+def _log_partition(xp, q, k, beta, log_w, mask, chunk):
+    """log Z without checks (inputs validated where they entered)."""
+    n, m = q.shape[-2], k.shape[-2]
+    causal = isinstance(mask, str)
+    kt = xp.matrix_transpose(k)
+    cols = xp.arange(m)
+    blocks = []
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        s = (q[..., start:stop, :] @ kt) * beta + log_w
+        if causal:
+            s = xp.where(cols[None, :] <= xp.arange(start, stop)[:, None], s, -xp.inf)
+        elif mask is not None:
+            s = xp.where(mask[..., start:stop, :], s, -xp.inf)
+        s_max = xp.max(s, axis=-1, keepdims=True)
+        blocks.append(s_max[..., 0] + xp.log(xp.sum(xp.exp(s - s_max), axis=-1)))
+    return xp.concat(blocks, axis=-1) if len(blocks) > 1 else blocks[0]
