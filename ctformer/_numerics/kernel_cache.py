@@ -22,8 +22,8 @@ from functools import lru_cache
 __all__ = ["KERNEL_FILES", "KernelFilesLocator", "install", "sources_stamp"]
 
 # The modules that define compiled kernels, and those whose code or constants they inline.
-KERNEL_FILES = ("loops.py", "normalization_loops.py", "few_rows_loops.py", "particle_loops.py",
-                "team_loops.py", "normal_tail.py")
+KERNEL_FILES = ("loops.py", "scalar_loops.py", "normalization_loops.py", "few_rows_loops.py",
+                "particle_loops.py", "team_loops.py", "normal_tail.py")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 

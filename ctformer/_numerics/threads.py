@@ -37,6 +37,10 @@ import numpy as np
 from .. import fft as _fft
 from ..environment import positive_int
 from . import placement as _placement
+# the BLAS limit of a parallel pass (its own module), its names importable from here as before;
+# streamed and the tests read single_thread_blas here, and tests replace it here
+from .blas_limits import (_BLAS, _CONTROLLER, _LIMIT, _blas_libraries, _limit_after_fork, _OneBlasThread,
+                          _set_threads, blas_controller, single_thread_blas)
 from .compiled import sigint_deferred
 
 __all__ = ["num_threads", "fixed_threads", "single_thread_blas", "run_workers", "run_blas_tasks", "by_row_blocks"]
@@ -76,8 +80,6 @@ class _Fixed(threading.local):
 
 _INSIDE, _FIXED = _Inside(), _Fixed()
 _POOL: dict = {}
-_CONTROLLER: list = []
-_BLAS: list = []  # [tuple of BLAS library controllers]
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
@@ -89,123 +91,6 @@ def _pool(threads: int) -> ThreadPoolExecutor:
             _POOL[key] = ThreadPoolExecutor(max_workers=max(1, threads - 1),
                                             thread_name_prefix="ctformer-attention")
         return _POOL[key]
-
-
-def blas_controller():
-    """threadpoolctl's controller of the loaded BLAS libraries, or None without threadpoolctl."""
-    with _LOCK:
-        if not _CONTROLLER:
-            try:
-                from threadpoolctl import ThreadpoolController
-
-                _CONTROLLER.append(ThreadpoolController())
-            except Exception:  # not installed, or an unknown library layout
-                _CONTROLLER.append(None)
-        return _CONTROLLER[0]
-
-
-def _blas_libraries() -> tuple:
-    """threadpoolctl's controllers of the BLAS libraries (each reads its thread count from
-    the library when asked: a few microseconds, where the controller's ``info()`` takes 10-20)."""
-    if not _BLAS:
-        controller = blas_controller()
-        libraries = getattr(controller, "lib_controllers", None) or ()
-        _BLAS.append(tuple(lib for lib in libraries if getattr(lib, "user_api", None) == "blas"))
-    return _BLAS[0]
-
-
-def single_thread_blas():
-    """A context limiting BLAS to one thread for the duration of a call (None if impossible)."""
-    libraries = _blas_libraries()
-    return _OneBlasThread(libraries) if libraries else None
-
-
-class _OneBlasThread:
-    """Each BLAS library at one thread inside the block, its own count restored after it.
-
-    What threadpoolctl's ``limit(limits=1, user_api="blas")`` does, through the same library
-    controllers (and so with their rule for OpenBLAS: only the thread that controls its
-    shared pool changes it), without building a new limiter each time: 3 us per block
-    against 8 (a parallel pass takes one, a batched attention pass another).
-
-    A BLAS library's thread count is one per process, so the blocks of all threads share one
-    limit: the first to enter sets the counts to one, the last to leave restores them (each
-    block restoring its own would let a pass on one of the caller's threads end another's
-    limit). Any thread may set them (:func:`_set_threads`): threadpoolctl lets only the first
-    thread that set OpenBLAS's count set it again, and silently ignored the others, so a pass
-    called from any other thread (a Dask or joblib worker thread, a ``threading.Thread``) ran
-    its one-thread products on OpenBLAS's threads, with other bits: streamed attention of
-    333-1500 tokens called from a second thread differed from the main thread's result in
-    the last bits for every shape."""
-
-    __slots__ = ("libraries",)
-
-    def __init__(self, libraries):
-        self.libraries = libraries
-
-    def __enter__(self):
-        with _LIMIT_LOCK:
-            if _LIMIT["blocks"] == 0:
-                changed = []
-                for library in self.libraries:
-                    count = library.num_threads
-                    if count is not None and count != 1:  # None: a library that cannot say, left alone
-                        _set_threads(library, 1)
-                        changed.append((library, count))
-                _LIMIT["restore"] = changed
-            _LIMIT["blocks"] += 1
-        return self
-
-    def __exit__(self, *exc):
-        with _LIMIT_LOCK:
-            if _LIMIT["blocks"] == 0:  # a block entered before a fork, left in the child
-                return
-            _LIMIT["blocks"] -= 1
-            if _LIMIT["blocks"] == 0:
-                for library, count in _LIMIT["restore"]:
-                    _set_threads(library, count)
-                _LIMIT["restore"] = ()
-
-
-def _set_threads(library, count) -> None:
-    """``library`` (a threadpoolctl controller) at ``count`` threads, from whichever thread
-    calls (under :data:`_LIMIT_LOCK`). threadpoolctl's controller of a process-wide OpenBLAS
-    pool obeys only the thread that took control (the first to set a count) and ignores the
-    others without a word, since threads that limit it independently would undo each other's
-    limits; the shared limit above is that coordination, so the library's own setter is
-    called (``_real_set_num_threads``, 1 us), else control is released before and after the
-    public setter (3 us more a call; with a threadpoolctl without the rule, the public setter
-    alone)."""
-    setter = getattr(library, "_real_set_num_threads", None)
-    if setter is not None:
-        setter(count)
-        return
-    release = getattr(type(library), "clear_controlling_thread", None)
-    if release is not None:
-        release(force=True)
-    library.set_num_threads(count)
-    if release is not None:
-        release(force=True)
-
-
-_LIMIT_LOCK = threading.Lock()
-_LIMIT = {"blocks": 0, "restore": ()}  # the blocks inside the shared limit, the counts to restore
-
-
-def _limit_after_fork() -> None:
-    """In a forked child no pass of the parent's other threads goes on: the shared limit
-    starts afresh (a lock that such a thread held at the fork would never be released) and
-    the BLAS libraries get back the counts a parent's pass had limited (else the child kept
-    one thread for good, and its passes read one worker)."""
-    global _LIMIT_LOCK
-    _LIMIT_LOCK = threading.Lock()
-    restore, _LIMIT["blocks"], _LIMIT["restore"] = _LIMIT["restore"], 0, ()
-    for library, count in restore:
-        _set_threads(library, count)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_limit_after_fork)
 
 
 def num_threads() -> int:
