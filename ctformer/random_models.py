@@ -155,78 +155,17 @@ def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu",
     validation.one_of(normalization, "normalization", NORMALIZATIONS)
     validation.one_of(feedforward, "feedforward", FEEDFORWARDS)
     validation.one_of(positions, "positions", POSITIONS)
-    if (positions is not None or window is not None) and context_length is None:
-        raise ValueError("positions and window need context_length=L, the reference length of "
-                         "positions p(x) = L x - 1/2 (e.g. context_length=32)")
-    if context_length is not None:
-        pair = isinstance(context_length, (tuple, list)) and len(context_length) == 2
-        for value in (context_length if pair else (context_length,)):
-            if not validation.is_real(value) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"context_length must be a positive number, or a pair of them for "
-                                 f"axial positions on image patches, got {context_length!r}")
-        if pair:
-            if positions != "rope":
-                raise ValueError("a pair context_length=(L1, L2) is for axial RoPE on a two-"
-                                 "dimensional token domain (positions='rope')")
-            context_length = tuple(float(v) for v in context_length)
+    context_length = _checked_context_length(context_length, positions, window)
     n_kv = heads if kv_heads is None else validation.integer(kv_heads, "kv_heads")
     if heads % n_kv:
         raise ValueError(f"kv_heads={kv_heads} must divide heads={heads}")
-    position_op = None
-    if positions == "rope":
-        position_op = RoPE(theta=rope_theta)
-    elif positions == "alibi":
-        position_op = ALiBi()
-    rng = np.random.default_rng(int(seed))
-
-    def kernel():
-        return SmoothRandom(int(rng.integers(2**31)), modes=4, decay=2.0, scale=KERNEL_SCALE)
-
-    def trig(offset, amplitude):
-        return _Trig(offset, amplitude, int(rng.integers(1, 3)), float(rng.uniform(0, 2 * math.pi)))
-
-    def layer_norm():
-        if normalization == "rmsnorm":
-            return RMSNorm(gain=trig(1.0, 0.2), eps=0.0)
-        return LayerNormProjection(gain=trig(1.0, 0.2), shift=trig(0.0, BIAS_SCALE), eps=0.0)
-
-    def block_norms():
-        if placement == "post-projection" and normalization == "rmsnorm":
-            projection = RMSNorm()  # the plain projection onto the sphere
-            return projection, projection
-        if placement == "post-projection":
-            # One constraint set S1(sigma1, sigma2) per block: both sub-steps project onto the
-            # same set, so every scheme has the same continuous-depth limit.
-            projection = LayerNormProjection(gain=float(rng.uniform(0.8, 1.2)),
-                                             shift=float(rng.uniform(-0.1, 0.1)), eps=0.0)
-            return projection, projection
-        return layer_norm(), layer_norm()
-
-    blocks = []
-    for _ in range(int(layers)):
-        attention = Attention(
-            [kernel() for _ in range(heads)], [kernel() for _ in range(n_kv)],
-            [kernel() for _ in range(n_kv)], [kernel() for _ in range(heads)],
-            b_Q=[trig(0.0, BIAS_SCALE) for _ in range(heads)],
-            b_K=[trig(0.0, BIAS_SCALE) for _ in range(n_kv)],
-            b_V=[trig(0.0, BIAS_SCALE) for _ in range(n_kv)],
-            b_O=trig(0.0, BIAS_SCALE),
-            beta=beta, mask=mask, diagonal=diagonal, kv_heads=kv_heads, positions=position_op,
-            window=window,
-        )
-        if feedforward == "mlp":
-            feedforward_op = FeedForward(kernel(), kernel(), b_1=trig(0.0, BIAS_SCALE),
-                                         b_2=trig(0.0, BIAS_SCALE), activation=activation)
-        else:
-            feedforward_op = GatedFeedForward(kernel(), kernel(), kernel(), b_gate=trig(0.0, BIAS_SCALE),
-                                              b_up=trig(0.0, BIAS_SCALE), b_2=trig(0.0, BIAS_SCALE),
-                                              activation="silu" if feedforward == "swiglu" else "gelu")
-        block = {"attention": attention, "feedforward": feedforward_op, "placement": "none"}
-        if placement != "none":
-            block["normalization1"], block["normalization2"] = block_norms()
-            block["placement"] = "pre" if placement == "pre" else "post"
-        blocks.append(block)
-    final = layer_norm() if placement == "pre" else None
+    position_op = RoPE(theta=rope_theta) if positions == "rope" else ALiBi() if positions == "alibi" else None
+    draw = _Draws(np.random.default_rng(int(seed)), normalization)
+    attention_options = dict(beta=beta, mask=mask, diagonal=diagonal, kv_heads=kv_heads, positions=position_op,
+                             window=window)
+    blocks = [_random_block(draw, heads, n_kv, attention_options, feedforward, activation, placement)
+              for _ in range(int(layers))]
+    final = draw.layer_norm() if placement == "pre" else None
     layout = {"blocks": blocks, "final_normalization": final}
     if context_length is not None:
         layout["context_length"] = context_length
@@ -235,3 +174,80 @@ def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu",
         # first half shifted by 1/2: the model's default head-feature rule is Midpoint(8)
         layout["head_features"] = Midpoint(ROPE_HEAD_FEATURES)
     return layout
+
+
+def _checked_context_length(context_length, positions, window):
+    """``context_length`` as :func:`random_layers` keeps it (a float, a pair of floats for
+    axial RoPE, or None), after checking that the options that need it have it."""
+    if (positions is not None or window is not None) and context_length is None:
+        raise ValueError("positions and window need context_length=L, the reference length of "
+                         "positions p(x) = L x - 1/2 (e.g. context_length=32)")
+    if context_length is None:
+        return None
+    pair = isinstance(context_length, (tuple, list)) and len(context_length) == 2
+    for value in (context_length if pair else (context_length,)):
+        if not validation.is_real(value) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"context_length must be a positive number, or a pair of them for "
+                             f"axial positions on image patches, got {context_length!r}")
+    if not pair:
+        return context_length
+    if positions != "rope":
+        raise ValueError("a pair context_length=(L1, L2) is for axial RoPE on a two-"
+                         "dimensional token domain (positions='rope')")
+    return tuple(float(v) for v in context_length)
+
+
+class _Draws:
+    """The random parameters of :func:`random_layers`, drawn from one generator in the order
+    the layers are built (so a seed keeps its model)."""
+
+    def __init__(self, rng, normalization: str):
+        self.rng, self.normalization = rng, normalization
+
+    def kernel(self):
+        return SmoothRandom(int(self.rng.integers(2**31)), modes=4, decay=2.0, scale=KERNEL_SCALE)
+
+    def trig(self, offset, amplitude):
+        return _Trig(offset, amplitude, int(self.rng.integers(1, 3)), float(self.rng.uniform(0, 2 * math.pi)))
+
+    def bias(self):
+        return self.trig(0.0, BIAS_SCALE)
+
+    def layer_norm(self):
+        if self.normalization == "rmsnorm":
+            return RMSNorm(gain=self.trig(1.0, 0.2), eps=0.0)
+        return LayerNormProjection(gain=self.trig(1.0, 0.2), shift=self.bias(), eps=0.0)
+
+    def block_norms(self, placement: str):
+        if placement == "post-projection" and self.normalization == "rmsnorm":
+            projection = RMSNorm()  # the plain projection onto the sphere
+            return projection, projection
+        if placement == "post-projection":
+            # One constraint set S1(sigma1, sigma2) per block: both sub-steps project onto the
+            # same set, so every scheme has the same continuous-depth limit.
+            projection = LayerNormProjection(gain=float(self.rng.uniform(0.8, 1.2)),
+                                             shift=float(self.rng.uniform(-0.1, 0.1)), eps=0.0)
+            return projection, projection
+        return self.layer_norm(), self.layer_norm()
+
+
+def _random_block(draw: _Draws, heads: int, n_kv: int, attention_options: dict, feedforward: str,
+                  activation, placement: str) -> dict:
+    """One layer's :class:`ctformer.model.Block` arguments, its parameters drawn by ``draw``."""
+    attention = Attention(
+        [draw.kernel() for _ in range(heads)], [draw.kernel() for _ in range(n_kv)],
+        [draw.kernel() for _ in range(n_kv)], [draw.kernel() for _ in range(heads)],
+        b_Q=[draw.bias() for _ in range(heads)], b_K=[draw.bias() for _ in range(n_kv)],
+        b_V=[draw.bias() for _ in range(n_kv)], b_O=draw.bias(), **attention_options)
+    if feedforward == "mlp":
+        feedforward_op = FeedForward(draw.kernel(), draw.kernel(), b_1=draw.bias(), b_2=draw.bias(),
+                                     activation=activation)
+    else:
+        feedforward_op = GatedFeedForward(draw.kernel(), draw.kernel(), draw.kernel(), b_gate=draw.bias(),
+                                          b_up=draw.bias(), b_2=draw.bias(),
+                                          activation="silu" if feedforward == "swiglu" else "gelu")
+    block = {"attention": attention, "feedforward": feedforward_op, "placement": "none"}
+    if placement != "none":
+        block["normalization1"], block["normalization2"] = draw.block_norms(placement)
+        block["placement"] = "pre" if placement == "pre" else "post"
+    return block

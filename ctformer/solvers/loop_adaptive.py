@@ -53,22 +53,7 @@ def run_adaptive(run, u, controller, weights, stepper, start=None) -> None:
                     first = None
             land = h >= b - run.t
             h_try = b - run.t if land else h
-            if run.accepted + run.rejected >= controller.max_steps:
-                raise MaxStepsReached(
-                    f"max_steps={controller.max_steps} steps ({run.accepted} accepted, "
-                    f"{run.rejected} rejected) reached at t={run.t:.6g} of {boundaries[-1]:.6g} "
-                    f"with scheme {run.scheme.label!r}, rtol={controller.rtol:g}, "
-                    f"atol={controller.atol:g}; raise max_steps or loosen the tolerances (the "
-                    f"solution up to t={run.t:.6g} is exc.solution)", run.solution(controller))
-            if h_try < h_min and not land:
-                why = (" after the state became NaN or inf (the right-hand side overflows)"
-                       if nonfinite else "")
-                raise StepSizeTooSmall(
-                    f"the step size {h_try:.3g} fell below dt_min={h_min:.3g} at t={run.t:.6g}"
-                    f"{why} with scheme {run.scheme.label!r}, rtol={controller.rtol:g}, "
-                    f"atol={controller.atol:g}; the problem may be stiff or singular there, or the "
-                    f"tolerances below what the arithmetic resolves (the solution up to "
-                    f"t={run.t:.6g} is exc.solution)", run.solution(controller))
+            _refuse_to_go_on(run, controller, h_try, h_min, land, nonfinite)
             u_new, error, ks, fsal = stepper.attempt(problem, run.u, h_try, first)
             if ks is not None:
                 first = ks[0]  # F(u) is the same for the retried step
@@ -93,6 +78,29 @@ def run_adaptive(run, u, controller, weights, stepper, start=None) -> None:
             h = max(h_next, h) if land and h_try < 0.5 * h else h_next
             run.step_sizes.append(h)
             run.step_errors.append(err)
+
+
+def _refuse_to_go_on(run, controller, h_try, h_min, land, nonfinite) -> None:
+    """Raise where the solve cannot take its next step: the step budget spent
+    (:class:`MaxStepsReached`) or a step below the smallest allowed (:class:`StepSizeTooSmall`);
+    either carries the solution up to ``run.t``."""
+    end = run.problem.boundaries[-1]
+    if run.accepted + run.rejected >= controller.max_steps:
+        raise MaxStepsReached(
+            f"max_steps={controller.max_steps} steps ({run.accepted} accepted, "
+            f"{run.rejected} rejected) reached at t={run.t:.6g} of {end:.6g} "
+            f"with scheme {run.scheme.label!r}, rtol={controller.rtol:g}, "
+            f"atol={controller.atol:g}; raise max_steps or loosen the tolerances (the "
+            f"solution up to t={run.t:.6g} is exc.solution)", run.solution(controller))
+    if h_try < h_min and not land:
+        why = (" after the state became NaN or inf (the right-hand side overflows)"
+               if nonfinite else "")
+        raise StepSizeTooSmall(
+            f"the step size {h_try:.3g} fell below dt_min={h_min:.3g} at t={run.t:.6g}"
+            f"{why} with scheme {run.scheme.label!r}, rtol={controller.rtol:g}, "
+            f"atol={controller.atol:g}; the problem may be stiff or singular there, or the "
+            f"tolerances below what the arithmetic resolves (the solution up to "
+            f"t={run.t:.6g} is exc.solution)", run.solution(controller))
 
 
 def _finite_norm(norm, error, u, u_new) -> float:
