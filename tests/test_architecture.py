@@ -4,8 +4,9 @@ A unit is a top-level module or a subpackage of ``ctformer``. Each has a layer; 
 import only units of lower layers, so there are no import cycles and no import that climbs up
 a layer. Inside a unit the modules form no cycle either: every import statement (module level,
 inside functions, under ``if``/``try``) is an edge of the module graph, and that graph has no
-strongly connected component of more than one module. Lines of code per module stay readable
-(one concept a module).
+strongly connected component of more than one module. Modules and functions stay readable:
+one concept a module (at most ``MAX_MODULE_LINES`` lines), a function's code on a screen (at
+most ``MAX_FUNCTION_LINES`` lines besides its docstring).
 """
 from __future__ import annotations
 
@@ -144,6 +145,39 @@ def test_no_import_cycle_between_modules():
     also between modules of one package (a function-level import hides a cycle from Python's
     import machinery until the function runs, but the modules still depend on each other)."""
     assert _cycles(_module_imports()) == []
+
+
+# One concept a module and a function a screen: the longest each may be, in lines (a
+# function's docstring, which states its mathematics, is not counted).
+MAX_MODULE_LINES = 410
+MAX_FUNCTION_LINES = 65
+
+
+def _function_code_lines(node) -> int:
+    first = node.body[0]
+    docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+        and isinstance(first.value.value, str)
+    return node.end_lineno - (first.end_lineno + 1 if docstring else first.lineno) + 1
+
+
+def test_every_module_and_function_stays_readable():
+    long_modules, long_functions = {}, {}
+    for name, path in _modules().items():
+        text = path.read_text()
+        if (lines := len(text.splitlines())) > MAX_MODULE_LINES:
+            long_modules[name] = lines
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    (lines := _function_code_lines(node)) > MAX_FUNCTION_LINES:
+                long_functions[f"{name}.{node.name}"] = lines
+    assert long_modules == {} and long_functions == {}
+
+
+def test_readability_limits_count_lines_as_stated():
+    """The counter itself: a docstring is not code, every other line is."""
+    tree = ast.parse('def f():\n    """Doc\n    string."""\n    a = 1\n\n    return a\n\n'
+                     'def g():\n    return 2\n')
+    assert [_function_code_lines(node) for node in tree.body] == [3, 1]
 
 
 def test_cycle_detection_sees_imports_inside_functions_and_inside_a_package(tmp_path):
