@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -152,6 +153,28 @@ def test_stable_step_of_euler_is_the_lax_richtmyer_budget():
     usa = CircleMeanField(3.0, 64, normalized=False)
     psi = np.linspace(0, np.pi, 200001)
     assert usa.velocity_bound() == pytest.approx(np.max(np.exp(3 * np.cos(psi)) * np.sin(psi)), rel=1e-9)
+
+
+@pytest.mark.parametrize("t1", [1.0, 10.0, 300.0, 1e4])
+def test_stable_step_of_euler_on_long_runs_is_the_first_crossing(t1):
+    """Reproducer: USA, beta 3, mass 0.5, t1 = 300 raised brentq's "The function value at
+    x=0.0 is NaN" (the first grid point already over budget: the bracket started at y = 0,
+    where the excess was 0/0). The bound is the first dt with (t1/dt) log|1 + i dt K V| =
+    log(eps^-1/2), here found by scanning a geometric grid and bracketing the first sign
+    change; log|1 + iy| is log1p(y^2)/2, exact, so both agree to brentq's tolerance."""
+    usa = CircleMeanField(3.0, 64, normalized=False)
+    kv = usa.max_wavenumber * usa.velocity_bound(0.5)
+    budget = 0.5 * math.log(1 / np.finfo(float).eps)
+
+    def excess(dt):
+        return t1 / dt * 0.5 * math.log1p((dt * kv) ** 2) - budget
+
+    grid = np.geomspace(1e-12, t1, 20001)
+    first = int(np.nonzero([excess(dt) > 0 for dt in grid])[0][0])
+    expected = brentq(excess, grid[first - 1], grid[first], xtol=1e-300, rtol=1e-15)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert usa.stable_step(t1, "euler", 0.5) == pytest.approx(expected, rel=1e-9)
 
 
 def test_unstable_mean_field_step_is_refused_and_a_stable_one_accepted():

@@ -245,7 +245,7 @@ class CircleMeanField(_CircleStates):
         top = t1 * speed
         y = np.unique(np.concatenate([np.linspace(0.0, min(top, 16.0), 4097),
                                       np.geomspace(min(top, 16.0), top, 2049) if top > 16.0 else []]))
-        growth = np.maximum.accumulate(np.log(np.maximum(np.abs(stability_function(scheme, 1j * y)), 1e-300)))
+        growth = np.maximum.accumulate(_log_modulus(stability_function(scheme, 1j * y)))
         growth = np.maximum(growth, 0.0)
         excess = np.zeros_like(y)
         excess[1:] = t1 * speed * growth[1:] / y[1:]
@@ -258,7 +258,9 @@ class CircleMeanField(_CircleStates):
         before = growth[j - 1]
 
         def crossing(v):
-            return t1 * speed * max(before, math.log(abs(complex(stability_function(scheme, 1j * v))))) / v - budget
+            if v == 0:  # log|R(iv)| = O(v^2) for a consistent scheme: no excess at v = 0
+                return -budget
+            return t1 * speed * max(before, float(_log_modulus(stability_function(scheme, 1j * v)))) / v - budget
 
         if crossing(y[j - 1]) >= 0 or crossing(y[j]) <= 0:
             return float(y[j - 1] / speed)
@@ -387,3 +389,12 @@ class CircleMeanField(_CircleStates):
                              hint="or the density under-resolved (raise n_modes)", start=start,
                              axes=("wavenumber",))
         return solution
+
+
+def _log_modulus(r):
+    r""":math:`\log|r|`, accurate where :math:`|r|` is close to 1 (small steps): computed as
+    :math:`\tfrac12 \operatorname{log1p}((\operatorname{Re} r - 1)(\operatorname{Re} r + 1) +
+    (\operatorname{Im} r)^2)`, exact for explicit Euler's :math:`R(iy) = 1 + iy`; ``-inf`` at 0."""
+    r = np.asarray(r, dtype=np.complex128)
+    with np.errstate(divide="ignore"):
+        return 0.5 * np.log1p(np.maximum((r.real - 1.0) * (r.real + 1.0) + r.imag * r.imag, -1.0))
