@@ -2,7 +2,7 @@
 
 Numba keys a cached function by the contents of the one file that defines it. A kernel that
 inlines a helper from another file (``normalization_loops.normalize_rows`` inlines
-``loops.row_max``; ``particle_loops`` inlines ``loops.exp_nonpositive_``) would then be read
+``loops.row_max``; ``particle_loops`` inlines ``scalar_loops.exp_nonpositive_``) would then be read
 back from the cache after that helper had changed (an editable install after ``git pull``,
 say): the old helper's machine code, silently. So every function of the kernel files
 (:data:`KERNEL_FILES`) is keyed by the contents of all of them: a change in any one compiles

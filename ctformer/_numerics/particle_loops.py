@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .loops import FLAGS, exp_nonpositive_, jit
+from .scalar_loops import FLAGS, exp_nonpositive_, jit
 
 
 @jit
