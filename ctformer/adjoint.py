@@ -239,20 +239,32 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     params = [tensors[n] for n in names] if parameters else []
     kw = dict(tokens=tokens, features=features, head_features=head_features, hidden=hidden,
               scheme=integrator, steps_per_layer=steps_per_layer)
-    control = steps_per_layer
-    if rtol is not None or atol is not None:
-        if steps_per_layer != 1:
-            raise ValueError(f"steps_per_layer={steps_per_layer!r} and rtol/atol both given: "
-                             "choose fixed steps or error control, not both")
-        control = solvers.PIController(rtol=1e-6 if rtol is None else rtol,
-                                       atol=1e-9 if atol is None else atol)
+    control = _control(steps_per_layer, rtol, atol)
+    if not isinstance(control, int):
         kw.update(rtol=control.rtol, atol=control.atol)
     if route == "autograd":
         x = u0.detach().requires_grad_(True)
         grads = torch.autograd.grad(_loss_value(torch, loss, model.solve(x, **kw)), [x, *params])
         return _result(grads[0], names, grads[1:], parameters, numpy_in)
+    u0_grad, grads = _adjoint_route(torch, model, u0, loss, params, control, integrator,
+                                    model.grids(tokens, features, head_features, hidden))
+    return _result(u0_grad, names, grads, parameters, numpy_in)
 
-    grids = model.grids(tokens, features, head_features, hidden)
+
+def _control(steps_per_layer: int, rtol, atol):
+    """``steps_per_layer`` (fixed steps) or a :class:`~ctformer.solvers.PIController`."""
+    if rtol is None and atol is None:
+        return steps_per_layer
+    if steps_per_layer != 1:
+        raise ValueError(f"steps_per_layer={steps_per_layer!r} and rtol/atol both given: "
+                         "choose fixed steps or error control, not both")
+    return solvers.PIController(rtol=1e-6 if rtol is None else rtol,
+                                atol=1e-9 if atol is None else atol)
+
+
+def _adjoint_route(torch, model, u0, loss, params, control, integrator, grids):
+    r"""Forward solve without a tape, then the augmented state :math:`(u, \lambda, g)` from
+    :math:`T` back to 0: the gradients with respect to ``u0`` and to each of ``params``."""
     problems = [block.split_problem(grids) for block in model.blocks]
     if solvers.projects(problems):
         raise ValueError("route='adjoint' needs a model without projections after sub-steps "
@@ -271,18 +283,16 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     flat = [torch.zeros_like(p).reshape(-1) if g is None else g.reshape(-1)
             for p, g in zip(params, terminal[1:])]
     state = _Augmented(torch.stack([u_t.detach(), lam]), torch.cat(flat) if flat else lam.new_zeros(0))
-    if control is None or isinstance(control, int):
-        dt = 1.0 / steps_per_layer
+    if isinstance(control, int):
+        dt = 1.0 / control
         for problem in reversed(problems):
             backward = _backward_problem(torch, problem, params)
-            for _ in range(steps_per_layer):
+            for _ in range(control):
                 state = integrator.step(backward, state, dt)
     else:
         state = _controlled_backward(torch, problems, params, state, control, integrator)
-    sizes = [p.numel() for p in params]
-    chunks = torch.split(state.g, sizes) if params else []
-    return _result(state.z[1], names, [c.reshape(p.shape) for c, p in zip(chunks, params)],
-                   parameters, numpy_in)
+    chunks = torch.split(state.g, [p.numel() for p in params]) if params else []
+    return state.z[1], [c.reshape(p.shape) for c, p in zip(chunks, params)]
 
 
 def _result(u0_grad, names, grads, parameters, numpy_out=False):
