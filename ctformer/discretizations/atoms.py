@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import validation
 from ..backend import constant
-from .base import Discretization, check_values
+from .base import Discretization, check_dense, check_values, real_host_array
 from .product import at_size
 
 __all__ = ["WithAtoms"]
@@ -96,10 +96,14 @@ class WithAtoms(Discretization):
             corner = [d[0] for d in self.base.domain] if self.dimension == 2 else self.base.domain[0]
             locations = np.broadcast_to(np.asarray(corner, dtype=np.float64),
                                         (self.atoms, 2) if self.dimension == 2 else (self.atoms,))
-        pts = np.array(locations, dtype=np.float64)
+        pts = np.array(locations, dtype=np.float64) + 0.0  # -0.0 becomes 0.0: one hash
         shape = (self.atoms, 2) if self.dimension == 2 else (self.atoms,)
         if pts.shape != shape or not np.all(np.isfinite(pts)):
             raise ValueError(f"locations must be finite, of shape {shape}, got {np.shape(locations)}")
+        lower, upper = np.array(self.base.domain, dtype=np.float64).T
+        if not np.all((lower <= pts) & (pts <= upper)):
+            raise ValueError(f"locations must lie in the token domain {self.base.domain}, "
+                             f"got {pts.tolist()}")
         pts.setflags(write=False)
         return pts
 
@@ -174,6 +178,7 @@ class WithAtoms(Discretization):
     def interpolation_matrix(self, points) -> np.ndarray:
         """Block matrix ``[[I, 0], [0, L_base]]``: atoms first, then the base at ``points``."""
         lower = self.base.interpolation_matrix(points)
+        check_dense(self.atoms + lower.shape[0], self.n, "the interpolation matrix with atoms")
         out = np.zeros((self.atoms + lower.shape[0], self.n))
         out[: self.atoms, : self.atoms] = np.eye(self.atoms)
         out[self.atoms:, self.atoms:] = lower
@@ -196,7 +201,7 @@ class WithAtoms(Discretization):
         """``f`` at the atoms' locations, then at the base nodes."""
         x = self.nodes
         g = f(x[:, 0], x[:, 1]) if self.dimension == 2 else f(x)
-        g = np.asarray(g, dtype=np.float64)
+        g = real_host_array(g, "the values of f")
         g = np.broadcast_to(g, (self.n,)).copy() if g.ndim == 0 else g
         if g.shape != (self.n,) or not np.all(np.isfinite(g)):
             raise ValueError(f"f must return {self.n} finite values, got shape {g.shape}")

@@ -292,11 +292,15 @@ class Discretization(abc.ABC):
     def sample(self, f: Callable) -> np.ndarray:
         """Discrete values of the function ``f``: ``f(nodes)`` for nodal rules.
 
-        A scalar result is broadcast to all nodes; NaN or inf raises :class:`ValueError`.
+        A scalar result is broadcast to all nodes; a result of another shape than the nodes,
+        NaN or inf raises :class:`ValueError`.
         """
         v = real_host_array(f(self.nodes), "the values of f")
         if v.ndim == 0:
             v = np.full(self.n, float(v))
+        if v.shape != self.nodes.shape:
+            raise ValueError(f"f must map the nodes (shape {self.nodes.shape}) to one value each, "
+                             f"got shape {v.shape}")
         if not np.all(np.isfinite(v)):
             raise ValueError("f returned NaN or inf at the nodes")
         return v

@@ -29,7 +29,8 @@ import array_api_compat
 import numpy as np
 
 from ..backend import constant
-from .base import Discretization, check_values, get
+from .base import (Discretization, check_allocation, check_dense, check_values, get,
+                   real_host_array)
 
 __all__ = ["Product"]
 
@@ -42,6 +43,11 @@ def _check_factor(disc, argname):
         raise TypeError(f"Product: {argname} has atoms; put the atoms on the product instead "
                         "(WithAtoms(Product(...)))")
     return disc
+
+
+def _points(disc) -> int:
+    """Number of quadrature points of an interval discretization, without building them."""
+    return disc.n if disc.nodal else disc.elements * disc.gauss_points
 
 
 def at_size(disc, n: int):
@@ -81,6 +87,10 @@ class Product(Discretization):
         self.second = _check_factor(second, "second")
         self.n = first.n * second.n
         self.domain = (first.domain, second.domain)
+        # nodes (n, 2) and weights, at the stored values and at the quadrature points
+        points = _points(self.first) * _points(self.second)
+        check_allocation(24.0 * float(max(self.n, points)), f"{self!r} ({self.n} values)",
+                         "choose smaller factors (arguments first and second)")
 
     # -- value-object identity ------------------------------------------------------------
     def __getstate__(self):
@@ -203,6 +213,7 @@ class Product(Discretization):
     def interpolation_matrix(self, points) -> np.ndarray:
         """Dense ``(m, n)`` matrix: rows :math:`\\ell^{(1)}(p_1) \\otimes \\ell^{(2)}(p_2)`."""
         pts = self._check_points(points)
+        check_dense(pts.shape[0], self.n, "the product interpolation matrix")
         l1 = self.first.interpolation_matrix(pts[:, 0])
         l2 = self.second.interpolation_matrix(pts[:, 1])
         return (l1[:, :, None] * l2[:, None, :]).reshape(pts.shape[0], self.n)
@@ -226,7 +237,7 @@ class Product(Discretization):
     def sample(self, f: Callable) -> np.ndarray:
         """Stored values of :math:`f(x_1, x_2)` (vectorized over arrays of equal shape)."""
         x = self.quadrature_nodes
-        g = np.asarray(f(x[:, 0], x[:, 1]), dtype=np.float64)
+        g = real_host_array(f(x[:, 0], x[:, 1]), "the values of f")
         g = np.broadcast_to(g, (x.shape[0],)).copy() if g.ndim == 0 else g
         if g.shape != (x.shape[0],):
             raise ValueError(f"f(x1, x2) must return one value per point, got shape {g.shape}")

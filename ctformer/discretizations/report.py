@@ -60,7 +60,8 @@ def fit_order(h, errors, floor: float = 0.0, fit_levels: int | None = None) -> f
     Returns
     -------
     float
-        The slope, or NaN when fewer than two levels remain (a study reports it as "-").
+        The slope, or NaN when fewer than two levels with distinct mesh widths remain (a
+        slope through points of one abscissa is undefined; a study reports it as "-").
 
     Raises
     ------
@@ -81,7 +82,7 @@ def fit_order(h, errors, floor: float = 0.0, fit_levels: int | None = None) -> f
     pts = [(hi, ei) for hi, ei in zip(h, errors) if ei is not None and ei > floor]
     if fit_levels is not None:
         pts = pts[-fit_levels:]
-    if len(pts) < 2:
+    if len({float(hi) for hi, _ in pts}) < 2:
         return float("nan")
     hh, ee = np.log(np.array(pts, dtype=float)).T
     return float(np.polyfit(hh, ee, 1)[0])

@@ -90,6 +90,9 @@ class Convolution(Kernel):
         from ..discretizations.base import real_host_array
 
         c = real_host_array(self.profile(np.arange(n) / n), f"{self!r}: the profile") / n
+        if c.shape not in ((), (n,)):
+            raise ValueError(f"Convolution profile must map {n} points z to {n} values (or one), "
+                             f"got shape {c.shape}")
         c = np.broadcast_to(c, (n,))
         if not np.all(np.isfinite(c)):
             raise ValueError(f"Convolution profile takes NaN or inf values on {disc!r}")

@@ -67,8 +67,9 @@ class SmoothRandom(Kernel):
 
     with random phases :math:`\phi_p, \psi_q \in [0, 2\pi)`, :math:`m` = ``modes``,
     :math:`\alpha` = ``decay``, and :math:`c` chosen so that
-    :math:`\|W\|_{L^2([0,1]^2)}` = ``scale``. Since the Hilbert-Schmidt norm bounds the operator
-    norm, :math:`\|W u\|_{L^2} \le` ``scale`` :math:`\|u\|_{L^2}`: operators are O(1). The kernel is
+    :math:`\|W\|_{L^2([0,1]^2)}` = ``|scale|`` (a negative ``scale`` flips the kernel's sign).
+    Since the Hilbert-Schmidt norm bounds the operator norm,
+    :math:`\|W u\|_{L^2} \le` ``|scale|`` :math:`\|u\|_{L^2}`: operators are O(1). The kernel is
     entire in both arguments and not periodic, so spectral rules converge spectrally and
     periodic rules do not get an unfair advantage.
 
@@ -81,7 +82,8 @@ class SmoothRandom(Kernel):
     decay : float, optional
         Decay exponent :math:`\alpha \ge 0` of the coefficients. Default 2.
     scale : float, optional
-        :math:`L^2` norm of the kernel. Default 1.
+        :math:`L^2` norm of the kernel, with its sign (the kernel of ``-scale`` is minus that
+        of ``scale``). Default 1.
 
     Raises
     ------
