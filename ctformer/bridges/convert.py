@@ -5,8 +5,9 @@ The discrete-limit dictionary (design notes, section 2): an ``nn.Linear`` weight
 (``out x in``) is the piecewise-constant kernel whose midpoint matrix is :math:`A`, a bias or
 a norm gain the piecewise-constant function of its entries, and the score scale :math:`c` of
 :math:`q \cdot k` the temperature :math:`\beta_h = c\, d_h` (midpoint weights :math:`1/d_h`);
-RoPE's attention scaling :math:`a` multiplies it by :math:`a^2`. Each weight is held once in
-float64: a view of a float64 tensor's memory, or one exact conversion
+RoPE's attention scaling :math:`a` multiplies it by :math:`a^2` (with partial rotary, the rows
+of the rotated query and key features are multiplied by :math:`a` instead). Each weight is held
+once in float64: a view of a float64 tensor's memory, or one exact conversion
 (:func:`~ctformer.bridges.common.shared_weight`).
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..shared_tensors import watch
 from .common import (feedforward_from_weights, gated_feedforward_from_weights, grouped_attention_from_weights,
                      layer_norm_from_weights, rms_norm_from_weights, shared_weight)
 from .composite import EulerNetwork, OutputNormalized
-from .rotary import check_rotary, partial_rotary_order, rope_positions, rope_scaling_of
+from .rotary import check_rotary, partial_rotary_gains, partial_rotary_order, rope_positions, rope_scaling_of
 from .spec import HF_ACTIVATIONS, ArchitectureSpec, config_value
 
 __all__ = ["Weights", "convert", "build", "layer_windows", "TrainModeWarning", "warn_train_mode"]
@@ -127,10 +128,11 @@ def _check_config(spec, cfg):
     return HF_ACTIVATIONS[act]
 
 
-def layer_windows(cfg, n_layers):
-    """Sliding window of each layer (None = full attention) from ``sliding_window`` and ``layer_types``."""
+def layer_windows(cfg, n_layers, per_layer=True):
+    """Sliding window of each layer (None = full attention) from ``sliding_window`` and, with
+    ``per_layer``, ``layer_types`` (without it the window is on every layer)."""
     window = config_value(cfg, "sliding_window")
-    types_ = config_value(cfg, "layer_types")
+    types_ = config_value(cfg, "layer_types") if per_layer else None
     if types_ is None:
         return [window] * n_layers
     out = []
@@ -166,7 +168,8 @@ def _norm(spec, w, template, eps):
 
 
 def _projections(spec, w, p, sizes, order):
-    """``(W_q, W_k, W_v, W_o)`` and ``(b_q, b_k, b_v, b_o)`` of one layer."""
+    """``(W_q, W_k, W_v, W_o)`` and ``(b_q, b_k, b_v, b_o)`` of one layer; ``order`` (partial
+    rotary) is the head-feature order and the factor of each feature of queries and keys."""
     heads, kv_heads, head_dim = sizes
     if spec.qkv is not None:
         fused, bias = w(p + spec.qkv + ".weight"), w(p + spec.qkv + ".bias", True)
@@ -181,11 +184,17 @@ def _projections(spec, w, p, sizes, order):
     else:
         split = [w(p + name + ".weight") for name in (spec.query, spec.key, spec.value)]
         biases = [w(p + name + ".bias", True) for name in (spec.query, spec.key, spec.value)]
-    if order is not None:  # partial rotary: reorder the head features of queries and keys
+    if order is not None:  # partial rotary: reorder the head features of queries and keys, scale the rotated
+        order, gains = order
         for j, count in ((0, heads), (1, kv_heads)):
             rows = (np.arange(count)[:, None] * head_dim + order[None, :]).reshape(-1)
             split[j] = split[j][rows]
             biases[j] = None if biases[j] is None else biases[j][rows]
+            if np.any(gains != 1.0):  # the reordered rows are copies already: scaled in place
+                scale = np.tile(gains, count)
+                split[j] *= scale[:, None]
+                if biases[j] is not None:
+                    biases[j] *= scale
     return (*split, w(p + spec.output + ".weight")), (*biases, w(p + spec.output + ".bias", True))
 
 
@@ -242,9 +251,12 @@ def build(spec: ArchitectureSpec, state, cfg, rotary=None) -> ContinuousTransfor
         if rotary is not None:
             check_rotary(rotary, scaling)
         positions, temperature = rope_positions(scaling), scaling.attention_scaling ** 2
-        if scaling.rotary_dim != head_dim:
-            order = partial_rotary_order(head_dim, scaling.rotary_dim)
-    windows = layer_windows(cfg, len(fields)) if spec.windows else [None] * len(fields)
+        if scaling.rotary_dim != head_dim:  # a on the rotated features only, not a^2 on the whole score
+            order = (partial_rotary_order(head_dim, scaling.rotary_dim),
+                     partial_rotary_gains(head_dim, scaling.rotary_dim, scaling.attention_scaling))
+            temperature = 1.0
+    windows = (layer_windows(cfg, len(fields), per_layer=spec.windows is True) if spec.windows
+               else [None] * len(fields))
     built, blocks, widths = {}, [], []
     for layer, key in enumerate(fields):
         frozen = tuple(sorted(key.items()))

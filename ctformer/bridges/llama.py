@@ -17,8 +17,9 @@ frequencies :math:`\omega_i = \Theta^{-2i/d_h}`, :math:`i < d_h/2` (:math:`\Thet
 (:func:`rope_frequencies`), never read from the ``inv_freq`` buffer of ``rotary_emb``, which
 HuggingFace computes in float32 (``0.0099999998`` for ``0.01``); the score scale is
 :math:`1/\sqrt{d_h}` (:math:`\beta_h = \sqrt{d_h}`, ``head_dim`` need not be
-``hidden_size / heads``) and the mask is causal; Mistral's ``sliding_window`` and Qwen2's
-sliding layers (``layer_types``) add the window :math:`0 \le p(x) - p(x') < W`.
+``hidden_size / heads``) and the mask is causal; Mistral's ``sliding_window`` (every layer) and
+Qwen2's sliding layers (``layer_types``) add the window :math:`0 \le p(x) - p(x') < W`; a
+``sliding_window`` on a Llama configuration is ignored, as HuggingFace's ``LlamaModel`` ignores it.
 ``run`` on ``N`` tokens uses positions :math:`0, \dots, N - 1` (HuggingFace's default
 ``position_ids``); ``solve`` needs a ``context_length``.
 
@@ -58,12 +59,12 @@ LLAMA = register(ArchitectureSpec(
     hf_class="LlamaModel", family="llama", layer="layers.{i}.", query="self_attn.q_proj", key="self_attn.k_proj",
     value="self_attn.v_proj", output="self_attn.o_proj", gate="mlp.gate_proj", up="mlp.up_proj",
     down="mlp.down_proj", norm_kind="rms", norm1="input_layernorm", norm2="post_attention_layernorm",
-    final="norm", causal=True, rope=True, windows=True, names=ConfigNames(eps="rms_norm_eps"),
+    final="norm", causal=True, rope=True, names=ConfigNames(eps="rms_norm_eps"),
     refusals=(Refusal("num_local_experts", bool, "mixture-of-experts layers"),), small=_small))
-#: Mistral: Llama with a sliding window.
-MISTRAL = register(replace(LLAMA, hf_class="MistralModel", small=None))
+#: Mistral: Llama with a sliding window on every layer (HuggingFace ignores ``layer_types`` there).
+MISTRAL = register(replace(LLAMA, hf_class="MistralModel", windows="uniform", small=None))
 #: Qwen2: Llama with q, k, v biases and sliding layers (``layer_types``).
-QWEN2 = register(replace(LLAMA, hf_class="Qwen2Model", small=None))
+QWEN2 = register(replace(LLAMA, hf_class="Qwen2Model", windows=True, small=None))
 
 #: HuggingFace classes converted by :func:`from_llama`.
 SUPPORTED_LLAMA = ("LlamaModel", "MistralModel", "Qwen2Model")

@@ -10,7 +10,8 @@ query, key and value projections are one ``self_attn.qkv_proj`` weight, rows
 :math:`[W_Q; W_K; W_V]` of :math:`H d_h`, :math:`H_{kv} d_h`, :math:`H_{kv} d_h` rows; the gate
 and up projections are one ``mlp.gate_up_proj``, rows :math:`[W_{gate}; W_{up}]`. RoPE (any
 :data:`~ctformer.bridges.rope_scaling.SUPPORTED_ROPE_TYPES`, ``longrope`` included) with a
-``partial_rotary_factor`` (:mod:`ctformer.bridges.rotary`), and an optional ``sliding_window``.
+``partial_rotary_factor`` (:mod:`ctformer.bridges.rotary`), and an optional ``sliding_window`` on
+every layer (HuggingFace's Phi-3 does not read ``layer_types``).
 """
 from __future__ import annotations
 
@@ -31,4 +32,4 @@ PHI3 = register(ArchitectureSpec(
     hf_class="Phi3Model", family="phi3", layer="layers.{i}.", qkv="self_attn.qkv_proj", qkv_layout="stacked",
     output="self_attn.o_proj", gate_up="mlp.gate_up_proj", down="mlp.down_proj", norm_kind="rms",
     norm1="input_layernorm", norm2="post_attention_layernorm", final="norm", causal=True, rope=True,
-    partial_rotary=True, windows=True, names=ConfigNames(eps="rms_norm_eps"), small=_small))
+    partial_rotary=True, windows="uniform", names=ConfigNames(eps="rms_norm_eps"), small=_small))

@@ -4,8 +4,9 @@ A scaled RoPE is a frequency function :math:`\omega(\tau)` of the pair variable
 :math:`\tau = 2i/d_r \in [0, 1)` (:math:`d_r` the rotated head features) and a factor
 :math:`a` by which HuggingFace multiplies :math:`\cos` and :math:`\sin`; both queries and keys
 carry it, so every score :math:`q \cdot k` is multiplied by :math:`a^2`: in the continuum a
-temperature of the score, :math:`\beta_h \mapsto a^2 \beta_h`. With :math:`\Theta` =
-``rope_theta``, :math:`s` = ``factor`` and :math:`L_0` the original length:
+temperature of the score, :math:`\beta_h \mapsto a^2 \beta_h` (with a ``partial_rotary_factor``
+below 1 only the rotated features carry :math:`a`: :mod:`ctformer.bridges.rotary`). With
+:math:`\Theta` = ``rope_theta``, :math:`s` = ``factor`` and :math:`L_0` the original length:
 
 * ``default``: :math:`\omega = \Theta^{-\tau}`, :math:`a = 1`;
 * ``linear``: :math:`\omega = \Theta^{-\tau}/s` (position interpolation), :math:`a = 1`;

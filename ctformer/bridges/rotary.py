@@ -12,7 +12,11 @@ head features of queries and keys (:func:`partial_rotary_order`) to
 :math:`[r_{<d_r/2}, p_{<(d_h - d_r)/2}, r_{\ge d_r/2}, p_{\ge (d_h - d_r)/2}]` and gives the
 pass-through pairs the frequency :math:`\omega = 0` (a rotation by angle 0 is the identity).
 Scores :math:`q \cdot k` do not depend on the order of the head features, so the network is
-unchanged; in the continuum :math:`\omega(\tau) = 0` on :math:`\tau \ge \rho`.
+unchanged; in the continuum :math:`\omega(\tau) = 0` on :math:`\tau \ge \rho`. HuggingFace
+multiplies :math:`\cos` and :math:`\sin` by the attention scaling :math:`a`, so only the rotated
+features of queries and keys carry it: their rows of the query and key projections are
+multiplied by :math:`a` (:func:`partial_rotary_gains`) instead of a temperature :math:`a^2` on
+the whole score.
 """
 from __future__ import annotations
 
@@ -27,8 +31,8 @@ from ..operators.positions import LengthFrequencies
 from .common import to_numpy
 from .rope_scaling import DynamicNTK, LongRoPE, RopeScaling, rope_from_config, rope_parameters
 
-__all__ = ["rope_scaling_of", "rope_positions", "partial_rotary_order", "check_rotary", "rope_frequencies",
-           "float64_reference", "native_frequencies", "ZeroPadded"]
+__all__ = ["rope_scaling_of", "rope_positions", "partial_rotary_order", "partial_rotary_gains", "check_rotary",
+           "rope_frequencies", "float64_reference", "native_frequencies", "ZeroPadded"]
 
 
 def rope_scaling_of(cfg, family: str = "llama", partial: bool = False) -> RopeScaling:
@@ -80,6 +84,16 @@ def partial_rotary_order(head_dim: int, rotary_dim: int) -> np.ndarray:
     r, p = rotary_dim // 2, (head_dim - rotary_dim) // 2
     rot, rest = np.arange(rotary_dim), np.arange(rotary_dim, head_dim)
     return np.concatenate([rot[:r], rest[:p], rot[r:], rest[p:]])
+
+
+def partial_rotary_gains(head_dim: int, rotary_dim: int, scale: float) -> np.ndarray:
+    """The factor of each head feature of queries and keys in the order of
+    :func:`partial_rotary_order`: the attention scaling ``scale`` on the rotated features, 1 on
+    the pass-through ones (HuggingFace scales cos and sin, which touch only the rotated ones)."""
+    gains = np.ones(head_dim)
+    half, r = head_dim // 2, rotary_dim // 2
+    gains[:r] = gains[half:half + r] = float(scale)
+    return gains
 
 
 def rope_frequencies(cfg, length=None) -> np.ndarray:
@@ -204,7 +218,9 @@ def _capped_float64(module, query, key, value, attention_mask, scaling, softcap)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     scores = softcap * torch.tanh(scores / softcap)
     mask = attention_mask[:, :, :, : key.shape[-2]]
-    scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    # the most negative finite score, not -inf: a padding query without keys (left padding) gets
+    # finite weights, and no NaN reaches the real tokens through its values in the next layer
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
     weights = torch.softmax(scores, dim=-1)
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 

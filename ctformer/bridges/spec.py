@@ -118,8 +118,11 @@ class ArchitectureSpec:
     parallel : str or None
         The configuration flag of the parallel residual (GPT-NeoX ``use_parallel_residual``):
         the layer is one explicit Euler step on both sub-flows.
-    windows : bool
-        Read ``sliding_window`` and ``layer_types`` (Mistral, Qwen2, Gemma 2).
+    windows : bool or "uniform"
+        ``True``: ``sliding_window`` on the layers ``layer_types`` marks ``sliding_attention``
+        (every layer when there is no ``layer_types``; Qwen2, Gemma 2); ``"uniform"``:
+        ``sliding_window`` on every layer, ``layer_types`` unread, as HuggingFace's Mistral and
+        Phi-3 do; ``False``: neither is read (HuggingFace's Llama ignores a ``sliding_window``).
     softcap : str or None
         The configuration field of the attention score's soft cap :math:`c` (Gemma 2's
         ``attn_logit_softcapping``): the kernel :math:`e^{c \tanh(s/c)}`; None or a value of
@@ -165,7 +168,7 @@ class ArchitectureSpec:
     rope: bool = False
     partial_rotary: bool = False
     parallel: str | None = None
-    windows: bool = False
+    windows: bool | str = False
     softcap: str | None = None
     beta: Callable | None = None
     layer_keys: Callable | None = None
@@ -180,6 +183,8 @@ class ArchitectureSpec:
             raise ValueError(f"qkv_layout must be one of {QKV_LAYOUTS}, got {self.qkv_layout!r}")
         if self.placement not in ("pre", "post"):
             raise ValueError(f"placement must be 'pre' or 'post', got {self.placement!r}")
+        if self.windows not in (False, True, "uniform"):
+            raise ValueError(f"windows must be False, True or 'uniform', got {self.windows!r}")
         if (self.qkv is None) == (self.query is None):
             raise ValueError(f"{self.hf_class}: give either qkv or query/key/value templates")
 

@@ -244,11 +244,16 @@ def in_open_hemisphere(x, *, tol=1e-9):
     x : array, shape (n, d)
     tol : float
         Margin below which :math:`s^\ast` counts as zero (points on a closed but not open
-        hemisphere, e.g. an antipodal pair).
+        hemisphere, e.g. an antipodal pair); finite and >= 0.
 
     Returns
     -------
     bool
+
+    Raises
+    ------
+    ValueError
+        For a negative or non-finite ``tol``.
 
     Notes
     -----
@@ -256,6 +261,7 @@ def in_open_hemisphere(x, *, tol=1e-9):
     to a single cluster (Geshkovski et al.).
     """
     pts = to_host(_points(x, batch=False), np.float64)
+    tol = real(tol, "tol", nonnegative=True)
     n, d = pts.shape
     # variables (u_1..u_d, s); maximize s  <=>  minimize -s;  s - <u, x_i> <= 0
     cost = np.zeros(d + 1)
@@ -324,13 +330,21 @@ def attention_rank(a, rtol=None):
     Returns
     -------
     int or numpy.ndarray of int
+
+    Raises
+    ------
+    ValueError
+        For a wrong shape, NaN or inf entries, or a negative or non-finite ``rtol``.
     """
     host = to_host(a, np.float64)
     if host.ndim not in (2, 3):
         raise ValueError(f"a must have shape (n, n) or (batch, n, n), got {host.shape}")
+    if not np.all(np.isfinite(host)):
+        raise ValueError("a has NaN or inf entries: an attention matrix has none")
     s = np.linalg.svd(host, compute_uv=False)
     if rtol is None:
         rtol = max(host.shape[-2:]) * np.finfo(host.dtype).eps
+    rtol = real(rtol, "rtol", nonnegative=True)
     rank = np.sum(s > rtol * s[..., :1], axis=-1)
     return int(rank) if rank.ndim == 0 else rank
 
@@ -348,7 +362,15 @@ def row_entropy(a):
     Returns
     -------
     array, shape (...)
+
+    Raises
+    ------
+    ValueError
+        For NaN, inf or negative entries (rows of probabilities have none).
     """
     xp = array_api_compat.array_namespace(a)
+    if not bool(xp.all(xp.isfinite(a) & (a >= 0))):  # one host sync: NaN would read as 0 below
+        raise ValueError("a must hold probabilities: finite and >= 0 entries, got NaN, inf or "
+                         "negative ones")
     positive = a > 0
     return -xp.sum(xp.where(positive, a * xp.log(xp.where(positive, a, 1.0)), 0.0), axis=-1)

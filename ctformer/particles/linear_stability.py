@@ -49,11 +49,20 @@ def linear_growth_rate(k, beta, normalized=True):
     Returns
     -------
     float or numpy.ndarray
+
+    Raises
+    ------
+    ValueError
+        For a ``beta`` that is zero or not finite, or wavenumbers that are not non-negative
+        integers.
     """
     beta = _check_beta(beta)
     if beta == 0:
         raise ValueError(f"beta must be finite and nonzero, got {beta}")
     k = np.asarray(k)
+    if not np.issubdtype(k.dtype, np.integer) or np.any(k < 0):
+        raise ValueError(f"k must be non-negative integer wavenumbers (the modes cos(k theta) of "
+                         f"the circle), got {k.tolist()!r}")
     # k I_k / beta = (I_{k-1} - I_{k+1}) / 2 avoids dividing by a small beta.
     half_diff = 0.5 * (special.ive(k - 1, beta) - special.ive(k + 1, beta))
     if normalized:

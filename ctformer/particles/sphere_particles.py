@@ -65,7 +65,7 @@ def empirical_density(positions, solver, *, axis=None, weights=None):
     axis : array, shape (d,), optional
         The zonal axis :math:`e` (default the last coordinate vector); zonal only.
     weights : array, shape (n,), optional
-        Particle weights (default :math:`1/n`).
+        Particle weights, finite and >= 0 (default :math:`1/n`).
 
     Returns
     -------
@@ -76,8 +76,9 @@ def empirical_density(positions, solver, *, axis=None, weights=None):
     d = getattr(solver, "dimension", 3)
     x = _positions(positions, d)
     w = np.full(x.shape[0], 1.0 / x.shape[0]) if weights is None else np.asarray(weights, dtype=np.float64)
-    if w.shape != (x.shape[0],) or not np.all(np.isfinite(w)):
-        raise ValueError(f"weights must be {x.shape[0]} finite numbers, got shape {w.shape}")
+    if w.shape != (x.shape[0],) or not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError(f"weights must be {x.shape[0]} finite numbers >= 0 (a measure), got "
+                         f"shape {w.shape} and values from {np.min(w, initial=np.inf):.6g}")
     if hasattr(solver, "basis"):  # zonal
         s = np.clip(x @ _axis(axis, d), -1.0, 1.0)
         return w @ solver.basis.evaluate(np.eye(solver.degree + 1), s).T
