@@ -10,7 +10,23 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["write_atomic"]
+__all__ = ["write_atomic", "check_directory"]
+
+
+def check_directory(path, what: str = "write_atomic") -> Path:
+    """``path`` as a :class:`~pathlib.Path`, once its directory is known to exist.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the directory that would hold ``path`` does not exist (naming it, not the
+        temporary file an atomic write would have made there).
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{what}: the directory {str(path.parent)!r} of {str(path)!r} does "
+                                "not exist; create it first (nothing was written)")
+    return path
 
 
 def write_atomic(path, data) -> Path:
@@ -20,10 +36,12 @@ def write_atomic(path, data) -> Path:
     ------
     TypeError
         If ``data`` is neither bytes nor str.
+    FileNotFoundError
+        If the directory does not exist (:func:`check_directory`; nothing is changed then).
     OSError
-        If the directory does not exist or is not writable (nothing is changed then).
+        If the directory is not writable (nothing is changed then).
     """
-    path = Path(path)
+    path = check_directory(path)
     if isinstance(data, str):
         data = data.encode("utf-8")
     if not isinstance(data, (bytes, bytearray, memoryview)):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from .atomic import write_atomic
 from .cli_common import MINILM_PACKAGES, NO_MATPLOTLIB, _close, _have_matplotlib, _progress, \
     _require
 from .cli_limit import _run_limit
@@ -93,7 +94,7 @@ def _run_demo(args) -> int:
         written = []
         for stem, results, table, title in (("tokens", tokens, token_table, "tokens"),
                                             ("depth", depth, depth_table, "depth")):
-            (out / f"{stem}.txt").write_text(table + "\n")
+            write_atomic(out / f"{stem}.txt", table + "\n")
             written.append(out / f"{stem}.txt")
             for res in results:
                 name = res.method.split()[0]

@@ -97,6 +97,8 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 
 def _out_directory(text: str, option: str = "--out") -> Path:
     """The output directory, created; a clear error when it is a file or cannot be made."""
+    if not text.strip():
+        raise UserError(f"{option} is empty; give a directory (it is created if missing)")
     out = Path(text)
     if out.exists() and not out.is_dir():
         raise UserError(f"{option} {text!r} is a file; give a directory (it is created if "

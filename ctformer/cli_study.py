@@ -26,6 +26,8 @@ def _scheme(name, substep):
 
 
 def _connect(address: str, timeout: float):
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise UserError(f"--connect-timeout must be a positive number of seconds, got {timeout!r}")
     try:
         from distributed import Client
     except ImportError as exc:

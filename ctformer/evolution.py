@@ -65,6 +65,10 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
                              "pass u0=None")
         start = restart_point(initial, controlled=steps_per_layer is None,
                               boundaries=range(len(model.blocks) + 1))
+        if start.scheme is not None and start.scheme != integrator.label:
+            raise ValueError(f"initial was solved with scheme {start.scheme!r}, this solve uses "
+                             f"{integrator.label!r}: a restart continues with the scheme of the "
+                             f"saved solve; pass that scheme ({start.scheme!r})")
         if start.t0 >= len(model.blocks):
             raise ValueError(f"initial ends at depth {start.t0:g}, the end of the model's "
                              f"{len(model.blocks)} layers: nothing is left to solve")

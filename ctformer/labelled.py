@@ -19,7 +19,7 @@ Attributes are netCDF-legal: strings, numbers and 1-D numeric arrays. ``None`` i
 (an absent ``rtol`` means a fixed-step solve), a boolean becomes the integer 0 or 1, and a
 nested value (a study's parameters) becomes JSON text in an attribute whose name ends in
 ``_json``. Every dataset carries ``ctformer_result`` (the result's class) and
-``ctformer_version``.
+``ctformer_version``; ``ctformer_array_attributes_json`` names the 1-D array attributes.
 
 :func:`to_netcdf` (h5netcdf) and :func:`to_zarr` write atomically; :func:`from_xarray` and
 :func:`open_dataset` give back the arrays a restart needs, bit for bit
@@ -39,8 +39,8 @@ import numpy as np
 
 from . import labelled_methods
 from .backend import to_host
-from .labelled_files import (INSTALL_HINT, PART, SavedResult, _xarray, from_xarray, join_parts,
-                             open_dataset, split_parts, to_netcdf, to_zarr)
+from .labelled_files import (ARRAY_ATTRS, INSTALL_HINT, PART, SavedResult, _xarray, from_xarray,
+                             join_parts, open_dataset, split_parts, to_netcdf, to_zarr)
 
 __all__ = ["to_xarray", "to_netcdf", "to_zarr", "from_xarray", "open_dataset", "register",
            "converters", "SavedResult", "solution_to_xarray", "trajectory_to_xarray",
@@ -126,7 +126,11 @@ def to_xarray(result, **options):
     _load_builtins()
     for cls in type(result).__mro__:
         if cls in _CONVERTERS:
-            return _CONVERTERS[cls](result, **options)
+            ds = _CONVERTERS[cls](result, **options)
+            arrays = sorted(k for k, v in ds.attrs.items() if isinstance(v, np.ndarray))
+            if arrays:  # netCDF reads a 1-D attribute of one value back as a number
+                ds.attrs[ARRAY_ATTRS] = _json(arrays)
+            return ds
     known = ", ".join(sorted(c.__name__ for c in _CONVERTERS))
     raise TypeError(f"to_xarray: no converter for {type(result).__name__}; results with one: "
                     f"{known} (add one with ctformer.labelled.register)")

@@ -23,13 +23,17 @@ from pathlib import Path
 import numpy as np
 
 from . import labelled_methods
+from .atomic import check_directory
 
 __all__ = ["to_netcdf", "to_zarr", "from_xarray", "open_dataset", "SavedResult", "split_parts",
-           "join_parts", "PART", "INSTALL_HINT"]
+           "join_parts", "PART", "INSTALL_HINT", "ARRAY_ATTRS"]
 
 #: Labels of the ``part`` axis of complex values.
 PART = ("re", "im")
 INSTALL_HINT = 'pip install "ctformer[io]"'
+#: The attribute naming the 1-D array attributes (JSON), which netCDF reads back as a number
+#: when they hold one value: :func:`from_xarray` makes them arrays again.
+ARRAY_ATTRS = "ctformer_array_attributes_json"
 
 
 def _xarray():
@@ -78,8 +82,19 @@ def to_netcdf(result, path, **options) -> Path:
     Returns
     -------
     pathlib.Path
+
+    Raises
+    ------
+    FileNotFoundError
+        If the directory of ``path`` does not exist (it is not created).
+    IsADirectoryError
+        If ``path`` is a directory (nothing is replaced then).
     """
-    ds, path = _dataset(result, options), Path(path)
+    path = check_directory(path, "to_netcdf")
+    if path.is_dir():
+        raise IsADirectoryError(f"to_netcdf: {str(path)!r} is a directory (a zarr store?); give a "
+                                "file name, or write a store with to_zarr (nothing was written)")
+    ds = _dataset(result, options)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -119,8 +134,11 @@ def to_zarr(result, path, *, zarr_format: int = 3, **options) -> Path:
     ------
     FileExistsError
         If ``path`` exists and is not a zarr store (nothing is replaced then).
+    FileNotFoundError
+        If the directory of ``path`` does not exist (it is not created).
     """
-    ds, path = _dataset(result, options), Path(path)
+    path = check_directory(path, "to_zarr")
+    ds = _dataset(result, options)
     if path.exists() and not _is_zarr_store(path):
         raise FileExistsError(f"to_zarr: {path} exists and is not a zarr store; refusing to "
                               "replace it (remove it or choose another path)")
@@ -156,19 +174,21 @@ class SavedResult:
     Attributes
     ----------
     kind : str
-        The result's class: ``"Solution"``, ``"Trajectory"``, ``"MeanFieldSolution"`` or
-        ``"ConvergenceResult"``.
+        The result's class: ``"Solution"``, ``"Trajectory"``, ``"MeanFieldSolution"``,
+        ``"ZonalSolution"``, ``"SphericalSolution"`` or ``"ConvergenceResult"``.
     times : numpy.ndarray or None
         Saved depths or times (None for a study).
     states : numpy.ndarray or None
         The saved states in the solver's layout: ``(T, ..., N, d)`` for a solution (a product
-        token grid back in raster order), ``(T, ..., n, d)`` for particles, the complex
-        coefficients ``(T, K + 1)`` for the mean field; None for a study.
+        token grid back in raster order), ``(T, ..., n, d)`` for particles, the
+        coefficients ``(T, K + 1)`` for a mean field (complex on the circle and on
+        :math:`S^2`); None for a study.
     arrays : dict
         The other variables and coordinates by name (``tracers``, ``density``, weights, the
         study's columns, ...).
     attrs : dict
-        The attributes, ``*_json`` ones parsed (under the name without the suffix).
+        The attributes, ``*_json`` ones parsed (under the name without the suffix), the 1-D
+        array ones (named in ``ctformer_array_attributes``) as arrays.
     dataset : xarray.Dataset
         The dataset it was read from (in memory).
     """
@@ -187,7 +207,8 @@ class SavedResult:
 
 
 _STATE = {"Solution": ("state", "depth"), "Trajectory": ("positions", "time"),
-          "MeanFieldSolution": ("coefficients", "time"), "ConvergenceResult": (None, None)}
+          "MeanFieldSolution": ("coefficients", "time"), "ConvergenceResult": (None, None),
+          "ZonalSolution": ("coefficients", "time"), "SphericalSolution": ("coefficients", "time")}
 
 
 def _decoded_attrs(attrs: dict) -> dict:
@@ -197,6 +218,9 @@ def _decoded_attrs(attrs: dict) -> dict:
             out[key[: -len("_json")]] = json.loads(value)
         else:
             out[key] = value
+    for key in out.get(ARRAY_ATTRS[: -len("_json")], ()):  # 1-D arrays, as they were written
+        if key in out:
+            out[key] = np.atleast_1d(np.asarray(out[key]))
     return out
 
 

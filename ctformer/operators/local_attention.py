@@ -57,6 +57,35 @@ def _check_positions(positions, name: str) -> np.ndarray:
     return p
 
 
+def _check_slopes(slopes, *leading) -> None:
+    """Refuse ALiBi ``slopes`` that are not finite numbers >= 0 or do not broadcast against the
+    leading (batch, head) axes of ``q``, ``k``, ``v`` (shapes ``leading``) without adding
+    axes (O(heads))."""
+    host = to_host(slopes, np.float64)
+    if not (np.all(np.isfinite(host)) and np.all(host >= 0)):
+        raise ValueError(f"slopes must be finite numbers >= 0 (the ALiBi slopes m_h), got {host.tolist()}")
+    try:
+        lead = np.broadcast_shapes(*(tuple(s) for s in leading))
+    except ValueError:
+        return  # q, k, v themselves do not broadcast: refused with their names further on
+    try:
+        fits = np.broadcast_shapes(host.shape, lead) == lead
+    except ValueError:
+        fits = False
+    if not fits:
+        heads = lead[-1] if lead else 1
+        raise ValueError(f"slopes of shape {host.shape} do not broadcast against the leading (batch, head) "
+                         f"axes {tuple(lead)} of q, k, v; pass one slope per head, e.g. shape ({heads},)")
+
+
+def _check_beta(beta) -> None:
+    """Refuse a ``beta`` that is not finite (``check=True``), as ``quadrature_attention`` does."""
+    if isinstance(beta, (bool, str, bytes)):
+        raise TypeError(f"beta must be a real number or an array of them, got {beta!r}")
+    if not np.all(np.isfinite(to_host(beta, np.float64))):
+        raise ValueError(f"beta must be finite, got {beta!r}")
+
+
 def _check_window(window) -> float:
     return validation.real(window, "window (a length in positions)", positive=True)
 
@@ -205,17 +234,27 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
     Returns
     -------
     array of shape (..., N, e)
-        Rows of queries that keep no key (pattern, causal order and ``key_mask`` together)
+        Same namespace and dtype as ``q`` (NumPy float16 is computed in float32 and rounded
+        once to float16). Rows of queries that keep no key (pattern, causal order and ``key_mask`` together)
         are zero, unless ``fallback_to_self``.
 
     Raises
     ------
     ValueError
         For mismatched shapes, a pattern of the wrong shape, ``slopes`` without
-        ``positions``, non-finite ``q``, ``k`` or ``v`` with ``check=True``, or bad options.
+        ``positions``, negative or non-finite ``slopes`` or ones that do not broadcast against
+        the leading axes, non-finite ``q``, ``k``, ``v`` or ``beta`` with ``check=True``, or
+        bad options.
     TypeError
         For a pattern that is not a boolean pydata ``sparse`` array.
     """
+    if all(type(a) is np.ndarray and a.dtype == np.float16 for a in (q, k, v)):
+        # computed in float32 and rounded once, as quadrature_attention does (float16 scores lose most bits)
+        wide = (a.astype(np.float32) for a in (q, k, v))
+        return local_attention(*wide, beta=beta, pattern=pattern, weights=weights, key_mask=key_mask,
+                               slopes=slopes, positions=positions, key_positions=key_positions, causal=causal,
+                               diagonal=diagonal, block=block, fallback_to_self=fallback_to_self, check=check,
+                               bias=bias).astype(np.float16)
     xp = array_api_compat.array_namespace(q, k, v)
     n, m = q.shape[-2], k.shape[-2]
     diagonal = validation.one_of(diagonal, "diagonal", ("full", "half"))
@@ -234,7 +273,10 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
         if p.size != n or pk.size != m:
             raise ValueError(f"positions must have {n} entries and key_positions {m}, got {p.size} and {pk.size}")
     if slopes is not None:
+        _check_slopes(slopes, q.shape[:-2], k.shape[:-2], v.shape[:-2])
         bias = slopes_bias(slopes)
+    if check:
+        _check_beta(beta)
     km = None
     if key_mask is not None:
         km = xp.asarray(key_mask)

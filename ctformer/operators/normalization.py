@@ -40,7 +40,10 @@ for powers of two). With :math:`\varepsilon > 0`, :math:`s` is raised to at leas
 :math:`\varepsilon / s^2` is formed; that changes only tokens whose normalized values are
 below :math:`R^{-1/2}` (about :math:`10^{-154}` in float64) anyway.
 
-Dtypes. The result has the dtype of :math:`u`. A NumPy float16 state is normalized in float32
+Dtypes. The result has the dtype of :math:`u`. The compiled pass sums float32 tokens in float64
+with the float64 feature weights (weights rounded to float32 sum to :math:`1 + O(10^{-7})`: a
+constant float32 token with :math:`\varepsilon = 10^{-12}` then normalized to about
+:math:`\pm 0.3` instead of 0). A NumPy float16 state is normalized in float32
 and rounded once to float16 (within half an ulp of float16; float16 sums of squares would lose
 most of the variance's bits), and a result beyond float16's largest number 65504 (a large gain)
 raises :class:`OverflowError` rather than becoming inf.
@@ -72,12 +75,13 @@ _PLAIN = {np.dtype(np.float64): (2.0 ** 400, 64.0 * float(np.finfo(np.float64).e
           np.dtype(np.float32): (2.0 ** 40, 64.0 * float(np.finfo(np.float32).eps))}
 
 
-def _plain_centred(u, w, eps: float, centre: bool):
+def _plain_centred(u, w, eps: float, centre: bool, w64=None):
     """The hot path for float64 and float32 NumPy states: ``(c, var)`` without rescaling, or ``None``.
 
     ``None`` for other arrays, when the state is too large to square, or (``eps == 0``) when some token's
     variance is not clearly above rounding noise relative to the largest entry: the careful
-    path then rescales token by token and names a degenerate token.
+    path then rescales token by token and names a degenerate token. A float32 state's mean is
+    its product with the float64 weights ``w64``, rounded once.
     """
     if type(u) is not np.ndarray or u.dtype not in _PLAIN:
         return None
@@ -85,7 +89,10 @@ def _plain_centred(u, w, eps: float, centre: bool):
     top = float(np.abs(u).max(initial=0.0))
     if not 1.0 / largest <= top <= largest:
         return None
-    c = u - (u @ w)[..., None] if centre else u
+    if centre and u.dtype == np.float32:  # the mean in float64 (float32 weights sum to 1 + O(1e-7))
+        c = u - (u @ w64).astype(np.float32)[..., None]
+    else:
+        c = u - (u @ w)[..., None] if centre else u
     var = ((c * c) @ w)[..., None]
     if eps == 0.0 and not float(var.min(initial=np.inf)) > (noise * top) ** 2:
         return None
@@ -223,13 +230,13 @@ class LayerNormProjection(Normalization):
                 return via_float32(layer_norm, u, "LayerNormProjection")
             w = constants("w", u)
             gain, shift = constants("gain", u), constants("shift", u)
-            fused = normalized_rows(u, w, eps, True, gain, shift)
+            fused = normalized_rows(u, constants.host["w"], eps, True, gain, shift)
             if fused is not None:
                 return fused
             fused = _torch_fused(u, uniform, eps, True, gain, shift)
             if fused is not None:
                 return fused
-            plain = _plain_centred(u, w, eps, True)
+            plain = _plain_centred(u, w, eps, True, constants.host["w"])
             if plain is not None:  # both arrays are new: finished in place
                 centred, var = plain
                 if eps:
@@ -244,6 +251,8 @@ class LayerNormProjection(Normalization):
             xp = array_api_compat.array_namespace(u)
             v, s, peak = _rescaled(xp, u)
             centred = v - (v @ w)[..., None]             # quadrature of the mean: one product
+            if u.dtype == xp.float32:  # a second pass: float32 weights sum to 1 + O(1e-7)
+                centred = centred - (centred @ w)[..., None]
             var = ((centred * centred) @ w)[..., None]
             if eps == 0.0:
                 # rounding noise of the variance of v
@@ -263,7 +272,7 @@ class LayerNormProjection(Normalization):
             return out if shift is None else out + shift
 
         return SmallPlans(layer_norm, lambda u: _fused_plan(
-            layer_norm, u, constants("w", u), eps, True, constants("gain", u), constants("shift", u)))
+            layer_norm, u, constants.host["w"], eps, True, constants("gain", u), constants("shift", u)))
 
 
 class SphereProjection(Normalization):
@@ -311,7 +320,7 @@ class SphereProjection(Normalization):
             if type(u) is np.ndarray and u.dtype == np.float16:
                 return via_float32(sphere, u, name)
             w = constants("w", u)
-            fused = normalized_rows(u, w, eps, False, None if plain else constants("gain", u))
+            fused = normalized_rows(u, constants.host["w"], eps, False, None if plain else constants("gain", u))
             if fused is None:
                 fused = _torch_fused(u, uniform, eps, False, None if plain else constants("gain", u))
             if fused is not None:
@@ -338,7 +347,7 @@ class SphereProjection(Normalization):
             return out if plain else out * constants("gain", u)
 
         return SmallPlans(sphere, lambda u: _fused_plan(
-            sphere, u, constants("w", u), eps, False, None if plain else constants("gain", u)))
+            sphere, u, constants.host["w"], eps, False, None if plain else constants("gain", u)))
 
 
 def _fused_plan(general, like, w, eps, centre, gain, shift=None):

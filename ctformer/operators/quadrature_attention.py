@@ -84,7 +84,7 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     -------
     array, shape (..., N, e)
         Same array library and dtype as the inputs (float32 stays float32; lists give NumPy
-        float64).
+        float64). NumPy float16 inputs are computed in float32 and rounded once to float16.
 
     Raises
     ------
@@ -114,6 +114,12 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     masks produce such rows: with left padding (HuggingFace's batches for generation) and a
     causal mask, a padding token before the first real token sees no key. The zero rows
     never reach the other queries (a padding key is masked for everyone).
+
+    *Float16.* NumPy float16 inputs are widened to float32, attended there and the result is
+    rounded once to float16 (as the activations and normalizations do): scores formed in
+    float16 keep 11 bits, and :math:`e^{s}` turns a score's rounding :math:`\delta` into a
+    relative error :math:`\delta` of its weight (at :math:`|s| \approx 200` that is 6%). The
+    output is a convex combination of ``v``, so it stays within float16's range.
 
     *Scale safety* (``check=True``). With :math:`a_q, a_k, a_v` the largest magnitudes of
     ``q``, ``k``, ``v`` in each (batch, head) problem, the scores are bounded by
@@ -153,6 +159,10 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     ``CTFORMER_NUM_THREADS=1`` when calling from several threads at once (e.g. a threaded Dask
     worker).
     """
+    if _all_float16(q, k, v):  # computed in float32, rounded once (see Notes)
+        return quadrature_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), beta=beta,
+                                    weights=weights, mask=mask, diagonal=diagonal, chunk=chunk,
+                                    check=check).astype(np.float16)
     if not check:
         return _dense.attend_trusted(q, k, v, beta, weights, mask, diagonal, chunk)
     xp, q, k, v, beta, log_w, keep, diag_shift, lead, amax = _validate(q, k, v, beta, weights, mask, diagonal)
@@ -163,6 +173,11 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     q, beta, k, v, v_scale = _scale_safety.scaled_inputs(xp, q, k, v, beta, amax)
     out = _dense.attend_rows(xp, q, k, v, beta, log_w, keep, isinstance(mask, str), diag_shift, lead, chunk)
     return times_pow2(xp, out, v_scale)
+
+
+def _all_float16(q, k, v) -> bool:
+    """Whether ``q``, ``k``, ``v`` are NumPy float16 arrays (three type and dtype tests)."""
+    return all(type(a) is np.ndarray and a.dtype == np.float16 for a in (q, k, v))
 
 
 # -- validation -----------------------------------------------------------------------------------

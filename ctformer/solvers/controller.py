@@ -231,7 +231,8 @@ class PIController:
         3. one explicit Euler step :math:`u_1 = u_0 + h_0 f_0`, :math:`f_1 = f(t_0 + h_0, u_1)`;
         4. :math:`d_2 = \|f_1 - f_0\| / h_0`;
         5. :math:`h_1 = (0.01 / \max(d_1, d_2))^{1/(q+1)}`, or :math:`\max(10^{-6},
-           10^{-3} h_0)` if both are below :math:`10^{-15}`;
+           10^{-3} h_0)` if both are below :math:`10^{-15}` or either is not finite (a zero
+           scale where the state moves, ``atol = 0``; then also :math:`h_0 = 10^{-6}`);
         6. :math:`h = \min(100 h_0, h_1)` (and at most :math:`|t_{end} - t_0|`).
 
         Parameters
@@ -265,11 +266,12 @@ class PIController:
         norm = self.error_norm if norm is None else norm
         f0 = rhs(t0, u0) if f0 is None else f0
         d0, d1 = norm(u0, u0, u0), norm(f0, u0, u0)
-        h0 = 1e-6 if d0 < 1e-5 or d1 < 1e-5 else 0.01 * d0 / d1
+        # d1 or d2 not finite: a zero scale where the state moves (atol = 0), or a NaN state
+        h0 = 0.01 * d0 / d1 if d0 >= 1e-5 and 1e-5 <= d1 < math.inf else 1e-6
         h0 = min(h0, span)
         f1 = rhs(t0 + direction * h0, u0 + (direction * h0) * f0)
         d2 = norm(f1 - f0, u0, u0) / h0
-        if max(d1, d2) <= 1e-15:
+        if not (math.isfinite(d1) and math.isfinite(d2)) or max(d1, d2) <= 1e-15:
             h1 = max(1e-6, 1e-3 * h0)
         else:
             h1 = (0.01 / max(d1, d2)) ** (1.0 / (q + 1.0))

@@ -18,6 +18,7 @@ computed) are handled here once for all of them.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ import array_api_compat
 import numpy as np
 
 from ..backend import all_finite
+from ..validation import is_integer, real
 from .controller import ControllerState, PIController
 from .events import crossed, evaluate_condition, locate
 from .failures import MaxStepsReached, SolveFailed, SolveInterrupted, StepSizeTooSmall
@@ -58,6 +60,8 @@ class Piecewise:
         if len(self.boundaries) != len(self.problems) + 1:
             raise ValueError(f"boundaries must have one entry more than problems, got "
                              f"{len(self.boundaries)} and {len(self.problems)}")
+        if not all(math.isfinite(b) for b in self.boundaries):
+            raise ValueError(f"boundaries must be finite, got {self.boundaries}")
         if any(b <= a for a, b in zip(self.boundaries, self.boundaries[1:])):
             raise ValueError(f"boundaries must increase, got {self.boundaries}")
 
@@ -75,6 +79,8 @@ class Piecewise:
     @classmethod
     def single(cls, problem, t1: float, t0: float = 0.0) -> "Piecewise":
         """One problem on :math:`[t_0, t_1]` (particles, mean fields)."""
+        if not (math.isfinite(t0) and math.isfinite(t1)):
+            raise ValueError(f"t0 and t1 must be finite, got t0={t0!r}, t1={t1!r}")
         if not t0 < t1:
             raise ValueError(f"the interval [t0, t1] = [{t0!r}, {t1!r}] is empty: t1 must exceed "
                              f"the depth the solve starts from")
@@ -178,8 +184,8 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
             if isinstance(control, PIController):
                 run.adaptive(u0, control, weights, order, start)
             else:
-                steps, h = control if isinstance(control, tuple) else (control, None)
-                run.fixed(u0, int(steps), checkpoint, h, groups)
+                steps, h = _fixed_control(control, problem)
+                run.fixed(u0, steps, checkpoint, h, groups)
     except KeyboardInterrupt:
         raise SolveInterrupted(run.interrupted_message(), run.solution(control)) from None
     return run.solution(control)
@@ -210,13 +216,15 @@ class _Run:
         if not self.events:
             return False
         g_new = [evaluate_condition(e, t_new, u_new, i) for i, e in enumerate(self.events)]
-        first = None
+        found = []
         for i, (e, g0, g1) in enumerate(zip(self.events, self.g, g_new)):
             if crossed(e, g0, g1):
                 tc = locate(e, i, lambda s: record(s, self._count), record.t0, t_new, g0, g1)
-                self.fired.append((i, tc))
-                if e.terminal and (first is None or abs(tc - record.t0) < abs(first[0] - record.t0)):
-                    first = (tc, i)
+                found.append((abs(tc - record.t0), i, tc))
+        found.sort()  # in the order they happen (ties: by index)
+        first = next(((tc, i) for _, i, tc in found if self.events[i].terminal), None)
+        # none past a terminal event: the solve ends there
+        self.fired += [(i, tc) for d, i, tc in found if first is None or d <= abs(first[0] - record.t0)]
         self.g = g_new
         if first is None:
             if self.fired and self.event is None:
@@ -355,6 +363,21 @@ class _Run:
                         event_time=t_event, event_state=u_event, event_index=i_event,
                         records=self.saver.records, t0=self.problem.boundaries[0],
                         **self.labels)
+
+
+def _fixed_control(control, problem: Piecewise):
+    """``(steps, h)`` of a fixed-step ``control`` (``h`` None: each segment's length / steps)."""
+    steps, h = control if isinstance(control, tuple) and len(control) == 2 else (control, None)
+    if not is_integer(steps) or steps < 1:
+        raise ValueError(f"control must be a positive integer (steps per segment), a pair "
+                         f"(steps, h) or a PIController, got {control!r}")
+    if h is not None:
+        h = real(h, "control's step h", positive=True)
+        for a, b, _ in problem.segments:
+            if abs(steps * h - (b - a)) > 1e-9 * max(1.0, abs(a), abs(b)):
+                raise ValueError(f"control = {control!r}: {steps} steps of h = {h!r} cover "
+                                 f"{steps * h!r}, not the segment [{a!r}, {b!r}]")
+    return int(steps), h
 
 
 def _segment(scheme, problem, u, steps, h, checkpoint):

@@ -92,7 +92,7 @@ def _refuse_to_go_on(run, controller, h_try, h_min, land, nonfinite) -> None:
             f"with scheme {run.scheme.label!r}, rtol={controller.rtol:g}, "
             f"atol={controller.atol:g}; raise max_steps or loosen the tolerances (the "
             f"solution up to t={run.t:.6g} is exc.solution)", run.solution(controller))
-    if h_try < h_min and not land:
+    if not h_try >= h_min and not land:  # NaN included
         why = (" after the state became NaN or inf (the right-hand side overflows)"
                if nonfinite else "")
         raise StepSizeTooSmall(

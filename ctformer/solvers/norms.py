@@ -70,8 +70,9 @@ def weighted_rms(e, u, u_new, rtol: float, atol: float, weights=None) -> float:
     Returns
     -------
     float
-        The norm; ``inf`` or ``nan`` when ``e`` is not finite or a scale is zero (the
-        controller then rejects the step with the smallest step ratio).
+        The norm; ``inf`` or ``nan`` when ``e`` is not finite or a scale is zero where ``e``
+        is not (the controller then rejects the step with the smallest step ratio). An entry
+        with ``e = 0`` counts 0, also where its scale is zero (``atol = 0`` at a zero entry).
 
     Raises
     ------
@@ -91,6 +92,8 @@ def weighted_rms(e, u, u_new, rtol: float, atol: float, weights=None) -> float:
     w_x = _axis_weights(w_x, e.shape[-2] if e.ndim >= 2 else 0, "token")
     w_y = _axis_weights(w_y, e.shape[-1] if e.ndim >= 1 else 0, "feature")
     scale = atol + rtol * xp.maximum(xp.abs(u), xp.abs(u_new))
+    if atol == 0:  # an exact zero error where the state is zero is resolved (not 0/0 = NaN)
+        scale = xp.where(e == 0, xp.ones_like(scale), scale)
     s2 = xp.abs(e / scale) ** 2  # abs: complex states (Fourier coefficients)
     total = float(math.prod(e.shape))
     device = array_api_compat.device(s2)

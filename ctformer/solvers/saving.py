@@ -78,15 +78,16 @@ class Saver:
             return
         s = self.save_at
         at_boundary = end or t == self.t_end
-        if (s.steps and (done % self.every == 0 or t == self.t_end)) \
-                or (s.layers and at_boundary) or (s.final_only and t == self.t_end):
+        kept = self.times and abs(self.times[-1] - t) <= scale  # a save time that is this step's end
+        if not kept and ((s.steps and (done % self.every == 0 or t == self.t_end))
+                         or (s.layers and at_boundary) or (s.final_only and t == self.t_end)):
             self._keep(t, u)
 
     def event(self, t: float, u):
         """A terminal event at ``t``: its state is the final one (and saved unless times-only)."""
         self.final = u
-        if not (self.times and self.times[-1] == t) and (self.save_at.steps or self.save_at.layers
-                                                          or self.save_at.final_only):
+        kept = self.times and abs(self.times[-1] - t) <= 1e-12 * max(1.0, abs(t))  # a save time
+        if not kept and (self.save_at.steps or self.save_at.layers or self.save_at.final_only):
             self._keep(t, u)
 
     def finish_interrupted(self, t: float, u) -> int:

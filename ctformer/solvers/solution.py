@@ -199,6 +199,8 @@ class Solution(LabelledResult):
                              "save_at=ctformer.SaveAt(dense=True) to keep one interpolant per step")
         ts = np.asarray(t, dtype=np.float64)
         lo, hi = self.t0, self.records[-1].t0 + self.records[-1].h
+        if self.event_state is not None:  # a terminal event ended the solve inside its last step
+            hi = self.event_time
         span = (min(lo, hi), max(lo, hi))
         if not np.all(np.isfinite(ts)) or np.any(ts < span[0] - 1e-12 * max(1.0, abs(hi))) \
                 or np.any(ts > span[1] + 1e-12 * max(1.0, abs(hi))):
