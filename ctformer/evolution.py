@@ -16,6 +16,7 @@ from ._numerics.threads import fixed_threads
 from .model_inputs import check_padding_mask, check_steps
 from .shared_tensors import check_unchanged
 from .solvers.restart import restart_point
+from .solvers.restart_identity import model_fingerprint, recorded, refuse_another
 from .solvers.runge_kutta import summing
 
 __all__ = ["evolve", "controller_for"]
@@ -69,12 +70,16 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
             raise ValueError(f"initial was solved with scheme {start.scheme!r}, this solve uses "
                              f"{integrator.label!r}: a restart continues with the scheme of the "
                              f"saved solve; pass that scheme ({start.scheme!r})")
+        saved = recorded(initial)
         if start.t0 >= len(model.blocks):
             raise ValueError(f"initial ends at depth {start.t0:g}, the end of the model's "
                              f"{len(model.blocks)} layers: nothing is left to solve")
         u0 = start.u0
     u, grids = model._initial_state(u0, tokens, features, head_features, hidden, context_length)
     check_unchanged(model)  # a converted model whose module's tensors changed in place
+    fingerprint = model_fingerprint(model)
+    if initial is not None:
+        refuse_another(saved, _computation(fingerprint, grids, control))
     model._check_namespaces(u)
     if padding_mask is not None:
         if not grids.is_nodal:
@@ -100,4 +105,16 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
                                  what="the state", layered=True,
                                  checkpoint=checkpoint,
                                  start=start if start is not None and start.h is not None else None,
-                                 labels={"grids": grids}, groups=groups)
+                                 labels={"grids": grids, "model_fingerprint": fingerprint},
+                                 groups=groups)
+
+
+def _computation(fingerprint, grids, control) -> dict:
+    """What this solve is, in the terms of :func:`~ctformer.solvers.restart_identity.recorded`."""
+    now = {"model_fingerprint": fingerprint,
+           **{name: repr(getattr(grids, name)) for name in ("tokens", "features", "head_features", "hidden")}}
+    if isinstance(control, solvers.PIController):
+        now.update(rtol=control.rtol, atol=control.atol, norm=control.norm)
+    else:
+        now["rtol"] = "none (fixed steps)"
+    return now

@@ -282,6 +282,8 @@ def solution_to_xarray(solution, *, attrs=None):
     if "part" in dims:
         coords["part"] = _part_coord()
     out = _common_attrs(solution, "Solution", attrs)
+    for name in ("norm", "model_fingerprint"):  # what a restart checks (solvers.restart_identity)
+        _set_attr(out, name, getattr(solution, name, None))
     if grids is not None:
         _grid_attrs(out, grids)
     return xr.Dataset(data, coords=coords, attrs=out)

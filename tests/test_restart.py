@@ -112,3 +112,45 @@ def test_particles_and_circle_refuse_a_restart_by_another_scheme(rng):
     part = field.evolve(lambda th: (1 + 0.3 * np.cos(th)) / (2 * np.pi), 0.5, dt=0.01, scheme="rk4")
     with pytest.raises(ValueError, match="solved with scheme 'rk4'.*scheme='rk4'"):
         field.evolve(None, 1.0, dt=0.01, scheme="heun", initial=part)
+
+
+@pytest.mark.parametrize("where", ["memory", "netcdf", "xarray"])
+def test_a_model_restart_refuses_another_computation(where, tmp_path):
+    """Another model (seed), grid, tolerance or control than the saved solve's is named; the same
+    computation still continues with the bits of the uninterrupted solve."""
+    xr = require("xarray")
+    part = _interrupted(lambda: MODEL.evolve(_u0, rtol=1e-7, save_at=EVERY, max_steps=4, **GRIDS))
+    if where != "memory":
+        labelled.to_netcdf(part, tmp_path / "part.nc")
+        part = (labelled.open_dataset(tmp_path / "part.nc") if where == "netcdf"
+                else xr.open_dataset(tmp_path / "part.nc").load())
+    other = ctformer.ContinuousTransformer.random_smooth(seed=1, layers=3)
+    cases = [(other, dict(rtol=1e-7, **GRIDS), "model_fingerprint"),
+             (MODEL, dict(rtol=1e-7, tokens=ctformer.discretizations.Midpoint(8),
+                          features=GaussLegendre(6)), "tokens: saved 'GaussLegendre"),
+             (MODEL, dict(rtol=1e-6, **GRIDS), "rtol: saved 1e-07, now 1e-06"),
+             (MODEL, dict(rtol=1e-7, atol=1e-10, **GRIDS), "atol: saved 1e-09, now 1e-10")]
+    for model, options, named in cases:
+        with pytest.raises(ValueError, match=f"another computation .*{named}"):
+            model.evolve(None, save_at=EVERY, initial=part, **options)
+    full = MODEL.evolve(_u0, rtol=1e-7, save_at=EVERY, **GRIDS)
+    rest = MODEL.evolve(None, rtol=1e-7, save_at=EVERY, initial=part, **GRIDS)
+    np.testing.assert_array_equal(rest.final, full.final)
+
+
+def test_a_fixed_step_restart_of_a_controlled_solve_is_refused():
+    part = MODEL.evolve(_u0, rtol=1e-7, save_at=SaveAt(layers=True), **GRIDS)
+    part.times, part.states = part.times[:2], part.states[:2]  # as if stopped at depth 1
+    with pytest.raises(ValueError, match=r"rtol: saved 1e-07, now 'none \(fixed steps\)'"):
+        MODEL.evolve(None, scheme="tsit5", steps_per_layer=2, initial=part, **GRIDS)
+
+
+def test_the_model_fingerprint_sees_other_weights_and_not_a_copy():
+    from ctformer.solvers.restart_identity import model_fingerprint
+
+    same = ctformer.ContinuousTransformer.random_smooth(seed=0, layers=3)
+    assert model_fingerprint(same) == model_fingerprint(MODEL)
+    assert model_fingerprint(ctformer.ContinuousTransformer.random_smooth(seed=0, layers=2)) != \
+        model_fingerprint(MODEL)
+    changed = {name: values * (1 + 1e-15) for name, values in MODEL.parameters().items()}
+    assert model_fingerprint(MODEL.with_parameters(changed)) != model_fingerprint(MODEL)

@@ -319,7 +319,10 @@ class ContinuousTransformer(_Solving):
             continued states are bit for bit those of the uninterrupted solve: an
             error-controlled solve restarts at any accepted step's end (``SaveAt(steps=True)``
             or ``SaveAt(layers=True)``), using the step size and error history in its ``stats``;
-            a fixed-step one at a layer boundary (:mod:`ctformer.solvers.restart`).
+            a fixed-step one at a layer boundary (:mod:`ctformer.solvers.restart`). A restart
+            with another scheme, model, discretization, tolerance or error norm than the saved
+            solve's is refused, naming each difference
+            (:mod:`ctformer.solvers.restart_identity`).
 
         Returns
         -------

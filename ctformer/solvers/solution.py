@@ -144,6 +144,10 @@ class Solution(LabelledResult):
         ``"l2"`` or ``"rms"`` (None for fixed steps).
     grids : ctformer.Grids or None
         The grids of a model's solve.
+    model_fingerprint : str or None
+        A digest of the model's class, layers and sampled parameter values
+        (:func:`ctformer.solvers.restart_identity.model_fingerprint`): a restart from this
+        solution is refused with another model. None for particles and mean fields.
     event_time, event_state : float, array or None
         Where the first terminal event (else the first event) fired; None when none did.
     event_index : int or None
@@ -164,6 +168,7 @@ class Solution(LabelledResult):
     atol: float | None = None
     norm: str | None = None
     grids: object = None
+    model_fingerprint: str | None = None
     event_time: float | None = None
     event_state: object = None
     event_index: int | None = None

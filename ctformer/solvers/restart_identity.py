@@ -1,0 +1,113 @@
+r"""What a restart must share with the solve it continues: one computation, not another one.
+
+A restart continues the saved solve exactly only with the same right-hand side and the same
+control. :func:`recorded` reads what a :class:`~ctformer.Solution` (or its file) says about its
+computation: the scheme, the tolerances and error norm of a controlled solve, each
+discretization by its ``repr``, and a fingerprint of the model; :func:`refuse_another`
+compares them with the continued solve and names every difference.
+
+The model's fingerprint (:func:`model_fingerprint`) is a BLAKE2 digest of the model's class,
+its number of layers, and each parameter's name, shape, dtype and 16 of its values, spread
+over the array (about 8 ms for the 1118 arrays of a GPT-2 of 124M parameters): a model with
+other weights (another seed, checkpoint or fine-tuning) differs in all of them. A change to a
+single weight between the sampled ones, or to the model's structure alone, is not seen; the
+full SHA-256 of every weight (:func:`ctformer.studies.model_identity`, 3.4 s for that GPT-2)
+is what a study's store uses, where a stored result is reused without being recomputed.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import weakref
+
+import numpy as np
+
+from ..backend import to_host
+
+__all__ = ["model_fingerprint", "recorded", "refuse_another"]
+
+_GRID_NAMES = ("tokens", "features", "head_features", "hidden")
+_SAMPLES = 16
+
+
+def model_fingerprint(model) -> str:
+    """A hex digest of ``model``'s class, layers and sampled parameter values (module notes).
+
+    Remembered for a model whose parameters are all read-only NumPy arrays (they cannot
+    change; a converted model's shared tensors are watched by the model itself)."""
+    cached = _FINGERPRINTS.get(id(model))
+    if cached is not None and cached[0]() is model:
+        return cached[1]
+    parameters = model.parameters()
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{type(model).__qualname__}:{len(getattr(model, 'blocks', ()))}".encode())
+    for name, values in sorted(parameters.items()):
+        if getattr(getattr(values, "device", None), "type", None) == "cpu":
+            values = to_host(values)  # a torch tensor on the CPU: its memory, no copy
+        shape = tuple(values.shape)
+        size = math.prod(shape)
+        count = min(size, _SAMPLES)
+        picks = np.arange(count) * (size - 1) // max(count - 1, 1)
+        if not shape:
+            sample = values.reshape(1)
+        else:
+            where = np.unravel_index(picks, shape)  # no copy of a strided view (reshape would)
+            sample = values[where] if type(values) is np.ndarray else values[_like(values, where)]
+        sample = np.ascontiguousarray(to_host(sample))
+        digest.update(f"{name}:{shape}:{sample.dtype.str}:".encode())
+        digest.update(sample.tobytes())
+    found = digest.hexdigest()
+    if all(type(v) is np.ndarray and not v.flags.writeable for v in parameters.values()):
+        try:
+            _FINGERPRINTS[id(model)] = (weakref.ref(model, lambda _, key=id(model): _FINGERPRINTS.pop(key, None)),
+                                        found)
+        except TypeError:  # a model without weak references: computed each time
+            pass
+    return found
+
+
+_FINGERPRINTS: dict = {}
+
+
+def _like(values, where):
+    """The index arrays ``where`` in the array library of ``values`` (torch, CuPy)."""
+    import array_api_compat
+
+    xp = array_api_compat.array_namespace(values)
+    device = array_api_compat.device(values)
+    return tuple(xp.asarray(w, device=device) for w in where)
+
+
+def recorded(initial) -> dict:
+    """What ``initial`` (a Solution, a saved result or its attributes) says about its solve:
+    ``rtol``, ``atol``, ``norm``, the discretizations' reprs and ``model_fingerprint``, the
+    keys it has."""
+    attrs = getattr(initial, "attrs", None)
+    if isinstance(attrs, dict):  # a file's attributes
+        found = {key: attrs.get(key) for key in ("rtol", "atol", "norm", "model_fingerprint", *_GRID_NAMES)}
+    else:
+        grids = getattr(initial, "grids", None)
+        found = {key: getattr(initial, key, None) for key in ("rtol", "atol", "norm", "model_fingerprint")}
+        found.update({key: None if grids is None else repr(getattr(grids, key)) for key in _GRID_NAMES})
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def refuse_another(saved: dict, now: dict) -> None:
+    """ValueError naming each entry that ``saved`` (:func:`recorded`) and ``now`` both have
+    and that differs: the restart would continue another computation."""
+    differ = [key for key in saved if key in now and not _same(saved[key], now[key])]
+    if differ:
+        what = "; ".join(f"{key}: saved {_shown(saved[key])}, now {_shown(now[key])}" for key in differ)
+        raise ValueError(f"initial belongs to another computation ({what}): a restart continues "
+                         "the saved solve only with its model, discretizations and control; "
+                         "pass those, or start a new solve from the state with u0=")
+
+
+def _shown(value) -> str:
+    return repr(value if isinstance(value, str) else float(value))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return str(a) == str(b)
+    return float(a) == float(b)
