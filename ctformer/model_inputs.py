@@ -93,6 +93,15 @@ def _is_native(x) -> bool:
             or array_api_compat.is_torch_array(x))
 
 
+def _plain(x, name):
+    """The plain NumPy array of the values of ``x``, an instance of a subclass of it."""
+    if np.ma.is_masked(x):
+        raise ValueError(f"{name} is a masked array with masked entries; a state has a value at "
+                         f"every token and feature: pass {name}.filled(value), and a padding_mask "
+                         "for padded tokens")
+    return np.asarray(x)
+
+
 def as_state_array(x, name):
     """An array-API array from ``x`` (NumPy/CuPy kept, anything else through NumPy).
 
@@ -106,15 +115,19 @@ def as_state_array(x, name):
     Returns
     -------
     array
-        A real floating array (integers are converted to float64).
+        A real floating array (integers are converted to float64). A subclass of the NumPy
+        array (``np.matrix``, a masked array, a memory map) becomes the plain array of its
+        values: the subclasses' own arithmetic (``*`` is a product of matrices) is not NumPy's.
 
     Raises
     ------
     TypeError
         If ``x`` is not numeric, is boolean, or is complex.
+    ValueError
+        If ``x`` is a masked array with masked entries.
     """
     if _is_native(x):
-        arr = x
+        arr = _plain(x, name) if type(x) is not np.ndarray and isinstance(x, np.ndarray) else x
     else:
         try:
             arr = to_host(x)

@@ -372,9 +372,9 @@ class ContinuousTransformer(_Solving):
         Raises
         ------
         ValueError
-            If ``x`` has the wrong number of axes, a width other than the model's features, or
-            ``padding_mask`` has the wrong shape, values other than 0/1 or a row without real
-            tokens.
+            If ``x`` has the wrong number of axes, no tokens or features, a width other than the
+            model's features, masked entries (a masked array), or ``padding_mask`` has the wrong
+            shape, values other than 0/1 or a row without real tokens.
 
         Notes
         -----
@@ -382,11 +382,7 @@ class ContinuousTransformer(_Solving):
         :math:`1/n`, so the kernel matrices are the torch weights, uniform token weights cancel
         in the softmax and one Lie step of size 1 is one block (design notes, section 2).
         """
-        x = as_state_array(x, "x")
-        if x.ndim not in (2, 3):
-            raise ValueError(f"x must have shape (N, d) or (B, N, d), got shape {tuple(x.shape)}")
-        if self.features is not None and x.shape[-1] != self.features.n:
-            raise ValueError(f"x has {x.shape[-1]} features, the model expects {self.features.n}")
+        x = self._run_input(x)
         return self.solve(x, tokens=Midpoint(x.shape[-2]), features=Midpoint(x.shape[-1]),
                           scheme="lie", steps_per_layer=1, padding_mask=padding_mask,
                           context_length=x.shape[-2])

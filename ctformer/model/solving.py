@@ -85,6 +85,17 @@ class _Solving:
             return states
         return solution.final if final is None else final(solution.final)
 
+    def _run_input(self, x):
+        """The input of :meth:`run`: an array (N, d) or (B, N, d), N and d >= 1, of the model's
+        width where it has one (ValueError naming ``x`` otherwise)."""
+        x = as_state_array(x, "x")
+        if x.ndim not in (2, 3) or 0 in tuple(x.shape[-2:]):
+            raise ValueError(f"x must have shape (N, d) or (B, N, d) with N >= 1 tokens and d >= 1 "
+                             f"features, got shape {tuple(x.shape)}")
+        if self.features is not None and x.shape[-1] != self.features.n:
+            raise ValueError(f"x has {x.shape[-1]} features, the model expects {self.features.n}")
+        return x
+
     def _initial_state(self, u0, tokens, features, head_features, hidden, context_length):
         if callable(u0) and not hasattr(u0, "shape"):
             for name, spec in (("tokens", tokens), ("features", features)):
@@ -98,6 +109,9 @@ class _Solving:
         u = as_state_array(u0, "u0")
         if u.ndim < 2:
             raise ValueError(f"u0 must have shape (..., tokens, features), got shape {tuple(u.shape)}")
+        if 0 in tuple(u.shape[-2:]):
+            raise ValueError(f"u0 has shape {tuple(u.shape)}: a state needs at least one token and "
+                             "one feature")
         tokens = as_discretization(tokens, u.shape[-2])
         features = as_discretization(features, u.shape[-1])
         grids = self.grids(tokens, features, head_features, hidden, context_length)
