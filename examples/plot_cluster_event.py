@@ -68,6 +68,7 @@ assert abs(diameter(solution.final) - threshold) <= 1e-9
 ts = np.linspace(0.0, solution.event_time, 300)
 plt.semilogy(ts, [diameter(x) for x in solution.evaluate(ts)], label="diameter (dense output)")
 steps = solution.stats["step_times"]
+steps = steps[steps <= solution.event_time]  # the last step ends past the event, where the solve stopped
 plt.semilogy(steps, [diameter(x) for x in solution.evaluate(steps)], "o", ms=3,
              label=f"accepted steps ({len(steps)})")
 plt.axhline(threshold, color="gray", lw=0.8)

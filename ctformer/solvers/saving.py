@@ -29,6 +29,7 @@ class Saver:
                              f"[{lo:.6g}, {hi:.6g}]")
         self.times, self.states, self.records = [], [], []
         self.last_time = problem.boundaries[0]
+        self.kept_at_end = False  # whether the last step kept a requested time at its end
         self.final = u0
 
     @property
@@ -71,23 +72,24 @@ class Saver:
             self.records.append(record)
         limit = t if cut is None else cut
         scale = 1e-12 * max(1.0, abs(limit))
+        last = None
         while self.pending and self.pending[0] <= limit + scale:
-            ts = self.pending.pop(0)
-            self._keep(ts, u if abs(ts - t) <= scale else record(ts))
+            last = self.pending.pop(0)
+            self._keep(last, u if abs(last - t) <= scale else record(last))
+        # a requested time at this step's end (or at the event) is not saved twice
+        self.kept_at_end = last is not None and abs(last - limit) <= scale
         if cut is not None:
             return
         s = self.save_at
         at_boundary = end or t == self.t_end
-        kept = self.times and abs(self.times[-1] - t) <= scale  # a save time that is this step's end
-        if not kept and ((s.steps and (done % self.every == 0 or t == self.t_end))
+        if not self.kept_at_end and ((s.steps and (done % self.every == 0 or t == self.t_end))
                          or (s.layers and at_boundary) or (s.final_only and t == self.t_end)):
             self._keep(t, u)
 
     def event(self, t: float, u):
         """A terminal event at ``t``: its state is the final one (and saved unless times-only)."""
         self.final = u
-        kept = self.times and abs(self.times[-1] - t) <= 1e-12 * max(1.0, abs(t))  # a save time
-        if not kept and (self.save_at.steps or self.save_at.layers or self.save_at.final_only):
+        if not self.kept_at_end and (self.save_at.steps or self.save_at.layers or self.save_at.final_only):
             self._keep(t, u)
 
     def finish_interrupted(self, t: float, u) -> int:
