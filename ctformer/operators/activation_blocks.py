@@ -27,15 +27,17 @@ its constant term; :math:`|z|` is clamped at :math:`10^{18}` before it multiplie
     \mathrm{gelu\_tanh}(z) = \frac{z}{1 + e^{-s}}, \quad s = 2\sqrt{2/\pi}\,(z + 0.044715 z^3),
     \qquad \mathrm{silu}(z) = \frac{z}{1 + e^{-z}}.
 
-:func:`via_float32` evaluates a NumPy float16 array in float32 and rounds the result once to
-float16.
+:func:`via_float32` evaluates a half-precision array (:func:`is_half`: NumPy or CuPy float16,
+torch float16 or bfloat16) in float32 and rounds the result once to its dtype.
 """
 from __future__ import annotations
 
 import math
+import sys
 import threading
 from types import FunctionType
 
+import array_api_compat
 import numpy as np
 from scipy.special import ndtr as _scipy_ndtr
 
@@ -44,7 +46,7 @@ from .._numerics import threads as _threads
 from .._numerics.normal_tail import ERFC_COEFFICIENTS as _ERFC_COEFFICIENTS
 from .._numerics.normal_tail import TANH_GELU as _TANH_GELU
 
-__all__ = ["via_float32"]
+__all__ = ["via_float32", "is_half", "widened"]
 
 # Elements per block: 256-512 KiB, so the passes of a block stay in L2, and long enough that
 # two threads do not queue for the GIL between passes (smaller blocks were 2x slower threaded).
@@ -67,8 +69,28 @@ def _host_half(z) -> bool:
     return type(z) is np.ndarray and z.dtype == np.float16
 
 
+def is_half(z) -> bool:
+    """Whether ``z`` is a half-precision array that the library evaluates in float32: NumPy or
+    CuPy float16, torch float16 or bfloat16 (torch's own kernels accumulate those in float32)."""
+    if type(z) is np.ndarray:
+        return z.dtype == np.float16
+    if array_api_compat.is_torch_array(z):
+        torch = sys.modules["torch"]
+        return z.dtype in (torch.float16, torch.bfloat16)
+    return array_api_compat.is_cupy_array(z) and z.dtype == np.float16
+
+
+def widened(z):
+    """``z`` as float32, in its own array library (a half-precision array, :func:`is_half`)."""
+    if type(z) is np.ndarray:
+        return z.astype(np.float32)
+    xp = array_api_compat.array_namespace(z)
+    return xp.astype(z, xp.float32)
+
+
 def via_float32(function, z, name: str):
-    r"""``function(z)`` for a NumPy float16 ``z``: computed on float32 and rounded once to float16.
+    r"""``function(z)`` for a half-precision ``z`` (:func:`is_half`): computed on float32 and
+    rounded once to ``z``'s dtype.
 
     Float16 keeps 11 significant bits, so a float32 evaluation (24 bits) rounded once is within
     half an ulp of float16 (plus float32's own error, :math:`2^{-13}` of that ulp), where
@@ -80,6 +102,16 @@ def via_float32(function, z, name: str):
         If a finite float32 value exceeds float16's largest number, 65504 (it would round to
         inf); the message names ``name`` and the remedy (a float32 state).
     """
+    if type(z) is not np.ndarray:  # torch or CuPy
+        xp = array_api_compat.array_namespace(z)
+        wide = function(widened(z))
+        out = xp.astype(wide, z.dtype)
+        # bfloat16 has float32's range; float16 ends at 65504 (one host sync, float16 only)
+        if str(z.dtype).endswith("float16") and not str(z.dtype).endswith("bfloat16") \
+                and not bool(xp.all(xp.isfinite(out) == xp.isfinite(wide))):
+            raise OverflowError(f"{name} of a float16 state exceeds float16's largest number 65504 "
+                                "(it would round to inf); use a float32 state")
+        return out
     wide = function(z.astype(np.float32))
     with np.errstate(over="ignore"):
         out = wide.astype(np.float16)

@@ -28,7 +28,7 @@ from ..backend import namespace
 from .local_attention import BandedAttention, mask_pattern
 from .masks import Intersection
 from .positions import rotate
-from .quadrature_attention import _all_float16, quadrature_attention
+from .quadrature_attention import in_float32, quadrature_attention
 from .._numerics import dense as _dense
 from .._numerics import streamed as _streamed
 from .._numerics.fused import engine_setting
@@ -175,7 +175,7 @@ class _DenseEngine:
         else:
             mask, diagonal = ("causal" if self.causal else None), self.diagonal
         if self.terms is not None:
-            return _in_float32(_dense.attention_with_terms, q, k, v, beta, weights, mask, diagonal, check,
+            return in_float32(_dense.attention_with_terms, q, k, v, beta, weights, mask, diagonal, check,
                                self.terms)
         return quadrature_attention(q, k, v, beta=beta, weights=weights, mask=mask,
                                     diagonal=diagonal, check=check)
@@ -196,17 +196,7 @@ class _BandedEngine:
         return _BandedEngine(self.engine, self.layout, keys)
 
     def __call__(self, q, k, v, beta, weights, check):
-        return _in_float32(self.engine, q, k, v, beta, key_mask=self.keys, check=check)
-
-
-def _in_float32(attend, q, k, v, *args, **options):
-    """``attend(q, k, v, ...)``; NumPy float16 heads in float32, the result rounded once to
-    float16, as :func:`quadrature_attention` does (scores rounded to float16 put errors of
-    several percent on their weights: 0.10-0.17 of the output with ALiBi or a window)."""
-    if not _all_float16(q, k, v):
-        return attend(q, k, v, *args, **options)
-    wide = (a.astype(np.float32) for a in (q, k, v))
-    return attend(*wide, *args, **options).astype(np.float16)
+        return in_float32(self.engine, q, k, v, beta, key_mask=self.keys, check=check)
 
 
 class DiscretizedAttention:

@@ -44,6 +44,7 @@ from ..backend import to_host
 from .._numerics.banded import BandedAttention, slopes_bias, window_block_rows
 from .._numerics.dense import attention_with_terms
 from .._numerics.score_terms import DistanceTerm, ScoreTerms
+from .quadrature_attention import _all_float16, in_float32
 
 __all__ = ["window_pattern", "mask_pattern", "local_attention", "window_block_rows", "BandedAttention"]
 
@@ -248,13 +249,12 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
     TypeError
         For a pattern that is not a boolean pydata ``sparse`` array.
     """
-    if all(type(a) is np.ndarray and a.dtype == np.float16 for a in (q, k, v)):
+    if _all_float16(q, k, v):
         # computed in float32 and rounded once, as quadrature_attention does (float16 scores lose most bits)
-        wide = (a.astype(np.float32) for a in (q, k, v))
-        return local_attention(*wide, beta=beta, pattern=pattern, weights=weights, key_mask=key_mask,
-                               slopes=slopes, positions=positions, key_positions=key_positions, causal=causal,
-                               diagonal=diagonal, block=block, fallback_to_self=fallback_to_self, check=check,
-                               bias=bias).astype(np.float16)
+        return in_float32(local_attention, q, k, v, beta=beta, pattern=pattern, weights=weights,
+                          key_mask=key_mask, slopes=slopes, positions=positions, key_positions=key_positions,
+                          causal=causal, diagonal=diagonal, block=block, fallback_to_self=fallback_to_self,
+                          check=check, bias=bias)
     xp = array_api_compat.array_namespace(q, k, v)
     n, m = q.shape[-2], k.shape[-2]
     diagonal = validation.one_of(diagonal, "diagonal", ("full", "half"))

@@ -60,6 +60,7 @@ from .. import validation
 from .._numerics.normalize import normalized_rows, rows_plan
 from .small_plans import SmallPlans
 from ..backend import to_host
+from .activation_blocks import is_half
 from .activations import via_float32
 from .base import Constants, Grids, Normalization
 from .functions import as_feature_function, named_parameters
@@ -226,7 +227,7 @@ class LayerNormProjection(Normalization):
         eps, uniform = self.eps, _uniform(_feature_weights(grids))
 
         def layer_norm(u):
-            if type(u) is np.ndarray and u.dtype == np.float16:
+            if is_half(u):
                 return via_float32(layer_norm, u, "LayerNormProjection")
             w = constants("w", u)
             gain, shift = constants("gain", u), constants("shift", u)
@@ -317,7 +318,7 @@ class SphereProjection(Normalization):
         eps, name, uniform = self.eps, type(self).__name__, _uniform(_feature_weights(grids))
 
         def sphere(u):
-            if type(u) is np.ndarray and u.dtype == np.float16:
+            if is_half(u):
                 return via_float32(sphere, u, name)
             w = constants("w", u)
             fused = normalized_rows(u, constants.host["w"], eps, False, None if plain else constants("gain", u))

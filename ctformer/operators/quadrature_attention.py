@@ -28,6 +28,7 @@ import array_api_compat
 import numpy as np
 
 from .. import validation
+from .activation_blocks import is_half, widened
 from .._numerics import dense as _dense
 from .._numerics import scale_safety as _scale_safety
 from .._numerics.scale_safety import times_pow2
@@ -84,7 +85,8 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     -------
     array, shape (..., N, e)
         Same array library and dtype as the inputs (float32 stays float32; lists give NumPy
-        float64). NumPy float16 inputs are computed in float32 and rounded once to float16.
+        float64). Half-precision inputs (float16; torch bfloat16) are computed in float32 and
+        rounded once to their dtype.
 
     Raises
     ------
@@ -115,8 +117,9 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     causal mask, a padding token before the first real token sees no key. The zero rows
     never reach the other queries (a padding key is masked for everyone).
 
-    *Float16.* NumPy float16 inputs are widened to float32, attended there and the result is
-    rounded once to float16 (as the activations and normalizations do): scores formed in
+    *Half precision.* Float16 inputs (NumPy, CuPy, torch) and torch bfloat16 ones are widened to
+    float32, attended there (as torch's SDPA accumulates them) and the result is
+    rounded once to their dtype (as the activations and normalizations do): scores formed in
     float16 keep 11 bits, and :math:`e^{s}` turns a score's rounding :math:`\delta` into a
     relative error :math:`\delta` of its weight (at :math:`|s| \approx 200` that is 6%). The
     output is a convex combination of ``v``, so it stays within float16's range.
@@ -160,9 +163,8 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     worker).
     """
     if _all_float16(q, k, v):  # computed in float32, rounded once (see Notes)
-        return quadrature_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), beta=beta,
-                                    weights=weights, mask=mask, diagonal=diagonal, chunk=chunk,
-                                    check=check).astype(np.float16)
+        return in_float32(quadrature_attention, q, k, v, beta=beta, weights=weights, mask=mask,
+                          diagonal=diagonal, chunk=chunk, check=check)
     if not check:
         return _dense.attend_trusted(q, k, v, beta, weights, mask, diagonal, chunk)
     xp, q, k, v, beta, log_w, keep, diag_shift, lead, amax = _validate(q, k, v, beta, weights, mask, diagonal)
@@ -176,8 +178,21 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
 
 
 def _all_float16(q, k, v) -> bool:
-    """Whether ``q``, ``k``, ``v`` are NumPy float16 arrays (three type and dtype tests)."""
-    return all(type(a) is np.ndarray and a.dtype == np.float16 for a in (q, k, v))
+    """Whether ``q``, ``k``, ``v`` are half-precision arrays of one dtype (:func:`is_half`)."""
+    return is_half(q) and k.dtype == q.dtype and v.dtype == q.dtype and is_half(k) and is_half(v)
+
+
+def in_float32(attend, q, k, v, *args, **options):
+    """``attend(q, k, v, ...)``; half-precision heads (:func:`is_half`) in float32, the result
+    rounded once to their dtype (scores rounded to float16 put errors of several percent on
+    their weights)."""
+    if not _all_float16(q, k, v):
+        return attend(q, k, v, *args, **options)
+    out = attend(widened(q), widened(k), widened(v), *args, **options)
+    if type(out) is np.ndarray:
+        return out.astype(q.dtype)
+    xp = array_api_compat.array_namespace(out)
+    return xp.astype(out, q.dtype)
 
 
 # -- validation -----------------------------------------------------------------------------------
