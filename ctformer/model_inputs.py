@@ -160,6 +160,8 @@ def check_padding_mask(mask, u):
 
     Raises
     ------
+    TypeError
+        For a mask of complex numbers, strings or objects.
     ValueError
         For a wrong shape, values other than 0/1, or a sequence without real tokens.
     """
@@ -171,6 +173,8 @@ def check_padding_mask(mask, u):
                             f"{type(mask.flat[0]).__name__ if mask.size else 'an empty object array'}")
     elif type(mask) is not type(u):  # a mask from another namespace (e.g. NumPy for torch)
         mask = to_host(mask)
+    if isinstance(mask, np.ndarray) and mask.dtype.kind in "cUS" or getattr(mask, "is_complex", bool)():
+        raise TypeError(f"padding_mask must be an array of booleans or 0/1, got dtype {mask.dtype}")
     if tuple(mask.shape) != tuple(u.shape[:-1]):
         raise ValueError(
             f"padding_mask must have shape {tuple(u.shape[:-1])} (batch, tokens), got {tuple(mask.shape)}"

@@ -14,7 +14,7 @@ import pytest
 import ctformer
 from ctformer import SaveAt, atomic, cli, cli_demo, labelled, solvers
 from ctformer.discretizations import GaussLegendre
-from ctformer.particles import SphericalMeanField, ZonalMeanField
+from ctformer.particles import CircleMeanField, SphericalMeanField, ZonalMeanField
 
 from .conftest import require
 
@@ -154,3 +154,19 @@ def test_demo_tables_are_written_atomically(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "tokens.txt").read_text() == "old\n"
     assert [p for p in os.listdir(tmp_path) if p.endswith(".tmp")] == []
     assert capsys.readouterr().err.startswith("ctformer: interrupted")
+
+
+def test_sphere_mean_field_attributes_follow_the_rules_of_every_result(tmp_path):
+    """Extra attributes went to h5netcdf as they were (a bool or a dict failed); the S^2 file's
+    complex parts were labelled real / imaginary where every other file says re / im."""
+    require("h5netcdf")
+    xr = require("xarray")
+    solution = ZonalMeanField(4.0, 3, 8).solve(_zonal_rho, 0.1, dt=0.05)
+    path = solution.to_netcdf(tmp_path / "z.nc", attrs={"flag": True, "skip": None, "run": {"seed": 3}})
+    with xr.open_dataset(path) as ds:
+        assert ds.attrs["flag"] == 1 and "skip" not in ds.attrs and ds.attrs["run_json"] == '{"seed": 3}'
+    assert labelled.open_dataset(path).attrs["run"] == {"seed": 3}
+    require("ducc0")
+    sphere = SphericalMeanField(3.0, 4).solve(_sphere_rho, 0.1, dt=0.05).to_xarray()
+    assert list(sphere["part"].values) == list(labelled.to_xarray(
+        CircleMeanField(2.0, 16).solve(lambda x: 1 + 0.1 * np.cos(x), 0.1, dt=0.05))["part"].values) == ["re", "im"]

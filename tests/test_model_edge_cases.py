@@ -87,3 +87,17 @@ def test_empty_axes_name_the_argument():
             smooth.solve(np.zeros(shape), tokens="midpoint", features="gauss-legendre")
     # a batch of no sequences is still an empty result, not an error
     assert model.run(np.zeros((0, 3, D))).shape == (0, 3, D)
+
+
+def test_padding_masks_of_complex_numbers_or_strings_are_refused():
+    """1 + 0j was read as 1 and a string reported as "got shape ()"; a 0/1 integer mask still
+    gives the bits of the boolean one."""
+    import ctformer
+
+    model = ctformer.ContinuousTransformer.random_smooth(seed=0, layers=1)
+    x = np.random.default_rng(0).standard_normal((2, 5, 16))
+    keep = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    np.testing.assert_array_equal(model.run(x, padding_mask=keep), model.run(x, padding_mask=keep == 1))
+    for bad in (keep + 0j, np.full((2, 5), "1"), "11100"):
+        with pytest.raises(TypeError, match="padding_mask must be an array of booleans or 0/1"):
+            model.run(x, padding_mask=bad)

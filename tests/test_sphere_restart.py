@@ -72,7 +72,7 @@ def test_zonal_controlled_restart_is_bit_identical(tmp_path, noise):
 
 def test_spherical_controlled_restart_is_bit_identical(tmp_path):
     """S^2, L = 8 (45 complex a_lm and the noise clock), stopped after 4 accepted steps: the
-    complex coefficients come back from the files' (real, imaginary) pairs exactly."""
+    complex coefficients come back from the files' (re, im) pairs exactly."""
     require("ducc0")
     field = SphericalMeanField(3.0, 8, noise=0.02)
     full = field.evolve(_sphere_rho, 2.0, rtol=1e-8, save_at=EVERY)

@@ -8,7 +8,7 @@ solutions, so they carry their own (xarray is imported when a conversion is aske
   ``coefficients(time, degree)`` (orthonormal Gegenbauer in :math:`L^2(d\sigma)`);
 * :math:`S^2`: ``density(time, colatitude, longitude)``, ``weight(colatitude, longitude)``,
   ``coefficients(time, lm, part)`` (:math:`a_{lm}`, :math:`m \ge 0`, healpy order; coordinates
-  ``l(lm)``, ``m(lm)``; ``part`` = real, imaginary).
+  ``l(lm)``, ``m(lm)``; ``part`` = ``re``, ``im``, as every complex value of the library's files).
 
 ``to_netcdf`` / ``to_zarr`` write these datasets through :mod:`ctformer.labelled_files`.
 """
@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 
+from ..labelled_files import PART
 from ..labelled_methods import LabelledResult
 
 __all__ = ["zonal_dataset", "spherical_dataset", "SphereLabelled"]
@@ -32,9 +33,14 @@ def _xarray():
 
 
 def _attrs(kind: str, extra) -> dict:
+    """Class and version, and the caller's ``extra`` by the rules of every result's attributes
+    (a boolean as 0/1, None left out, a nested value as ``<name>_json``)."""
+    from ..labelled import _set_attr  # the package's top module: imported when it is used
+
     version = getattr(sys.modules.get("ctformer"), "__version__", "unknown")
     out = {"ctformer_result": kind, "ctformer_version": version}
-    out.update({str(k): v for k, v in (extra or {}).items()})
+    for key, value in (extra or {}).items():
+        _set_attr(out, str(key), value)
     return out
 
 
@@ -66,7 +72,7 @@ def spherical_dataset(solution, attrs=None):
             "coefficients": (("time", "lm", "part"), np.stack([a.real, a.imag], axis=-1))}
     coords = {"time": np.asarray(solution.times, dtype=np.float64), "colatitude": np.asarray(theta),
               "longitude": np.asarray(phi), "l": (("lm",), l), "m": (("lm",), m),
-              "part": np.array(["real", "imaginary"], dtype=object)}
+              "part": np.array(PART, dtype=object)}
     out = _attrs("SphericalSolution", attrs)
     out.update(max_degree=lmax, coefficient_normalization="orthonormal spherical harmonics, healpy order")
     return xr.Dataset(data, coords=coords, attrs=out)
