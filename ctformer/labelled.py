@@ -160,6 +160,14 @@ def _json(value) -> str:
     return json.dumps(_jsonable(value), sort_keys=True, allow_nan=False)
 
 
+def _legal_attrs(extra) -> dict:
+    """The caller's ``extra`` attributes by the rules of :func:`_set_attr`."""
+    out = {}
+    for key, value in (extra or {}).items():
+        _set_attr(out, str(key), value)
+    return out
+
+
 def _set_attr(attrs: dict, name: str, value) -> None:
     """Store ``value`` under ``name`` in netCDF-legal form (module notes); None is left out."""
     if value is None:
@@ -188,8 +196,7 @@ def _common_attrs(result, kind: str, extra) -> dict:
     for key, value in stats.items():
         if key != "step_times":
             _set_attr(attrs, f"stats_{key}", value)
-    for key, value in (extra or {}).items():
-        _set_attr(attrs, str(key), value)
+    attrs.update(_legal_attrs(extra))
     return attrs
 
 
@@ -399,4 +406,4 @@ def convergence_to_xarray(result, *, attrs=None):
 
 
 labelled_methods.install(to_xarray=to_xarray, to_netcdf=to_netcdf, to_zarr=to_zarr,
-                         from_xarray=from_xarray)
+                         from_xarray=from_xarray, legal_attrs=_legal_attrs)

@@ -24,12 +24,11 @@ import numpy as np
 
 from . import labelled_methods
 from .atomic import check_directory
+from .labelled_methods import PART
 
 __all__ = ["to_netcdf", "to_zarr", "from_xarray", "open_dataset", "SavedResult", "split_parts",
            "join_parts", "PART", "INSTALL_HINT", "ARRAY_ATTRS"]
 
-#: Labels of the ``part`` axis of complex values.
-PART = ("re", "im")
 INSTALL_HINT = 'pip install "ctformer[io]"'
 #: The attribute naming the 1-D array attributes (JSON), which netCDF reads back as a number
 #: when they hold one value: :func:`from_xarray` makes them arrays again.

@@ -7,9 +7,11 @@ upwards.
 """
 from __future__ import annotations
 
-__all__ = ["LabelledResult", "install", "convert", "read"]
+__all__ = ["LabelledResult", "install", "convert", "read", "legal_attrs", "PART"]
 
 _FUNCTIONS: dict = {}
+#: Labels of the ``part`` axis of complex values (real, imaginary) in every file.
+PART = ("re", "im")
 
 
 def install(**functions) -> None:
@@ -28,6 +30,11 @@ def _call(name, result, *args, **options):
 def convert(result, **options):
     """:func:`ctformer.labelled.to_xarray` (for modules below it)."""
     return _call("to_xarray", result, **options)
+
+
+def legal_attrs(extra) -> dict:
+    """The attributes ``extra`` in netCDF-legal form, by the rules of :mod:`ctformer.labelled`."""
+    return _call("legal_attrs", extra)
 
 
 def read(dataset):

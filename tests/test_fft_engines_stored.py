@@ -194,10 +194,14 @@ def test_the_auto_planner_measures_only_transforms_that_run_on_one_thread():
     assert PlannedFFT(effort="FFTW_PATIENT")._effort(1 << 20) == "FFTW_PATIENT"
 
 
-def test_damaged_wisdom_is_measured_again(fresh_store, tmp_path):
+@pytest.mark.parametrize("damage", ["not wisdom", "non-ASCII"])
+def test_damaged_wisdom_is_measured_again(fresh_store, tmp_path, damage):
+    """Text that is no wisdom, and wisdom with a non-ASCII character (a UnicodeEncodeError
+    when it was planned from), are measured again."""
     _plan_in_a_process(fresh_store, "none", tmp_path / "a.npy")
     path, stored = stored_choices(fresh_store)
-    stored["fftw wisdom"]["wisdom"] = "not wisdom"
+    wisdom = stored["fftw wisdom"]["wisdom"]
+    stored["fftw wisdom"]["wisdom"] = "not wisdom" if damage == "not wisdom" else [wisdom[0] + "\u00e9", *wisdom[1:]]
     path.write_text(json.dumps(stored))
     got = _plan_in_a_process(fresh_store, "none", tmp_path / "b.npy")
     x = np.random.default_rng(4).standard_normal((8, 200))

@@ -165,7 +165,7 @@ def _merged_wisdom(stored, pending) -> list | None:
     there is neither. Records of another FFTW build replace the stored ones."""
     kept = stored.get(_WISDOM_KEY) or {}
     valid = kept.get("checked") == _wisdom_checked() and isinstance(kept.get("wisdom"), list) \
-        and len(kept["wisdom"]) == 3 and all(isinstance(text, str) for text in kept["wisdom"])
+        and len(kept["wisdom"]) == 3 and all(isinstance(text, str) and text.isascii() for text in kept["wisdom"])
     if not valid and not pending:
         return None
     texts = []

@@ -120,8 +120,9 @@ class Convolution(Kernel):
 
         See :meth:`Kernel.apply` for the parameters.
         """
-        if type(u) is np.ndarray and u.dtype.kind == "f" and axis in (-1, u.ndim - 1):
-            # the hot path: one cached lookup says how, no axis moves, no further checks
+        if type(u) is np.ndarray and u.dtype.char in "fd" and axis in (-1, u.ndim - 1):
+            # the hot path: one cached lookup says how, no axis moves, no further checks (float32
+            # and float64 only: the transforms return float64 for float16 and longdouble rows)
             route = _cached(self, ("numpy route", out, inp, u.dtype.char, self.dense_below),
                             lambda: self._numpy_route(out, inp, u.dtype))
             if not route:
@@ -151,6 +152,8 @@ class Convolution(Kernel):
             symbol = constant(self, ("symbol", inp), lambda: self.symbol(inp), spectrum)
             result = fft.irfft(spectrum * symbol, n=n, axis=-1)
         else:
+            if moved.dtype not in (xp.float32, xp.float64):  # half precision: torch.fft has no CPU kernels
+                moved = xp.astype(moved, xp.float32)
             spectrum = xp.fft.rfft(moved)
             symbol = constant(self, ("symbol", inp), lambda: self.symbol(inp), spectrum)
             result = xp.fft.irfft(spectrum * symbol, n=n)

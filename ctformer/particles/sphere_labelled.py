@@ -18,8 +18,7 @@ import sys
 
 import numpy as np
 
-from ..labelled_files import PART
-from ..labelled_methods import LabelledResult
+from ..labelled_methods import PART, LabelledResult, legal_attrs
 
 __all__ = ["zonal_dataset", "spherical_dataset", "SphereLabelled"]
 
@@ -35,13 +34,8 @@ def _xarray():
 def _attrs(kind: str, extra) -> dict:
     """Class and version, and the caller's ``extra`` by the rules of every result's attributes
     (a boolean as 0/1, None left out, a nested value as ``<name>_json``)."""
-    from ..labelled import _set_attr  # the package's top module: imported when it is used
-
     version = getattr(sys.modules.get("ctformer"), "__version__", "unknown")
-    out = {"ctformer_result": kind, "ctformer_version": version}
-    for key, value in (extra or {}).items():
-        _set_attr(out, str(key), value)
-    return out
+    return {"ctformer_result": kind, "ctformer_version": version, **legal_attrs(extra)}
 
 
 def zonal_dataset(solution, attrs=None):
