@@ -154,6 +154,9 @@ def _loss_value(torch, loss: Callable, u):
     if value.numel() != 1:
         raise ValueError(f"loss must return a scalar, got a tensor of shape {tuple(value.shape)}; "
                          "reduce it (e.g. with .sum())")
+    if value.is_complex():
+        raise ValueError(f"loss must return a real scalar, got dtype {value.dtype}; return e.g. "
+                         "its absolute value squared")
     if not value.requires_grad:
         raise ValueError("loss returned a tensor that does not depend on its argument (no "
                          "gradient flows to it); compute the loss from u(T) with torch operations, "
@@ -162,6 +165,21 @@ def _loss_value(torch, loss: Callable, u):
         raise ValueError(f"loss is {float(value.detach().reshape(()))} at u(T); its gradient "
                          "would be NaN")
     return value.reshape(())
+
+
+def _loss_gradients(torch, value, x, params):
+    """``d value / d x`` and the flat gradients of ``params`` (zeros where unused).
+
+    Raises
+    ------
+    ValueError
+        If ``value`` does not depend on ``x`` (only on other tensors that require gradients).
+    """
+    grads = torch.autograd.grad(value, [x, *params], allow_unused=True)
+    if grads[0] is None:
+        raise ValueError("loss returned a tensor that does not depend on its argument (no "
+                         "gradient flows to it); compute the loss from u(T) with torch operations")
+    return grads[0], [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads[1:])]
 
 
 def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None, hidden=None,
@@ -244,8 +262,8 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
         kw.update(rtol=control.rtol, atol=control.atol)
     if route == "autograd":
         x = u0.detach().requires_grad_(True)
-        grads = torch.autograd.grad(_loss_value(torch, loss, model.solve(x, **kw)), [x, *params])
-        return _result(grads[0], names, grads[1:], parameters, numpy_in)
+        u0_grad, grads = _loss_gradients(torch, _loss_value(torch, loss, model.solve(x, **kw)), x, params)
+        return _result(u0_grad, names, grads, parameters, numpy_in)
     u0_grad, grads = _adjoint_route(torch, model, u0, loss, params, control, integrator,
                                     model.grids(tokens, features, head_features, hidden))
     return _result(u0_grad, names, grads, parameters, numpy_in)
@@ -271,17 +289,16 @@ def _adjoint_route(torch, model, u0, loss, params, control, integrator, grids):
                          "(pre-norm or no normalization); use route='autograd' for post-norm")
     grids.validate(u0, "u0")
     with torch.no_grad():   # the forward solve keeps no tape: only u(T) is needed
+        # the grid weights of evolve's "l2" norm: with rtol/atol the same steps as solve/evolve
         u_t = solvers.integrate(solvers.Piecewise.layers(problems), u0.detach(), control,
-                                scheme=integrator, order=integrator.order(model)).final
+                                scheme=integrator, weights=solvers.grid_weights(grids),
+                                order=integrator.order(model), layered=True).final
     final = model.final_normalization
     final = grids.lift(final.discretize(grids)) if final is not None else (lambda v: v)
     with torch.enable_grad():
         x = u_t.detach().requires_grad_(True)
-        terminal = torch.autograd.grad(_loss_value(torch, loss, final(x)), [x, *params],
-                                       allow_unused=True)
-    lam = terminal[0]
-    flat = [torch.zeros_like(p).reshape(-1) if g is None else g.reshape(-1)
-            for p, g in zip(params, terminal[1:])]
+        lam, terminal = _loss_gradients(torch, _loss_value(torch, loss, final(x)), x, params)
+    flat = [g.reshape(-1) for g in terminal]
     state = _Augmented(torch.stack([u_t.detach(), lam]), torch.cat(flat) if flat else lam.new_zeros(0))
     if isinstance(control, int):
         dt = 1.0 / control
