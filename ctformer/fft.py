@@ -351,6 +351,7 @@ class PlannedFFT:
 def _axis(axis, ndim):
     if ndim == 0:
         raise ValueError("FFT input must have at least one axis")
+    axis = integer(axis, "axis", minimum=None)  # 0.0 is no axis: a TypeError naming it
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} is out of range for an array with {ndim} axes")
     return axis % ndim

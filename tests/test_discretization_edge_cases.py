@@ -148,3 +148,16 @@ def test_convolution_profile_of_another_shape_is_refused():
     # a constant profile p = 2 is the circulant with symbol 2 at frequency 0 and 0 elsewhere
     symbol = Convolution(lambda z: 2.0).symbol(d.Midpoint(8))
     np.testing.assert_allclose(symbol, [2.0, 0, 0, 0, 0], atol=1e-15)
+
+
+def test_products_and_atoms_take_lists_as_the_one_variable_rules_do():
+    """"list is not a supported array type" before; the values of u = x1 + 2 x2 (exact on the
+    midpoint product's bilinear reconstruction at a node) and the atoms' mass."""
+    p = Product(d.Midpoint(3), d.Midpoint(3))
+    x = p.nodes
+    values = (x[:, 0] + 2 * x[:, 1]).tolist()
+    node = x[4].tolist()
+    assert p.interpolate(values, [node])[0] == pytest.approx(node[0] + 2 * node[1], rel=1e-14)
+    atoms = WithAtoms(d.Midpoint(3))
+    assert atoms.integrate([1.0] * atoms.n) == pytest.approx(float(np.sum(atoms.weights)), rel=1e-15)
+    assert atoms.interpolate([1.0, 2.0, 2.0, 2.0], [0.5])[1] == pytest.approx(2.0, rel=1e-15)

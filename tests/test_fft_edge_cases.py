@@ -104,3 +104,16 @@ def test_threads_sharing_one_object_get_the_bits_of_one_thread():
         thread.join()
     assert len(results) == 200 and all(np.array_equal(r, expected) for r in results)
     assert _rel(expected, 0.5 * x) <= 1e-15
+
+
+@pytest.mark.parametrize("axis", [0.0, 1.0, True])
+def test_an_axis_that_is_not_an_integer_is_refused_by_name(axis):
+    """0.0 on a 2-D array was a bare "tuple indices" TypeError, 1.0 on a 1-D one "out of range"."""
+    from ctformer.fft import PlannedFFT
+
+    with pytest.raises(TypeError, match="axis must be an integer"):
+        PlannedFFT().rfft(np.ones((4, 8)), axis=axis)
+    with pytest.raises(TypeError, match="axis must be an integer"):
+        PlannedFFT().irfft(np.ones((4, 5), dtype=complex), axis=axis)
+    np.testing.assert_allclose(PlannedFFT().rfft(np.arange(8.0).reshape(2, 4), axis=0),
+                               np.fft.rfft(np.arange(8.0).reshape(2, 4), axis=0), atol=1e-15)

@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import validation
 from ..backend import constant
-from .base import Discretization, check_dense, check_values, real_host_array
+from .base import Discretization, as_values, check_dense, real_host_array
 from .product import at_size
 
 __all__ = ["WithAtoms"]
@@ -186,14 +186,14 @@ class WithAtoms(Discretization):
 
     def interpolate(self, values, points, axis: int = -1):
         """The atoms' values, then the base reconstruction at ``points`` (along ``axis``)."""
-        xp, axis = check_values(values, self.n, axis)
+        values, xp, axis = as_values(values, self.n, axis, allow_complex=True)  # as before: the factors decide
         atoms = xp.take(values, xp.arange(self.atoms), axis=axis)
         rest = xp.take(values, xp.arange(self.atoms, self.n), axis=axis)
         return xp.concat([atoms, self.base.interpolate(rest, points, axis=axis)], axis=axis)
 
     def integrate(self, values, axis: int = -1):
         r""":math:`\sum_a w_a v_a + \text{scale} \sum_j w_j v_j`."""
-        xp, axis = check_values(values, self.n, axis)
+        values, xp, axis = as_values(values, self.n, axis, allow_complex=True)  # as before: the factors decide
         w = constant(self, "weights", lambda: self.weights, values)
         return xp.sum(xp.moveaxis(values, axis, -1) * w, axis=-1)
 

@@ -29,7 +29,7 @@ import array_api_compat
 import numpy as np
 
 from ..backend import constant
-from .base import (Discretization, check_allocation, check_dense, check_values, get,
+from .base import (Discretization, as_values, check_allocation, check_dense, get,
                    real_host_array)
 
 __all__ = ["Product"]
@@ -224,7 +224,7 @@ class Product(Discretization):
         Computed factor by factor, :math:`\\sum_i \\ell^{(1)}_i(p_1) \\sum_j \\ell^{(2)}_j(p_2)
         v_{ij}`, without forming the ``(m, n)`` matrix.
         """
-        xp, axis = check_values(values, self.n, axis)
+        values, xp, axis = as_values(values, self.n, axis, allow_complex=True)  # as before: the factors decide
         pts = self._check_points(points)
         l1 = constant(None, None, lambda: self.first.interpolation_matrix(pts[:, 0]), values)
         l2 = constant(None, None, lambda: self.second.interpolation_matrix(pts[:, 1]), values)
