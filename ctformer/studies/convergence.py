@@ -194,8 +194,8 @@ def _build(model, spec: StudySpec, store):
     identified = store is not None
     shared = {
         "model": model_identity(model) if identified else None, "refine": refinement.variable,
-        "family": None if family is None else describe(family),
-        "fixed": {k: None if v is None else describe(v) for k, v in fixed.items()},
+        "family": None if family is None else _described(family, identified),
+        "fixed": {k: None if v is None else _described(v, identified) for k, v in fixed.items()},
         "scheme": repr(spec.scheme),
         # the scheme's full state, not its repr (a parameter its repr leaves out)
         "scheme_state": describe(spec.scheme, "the scheme") if identified else None,
@@ -211,6 +211,17 @@ def _build(model, spec: StudySpec, store):
                "method": refinement.method(spec.scheme, family),
                "parameters": dict(shared, scheme_order=spec.scheme.order(scheme_problem(model)))}
     return study, keys, summary
+
+
+def _described(obj, identified: bool):
+    """:func:`describe` of ``obj``; without a store (nothing needs an identity) its ``repr``
+    where it has no stable description (a local class, a lambda)."""
+    try:
+        return describe(obj)
+    except TypeError:
+        if identified:
+            raise
+        return repr(obj)
 
 
 def _warns_inconsistent_depth(model) -> bool:

@@ -28,6 +28,7 @@ import sys
 import warnings
 from typing import Any, Callable, Sequence
 
+from ..validation import boolean
 from .store import (RECORD_SCHEMA, CaseStore, CorruptRecordWarning, _nonfinite,
                     case_key, check_key, record_checksum, seal_record)
 
@@ -161,7 +162,8 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
     Raises
     ------
     TypeError
-        If ``executor`` is neither ``None``, an Executor nor a Dask client.
+        If ``executor`` is neither ``None``, an Executor nor a Dask client, or ``progress`` is
+        not ``True`` or ``False``.
     ValueError
         If a key is not a valid case key (e.g. ``"../x"`` or an absolute path).
     PermissionError
@@ -173,6 +175,7 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
     WorkerLost
         When the Dask worker holding the shared model dies; a rerun resumes.
     """
+    progress = boolean(progress, "progress")  # "no" is a string, and a string is true
     if not (executor is None or isinstance(executor, concurrent.futures.Executor)
             or is_dask_client(executor)):
         raise TypeError("executor must be None, a concurrent.futures.Executor or a "
