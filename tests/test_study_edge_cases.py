@@ -84,4 +84,16 @@ def test_progress_must_be_true_or_false():
     from ctformer.studies.execution import run_cases
 
     with pytest.raises(TypeError, match="progress must be True or False"):
-        run_cases(lambda case: {"x": 1.0}, ["a"], ["a"], progress="no")
+        run_cases(lambda context, case: {"x": 1.0}, None, [("a", 1)], progress="no")
+
+
+@pytest.mark.parametrize("output", [{1: 2.0}, {"x": {1: 2.0}, "y": 1.0}, {"x": [{2: 1.0}]}])
+def test_a_record_with_keys_that_are_not_strings_is_refused(output):
+    """A top-level int key crashed while the record was sealed ("'<' not supported"); a nested
+    one was stored as "1" by JSON, so a resumed study read back another record."""
+    from ctformer.studies.execution import run_cases
+
+    with pytest.raises(TypeError, match="case a: the task's output has the key"):
+        run_cases(lambda context, case: output, None, [("a", 1)], progress=False)
+    # string keys: the record as computed
+    assert run_cases(lambda context, case: {"x": {"1": 2.0}}, None, [("a", 1)], progress=False)["a"]["x"] == {"1": 2.0}

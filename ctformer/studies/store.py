@@ -307,13 +307,40 @@ class CaseStore:
 
 
 def seal_record(key: str, record: dict) -> dict:
-    """``record`` with ``key``, ``schema``, ``fields`` and ``checksum`` (JSON-ready copy)."""
+    """``record`` with ``key``, ``schema``, ``fields`` and ``checksum`` (JSON-ready copy).
+
+    Raises
+    ------
+    TypeError
+        If a key of ``record`` or of a dictionary inside it is not a string: JSON would store
+        ``1`` as ``"1"``, and a resumed study would read back another record.
+    """
+    bad = _non_string_key(record)
+    if bad is not None:
+        raise TypeError(f"case {key}: the task's output has the key {bad!r}; a record is stored as "
+                        "JSON, whose keys are strings: use string keys")
     body = _jsonable({k: v for k, v in record.items() if k not in ("schema", "fields", "checksum")})
     body["key"] = key
     body["schema"] = RECORD_SCHEMA
     body["fields"] = {name: _field_kind(value) for name, value in body.items() if name not in _META}
     body["checksum"] = record_checksum(body)
     return body
+
+
+def _non_string_key(value):
+    """The first key of a dictionary in ``value`` (nested in dictionaries, lists, tuples) that
+    is not a string, else None."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = k if not isinstance(k, str) else _non_string_key(v)
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            found = _non_string_key(v)
+            if found is not None:
+                return found
+    return None
 
 
 def _jsonable(value):
