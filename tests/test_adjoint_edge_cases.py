@@ -7,31 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ctformer.discretizations as d
-from ctformer import ContinuousTransformer, Grids
-from ctformer.studies import smooth_initial_state
+from ctformer import ContinuousTransformer
 
-from .conftest import require
+# the grids, the start and the torch / gradient fixtures of the input tests
+from .test_adjoint_inputs import FEATURES, GRIDS, TOKENS, _start, gradient, torch  # noqa: F401
 
 pytestmark = pytest.mark.torch
-TOKENS, FEATURES = d.GaussLegendre(4), d.GaussLegendre(3)
-GRIDS = dict(tokens=TOKENS, features=FEATURES)
-
-
-@pytest.fixture(scope="module")
-def torch():
-    return require("torch")
-
-
-@pytest.fixture(scope="module")
-def gradient(torch):
-    from ctformer.adjoint import gradient
-
-    return gradient
-
-
-def _start():
-    return Grids(TOKENS, FEATURES).sample(smooth_initial_state)
 
 
 @pytest.mark.parametrize("scheme", ["strang", "tsit5"])
