@@ -33,7 +33,9 @@ Funk-Hecke: :math:`\varphi_l(\langle\cdot, e\rangle)` is a spherical harmonic of
     \operatorname{sign}(\beta)^l
 
 (for :math:`d = 2`, :math:`2\pi I_l(\beta)`, the circle's Fourier multiplier).
-:func:`funk_hecke` returns it times :math:`e^{-|\beta|}` (:func:`scipy.special.ive`).
+:func:`funk_hecke` returns it times :math:`e^{-|\beta|}` (:func:`scipy.special.ive`), and
+:func:`kernel_multipliers` what the solvers use; both are formed in logarithms
+(:func:`log_ive`), finite in every dimension.
 """
 from __future__ import annotations
 
@@ -46,8 +48,10 @@ from scipy import special
 from ..validation import boolean, integer, real
 from .dynamics import _check_beta
 
-__all__ = ["GegenbauerBasis", "sphere_area", "funk_hecke", "linear_growth_rate", "check_dimension",
-           "check_beta", "check_noise", "laplace_eigenvalues"]
+__all__ = ["GegenbauerBasis", "sphere_area", "log_sphere_area", "funk_hecke", "kernel_multipliers", "log_ive",
+           "linear_growth_rate", "check_dimension", "check_beta", "check_noise", "laplace_eigenvalues"]
+
+_IVE_DIRECT = 1e-280  # scipy's ive above this, the log-domain series below (log_ive)
 
 
 def check_dimension(dimension) -> int:
@@ -75,10 +79,20 @@ def check_noise(noise) -> float:
 def sphere_area(dimension) -> float:
     r"""The surface area :math:`|S^{d-1}| = 2\pi^{d/2}/\Gamma(d/2)` of the unit sphere in :math:`\mathbb{R}^d`.
 
-    ``dimension = 1`` gives :math:`|S^0| = 2` (two points).
+    ``dimension = 1`` gives :math:`|S^0| = 2` (two points). Beyond :math:`d = 340`, where
+    :math:`\Gamma(d/2)` leaves the float64 range, through :func:`log_sphere_area` (0.0 once the
+    area itself underflows, :math:`d > 1075`).
     """
     d = int(dimension)
-    return 2.0 * math.pi ** (d / 2) / math.gamma(d / 2)
+    if d <= 340:  # math.gamma is accurate to a few ulp; exp(lgamma) loses digits at large d
+        return 2.0 * math.pi ** (d / 2) / math.gamma(d / 2)
+    return math.exp(log_sphere_area(d))
+
+
+def log_sphere_area(dimension) -> float:
+    r""":math:`\log|S^{d-1}| = \log 2 + \frac d2\log\pi - \log\Gamma(d/2)`, finite in every dimension."""
+    d = int(dimension)
+    return math.log(2.0) + 0.5 * d * math.log(math.pi) - math.lgamma(d / 2)
 
 
 def laplace_eigenvalues(degrees, dimension) -> np.ndarray:
@@ -87,11 +101,61 @@ def laplace_eigenvalues(degrees, dimension) -> np.ndarray:
     return degrees * (degrees + dimension - 2)
 
 
+def log_ive(order, x) -> np.ndarray:
+    r""":math:`\log(I_\nu(x)\,e^{-x})` for orders :math:`\nu \ge 0` and :math:`x > 0`, without underflow.
+
+    :func:`scipy.special.ive` where it is a normal number above :math:`10^{-280}`; below, where
+    it loses digits and then underflows to 0 (large :math:`\nu`, small :math:`x`: at
+    :math:`d = 768` every :math:`I_{l+d/2-1}(1)` does), the power series
+
+    .. math::  I_\nu(x) = \frac{(x/2)^\nu}{\Gamma(\nu+1)}\sum_{k\ge0}
+               \frac{(x^2/4)^k}{k!\,(\nu+1)_k}
+
+    summed in logarithms (positive terms, no cancellation) well past its largest term,
+    :math:`k^* = (\sqrt{\nu^2+x^2}-\nu)/2`.
+    """
+    order = np.asarray(order, dtype=np.float64)
+    flat = order.reshape(-1)
+    with np.errstate(divide="ignore"):
+        direct = special.ive(flat, x)
+    out = np.empty(flat.shape)
+    for i, (nu, value) in enumerate(zip(flat, direct)):
+        if value > _IVE_DIRECT:
+            out[i] = math.log(value)
+            continue
+        peak = 0.5 * (math.hypot(nu, x) - nu)
+        k = np.arange(int(peak + 20.0 * math.sqrt(peak + 1.0)) + 40, dtype=np.float64)
+        log_terms = np.concatenate([[0.0], np.cumsum(2 * math.log(x / 2) - np.log1p(k) - np.log(nu + 1 + k))])
+        top = log_terms.max()
+        out[i] = (nu * math.log(x / 2) - math.lgamma(nu + 1) - x + top
+                  + math.log(np.sum(np.exp(log_terms - top))))
+    return out.reshape(order.shape)
+
+
+def _log_kernel(degrees, beta, dimension):
+    r""":math:`\log(e^{-|\beta|}|\lambda_l(\beta)|)` and :math:`\operatorname{sign}(\beta)^l`."""
+    degrees = np.asarray(degrees)
+    b = abs(beta)
+    logs = (0.5 * dimension * math.log(2 * math.pi) + (1 - 0.5 * dimension) * math.log(b)
+            + log_ive(degrees + dimension / 2 - 1, b))
+    return logs, np.where(degrees % 2 == 1, math.copysign(1.0, beta), 1.0)
+
+
+def _times_exp(logs, b):
+    """exp(logs + b) without losing the digits of a large b in the sum (exp(b) rounds once)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return np.where(logs > -600.0, np.exp(logs) * math.exp(b), np.exp(logs + b))
+
+
 def funk_hecke(degrees, beta, dimension) -> np.ndarray:
     r"""Funk-Hecke coefficients of :math:`e^{\beta\langle x, y\rangle}` on :math:`S^{d-1}`, times :math:`e^{-|\beta|}`.
 
     .. math::  e^{-|\beta|}\lambda_l(\beta) = (2\pi)^{d/2} |\beta|^{1-d/2}\,
-               \mathrm{ive}(l + d/2 - 1, |\beta|)\, \operatorname{sign}(\beta)^l .
+               \mathrm{ive}(l + d/2 - 1, |\beta|)\, \operatorname{sign}(\beta)^l ,
+
+    formed in logarithms (:func:`log_ive`), so that neither :math:`|\beta|^{1-d/2}` nor
+    :math:`\mathrm{ive}` leaves the float64 range on the way (at :math:`\beta = 1`,
+    :math:`d = 300` the second is :math:`10^{-350}`); the result is 0 only where it underflows.
 
     Parameters
     ----------
@@ -106,11 +170,21 @@ def funk_hecke(degrees, beta, dimension) -> np.ndarray:
     -------
     numpy.ndarray of float
     """
-    degrees = np.asarray(degrees)
-    b = abs(beta)
-    scale = (2 * math.pi) ** (dimension / 2) * b ** (1 - dimension / 2)
-    sign = np.where(degrees % 2 == 1, math.copysign(1.0, beta), 1.0)
-    return scale * special.ive(degrees + dimension / 2 - 1, b) * sign
+    logs, sign = _log_kernel(degrees, beta, dimension)
+    return sign * np.exp(logs)
+
+
+def kernel_multipliers(degrees, beta, dimension, normalized) -> np.ndarray:
+    r"""The multipliers :math:`m_l` of :math:`G = \sum_l m_l c_l\varphi_l` that a solver uses.
+
+    SA (``normalized``): :math:`m_l = \lambda_l/\lambda_0 = \operatorname{sign}(\beta)^l\,
+    I_{l+d/2-1}(|\beta|)/I_{d/2-1}(|\beta|)`, at most 1 in every dimension (the velocity
+    :math:`\nabla_S G/(\beta G)` does not see a common factor). USA: :math:`m_l = \lambda_l`.
+    """
+    logs, sign = _log_kernel(degrees, beta, dimension)
+    if normalized:
+        return sign * np.exp(logs - _log_kernel(0, beta, dimension)[0])
+    return sign * _times_exp(logs, abs(beta))
 
 
 def linear_growth_rate(k, beta, normalized=True, dimension=2, noise=0.0):
@@ -151,14 +225,15 @@ def linear_growth_rate(k, beta, normalized=True, dimension=2, noise=0.0):
     degrees = np.asarray(k)
     if not np.issubdtype(degrees.dtype, np.integer) or np.any(degrees < 0):
         raise ValueError(f"k must be non-negative integer degrees, got {k!r}")
-    ratio = funk_hecke(degrees, beta, d) / beta
+    if not normalized and abs(beta) > 700:
+        raise ValueError(f"USA (normalized=False) needs |beta| <= 700: its rates carry exp(|beta|), "
+                         f"got beta={beta}")
+    logs, sign = _log_kernel(degrees, beta, d)
+    # ratios formed in logarithms: finite in every dimension (d = 768 included)
     if normalized:
-        ratio = ratio / funk_hecke(0, beta, d)
+        ratio = sign * np.exp(logs - _log_kernel(0, beta, d)[0]) / beta
     else:
-        if abs(beta) > 700:
-            raise ValueError(f"USA (normalized=False) needs |beta| <= 700: its rates carry exp(|beta|), "
-                             f"got beta={beta}")
-        ratio = ratio * math.exp(abs(beta)) / sphere_area(d)
+        ratio = sign * _times_exp(logs - log_sphere_area(d), abs(beta)) / beta
     lap = laplace_eigenvalues(degrees, d)
     rate = lap * ratio - nu * lap
     return float(rate) if rate.ndim == 0 else rate

@@ -23,7 +23,7 @@ import math
 import numpy as np
 from scipy import optimize
 
-from .sphere_basis import funk_hecke, sphere_area
+from .sphere_basis import kernel_multipliers, sphere_area
 
 __all__ = ["stationary_state"]
 
@@ -48,12 +48,13 @@ def stationary_state(field, guess, *, tol=1e-13):
     Raises
     ------
     ValueError
-        Without noise, or if the iteration does not converge.
+        Without noise, for a ``guess`` that is not :math:`L + 1` finite numbers, or if the
+        iteration does not converge.
     """
     if field.noise <= 0:
         raise ValueError("stationary_state needs noise > 0 (without noise the stationary states are Diracs)")
     b = field.basis
-    lam = funk_hecke(np.arange(field.degree + 1), field.beta, field.dimension) * math.exp(abs(field.beta))
+    lam = kernel_multipliers(np.arange(field.degree + 1), field.beta, field.dimension, field.normalized)
     c0 = 1.0 / math.sqrt(sphere_area(field.dimension))
     scale = 1.0 / (field.beta * field.noise)
 
@@ -71,6 +72,11 @@ def stationary_state(field, guess, *, tol=1e-13):
         return tail - gibbs(c)[1:]
 
     guess = np.asarray(guess, dtype=np.float64)
+    if guess.shape != (field.degree + 1,) or not np.all(np.isfinite(guess)):
+        raise ValueError(f"guess must be the {field.degree + 1} finite Gegenbauer coefficients c_0..c_L of "
+                         f"this field (degree={field.degree}), got shape {guess.shape}"
+                         f"{'' if np.all(np.isfinite(guess)) else ' with NaN or infinite entries'}; "
+                         "build one with field.coefficients_of(rho)")
     out = optimize.root(residual, guess[1:], method="hybr", tol=tol)
     if not out.success or np.max(np.abs(residual(out.x))) > 1e-9:
         raise ValueError(f"the Gibbs fixed point did not converge from this guess ({out.message})")

@@ -43,7 +43,7 @@ from ..backend import to_host
 from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning
 from .sphere_labelled import SphereLabelled, spherical_dataset
-from .sphere_basis import check_beta, check_noise, funk_hecke, linear_growth_rate
+from .sphere_basis import check_beta, check_noise, kernel_multipliers, linear_growth_rate
 from .timegrid import check_memory, evolve_coefficients, march, saved_count, time_steps
 
 __all__ = ["SphericalMeanField", "SphericalSolution"]
@@ -116,8 +116,7 @@ class SphericalMeanField:
         self.weights = np.outer(w[::-1], np.full(self.n_phi, 2 * math.pi / self.n_phi))
         self.l = np.concatenate([np.arange(m, L + 1) for m in range(L + 1)])
         self.m = np.concatenate([np.full(L + 1 - m, m) for m in range(L + 1)])
-        factor = 1.0 if self.normalized else math.exp(abs(self.beta))
-        self._lambda = funk_hecke(self.l, self.beta, 3) * factor
+        self._lambda = kernel_multipliers(self.l, self.beta, 3, self.normalized)
         self._root = np.sqrt(self.l * (self.l + 1.0))
         self._diffusion = self.noise * self.l * (self.l + 1.0)
 
@@ -199,7 +198,7 @@ class SphericalMeanField:
 
     def energy(self, alm):
         r""":math:`E = \frac{1}{2\beta}\sum_l \lambda_l \sum_m |a_{lm}|^2` (non-decreasing for USA without noise)."""
-        lam = funk_hecke(np.arange(self.degree + 1), self.beta, 3) * math.exp(abs(self.beta))
+        lam = kernel_multipliers(np.arange(self.degree + 1), self.beta, 3, False)
         return self._power(alm) @ lam / (2 * self.beta)
 
     def order_parameter(self, alm):

@@ -29,8 +29,10 @@ Discretization:
   :math:`L + 1`, as for USA, so the flux is alias-free);
 * :math:`\varphi_0' = 0`, so :math:`\dot c_0 = 0` exactly and the mass
   :math:`c_0\sqrt{|S^{d-1}|}` is conserved exactly in the coefficients;
-* :math:`\lambda_l` in closed form with :func:`scipy.special.ive` (the factor :math:`e^{|\beta|}`
-  cancels in SA and is put back for USA, :math:`|\beta| \le 700`);
+* :math:`\lambda_l` in closed form from :func:`scipy.special.ive`, formed in logarithms
+  (:func:`~ctformer.particles.sphere_basis.kernel_multipliers`): SA uses
+  :math:`\lambda_l/\lambda_0 \le 1` (a common factor cancels), USA :math:`\lambda_l` itself
+  (:math:`|\beta| \le 700`), finite at every :math:`d` and :math:`\beta`;
 * the noise exactly, by an integrating factor (Lawson): the state is
   :math:`(v, \tau)` with :math:`c = e^{-\nu\Lambda\tau} v`, :math:`\Lambda = \operatorname{diag}(l(l+d-2))`,
   :math:`\dot v = e^{\nu\Lambda\tau} F(e^{-\nu\Lambda\tau} v)`, :math:`\dot\tau = 1`, and the
@@ -57,8 +59,8 @@ from ..backend import to_host
 from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning
 from .sphere_labelled import SphereLabelled, zonal_dataset
-from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, funk_hecke,
-                           laplace_eigenvalues, linear_growth_rate, sphere_area)
+from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, kernel_multipliers,
+                           laplace_eigenvalues, linear_growth_rate, log_sphere_area, sphere_area)
 from .timegrid import check_memory, evolve_coefficients, march, saved_count, time_steps
 
 __all__ = ["ZonalMeanField", "ZonalSolution", "linear_growth_rate"]
@@ -66,6 +68,20 @@ __all__ = ["ZonalMeanField", "ZonalSolution", "linear_growth_rate"]
 _USA_BETA_MAX = 700.0
 _NEGATIVE_TOLERANCE = 1e-6  # below -this times the uniform density: not resolved
 _TAIL_TOLERANCE = 1e-6  # the top quarter of the degrees holding more of ||rho||^2: not resolved
+# densities are taken against the surface measure: the uniform one, 1/|S^{d-1}|, and the squares
+# of the coefficients (~ 1/|S^{d-1}| times a cluster's concentration) must stay far inside float64
+_MAX_DIMENSION = max(d for d in range(2, 1100) if log_sphere_area(d) >= math.log(1e-250))  # 374
+
+
+def _solver_dimension(dimension) -> int:
+    r""":func:`check_dimension`, and a dimension whose densities fit float64 (:math:`d \le 374`)."""
+    d = check_dimension(dimension)
+    if d > _MAX_DIMENSION:
+        raise ValueError(f"dimension={d} is beyond the zonal solver's range: its densities are taken against "
+                         f"the surface measure, and the uniform one, 1/|S^(d-1)| = "
+                         f"10^{-log_sphere_area(d) / math.log(10):.0f}, leaves no room for a cluster in float64; "
+                         f"use dimension <= {_MAX_DIMENSION} (linear_growth_rate works in every dimension)")
+    return d
 
 
 @dataclass
@@ -96,7 +112,9 @@ class ZonalMeanField:
     beta : float
         Inverse temperature, finite and nonzero (:math:`|\beta| \le 700` for USA).
     dimension : int
-        :math:`d \ge 2`: tokens on :math:`S^{d-1} \subset \mathbb{R}^d`.
+        :math:`2 \le d \le 374`: tokens on :math:`S^{d-1} \subset \mathbb{R}^d` (densities are
+        taken against the surface measure, and beyond 374 the uniform one, :math:`1/|S^{d-1}|`,
+        leaves no room in float64; :func:`linear_growth_rate` works in every dimension).
     degree : int
         :math:`L \ge 1`, the highest retained degree.
     normalized : bool
@@ -107,13 +125,13 @@ class ZonalMeanField:
     Raises
     ------
     TypeError, ValueError
-        Naming the argument: ``dimension`` < 2, ``degree`` < 1, ``beta`` not finite or zero,
+        Naming the argument: ``dimension`` < 2 or > 374, ``degree`` < 1, ``beta`` not finite or zero,
         ``noise`` negative or not finite.
     """
 
     def __init__(self, beta, dimension, degree, *, normalized=True, noise=0.0):
         self.beta = check_beta(beta)
-        self.dimension = check_dimension(dimension)
+        self.dimension = _solver_dimension(dimension)
         self.degree = integer(degree, "degree")
         self.normalized = boolean(normalized, "normalized")
         self.noise = check_noise(noise)
@@ -122,8 +140,9 @@ class ZonalMeanField:
                              f"exp(|beta|), beyond the float64 range; got beta={self.beta}")
         self.basis = GegenbauerBasis.build(self.dimension, self.degree, (3 * self.degree + 2) // 2)
         l = np.arange(self.degree + 1)
-        factor = 1.0 if self.normalized else math.exp(abs(self.beta))
-        self._lambda = funk_hecke(l, self.beta, self.dimension) * factor
+        # SA: lambda_l / lambda_0 (a common factor cancels in grad G / G; lambda_0 alone underflows
+        # at large d and small beta), USA: lambda_l
+        self._lambda = kernel_multipliers(l, self.beta, self.dimension, self.normalized)
         self._diffusion = self.noise * laplace_eigenvalues(l, self.dimension)
         # the circle's stable-step analysis for L modes and the same velocity bound
         self._circle = CircleMeanField(self.beta, 3 * self.degree + 1, normalized=self.normalized)
@@ -195,7 +214,7 @@ class ZonalMeanField:
         saved time). Non-decreasing in time for USA without noise (a gradient flow of E).
         """
         c = np.asarray(coefficients)
-        lam = funk_hecke(np.arange(self.degree + 1), self.beta, self.dimension) * math.exp(abs(self.beta))
+        lam = kernel_multipliers(np.arange(self.degree + 1), self.beta, self.dimension, False)
         return (c * c) @ lam / (2 * self.beta)
 
     def order_parameter(self, coefficients):
