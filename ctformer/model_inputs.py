@@ -156,21 +156,26 @@ def check_padding_mask(mask, u):
     Returns
     -------
     bool array, shape (..., N)
-        In the namespace and on the device of ``u``.
+        In the namespace and on the device of ``u`` (a torch mask on another device is moved).
 
     Raises
     ------
     TypeError
         For a mask of complex numbers, strings or objects.
     ValueError
-        For a wrong shape, values other than 0/1, or a sequence without real tokens.
+        For a ragged nested list, a wrong shape, values other than 0/1, or a sequence without
+        real tokens (the message names it).
     """
     xp = array_api_compat.array_namespace(u)
     if not _is_native(mask):
-        mask = to_host(mask)
+        try:
+            mask = to_host(mask)
+        except ValueError as exc:  # ragged nested lists
+            raise ValueError(f"padding_mask must be a rectangular array of shape {tuple(u.shape[:-1])} "
+                             f"(batch, tokens): {exc}") from None
         if mask.dtype == object:
-            raise TypeError(f"padding_mask must be an array of booleans or 0/1, got "
-                            f"{type(mask.flat[0]).__name__ if mask.size else 'an empty object array'}")
+            kinds = sorted({type(v).__name__ for v in mask.flat}) if mask.size else ["an empty object array"]
+            raise TypeError(f"padding_mask must be an array of booleans or 0/1, got {', '.join(kinds)}")
     elif type(mask) is not type(u):  # a mask from another namespace (e.g. NumPy for torch)
         mask = to_host(mask)
     if isinstance(mask, np.ndarray) and mask.dtype.kind in "cUS" or getattr(mask, "is_complex", bool)():
@@ -183,8 +188,18 @@ def check_padding_mask(mask, u):
         if not bool(((mask == 0) | (mask == 1)).all()):
             raise ValueError("padding_mask must be boolean or hold only 0 and 1 (1 = real token)")
         mask = mask == 1
-    if not bool(mask.any(axis=-1).all()):
-        raise ValueError("padding_mask has a sequence without any real token (a row of zeros)")
+    _refuse_empty_sequences(mask)
     if array_api_compat.is_torch_array(u) or array_api_compat.is_cupy_array(u):
-        return xp.asarray(mask, device=array_api_compat.device(u)) if not type(mask) is type(u) else mask
+        # on u's device even when the mask is already of u's kind (a CPU mask for a GPU state)
+        return xp.asarray(mask, device=array_api_compat.device(u))
     return xp.asarray(mask)
+
+
+def _refuse_empty_sequences(mask) -> None:
+    """Refuse a mask with a sequence of padding only, naming the first such sequence."""
+    real = np.asarray(to_host(mask.any(axis=-1)))
+    if not real.all():
+        first = tuple(int(i) for i in np.argwhere(~real)[0]) if real.ndim else ()
+        place = "" if not first else f" at batch index {first[0] if len(first) == 1 else first}"
+        raise ValueError(f"padding_mask has a sequence without any real token (a row of zeros){place}: every "
+                         "sequence needs at least one real token; drop that sequence from the batch")

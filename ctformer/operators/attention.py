@@ -226,7 +226,9 @@ class Attention(Operator):
             Real, floating and finite (checked here, once).
         grids : Grids
         padding_mask : bool array ``(..., N)``, optional
-            True = a real token: only those are keys.
+            True = a real token: only those are keys. Its leading axes broadcast to the batch
+            axes of ``u`` (``(B, N)``, or ``(N,)`` for every sequence); more or larger ones
+            (HuggingFace's extended ``(B, 1, 1, N)`` mask) are refused.
             A query left without any key (with left padding and the causal mask, a padding
             token before the first real one) gets attention output zero, the integral over
             an empty set of keys; the padding tokens never reach the real ones.

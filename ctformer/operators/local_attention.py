@@ -247,7 +247,8 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
         the leading axes, non-finite ``q``, ``k``, ``v`` or ``beta`` with ``check=True``, or
         bad options.
     TypeError
-        For a pattern that is not a boolean pydata ``sparse`` array.
+        For a pattern that is not a boolean pydata ``sparse`` array, or a ``key_mask`` that is
+        not boolean.
     """
     if _all_float16(q, k, v):
         # computed in float32 and rounded once, as quadrature_attention does (float16 scores lose most bits)
@@ -280,7 +281,10 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
     km = None
     if key_mask is not None:
         km = xp.asarray(key_mask)
-        if km.dtype != xp.bool or km.ndim < 1 or km.shape[-1] != m:
+        if km.dtype != xp.bool:
+            raise TypeError(f"key_mask must be a boolean array (True = a key kept), got dtype {km.dtype}; "
+                            "pass key_mask == 1 for a 0/1 mask")
+        if km.ndim < 1 or km.shape[-1] != m:
             raise ValueError(f"key_mask must be a boolean array of shape (..., {m}), got {tuple(km.shape)}")
     if block is not None:
         block = validation.integer(block, "block")

@@ -286,7 +286,8 @@ def check_padding(keys, n_tokens: int):
     """A padding mask ``(..., N)`` checked once: boolean, one flag per token."""
     xp = namespace(keys)
     if keys.dtype != xp.bool:
-        raise TypeError(f"padding_mask must be a boolean array (True = a real token), got dtype {keys.dtype}")
+        raise TypeError(f"padding_mask must be a boolean array (True = a real token), got dtype {keys.dtype}; "
+                        "pass mask == 1 for a 0/1 mask")
     if keys.ndim < 1 or keys.shape[-1] != n_tokens:
         raise ValueError(f"padding_mask must have shape (..., {n_tokens}) (one flag per token), "
                          f"got {tuple(keys.shape)}")
@@ -295,14 +296,20 @@ def check_padding(keys, n_tokens: int):
 
 def padding_for(u, padding_mask, n_tokens: int):
     """A padding mask handed to :meth:`Attention.__call__`: in ``u``'s namespace, checked,
-    its leading axes broadcasting with ``u``'s batch axes."""
+    its leading axes broadcasting to ``u``'s batch axes (the output keeps ``u``'s shape)."""
     xp = namespace(u)
     keys = check_padding(xp.asarray(padding_mask), n_tokens)
+    lead, batch = tuple(keys.shape[:-1]), tuple(u.shape[:-2])
     try:
-        xp.broadcast_shapes(tuple(keys.shape[:-1]), tuple(u.shape[:-2]))
+        fits = np.broadcast_shapes(lead, batch) == batch
     except ValueError:
+        fits = False
+    if not fits:
+        # a mask with more or larger leading axes would broadcast u itself: an output of another
+        # shape, e.g. a batch by batch product for HuggingFace's extended (B, 1, 1, N) mask
         raise ValueError(
-            f"padding_mask leading axes {tuple(keys.shape[:-1])} do not broadcast with the batch axes "
-            f"{tuple(u.shape[:-2])} of u"
-        ) from None
+            f"padding_mask leading axes {lead} do not broadcast to the batch axes {batch} of u: pass one "
+            f"flag per token of each sequence, shape {batch + (n_tokens,)} (HuggingFace's (B, N) "
+            "attention_mask, not its extended (B, 1, 1, N) form)"
+        )
     return keys
