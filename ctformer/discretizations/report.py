@@ -33,12 +33,54 @@ def _valid_n(name: str, n: int) -> int:
     return n
 
 
+def _checked_levels(h, errors) -> tuple[list, list]:
+    """``h`` and ``errors`` as lists, refused (naming the first offending index) unless every
+    mesh width is finite and > 0 and every error a norm (finite, >= 0) or None."""
+    h, errors = list(h), list(errors)
+    if len(h) != len(errors):
+        raise ValueError(f"h and errors must have the same length, got {len(h)} mesh widths and "
+                         f"{len(errors)} errors")
+    for i, hi in enumerate(h):
+        if not (math.isfinite(float(hi)) and float(hi) > 0):
+            raise ValueError(f"h must hold finite mesh widths > 0, got h[{i}] = {float(hi)}")
+    for i, ei in enumerate(errors):
+        if ei is not None and not 0 <= float(ei) < math.inf:
+            # a NaN or inf error is a diverged or overflowed solve, not a level to skip
+            raise ValueError(f"errors must be norms (finite, >= 0; None to skip a level), got "
+                             f"errors[{i}] = {float(ei)}; measure that level again or "
+                             "pass None for it")
+    return h, errors
+
+
 def neighbour_orders(h, errors) -> list:
-    """Orders :math:`\\log(e_{i-1}/e_i) / \\log(h_{i-1}/h_i)` (``None`` where undefined)."""
+    r"""Observed orders between neighbouring levels.
+
+    .. math::  p_i = \frac{\log(e_{i-1} / e_i)}{\log(h_{i-1} / h_i)}, \qquad i \ge 1.
+
+    Parameters
+    ----------
+    h, errors : sequence of float
+        Mesh widths and errors, one per level (``None`` errors are skipped, e.g. the level
+        that is the reference).
+
+    Returns
+    -------
+    list
+        ``None`` first, then :math:`p_i`; ``None`` where it is undefined: an error that is
+        ``None`` or zero (the logarithm of 0; :func:`fit_order` leaves such a level out too)
+        or two equal mesh widths.
+
+    Raises
+    ------
+    ValueError
+        As :func:`fit_order`: different lengths, a mesh width that is not finite and > 0, or
+        an error that is negative, NaN or inf (named with its index).
+    """
+    h, errors = _checked_levels(h, errors)
     out = [None]
     for i in range(1, len(h)):
         e0, e1 = errors[i - 1], errors[i]
-        if e0 is None or e1 is None or e0 <= 0 or e1 <= 0 or h[i - 1] == h[i]:
+        if e0 is None or e1 is None or e0 == 0 or e1 == 0 or h[i - 1] == h[i]:
             out.append(None)
         else:
             out.append(math.log(e0 / e1) / math.log(h[i - 1] / h[i]))
@@ -46,7 +88,11 @@ def neighbour_orders(h, errors) -> list:
 
 
 def fit_order(h, errors, floor: float = 0.0, fit_levels: int | None = None) -> float:
-    """Least-squares slope of ``log(error)`` against ``log(h)`` over the asymptotic levels.
+    r"""Least-squares slope of ``log(error)`` against ``log(h)`` over the asymptotic levels.
+
+    With the kept levels :math:`(h_i, e_i)`, :math:`x_i = \log h_i`, :math:`y_i = \log e_i`,
+
+    .. math::  p = \frac{\sum_i (x_i - \bar x)(y_i - \bar y)}{\sum_i (x_i - \bar x)^2}.
 
     Parameters
     ----------
@@ -55,7 +101,8 @@ def fit_order(h, errors, floor: float = 0.0, fit_levels: int | None = None) -> f
     floor : float
         Errors at or below it are rounding noise and are left out.
     fit_levels : int, optional
-        Use only this many of the finest remaining levels.
+        Use only this many of the finest remaining levels: those of the smallest ``h``,
+        whatever the order in which the levels are given.
 
     Returns
     -------
@@ -67,22 +114,17 @@ def fit_order(h, errors, floor: float = 0.0, fit_levels: int | None = None) -> f
     ------
     ValueError
         If ``h`` and ``errors`` differ in length, a mesh width is not finite and > 0, an error
-        is negative, NaN or inf (an error is a norm), or ``fit_levels`` is not a positive integer.
+        is negative, NaN or inf (an error is a norm; the message names its index), or
+        ``fit_levels`` is not a positive integer.
     """
-    h, errors = list(h), list(errors)
-    if len(h) != len(errors):
-        raise ValueError(f"h and errors must have the same length, got {len(h)} mesh widths and "
-                         f"{len(errors)} errors")
-    if not all(math.isfinite(hi) and hi > 0 for hi in map(float, h)):
-        raise ValueError(f"h must hold finite mesh widths > 0, got {h}")
-    if any(ei is not None and not 0 <= float(ei) < math.inf for ei in errors):
-        raise ValueError(f"errors must be norms (finite, >= 0; None to skip a level), got {errors}")
+    h, errors = _checked_levels(h, errors)
     if fit_levels is not None and not (is_integer(fit_levels) and fit_levels >= 1):
         raise ValueError(f"fit_levels must be a positive integer or None, got {fit_levels!r}")
-    pts = [(hi, ei) for hi, ei in zip(h, errors) if ei is not None and ei > floor]
+    pts = [(float(hi), float(ei)) for hi, ei in zip(h, errors) if ei is not None and ei > floor]
     if fit_levels is not None:
-        pts = pts[-fit_levels:]
-    if len({float(hi) for hi, _ in pts}) < 2:
+        # the finest levels are those of the smallest h (stable: ties keep their order)
+        pts = sorted(pts, key=lambda p: -p[0])[-fit_levels:]
+    if len({hi for hi, _ in pts}) < 2:
         return float("nan")
     hh, ee = np.log(np.array(pts, dtype=float)).T
     return float(np.polyfit(hh, ee, 1)[0])

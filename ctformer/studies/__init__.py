@@ -2,6 +2,7 @@
 
 See :func:`convergence` and the user guide (``docs/studies.rst``).
 """
+from .arguments import UnderResolvedErrorWarning
 from .identity import model_identity
 from .convergence import VARIABLES, convergence, smooth_initial_state
 from .execution import CaseStore, CorruptRecordWarning, StudyInterrupted, WorkerLost, case_key, run_cases
@@ -16,4 +17,5 @@ __all__ = ["convergence", "smooth_initial_state", "model_identity", "VARIABLES",
            "ConvergenceResult", "Row", "comparison_table", "fit_order", "neighbour_orders",
            "Refinement", "TimeRefinement", "SpaceRefinement", "as_refinement", "StudySpec",
            "CaseStore", "case_key", "run_cases", "CorruptRecordWarning", "StudyInterrupted",
-           "WorkerLost", "plot_convergence", "work_precision", "WorkPrecision", "ToleranceLevel"]
+           "WorkerLost", "plot_convergence", "work_precision", "WorkPrecision", "ToleranceLevel",
+           "UnderResolvedErrorWarning"]

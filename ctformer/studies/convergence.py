@@ -45,7 +45,8 @@ import numpy as np
 
 from .. import solvers
 from ..backend import to_host
-from .arguments import DEFAULT_FIXED, fixed_discretization, level_discretization
+from .arguments import (DEFAULT_FIXED, check_resolution, fixed_discretization,
+                        level_discretization)
 from .cases import StudyCase, compute_case
 from .execution import case_key, finite_or_none, run_cases
 from .identity import array_identity, describe, model_identity
@@ -101,7 +102,9 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
     error_norm : {"l2", "max"}, optional
         Continuous :math:`L^2` norm or maximum over the evaluation grid (default ``"l2"``).
     fine : int, optional
-        Gauss-Legendre points along a refined token or feature axis (default 200).
+        Gauss-Legendre points along a refined token or feature axis (default 200). A rule with
+        a piecewise reconstruction needs 6 or more per mesh width at every measured level
+        (:math:`\mathrm{fine}\, h / L \ge 6`, :math:`L` the window or domain length).
     evaluate : {"interpolate", "coarsest-nodes"}, optional
         Where a refined token or feature variable is compared: at ``fine`` Gauss-Legendre
         points through each level's ``interpolate`` (default), or at the quadrature points of
@@ -147,10 +150,18 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
         Before anything is computed, when the store is not writable or a directory stands
         where a record is to be written (the message names the path).
 
+    FloatingPointError
+        When a level's solution is not finite, or so large that its error overflows float64
+        (the message names the level).
+
     Warns
     -----
     InconsistentDepthLimitWarning
         When refining time in a post-norm model with per-feature affine LayerNorm.
+    UnderResolvedErrorWarning
+        Before anything is computed, when ``fine`` gives a measured level fewer than 6
+        evaluation points per mesh width (its error and neighbour order would drift); the
+        message names the ``fine`` that suffices.
     """
     spec = StudySpec.checked(
         refine=refine, levels=levels, tokens=tokens, features=features,
@@ -189,6 +200,10 @@ def _build(model, spec: StudySpec, store):
 
     points, weights = refinement.evaluation_points(family, levels[0], spec.fine, spec.window,
                                                    spec.evaluate)
+    # warned before anything is computed: a larger fine is the remedy
+    check_resolution(refinement.variable, family,
+                     levels[:-1] if spec.reference == "finest" else levels, spec.fine,
+                     spec.window, spec.evaluate, stacklevel=3)
     study = StudyCase(model, spec.u0, spec.scheme, refinement, family, fixed, spec.steps_per_layer,
                       points, weights)
     identified = store is not None
@@ -258,12 +273,14 @@ def _measure(study, keys, records, spec, summary, wall) -> ConvergenceResult:
             return float(np.max(np.abs(diff)))
         return float(np.sqrt(np.einsum("...ij,i,j->", diff ** 2, w_x, w_y)))
 
-    errors = [None if i == skip else measure(v - ref) for i, v in enumerate(values)]
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is named below, by level
+        errors = [None if i == skip else measure(v - ref) for i, v in enumerate(values)]
+        floor = 1e-12 * max(1.0, measure(ref))
+    _refuse_overflow(errors, levels, values, spec.refinement.variable)
     orders = neighbour_orders(h, errors)
     table = [Row(level=i, n=n, h=float(h[i]), error=finite_or_none(errors[i]),
                  order=finite_or_none(orders[i]), seconds=float(records[key]["seconds"]))
              for i, (key, n) in enumerate(keys)]
-    floor = 1e-12 * max(1.0, measure(ref))
     return ConvergenceResult(
         table=table, observed_order=fit_order(h, errors, floor, spec.fit_levels),
         expected_order=summary["expected"], refine=spec.refinement.variable,
@@ -272,3 +289,15 @@ def _measure(study, keys, records, spec, summary, wall) -> ConvergenceResult:
         wall_seconds=wall, parameters=summary["parameters"],
         consistent_limit=summary["consistent"], gauss_points=summary["gauss_points"],
         limitation=summary["limitation"])
+
+
+def _refuse_overflow(errors, levels, values, variable):
+    """Refuse a level whose error overflowed: its values are finite (a NaN or inf solution
+    is refused where it is computed) but too large to square in float64."""
+    bad = [i for i, e in enumerate(errors) if e is not None and not math.isfinite(e)]
+    if bad:
+        sizes = ", ".join(f"{levels[i]} (max |u| = {np.max(np.abs(values[i])):.3g})" for i in bad)
+        raise FloatingPointError(
+            f"the error at {variable} level(s) {sizes} overflows float64: the solution there "
+            "is finite but has blown up, so no order can be measured; take more steps per "
+            "layer or finer levels, or check that the model stays bounded")

@@ -9,7 +9,8 @@ of that rule, with :math:`q` Gauss points per element, next to the element order
 without a consistent limit (``consistent_limit=False``) prints no expected order.
 
 A summary whose observed order misses the expected one by more than 0.3 says so, and, when the
-neighbour orders move towards the expected one, that the levels are pre-asymptotic.
+neighbour orders move towards the expected one, that the levels are pre-asymptotic; with fewer
+than two neighbour orders it says the miss and that the levels are too few to read a trend.
 """
 from __future__ import annotations
 
@@ -99,12 +100,17 @@ def headline(result) -> str:
 
 def _miss_note(result, expected: float) -> str:
     """``""`` when the observed order is within 0.3 of ``expected``, else what the
-    neighbour orders say: moving towards it (pre-asymptotic levels) or not."""
+    neighbour orders say: moving towards it (pre-asymptotic levels) or not; with fewer than
+    two of them, that the levels are too few to tell."""
     orders = [r.order for r in result.table if r.order is not None and math.isfinite(r.order)]
-    if abs(result.observed_order - expected) <= 0.3 or len(orders) < 2:
-        return ""  # within the tolerance, or one neighbour order: no trend to read
+    if abs(result.observed_order - expected) <= 0.3:
+        return ""
     side = "below" if result.observed_order < expected else "above"
     listed = ", ".join(f"{p:.2f}" for p in orders)
+    if len(orders) < 2:  # the miss is said all the same; a trend needs two neighbour orders
+        which = f"one neighbour order ({listed})" if orders else "no neighbour order"
+        return (f"; {side} it, with {which}: too few levels to tell pre-asymptotic levels "
+                "from an error limited by something else; add levels")
     gaps = [abs(p - expected) for p in orders]
     if all(b < a for a, b in zip(gaps, gaps[1:])):
         return (f"; {side} it on these levels, and the neighbour orders ({listed}) move "
