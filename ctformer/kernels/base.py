@@ -18,6 +18,7 @@ import abc
 import array_api_compat
 import numpy as np
 
+from .. import validation
 from ..backend import _cached, constant
 from .parameters import is_host
 
@@ -126,8 +127,13 @@ class Kernel(abc.ABC):
     def _build_matrix(self, out, inp) -> np.ndarray:
         s = _reference_points(out)
         t = _reference_points(inp)
-        values = np.broadcast_to(self.evaluate(s[:, None], t[None, :]), (s.size, t.size))
-        return values * (np.asarray(inp.quadrature_weights) / inp.length)[None, :]
+        weights = (np.asarray(inp.quadrature_weights, dtype=np.float64) / inp.length)[None, :]
+        values = _broadcast_values(self, self.evaluate(s[:, None], t[None, :]), (s.size, t.size))
+        if is_host(values):
+            return values * weights
+        # a parametrized function of tensors: the matrix stays in their namespace (autograd)
+        xp = array_api_compat.array_namespace(values)
+        return values * xp.asarray(weights, dtype=values.dtype, device=array_api_compat.device(values))
 
     def device_matrix(self, u, out, inp):
         """The matrix of :meth:`matrix` on the backend and in the dtype of the array ``u``."""
@@ -158,17 +164,17 @@ class Kernel(abc.ABC):
             If ``u`` is not a real floating array.
         """
         if not self._host():
-            xp, axis = _check_input(u, inp, axis)
-            product = xp.moveaxis(u, axis, -1) @ xp.matrix_transpose(self.matrix(out, inp))
-            return xp.moveaxis(product, -1, axis)
+            return _apply_in_namespace(self, u, out, inp, axis)
         native = type(u) is np.ndarray  # lists take the checked path (they may hold inf)
         if not native or u.dtype.kind != "f":
             u = _as_input(u)
         transposed = lambda: self.transposed_matrix(out, inp)  # noqa: E731
-        if (native and u.dtype.kind == "f" and axis in (-1, u.ndim - 1)
-                and u.shape[-1] == len(inp.quadrature_nodes)):
-            # the hot path of a solve: one product with the cached transposed matrix
-            return u @ constant(self, ("matrix_t", out, inp), transposed, u)
+        if native and u.dtype.kind == "f" and type(axis) is int and u.ndim and axis in (-1, u.ndim - 1):
+            # the hot path of a solve: one product with the cached transposed matrix (a miss
+            # builds it through matrix(), which checks out and inp)
+            mat_t = constant(self, ("matrix_t", out, inp), transposed, u)
+            if u.shape[-1] == mat_t.shape[0]:
+                return u @ mat_t
         xp, axis = _check_input(u, inp, axis)
         mat_t = constant(self, ("matrix_t", out, inp), transposed, u)
         return xp.moveaxis(xp.moveaxis(u, axis, -1) @ mat_t, -1, axis)
@@ -186,9 +192,15 @@ def _as_input(u):
 
 
 def _check_input(u, inp, axis):
+    _check_discretization(inp, "inp")
     xp = array_api_compat.array_namespace(u)
     if not xp.isdtype(u.dtype, "real floating"):
         raise TypeError(f"u must be a real floating array, got dtype {u.dtype}")
+    if not validation.is_integer(axis):
+        raise TypeError(f"axis must be an integer, got {type(axis).__name__} {axis!r}")
+    if u.ndim == 0:
+        raise ValueError(f"u must have an axis of {len(inp.quadrature_nodes)} values at the "
+                         f"quadrature points of {inp!r}, got a 0-d array; pass an array of them")
     if not -u.ndim <= axis < u.ndim:
         raise ValueError(f"axis {axis} is out of range for u with {u.ndim} dimensions")
     axis %= u.ndim
@@ -199,3 +211,33 @@ def _check_input(u, inp, axis):
             f"(the quadrature points of {inp!r})"
         )
     return xp, axis
+
+
+def _broadcast_values(kernel, values, shape):
+    """A kernel's values at the grid pairs, broadcast to ``shape`` (any namespace), or a clear error."""
+    try:
+        if is_host(values):
+            return np.broadcast_to(values, shape)
+        return array_api_compat.array_namespace(values).broadcast_to(values, shape)
+    except (ValueError, RuntimeError):
+        raise ValueError(
+            f"{kernel!r} returned values of shape {tuple(values.shape)} for {shape[0]} output x "
+            f"{shape[1]} input points; expected shape {shape} or one that broadcasts to it. "
+            "Make the function vectorized: s arrives as a column, t as a row"
+        ) from None
+
+
+def _apply_in_namespace(kernel, u, out, inp, axis):
+    """:meth:`Kernel.apply` for parameters of another namespace (tensors handed in by
+    ``with_parameters``): the matrix is built afresh in their namespace, so autograd sees it."""
+    _check_discretization(out, "out")
+    xp, axis = _check_input(u, inp, axis)
+    mat = kernel.matrix(out, inp)
+    if array_api_compat.array_namespace(mat) is not xp:
+        raise TypeError(
+            f"u is a {type(u).__module__}.{type(u).__name__} but the parameters of {kernel!r} are "
+            f"{type(mat).__module__}.{type(mat).__name__} arrays; pass u as an array of that kind "
+            "(e.g. torch.as_tensor(u)), on the parameters' device")
+    if mat.dtype != u.dtype:
+        mat = xp.astype(mat, u.dtype)  # the result keeps u's dtype, as on the host path
+    return xp.moveaxis(xp.moveaxis(u, axis, -1) @ xp.matrix_transpose(mat), -1, axis)

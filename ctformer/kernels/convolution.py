@@ -16,8 +16,9 @@ import numpy as np
 
 from .._numerics.convolution_route import dense_below as measured_dense_below
 from ..backend import _cached, backend_of, constant
-from .base import Kernel, _as_input, _check_input
+from .base import Kernel, _as_input, _check_discretization, _check_input
 from .parameters import callable_parameters
+from .smooth import _function_values
 
 
 class Convolution(Kernel):
@@ -34,7 +35,10 @@ class Convolution(Kernel):
     Parameters
     ----------
     profile : callable
-        ``profile(z)`` for ``z`` in :math:`[0, 1)`, vectorized; read as 1-periodic.
+        ``profile(z)`` for ``z`` in :math:`[0, 1)`, vectorized; read as 1-periodic. A
+        parametrized profile (with a ``parameters()`` method) whose numbers are torch tensors
+        may return tensors: the kernel then applies its dense matrix, built in torch (so
+        autograd sees it), instead of the FFT.
 
     Raises
     ------
@@ -66,9 +70,7 @@ class Convolution(Kernel):
         nearest = np.round(z)
         # differences that are integers up to rounding are exactly 0 mod 1 (no p(1 - eps) vs p(0))
         z = np.where(np.abs(z - nearest) < 1e-13, 0.0, z - np.floor(z))
-        from ..discretizations.base import real_host_array
-
-        return real_host_array(self.profile(z), f"{self!r}: the profile")
+        return _function_values(self, self.profile(z), "the profile")
 
     @staticmethod
     def is_uniform_periodic(disc) -> bool:
@@ -106,10 +108,12 @@ class Convolution(Kernel):
         """How NumPy rows of ``dtype`` are applied: ``(True, n, symbol in dtype's complex
         type)`` by FFT, ``(False, n, transposed matrix in dtype)`` by one product on a host
         kernel, else ``()`` (:meth:`Kernel.apply`; not None, which the cache would take for a miss)."""
+        _check_discretization(out, "out")
+        _check_discretization(inp, "inp")
+        if not self._host():
+            return ()    # tensor parameters: Kernel.apply, in their namespace
         n = len(inp.quadrature_nodes)
         if not (out == inp and self.is_uniform_periodic(inp)) or n <= self._dense_limit(dtype):
-            if not self._host():
-                return ()
             like = np.empty(0, dtype=dtype)
             return False, n, constant(self, ("matrix_t", out, inp), lambda: self.transposed_matrix(out, inp), like)
         complex_dtype = np.complex64 if dtype == np.float32 else np.complex128
@@ -136,7 +140,10 @@ class Convolution(Kernel):
                 spectrum = fft.rfft(u, axis=-1)
                 spectrum *= symbol
                 return fft.irfft(spectrum, n=n, axis=-1)
-        if not (out == inp and _cached(inp, "uniform periodic", lambda: self.is_uniform_periodic(inp))):
+        if not self._host() or not (out == inp and _cached(inp, "uniform periodic",
+                                                           lambda: self.is_uniform_periodic(inp))):
+            # tensor parameters take the dense matrix in their namespace: the cached host
+            # symbol would hide them from autograd and from in-place updates
             return super().apply(u, out, inp, axis)
         if type(u) is not np.ndarray or u.dtype.kind != "f":
             u = _as_input(u)

@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import validation
 from .base import Kernel, _reference_points
-from .parameters import callable_parameters, is_host, read_only_parameters
+from .parameters import _to_host, callable_parameters, is_host, read_only_parameters
 
 
 class Smooth(Kernel):
@@ -30,12 +30,19 @@ class Smooth(Kernel):
     Parameters
     ----------
     function : callable
-        ``function(s, t)`` with broadcasting NumPy arrays ``s`` (column) and ``t`` (row).
+        ``function(s, t)`` with broadcasting NumPy arrays ``s`` (column) and ``t`` (row),
+        returning values of their broadcast shape (or one that broadcasts to it). An object
+        with a ``parameters()`` method is a parametrized function: its numbers are the
+        kernel's (``with_parameters`` replaces them); when they are torch tensors it may
+        return a tensor, and the kernel's matrix is then built in torch, so autograd sees it.
 
     Raises
     ------
     TypeError
         If ``function`` is not callable.
+    ValueError
+        When discretized, if the values have a shape that does not broadcast to the grid
+        pair's, or are NaN or inf.
     """
 
     def __init__(self, function: Callable):
@@ -51,9 +58,9 @@ class Smooth(Kernel):
         return callable_parameters(self.function)
 
     def evaluate(self, s, t):
-        from ..discretizations.base import real_host_array
-
-        return real_host_array(self.function(s, t), f"{self!r}: the function")
+        """The function's values at ``(s, t)``; an array of another namespace (a parametrized
+        function of tensors) is kept there, so autograd sees the kernel."""
+        return _function_values(self, self.function(s, t), "the function")
 
 
 class SmoothRandom(Kernel):
@@ -152,3 +159,13 @@ class SmoothRandom(Kernel):
             return a if not is_host(a) else xp.asarray(np.array(a), dtype=like.dtype, device=device)
 
         return (on(b_out) @ on(self.coefficients) @ xp.matrix_transpose(on(b_in))) * on(w)
+
+
+def _function_values(kernel, values, what: str):
+    """``values`` of a kernel's user function as a host float64 array, or as they are when
+    they are an array of another namespace and the kernel's parameters live there too."""
+    if not is_host(values) and not kernel._host():
+        return values
+    from ..discretizations.base import real_host_array
+
+    return real_host_array(_to_host(values), f"{kernel!r}: {what}")

@@ -27,7 +27,7 @@ import array_api_compat
 import numpy as np
 
 from ..discretizations.base import real_host_array
-from ..kernels import _to_host, callable_parameters, cell_index, is_host, read_only
+from ..kernels import Convolution, Smooth, _to_host, callable_parameters, cell_index, is_host, read_only
 
 __all__ = ["FeatureFunction", "as_feature_function", "cell_index", "named_parameters",
            "assign_parameter"]
@@ -225,7 +225,8 @@ def assign_parameter(root, name: str, value) -> None:
 
     The dotted path walks attributes and list indices; a feature function takes the value as
     its numbers (``"b_O"``), or passes the rest of the path to its parametrized callable
-    (``"b_O.phase"``).
+    (``"b_O.phase"``); so do a :class:`~ctformer.kernels.Smooth` kernel (to its function,
+    ``"W.width"``) and a :class:`~ctformer.kernels.Convolution` (to its profile).
 
     Raises
     ------
@@ -239,6 +240,9 @@ def assign_parameter(root, name: str, value) -> None:
             if obj.kind != "callable":
                 raise KeyError(f"parameter {name!r}: {'.'.join(parts[:depth])} has no part {part!r}")
             obj = obj.spec
+        elif isinstance(obj, (Smooth, Convolution)) and not hasattr(obj, part):
+            # these kernels list their function's own parameters() as theirs
+            obj = obj.function if isinstance(obj, Smooth) else obj.profile
         holder = obj
         try:
             obj = obj[int(part)] if isinstance(obj, (list, tuple)) else getattr(obj, part)
