@@ -136,10 +136,12 @@ def test_a_coarse_evaluation_grid_warns_before_the_study_runs():
                       match=r"fine=200 evaluation points under-resolve the error of tokens "
                             r"levels \[64\] of midpoint \(points per mesh width 64: 3.1; fewer "
                             r"than 6\).* pass fine=384 or more"):
-        convergence(SampledState(), **study)
+        convergence(SampledState(), fine=200, **study)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnderResolvedErrorWarning)
         convergence(SampledState(), fine=384, **study)                   # 6 points per width
+        # left out, fine is the 6 points per width of the finest measured level, 6 * 64
+        assert convergence(SampledState(), **study).parameters["fine"] == 384
         convergence(SampledState(), evaluate="coarsest-nodes", **study)  # no reconstruction
         convergence(SampledState(), **dict(study, tokens="gauss-legendre", levels=[8, 16, 64]))
         # a window of length 1/4 holds fine points on a quarter of the interval: 4x denser
@@ -156,7 +158,10 @@ def test_the_drift_the_warning_names_against_the_closed_form():
     # e_h ~ C (h^2 - h_ref^2): the order between h = 1/64 and 1/128 against h_ref = 1/512
     closed = math.log2((1 / 64**2 - 1 / 512**2) / (1 / 128**2 - 1 / 512**2))   # 2.070
     with pytest.warns(UnderResolvedErrorWarning, match="pass fine=768 or more"):
-        coarse = convergence(model, **study)
+        coarse = convergence(model, fine=200, **study)
     resolved = convergence(model, fine=1024, **study)
+    default = convergence(model, **study)                                 # 6 * 128 = 768 points
     assert abs(coarse.table[4].order - closed) > 0.3                      # 2.42
     assert resolved.table[4].order == pytest.approx(closed, abs=0.03)     # 2.05
+    assert default.parameters["fine"] == 768
+    assert default.table[4].order == pytest.approx(closed, abs=0.03)

@@ -10,7 +10,7 @@ from ctformer.model import ContinuousTransformer
 from ctformer.state import Grids
 from ctformer.studies import StudyInterrupted, convergence
 
-STUDY = dict(refine="tokens", levels=[4, 8, 16], tokens="midpoint", fine=20, progress=False)
+STUDY = dict(refine="tokens", levels=[4, 8, 16], tokens="midpoint", progress=False)
 
 
 def test_local_discretization_class_runs_without_store_and_is_refused_with_one(tmp_path):

@@ -17,7 +17,8 @@ from ..validation import is_integer
 
 __all__ = ["fixed_discretization", "refined_family", "check_levels", "check_window",
            "evaluation_points", "level_discretization", "DEFAULT_FIXED", "DEFAULT_REFINED",
-           "check_resolution", "UnderResolvedErrorWarning", "MIN_POINTS_PER_WIDTH"]
+           "check_resolution", "resolving_fine", "UnderResolvedErrorWarning",
+           "MIN_POINTS_PER_WIDTH", "DEFAULT_FINE"]
 
 DEFAULT_FIXED = {"tokens": ("gauss-legendre", 16), "features": ("gauss-legendre", 12)}
 DEFAULT_REFINED = "gauss-legendre"
@@ -169,6 +170,35 @@ def _composite_points(family, coarsest, fine, window, evaluate):
     return points, np.concatenate([np.ones(atoms), weights])
 
 
+#: Gauss-Legendre evaluation points of a study that does not give ``fine`` and needs no more.
+DEFAULT_FINE = 200
+
+
+def _piecewise_widths(variable, family, measured, evaluate):
+    """Mesh widths of the measured levels whose error the ``fine`` points must resolve, and
+    the length of the interval they sample; None where nothing is checked."""
+    if variable not in AXES or evaluate != "interpolate" or _is_composite(family):
+        return None
+    name, domain = family
+    widths = {n: get(name, n, domain=domain) for n in measured}
+    return {n: disc.h for n, disc in widths.items() if math.isfinite(disc.order)}
+
+
+def _length(family, window):
+    a, b = window if window is not None else family[1]
+    return b - a
+
+
+def resolving_fine(variable, family, measured, window, evaluate) -> int:
+    r"""The default ``fine``: :data:`DEFAULT_FINE` points, or more where a measured level
+    needs them, :math:`\lceil 6 L / h_{\min} ceil` (see :func:`check_resolution`)."""
+    widths = _piecewise_widths(variable, family, measured, evaluate)
+    if not widths:
+        return DEFAULT_FINE
+    needed = MIN_POINTS_PER_WIDTH * _length(family, window) / min(widths.values())
+    return max(DEFAULT_FINE, math.ceil(needed - 1e-9))
+
+
 def check_resolution(variable, family, measured, fine, window, evaluate, stacklevel=2):
     r"""Warn when ``fine`` Gauss-Legendre points under-resolve the error of a measured level.
 
@@ -184,20 +214,17 @@ def check_resolution(variable, family, measured, fine, window, evaluate, stackle
     UnderResolvedErrorWarning
         Naming the levels, their points per mesh width and the ``fine`` that resolves them.
     """
-    if variable not in AXES or evaluate != "interpolate" or _is_composite(family):
+    widths = _piecewise_widths(variable, family, measured, evaluate)
+    if not widths:
         return
-    name, domain = family
-    a, b = window if window is not None else domain
-    widths = {n: get(name, n, domain=domain) for n in measured}
-    widths = {n: disc.h for n, disc in widths.items() if math.isfinite(disc.order)}
-    short = [n for n, h in widths.items() if fine * h / (b - a) < MIN_POINTS_PER_WIDTH]
+    length, name = _length(family, window), family[0]
+    short = [n for n, h in widths.items() if fine * h / length < MIN_POINTS_PER_WIDTH]
     if short:
-        needed = math.ceil(MIN_POINTS_PER_WIDTH * (b - a) / min(widths[n] for n in short))
-        per_width = ", ".join(f"{n}: {fine * widths[n] / (b - a):.2g}" for n in short)
+        needed = math.ceil(MIN_POINTS_PER_WIDTH * length / min(widths[n] for n in short) - 1e-9)
+        per_width = ", ".join(f"{n}: {fine * widths[n] / length:.2g}" for n in short)
         warnings.warn(
             f"fine={fine} evaluation points under-resolve the error of {variable} levels "
             f"{short} of {name} (points per mesh width {per_width}; fewer than "
             f"{MIN_POINTS_PER_WIDTH}): their errors are sampled too coarsely and their "
-            f"neighbour orders drift; pass fine={needed} or more",
+            f"neighbour orders drift; pass fine={needed} or more, or leave fine out",
             UnderResolvedErrorWarning, stacklevel=stacklevel + 1)
-

@@ -45,7 +45,7 @@ import numpy as np
 
 from .. import solvers
 from ..backend import to_host
-from .arguments import (DEFAULT_FIXED, check_resolution, fixed_discretization,
+from .arguments import (DEFAULT_FIXED, check_resolution, fixed_discretization, resolving_fine,
                         level_discretization)
 from .cases import StudyCase, compute_case
 from .execution import case_key, finite_or_none, run_cases
@@ -60,7 +60,7 @@ __all__ = ["convergence", "smooth_initial_state", "VARIABLES", "NORMS"]
 
 def convergence(model, *, refine: str, levels, tokens=None, features=None, head_features=None,
                 hidden=None, scheme="lie", steps_per_layer: int = 1, u0: Callable | None = None,
-                reference="finest", error_norm: str | None = None, fine: int = 200, window=None,
+                reference="finest", error_norm: str | None = None, fine: int | None = None, window=None,
                 evaluate: str = "interpolate", expected_order=None,
                 fit_levels: int | None = None, executor=None, store=None,
                 progress: bool = True) -> ConvergenceResult:
@@ -102,9 +102,11 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
     error_norm : {"l2", "max"}, optional
         Continuous :math:`L^2` norm or maximum over the evaluation grid (default ``"l2"``).
     fine : int, optional
-        Gauss-Legendre points along a refined token or feature axis (default 200). A rule with
-        a piecewise reconstruction needs 6 or more per mesh width at every measured level
-        (:math:`\mathrm{fine}\, h / L \ge 6`, :math:`L` the window or domain length).
+        Gauss-Legendre points along a refined token or feature axis. A rule with a piecewise
+        reconstruction needs 6 or more per mesh width at every measured level
+        (:math:`\mathrm{fine}\, h / L \ge 6`, :math:`L` the window or domain length); by
+        default 200, or :math:`\lceil 6 L / h \rceil` for the finest measured level where
+        that is more. A smaller ``fine`` given here is used, with a warning.
     evaluate : {"interpolate", "coarsest-nodes"}, optional
         Where a refined token or feature variable is compared: at ``fine`` Gauss-Legendre
         points through each level's ``interpolate`` (default), or at the quadrature points of
@@ -198,12 +200,15 @@ def _build(model, spec: StudySpec, store):
         solvers.warn_inconsistent_depth("refining time in a post-norm model whose LayerNorm has "
                                         "per-feature affine parameters", stacklevel=4)
 
-    points, weights = refinement.evaluation_points(family, levels[0], spec.fine, spec.window,
+    measured = levels[:-1] if spec.reference == "finest" else levels
+    fine = spec.fine
+    if fine is None:  # enough points for every measured level's error
+        fine = resolving_fine(refinement.variable, family, measured, spec.window, spec.evaluate)
+    points, weights = refinement.evaluation_points(family, levels[0], fine, spec.window,
                                                    spec.evaluate)
     # warned before anything is computed: a larger fine is the remedy
-    check_resolution(refinement.variable, family,
-                     levels[:-1] if spec.reference == "finest" else levels, spec.fine,
-                     spec.window, spec.evaluate, stacklevel=3)
+    check_resolution(refinement.variable, family, measured, fine, spec.window, spec.evaluate,
+                     stacklevel=3)
     study = StudyCase(model, spec.u0, spec.scheme, refinement, family, fixed, spec.steps_per_layer,
                       points, weights)
     identified = store is not None
@@ -214,7 +219,7 @@ def _build(model, spec: StudySpec, store):
         "scheme": repr(spec.scheme),
         # the scheme's full state, not its repr (a parameter its repr leaves out)
         "scheme_state": describe(spec.scheme, "the scheme") if identified else None,
-        "steps_per_layer": spec.steps_per_layer, "fine": spec.fine,
+        "steps_per_layer": spec.steps_per_layer, "fine": fine,
         "window": None if spec.window is None else list(spec.window), "evaluate": spec.evaluate,
         "points": None if points is None else array_identity(points),
     }

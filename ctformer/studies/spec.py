@@ -52,7 +52,8 @@ class StudySpec:
         Default :func:`ctformer.studies.smooth_initial_state`.
     reference : {"finest", "richardson"} or callable
     error_norm : {"l2", "max"}
-    fine : int
+    fine : int or None
+        ``None``: enough points for every measured level (the study resolves it).
     window : tuple of float or None
     evaluate : {"interpolate", "coarsest-nodes"}
     expected_order : float or None
@@ -71,7 +72,7 @@ class StudySpec:
     u0: object = None
     reference: object = "finest"
     error_norm: str = "l2"
-    fine: int = 200
+    fine: int | None = None
     window: tuple | None = None
     evaluate: str = "interpolate"
     expected_order: float | None = None
@@ -80,7 +81,7 @@ class StudySpec:
     @classmethod
     def checked(cls, *, refine, levels, tokens=None, features=None, head_features=None,
                 hidden=None, scheme="lie", steps_per_layer=1, u0: Callable | None = None,
-                reference="finest", error_norm=None, fine=200, window=None,
+                reference="finest", error_norm=None, fine=None, window=None,
                 evaluate="interpolate", expected_order=None, fit_levels=None) -> "StudySpec":
         """Check every argument of a study once; raise naming the argument otherwise.
 
@@ -95,7 +96,7 @@ class StudySpec:
         if not (callable(reference) or (isinstance(reference, str) and reference in REFERENCES)):
             raise ValueError(f"reference must be 'finest', 'richardson' or a callable u(x, y), "
                              f"got {reference!r}")
-        fine = integer(fine, "fine", minimum=2)
+        fine = None if fine is None else integer(fine, "fine", minimum=2)
         steps_per_layer = integer(steps_per_layer, "steps_per_layer")
         if fit_levels is not None:
             fit_levels = integer(fit_levels, "fit_levels", minimum=2)
