@@ -192,6 +192,9 @@ def _common_attrs(result, kind: str, extra) -> dict:
         attrs["scheme"] = scheme if isinstance(scheme, str) else getattr(scheme, "name", repr(scheme))
     for name in ("rtol", "atol", "event_time", "dt", "beta", "normalized"):
         _set_attr(attrs, name, getattr(result, name, None))
+    if getattr(result, "event_time", None) is not None:  # its state: the variable event_state
+        for name in ("event_index", "event_terminal"):
+            _set_attr(attrs, name, getattr(result, name, None))
     stats = getattr(result, "stats", None) or {}
     for key, value in stats.items():
         if key != "step_times":
@@ -214,6 +217,29 @@ def _grid_attrs(attrs: dict, grids) -> None:
 def _host(values) -> np.ndarray:
     """A host NumPy copy of a NumPy, CuPy or torch array."""
     return np.array(to_host(values), copy=True)
+
+
+def _saved_states(solution) -> np.ndarray:
+    """The saved states on the host; none saved (a terminal event before every requested time):
+    an empty depth axis in front of the final state's shape."""
+    if solution.states is not None or solution.final is None:
+        return _host(solution.states)
+    final = _host(solution.final)
+    return np.empty((0,) + final.shape, dtype=final.dtype)
+
+
+def _event_variable(data: dict, solution, expected: tuple, shape: tuple, dims: tuple) -> None:
+    """``event_state(dims)``: the state at ``event_time`` laid out as one saved state (``shape``:
+    a product token grid's two axes), when an event fired."""
+    event = getattr(solution, "event_state", None)
+    if event is None:
+        return
+    values = _host(event)
+    if values.shape != expected:
+        raise ValueError(f"solution.event_state has shape {values.shape}, expected that of one "
+                         f"saved state {expected}")
+    values, dims = split_parts(values.reshape(shape), dims)
+    data["event_state"] = (dims, values)
 
 
 def _batch_dims(count: int) -> tuple:
@@ -267,7 +293,7 @@ def solution_to_xarray(solution, *, attrs=None):
     ``batch_0, batch_1, ...``.
     """
     xr = _xarray()
-    states, times = _host(solution.states), np.asarray(solution.times, dtype=np.float64)
+    states, times = _saved_states(solution), np.asarray(solution.times, dtype=np.float64)
     if getattr(solution, "axes", None) is not None:
         return _named_solution(xr, solution, states, times, attrs)
     if states.ndim < 3 or states.shape[0] != times.shape[0]:
@@ -279,9 +305,11 @@ def solution_to_xarray(solution, *, attrs=None):
     coords.update(feature_coords)
     data.update(feature_data)
     batch = _batch_dims(states.ndim - 3)
-    values = states.reshape(states.shape[:-2] + token_shape + states.shape[-1:])
-    values, dims = split_parts(values, ("depth",) + batch + token_dims + ("feature",))
+    shape = states.shape[1:-2] + token_shape + states.shape[-1:]
+    values, dims = split_parts(states.reshape((len(times),) + shape),
+                               ("depth",) + batch + token_dims + ("feature",))
     data["state"] = (dims, values)
+    _event_variable(data, solution, states.shape[1:], shape, batch + token_dims + ("feature",))
     step_times = (getattr(solution, "stats", None) or {}).get("step_times")
     if step_times is not None:
         data["step_times"] = (("step",), np.asarray(step_times, dtype=np.float64))
@@ -302,8 +330,10 @@ def _named_solution(xr, solution, states, times, attrs):
     if states.ndim < 1 + len(axes) or states.shape[0] != times.shape[0]:
         raise ValueError(f"solution.states must have shape (T, ...) + {len(axes)} axes {axes} with "
                          f"T = {times.shape[0]} saved times, got {states.shape}")
-    values, dims = split_parts(states, (time,) + _batch_dims(states.ndim - 1 - len(axes)) + axes)
+    tail = _batch_dims(states.ndim - 1 - len(axes)) + axes
+    values, dims = split_parts(states, (time,) + tail)
     data = {"state": (dims, values)}
+    _event_variable(data, solution, states.shape[1:], states.shape[1:], tail)
     step_times = (getattr(solution, "stats", None) or {}).get("step_times")
     if step_times is not None:
         data["step_times"] = (("step",), np.asarray(step_times, dtype=np.float64))

@@ -184,7 +184,7 @@ class SavedResult:
         :math:`S^2`); None for a study.
     arrays : dict
         The other variables and coordinates by name (``tracers``, ``density``, weights, the
-        study's columns, ...).
+        study's columns, ``event_state`` in the layout of one state, ...).
     attrs : dict
         The attributes, ``*_json`` ones parsed (under the name without the suffix), the 1-D
         array ones (named in ``ctformer_array_attributes``) as arrays.
@@ -201,8 +201,28 @@ class SavedResult:
 
     @property
     def final(self):
-        """The last saved state (None for a study)."""
-        return None if self.states is None else self.states[-1, ...]
+        """The last saved state (None for a study and when no state was saved)."""
+        return None if self.states is None or len(self.states) == 0 else self.states[-1, ...]
+
+    @property
+    def event_time(self):
+        """Where the solution's event fired (:attr:`ctformer.Solution.event_time`), or None."""
+        return self.attrs.get("event_time")
+
+    @property
+    def event_state(self):
+        """The state at :attr:`event_time` in the solver's layout, bit for bit, or None."""
+        return self.arrays.get("event_state")
+
+    @property
+    def event_index(self):
+        """The event's index in ``events``, or None."""
+        return self.attrs.get("event_index")
+
+    @property
+    def event_terminal(self) -> bool:
+        """Whether the event ended the solve (False when none fired)."""
+        return bool(self.attrs.get("event_terminal", 0))
 
 
 _STATE = {"Solution": ("state", "depth"), "Trajectory": ("positions", "time"),
@@ -251,6 +271,8 @@ def from_xarray(ds) -> SavedResult:
         axis = "time"
     arrays = {key: join_parts(np.asarray(var.values), tuple(var.dims))
               for key, var in ds.variables.items() if key not in (name, "part")}
+    if "event_state" in ds.variables:  # one state: a product token grid back in raster order
+        arrays["event_state"] = _state_values(ds["event_state"])
     states = None if name is None else _state_values(ds[name])
     times = None if axis is None else np.asarray(ds[axis].values)
     return SavedResult(kind=kind, times=times, states=states, arrays=arrays,

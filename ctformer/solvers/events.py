@@ -32,9 +32,12 @@ class Event:
         ``condition(t, u) -> float``: a real scalar (a Python or NumPy number, or an array of
         size one in any namespace).
     terminal : bool
-        End the solve at the first crossing (default True).
+        End the solve at the first crossing (default True). Not a count: ``solve_ivp``'s
+        ``terminal=n`` (stop at the n-th crossing) is refused.
     direction : {0, 1, -1}
-        0: any crossing; 1: only from negative to positive; -1: only from positive to negative.
+        0: any crossing; 1: only from negative to positive; -1: only from positive to negative
+        (a crossing ends where :math:`g = 0`; a zero of :math:`g` at the start of a step is not
+        one, so a solve that starts on :math:`g = 0` does not fire there, unlike ``solve_ivp``).
 
     Examples
     --------
@@ -54,6 +57,12 @@ class Event:
         if not callable(self.condition):
             raise TypeError(f"Event: condition must be a callable condition(t, u) -> float, got "
                             f"{type(self.condition).__name__}")
+        count = isinstance(self.terminal, (int, np.integer))
+        if count and not isinstance(self.terminal, (bool, np.bool_)):
+            # scipy's solve_ivp reads an integer as a count of occurrences; say so, not just "bool"
+            raise TypeError(f"Event: terminal must be True or False, got {self.terminal!r}; a count "
+                            f"of occurrences before stopping (scipy's terminal=n) is not supported: "
+                            f"pass terminal=False and read the crossings in stats['events']")
         object.__setattr__(self, "terminal", validation.boolean(self.terminal, "terminal"))
         validation.one_of(self.direction, "direction", (0, 1, -1))
 

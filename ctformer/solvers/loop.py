@@ -200,7 +200,7 @@ class _Run:
         self.t, self.u, self.done, self.total = problem.boundaries[0], None, 0, None
         self.accepted, self.rejected, self.step_times, self.h0 = 0, 0, [], None
         self.step_sizes, self.step_errors = [], []  # after each accepted step: for restarts
-        self.event = None  # (time, state, index)
+        self.event = None  # (time, state, index, terminal)
         self.fired = []
         self.g = None
 
@@ -227,17 +227,18 @@ class _Run:
         self.fired += [(i, tc) for d, i, tc in found if first is None or d <= abs(first[0] - record.t0)]
         self.g = g_new
         if first is None:
-            if self.fired and self.event is None:
-                i, tc = self.fired[0]
-                self.event = (tc, None, i)
+            if found and self.event is None:  # the first event of the solve, in this step
+                _, i, tc = found[0]
+                self.event = (tc, record(tc, self._count), i, False)
             return False
         tc, i = first
-        self.event = (tc, record(tc, self._count), i)
+        self.event = (tc, record(tc, self._count), i, True)
         return True
 
     def _stop_at_event(self, record):
         """A terminal event inside ``record``'s step ends the solve at the event depth."""
-        t_event, u_event, _ = self.event
+        t_event, u_event, _, _ = self.event
+        self.step_times[-1] = t_event  # where it stopped; the full step stays counted
         self.saver.step(record, self.t, self.u, end=False, done=self.done, cut=t_event)
         self.saver.event(t_event, u_event)
         self.t, self.u = t_event, u_event
@@ -355,12 +356,13 @@ class _Run:
             stats["step_sizes"] = np.asarray(self.step_sizes, dtype=np.float64)
             stats["step_errors"] = np.asarray(self.step_errors, dtype=np.float64)
         times, states = self.saver.result()
-        t_event, u_event, i_event = self.event if self.event is not None else (None, None, None)
+        t_event, u_event, i_event, terminal = self.event if self.event is not None else (None,) * 4
         return Solution(times=times, states=states, final=self.saver.final, stats=stats, scheme=self.scheme.label,
                         rtol=control.rtol if controlled else None,
                         atol=control.atol if controlled else None,
                         norm=control.norm if controlled else None,
                         event_time=t_event, event_state=u_event, event_index=i_event,
+                        event_terminal=bool(terminal),
                         records=self.saver.records, t0=self.problem.boundaries[0],
                         **self.labels)
 

@@ -70,14 +70,15 @@ def run_adaptive(run, u, controller, weights, stepper, start=None) -> None:
             run.done += 1
             run.step_times.append(t_new)
             run.u, run.t, first = u_new, t_new, fsal
+            # a sliver clipped to a boundary says little about the step size: carry h over
+            h = max(h_next, h) if land and h_try < 0.5 * h else h_next
+            # one entry per accepted step, beside step_times (a terminal event's step too)
+            run.step_sizes.append(h)
+            run.step_errors.append(err)
             if run._check_events(record, t_new, u_new):
                 run._stop_at_event(record)
                 return
             run.saver.step(record, t_new, u_new, end=land, done=run.accepted)
-            # a sliver clipped to a boundary says little about the step size: carry h over
-            h = max(h_next, h) if land and h_try < 0.5 * h else h_next
-            run.step_sizes.append(h)
-            run.step_errors.append(err)
 
 
 def _refuse_to_go_on(run, controller, h_try, h_min, land, nonfinite) -> None:

@@ -7,7 +7,8 @@ step size the controller proposed there and the error of that step (the PI term)
 controlled :class:`~ctformer.Solution` keeps in ``stats["step_sizes"]`` and
 ``stats["step_errors"]`` (one entry per accepted step, beside ``stats["step_times"]``) and
 :func:`ctformer.labelled.to_netcdf` writes with it. The first stage :math:`F(u)` is recomputed,
-which gives the bits the first-same-as-last stage had.
+which gives the bits the first-same-as-last stage had. A solve that a terminal event stopped
+ends inside a step, where the uninterrupted solve has no step end: it is not restarted.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ class RestartPoint:
 
 
 def _parts(initial):
-    """``(times, states, stats, scheme)`` of a Solution, a saved result or an xarray Dataset."""
+    """``(times, states, stats, scheme, stop)`` of a Solution, a saved result or an xarray
+    Dataset; ``stop``: the depth of a terminal event that ended the solve, else None."""
     if hasattr(initial, "attrs") and hasattr(initial, "data_vars"):  # an xarray Dataset
         initial = labelled_methods.read(initial)
     if hasattr(initial, "kind") and hasattr(initial, "arrays"):  # ctformer.labelled.SavedResult
@@ -42,9 +44,11 @@ def _parts(initial):
                  if key.startswith("stats_")}
         if "step_times" in initial.arrays:
             stats["step_times"] = np.asarray(initial.arrays["step_times"])
-        return initial.times, initial.states, stats, initial.attrs.get("scheme")
+        stop = initial.attrs.get("event_time") if initial.attrs.get("event_terminal") else None
+        return initial.times, initial.states, stats, initial.attrs.get("scheme"), stop
     if hasattr(initial, "times") and hasattr(initial, "states") and hasattr(initial, "stats"):
-        return initial.times, initial.states, initial.stats, getattr(initial, "scheme", None)
+        stop = initial.event_time if getattr(initial, "event_terminal", False) else None
+        return initial.times, initial.states, initial.stats, getattr(initial, "scheme", None), stop
     raise TypeError(f"initial must be a ctformer.Solution, a result read by "
                     f"ctformer.labelled.open_dataset or an xarray Dataset written by ctformer, got "
                     f"{type(initial).__name__}")
@@ -67,27 +71,33 @@ def restart_point(initial, *, controlled: bool, boundaries) -> RestartPoint:
     ------
     ValueError
         If the last saved state is not where the solve can continue exactly: for fixed steps not
-        on a segment end, for a controlled solve not at an accepted step's end or without the
-        step history (a fixed-step or pre-0.3 result).
+        on a segment end, for a controlled solve not at an accepted step's end, at the depth of
+        a terminal event that stopped it inside a step, or without the step history (a
+        fixed-step or pre-0.3 result).
     """
-    times, states, stats, scheme = _parts(initial)
+    times, states, stats, scheme, stop = _parts(initial)
     if times is None or states is None or len(times) == 0:
         raise ValueError("initial has no saved state to restart from")
     t0, u0 = float(times[-1]), states[-1, ...]
     scheme = None if scheme is None else str(scheme)
+    stopped = stop is not None and float(stop) == t0
     if not controlled:
-        if callable(boundaries):
-            boundaries(t0)
-        elif t0 not in [float(b) for b in boundaries]:
-            raise ValueError(f"initial: a fixed-step solve restarts at a layer boundary, the last "
-                             f"saved depth is t={t0!r}; save with SaveAt(layers=True), or restart "
-                             f"with error control")
-        return RestartPoint(t0, u0, scheme=scheme)
+        try:
+            _on_boundary(t0, boundaries)
+        except ValueError as exc:
+            why = exc
+        else:  # a terminal event exactly on a segment end is a step end: exact
+            return RestartPoint(t0, u0, scheme=scheme)
+        if stopped:
+            _refuse_stop(t0)
+        raise why
     step_times = np.asarray(stats.get("step_times", ()), dtype=np.float64)
     if "step_sizes" not in stats or "step_errors" not in stats:
         raise ValueError("initial has no step history (stats step_sizes/step_errors): it comes from "
                          "a fixed-step solve; restart it with steps_per_layer, or pass the state as "
                          "u0 (a new solve, not bit-identical to the uninterrupted one)")
+    if stopped:
+        _refuse_stop(t0)
     hits = np.flatnonzero(step_times == t0)
     if hits.size == 0:
         raise ValueError(f"initial: the last saved depth t={t0!r} is not the end of an accepted "
@@ -96,3 +106,19 @@ def restart_point(initial, *, controlled: bool, boundaries) -> RestartPoint:
     i = int(hits[-1])
     sizes, errors = np.asarray(stats["step_sizes"]), np.asarray(stats["step_errors"])
     return RestartPoint(t0, u0, float(sizes[i]), float(errors[i]), scheme)
+
+
+def _refuse_stop(t0: float) -> None:
+    raise ValueError(f"initial ended at a terminal event at t={t0!r}, inside an accepted step: no "
+                     f"step of the uninterrupted solve ends there, so a restart cannot continue it "
+                     f"bit for bit; start a new solve from the event with u0=initial.event_state")
+
+
+def _on_boundary(t0: float, boundaries) -> None:
+    """ValueError unless a fixed-step solve can continue exactly from ``t0``."""
+    if callable(boundaries):
+        boundaries(t0)
+    elif t0 not in [float(b) for b in boundaries]:
+        raise ValueError(f"initial: a fixed-step solve restarts at a layer boundary, the last "
+                         f"saved depth is t={t0!r}; save with SaveAt(layers=True), or restart "
+                         f"with error control")

@@ -87,9 +87,13 @@ class Saver:
             self._keep(t, u)
 
     def event(self, t: float, u):
-        """A terminal event at ``t``: its state is the final one (and saved unless times-only)."""
+        """A terminal event at ``t``: its state is the final one (and saved unless times-only).
+
+        An event located at the start of its step (the root finder's tolerance) is the state
+        saved there already, not a second one."""
         self.final = u
-        if not self.kept_at_end and (self.save_at.steps or self.save_at.layers or self.save_at.final_only):
+        again = self.kept_at_end or (bool(self.times) and t <= self.times[-1])
+        if not again and (self.save_at.steps or self.save_at.layers or self.save_at.final_only):
             self._keep(t, u)
 
     def finish_interrupted(self, t: float, u) -> int:

@@ -135,7 +135,13 @@ class Solution(LabelledResult):
     stats : dict
         ``accepted``, ``rejected`` (step counts), ``rhs_evaluations`` (full right-hand sides;
         a splitting scheme's sub-flow evaluations divided by the number of sub-flows),
-        ``step_times`` (the accepted steps' end depths, a host array), ``initial_step``.
+        ``step_times`` (the accepted steps' end depths, a host array), ``initial_step``,
+        ``events`` (``(index, depth)`` of every crossing, in the order they happen); with error
+        control ``step_sizes`` (the size the controller proposed after each accepted step) and
+        ``step_errors`` (each accepted step's scaled error), one entry per accepted step. A
+        terminal event stops the solve inside a step: that step was computed in full and counts
+        in ``accepted``, ``rhs_evaluations``, ``step_sizes`` and ``step_errors``, and its entry
+        in ``step_times`` is the event depth, where the solve stopped.
     scheme : str
         The scheme's label.
     rtol, atol : float or None
@@ -149,9 +155,13 @@ class Solution(LabelledResult):
         (:func:`ctformer.solvers.restart_identity.model_fingerprint`): a restart from this
         solution is refused with another model. None for particles and mean fields.
     event_time, event_state : float, array or None
-        Where the first terminal event (else the first event) fired; None when none did.
+        Where the first terminal event (else the first event) fired, and the state there on the
+        step's dense output; None when none did.
     event_index : int or None
         Its index in ``events``.
+    event_terminal : bool
+        Whether that event was terminal: the solve ended at ``event_time`` (``times``,
+        ``final``, ``step_times`` and :meth:`evaluate` end there).
     axes : tuple of str or None
         Names of the state's axes for a solve without grids (``("particle", "dimension")``,
         ``("wavenumber",)``), used by :func:`ctformer.labelled.to_xarray`; None for a model.
@@ -172,6 +182,7 @@ class Solution(LabelledResult):
     event_time: float | None = None
     event_state: object = None
     event_index: int | None = None
+    event_terminal: bool = False
     records: list = field(default_factory=list, repr=False)
     t0: float = 0.0
     axes: tuple | None = None
@@ -204,7 +215,7 @@ class Solution(LabelledResult):
                              "save_at=ctformer.SaveAt(dense=True) to keep one interpolant per step")
         ts = np.asarray(t, dtype=np.float64)
         lo, hi = self.t0, self.records[-1].t0 + self.records[-1].h
-        if self.event_state is not None:  # a terminal event ended the solve inside its last step
+        if self.event_terminal:  # the solve ended inside its last step, at the event
             hi = self.event_time
         span = (min(lo, hi), max(lo, hi))
         if not np.all(np.isfinite(ts)) or np.any(ts < span[0] - 1e-12 * max(1.0, abs(hi))) \
