@@ -31,13 +31,12 @@ class of the result's method resolution order that has one.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import sys
 
 import numpy as np
 
 from . import labelled_methods
+from .labelled_attrs import as_json, common_attrs, legal_attrs, set_attr
 from .backend import to_host
 from .labelled_files import (ARRAY_ATTRS, INSTALL_HINT, PART, SavedResult, _xarray, from_xarray,
                              join_parts, open_dataset, split_parts, to_netcdf, to_zarr)
@@ -129,78 +128,11 @@ def to_xarray(result, **options):
             ds = _CONVERTERS[cls](result, **options)
             arrays = sorted(k for k, v in ds.attrs.items() if isinstance(v, np.ndarray))
             if arrays:  # netCDF reads a 1-D attribute of one value back as a number
-                ds.attrs[ARRAY_ATTRS] = _json(arrays)
+                ds.attrs[ARRAY_ATTRS] = as_json(arrays)
             return ds
     known = ", ".join(sorted(c.__name__ for c in _CONVERTERS))
     raise TypeError(f"to_xarray: no converter for {type(result).__name__}; results with one: "
                     f"{known} (add one with ctformer.labelled.register)")
-
-
-# -- attributes --------------------------------------------------------------------------------
-def _jsonable(value):
-    """Plain JSON data: non-finite floats as strings, arrays as lists, other objects by repr."""
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else str(float(value))
-    return repr(value)
-
-
-def _json(value) -> str:
-    return json.dumps(_jsonable(value), sort_keys=True, allow_nan=False)
-
-
-def _legal_attrs(extra) -> dict:
-    """The caller's ``extra`` attributes by the rules of :func:`_set_attr`."""
-    out = {}
-    for key, value in (extra or {}).items():
-        _set_attr(out, str(key), value)
-    return out
-
-
-def _set_attr(attrs: dict, name: str, value) -> None:
-    """Store ``value`` under ``name`` in netCDF-legal form (module notes); None is left out."""
-    if value is None:
-        return
-    if isinstance(value, (bool, np.bool_)):
-        attrs[name] = int(value)
-    elif isinstance(value, (str, int, float, np.integer, np.floating)):
-        attrs[name] = value.item() if isinstance(value, np.generic) else value
-    elif isinstance(value, (list, tuple, np.ndarray)) and np.asarray(value).dtype.kind in "iuf" \
-            and np.asarray(value).ndim == 1:
-        attrs[name] = np.asarray(value)
-    else:
-        attrs[f"{name}_json"] = _json(value)
-
-
-def _common_attrs(result, kind: str, extra) -> dict:
-    """Class, version, scheme, tolerances, event, step statistics, and the caller's ``attrs``."""
-    # the package is imported whenever this module is (no import upwards: it is the top)
-    attrs = {"ctformer_result": kind, "ctformer_version": sys.modules["ctformer"].__version__}
-    scheme = getattr(result, "scheme", None)
-    if scheme is not None:
-        attrs["scheme"] = scheme if isinstance(scheme, str) else getattr(scheme, "name", repr(scheme))
-    for name in ("rtol", "atol", "event_time", "dt", "beta", "normalized"):
-        _set_attr(attrs, name, getattr(result, name, None))
-    if getattr(result, "event_time", None) is not None:  # its state: the variable event_state
-        for name in ("event_index", "event_terminal"):
-            _set_attr(attrs, name, getattr(result, name, None))
-    stats = getattr(result, "stats", None) or {}
-    for key, value in stats.items():
-        if key != "step_times":
-            _set_attr(attrs, f"stats_{key}", value)
-    attrs.update(_legal_attrs(extra))
-    return attrs
 
 
 def _grid_attrs(attrs: dict, grids) -> None:
@@ -210,7 +142,7 @@ def _grid_attrs(attrs: dict, grids) -> None:
         attrs[name], attrs[f"{name}_label"], attrs[f"{name}_n"] = repr(disc), disc.label, disc.n
         attrs[f"{name}_nodal"] = int(disc.nodal)
     attrs["tokens_atoms"] = int(grids.tokens.atoms)
-    _set_attr(attrs, "context_length", grids.context_length)
+    set_attr(attrs, "context_length", grids.context_length)
 
 
 # -- arrays ----------------------------------------------------------------------------------------
@@ -316,9 +248,9 @@ def solution_to_xarray(solution, *, attrs=None):
     coords["depth"] = times
     if "part" in dims:
         coords["part"] = _part_coord()
-    out = _common_attrs(solution, "Solution", attrs)
+    out = common_attrs(solution, "Solution", attrs)
     for name in ("norm", "model_fingerprint"):  # what a restart checks (solvers.restart_identity)
-        _set_attr(out, name, getattr(solution, name, None))
+        set_attr(out, name, getattr(solution, name, None))
     if grids is not None:
         _grid_attrs(out, grids)
     return xr.Dataset(data, coords=coords, attrs=out)
@@ -340,7 +272,7 @@ def _named_solution(xr, solution, states, times, attrs):
     coords = {time: times}
     if "part" in dims:
         coords["part"] = _part_coord()
-    return xr.Dataset(data, coords=coords, attrs=_common_attrs(solution, "Solution", attrs))
+    return xr.Dataset(data, coords=coords, attrs=common_attrs(solution, "Solution", attrs))
 
 
 def trajectory_to_xarray(trajectory, *, attrs=None):
@@ -354,7 +286,7 @@ def trajectory_to_xarray(trajectory, *, attrs=None):
     coords = {"time": times, "particle": np.arange(positions.shape[-2]),
               "dimension": np.arange(positions.shape[-1])}
     return xr.Dataset({"positions": (dims, positions)}, coords=coords,
-                      attrs=_common_attrs(trajectory, "Trajectory", attrs))
+                      attrs=common_attrs(trajectory, "Trajectory", attrs))
 
 
 def mean_field_to_xarray(solution, *, attrs=None):
@@ -377,7 +309,7 @@ def mean_field_to_xarray(solution, *, attrs=None):
         tracers = _host(solution.tracers)
         data["tracers"] = (("time", "tracer"), tracers)
         coords["tracer"] = np.arange(tracers.shape[1])
-    out = _common_attrs(solution, "MeanFieldSolution", attrs)
+    out = common_attrs(solution, "MeanFieldSolution", attrs)
     out.update(n_modes=n, max_wavenumber=coefficients.shape[1] - 1,
                coefficient_normalization="numpy.fft.rfft of the density at the angles")
     return xr.Dataset(data, coords=coords, attrs=out)
@@ -396,7 +328,7 @@ def work_precision_to_xarray(result, *, attrs=None):
         for name in names:
             table[name][i, j] = getattr(lv, name)
     data = {name: (("scheme", "rtol"), values) for name, values in table.items()}
-    out = _common_attrs(result, "WorkPrecision", attrs)
+    out = common_attrs(result, "WorkPrecision", attrs)
     out["reference"] = result.reference
     return xr.Dataset(data, coords={"scheme": np.array(schemes, dtype=str), "rtol": np.array(rtols)},
                       attrs=out)
@@ -421,19 +353,19 @@ def convergence_to_xarray(result, *, attrs=None):
             "seconds": (("level",), column("seconds"))}
     coords = {"level": column("level", np.int64), "n": (("level",), column("n", np.int64)),
               "h": (("level",), column("h"))}
-    out = _common_attrs(result, "ConvergenceResult", None)
-    _set_attr(out, "scheme", result.parameters.get("scheme"))
+    out = common_attrs(result, "ConvergenceResult", None)
+    set_attr(out, "scheme", result.parameters.get("scheme"))
     for name in ("refine", "method", "reference", "norm", "observed_order", "expected_order",
                  "consistent_limit", "gauss_points", "min_feature_std", "wall_seconds"):
-        _set_attr(out, name, getattr(result, name))
-    parameters = _json(result.parameters)
+        set_attr(out, name, getattr(result, name))
+    parameters = as_json(result.parameters)
     out["study_parameters_json"] = parameters
     out["study_identity"] = hashlib.sha256(parameters.encode()).hexdigest()
-    _set_attr(out, "model_identity", result.parameters.get("model"))
+    set_attr(out, "model_identity", result.parameters.get("model"))
     for key, value in (attrs or {}).items():
-        _set_attr(out, str(key), value)
+        set_attr(out, str(key), value)
     return xr.Dataset(data, coords=coords, attrs=out)
 
 
 labelled_methods.install(to_xarray=to_xarray, to_netcdf=to_netcdf, to_zarr=to_zarr,
-                         from_xarray=from_xarray, legal_attrs=_legal_attrs)
+                         from_xarray=from_xarray, legal_attrs=legal_attrs)
