@@ -198,8 +198,6 @@ def test_hf_bert_unsupported_raise(tmp_path):
 
     with pytest.raises(TypeError, match="BertModel"):
         from_hf_bert(torch.nn.Linear(2, 2))
-    with pytest.raises(ValueError, match="position_embedding_type"):
-        from_hf_bert(tiny_bert(torch, transformers, position_embedding_type="relative_key"))
     with pytest.raises(ValueError, match="hidden_act"):
         from_hf_bert(tiny_bert(torch, transformers, hidden_act="tanh"))
     (tmp_path / "weights.bin").write_bytes(b"not a pickle we would ever open")

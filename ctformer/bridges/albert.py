@@ -23,7 +23,7 @@ inconsistent, as for BERT: ``solve(steps_per_layer > 1)`` warns
 from __future__ import annotations
 
 from .convert import convert
-from .spec import ArchitectureSpec, Refusal, register, spec_for
+from .spec import ArchitectureSpec, register, relative_refusal, spec_for
 
 __all__ = ["from_albert", "ALBERT"]
 
@@ -47,8 +47,7 @@ ALBERT = register(ArchitectureSpec(
     query="attention.query", key="attention.key", value="attention.value", output="attention.dense", up="ffn",
     down="ffn_output", norm_kind="layer", norm1="attention.LayerNorm", norm2="full_layer_layer_norm",
     placement="post", layer_keys=_groups,
-    refusals=(Refusal("position_embedding_type", lambda v: v not in (None, "absolute"),
-                      "only 'absolute' (embeddings outside the encoder)"),),
+    refusals=(relative_refusal("transformers.models.albert.modeling_albert"),),
     small=_small))
 
 
@@ -76,7 +75,9 @@ def from_albert(model) -> ContinuousTransformer:
         quantized), named in the message.
     ValueError
         For options that are not modelled, named in the message: relative position
-        embeddings (``position_embedding_type``) or an unknown activation.
+        embeddings (``position_embedding_type``) where the installed transformers computes
+        them (before version 5; from version 5 ALBERT ignores the option and the converted
+        model gives the same absolute-position network), or an unknown activation.
     """
     if spec_for(model) is not ALBERT:
         raise TypeError(f"from_albert needs a transformers AlbertModel, got {type(model).__qualname__}")

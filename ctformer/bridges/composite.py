@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from ..discretizations import Midpoint
 from ..model import ContinuousTransformer
-from ..model_inputs import as_state_array
 from ..operators.base import Operator, check_normalization
 from ..operators.functions import named_parameters
 
@@ -69,10 +68,6 @@ class EulerNetwork(ContinuousTransformer):
     def run(self, x, padding_mask=None):
         """The discrete network: midpoint grids, ``euler``, one step per layer (see
         :meth:`ContinuousTransformer.run` for the arguments)."""
-        x = as_state_array(x, "x")
-        if x.ndim not in (2, 3):
-            raise ValueError(f"x must have shape (N, d) or (B, N, d), got shape {tuple(x.shape)}")
-        if self.features is not None and x.shape[-1] != self.features.n:
-            raise ValueError(f"x has {x.shape[-1]} features, the model expects {self.features.n}")
+        x = self._run_input(x)
         return self.solve(x, tokens=Midpoint(x.shape[-2]), features=Midpoint(x.shape[-1]), scheme="euler",
                           steps_per_layer=1, padding_mask=padding_mask, context_length=x.shape[-2])

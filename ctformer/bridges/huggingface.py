@@ -27,7 +27,7 @@ import numpy as np
 from ..model import ContinuousTransformer
 from .common import optional_import
 from .convert import build, warn_train_mode
-from .spec import HF_ACTIVATIONS, ArchitectureSpec, Refusal, register, truthy
+from .spec import HF_ACTIVATIONS, ArchitectureSpec, Refusal, register, relative_refusal, truthy
 
 __all__ = ["from_hf_bert", "HF_ACTIVATIONS", "BERT", "BERT_ENCODER"]
 
@@ -44,9 +44,7 @@ BERT = register(ArchitectureSpec(
     key="attention.self.key", value="attention.self.value", output="attention.output.dense",
     up="intermediate.dense", down="output.dense", norm_kind="layer", norm1="attention.output.LayerNorm",
     norm2="output.LayerNorm", placement="post",
-    refusals=(Refusal("position_embedding_type", lambda v: v not in (None, "absolute"),
-                      "it adds position terms to the scores; only 'absolute' (embeddings outside the encoder) "
-                      "is supported"),
+    refusals=(relative_refusal("transformers.models.bert.modeling_bert"),
               Refusal("is_decoder", truthy, "decoder layers are not supported"),
               Refusal("add_cross_attention", truthy, "cross-attention layers are not supported")),
     small=_small))
@@ -85,8 +83,11 @@ def from_hf_bert(model, config=None) -> ContinuousTransformer:
         If ``model`` is neither a BERT model/encoder nor a path, or a weight has another dtype
         (integer, quantized, float8; the message names it).
     ValueError
-        For unsupported configurations: relative position embeddings, decoder or
-        cross-attention layers, an unknown activation, missing weights or config keys; for a
+        For unsupported configurations: relative position embeddings where they act
+        (``position_embedding_type`` when the installed transformers computes them, before
+        version 5, or weights holding their ``distance_embedding`` tables; transformers 5
+        ignores the option, and so does the converted model), decoder or cross-attention
+        layers, an unknown activation, missing weights or config keys; for a
         corrupt ``config.json`` or ``.safetensors`` file (the message names the file and
         what is wrong with it).
     """
@@ -97,10 +98,23 @@ def from_hf_bert(model, config=None) -> ContinuousTransformer:
     for key in ("num_attention_heads", "layer_norm_eps", "hidden_act"):
         if key not in cfg:
             raise ValueError(f"the BERT config lacks {key!r}")
+    _refuse_distance_tables(state, cfg)
     network = build(BERT, state, cfg)
     if not isinstance(model, (str, os.PathLike)):
         warn_train_mode(model)
     return network
+
+
+def _refuse_distance_tables(state, cfg) -> None:
+    """Weights of relative position scores (``distance_embedding``) mean a network trained with
+    them: converting without them would be another network, so they are refused by name."""
+    tables = sorted(name for name in state if "distance_embedding" in name)
+    if tables:
+        kind = cfg.get("position_embedding_type")
+        raise ValueError(f"the BERT weights hold the relative position tables of "
+                         f"position_embedding_type={kind!r} ({tables[0]}"
+                         f"{' ...' if len(tables) > 1 else ''}), which are not modelled; only "
+                         "absolute positions (embeddings outside the encoder) are supported")
 
 
 def _from_module(model):

@@ -18,11 +18,13 @@ blocks project after each sub-step instead. The registry (:data:`ARCHITECTURES`,
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable
 
 __all__ = ["HF_ACTIVATIONS", "ConfigNames", "Refusal", "ArchitectureSpec", "ARCHITECTURES", "register",
-           "supported", "spec_for", "config_value"]
+           "supported", "spec_for", "config_value", "hf_relative_positions", "relative_refusal"]
 
 #: HuggingFace ``hidden_act`` / ``activation_function`` -> the continuous model's activation.
 HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
@@ -72,6 +74,50 @@ class Refusal:
 def truthy(value) -> bool:
     """Refusal predicate: the option is set (``True``, a number, a non-empty value)."""
     return bool(value)
+
+
+@lru_cache(maxsize=None)
+def hf_relative_positions(module: str) -> bool:
+    r"""Whether the installed HuggingFace ``module`` computes relative position scores.
+
+    Shaw-style relative positions (``position_embedding_type="relative_key"`` or
+    ``"relative_key_query"``) add :math:`q_i \cdot e_{i - j}` (and :math:`k_j \cdot e_{i - j}`)
+    to the score of query :math:`i` and key :math:`j`, with a table :math:`e` held by the
+    attention as ``distance_embedding``. transformers 5 removed them from BERT-like models:
+    their layers then ignore the option and add nothing. The installed code decides, so the
+    test is whether some class of ``module`` creates a ``distance_embedding`` in its
+    ``__init__`` (an attribute name the compiled code lists), not a version number.
+
+    Parameters
+    ----------
+    module : str
+        The dotted name, e.g. ``"transformers.models.bert.modeling_bert"``.
+
+    Returns
+    -------
+    bool
+        False also when the module cannot be imported (no transformers: nothing to follow).
+    """
+    try:
+        found = importlib.import_module(module)
+    except ImportError:
+        return False
+    for cls in vars(found).values():
+        init = getattr(cls, "__dict__", {}).get("__init__") if isinstance(cls, type) else None
+        if "distance_embedding" in getattr(getattr(init, "__code__", None), "co_names", ()):
+            return True
+    return False
+
+
+def relative_refusal(module: str) -> Refusal:
+    """The refusal of ``position_embedding_type`` other than ``"absolute"`` where the installed
+    ``module`` computes relative positions (:func:`hf_relative_positions`); where it ignores
+    the option, so does the converted model (HuggingFace's answer, absolute positions)."""
+    return Refusal("position_embedding_type",
+                   lambda v: v not in (None, "absolute") and hf_relative_positions(module),
+                   "the installed transformers adds relative position scores to the attention, "
+                   "which the continuous model does not; only 'absolute' (embeddings outside the "
+                   "encoder) is supported")
 
 
 @dataclass(frozen=True)

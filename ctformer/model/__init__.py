@@ -43,8 +43,8 @@ from ..state import Grids
 # their own; every name this module had before stays importable from here.
 from . import block
 from .block import Block, _compose
-from .checks import (_check_parameter_names, _check_parameter_shape, _check_tensor_kinds,
-                     _checked_parameter, _device)
+from .checks import (_as_tensors_like, _check_parameter_names, _check_parameter_shape,
+                     _check_tensor_kinds, _checked_parameter, _device)
 from .solving import _Solving
 
 __all__ = ["Block", "ContinuousTransformer", "InconsistentDepthLimitWarning", "PLACEMENTS"]
@@ -134,7 +134,8 @@ class ContinuousTransformer(_Solving):
         read-only``). Change values with :meth:`with_parameters`, which
         returns a new model; the old one, its cached discretizations and its pickled copies
         keep agreeing with each other. Tensors handed in by :meth:`with_parameters` are
-        returned as they are (an optimizer updates them in place).
+        returned as they are (an optimizer updates them in place), NumPy values handed in
+        beside tensors as the tensors they became.
         """
         return named_parameters(blocks=self.blocks, final_normalization=self.final_normalization)
 
@@ -151,6 +152,9 @@ class ContinuousTransformer(_Solving):
             ``params = {k: torch.tensor(v, requires_grad=True) ...}``,
             ``model.with_parameters(params).solve(u0, ...)``, ``loss.backward()``). All
             tensors must share one dtype and device, and a solve takes ``u0`` in that dtype.
+            Given with tensors, NumPy arrays and numbers become tensors of that dtype and
+            device (copies that no gradient reaches: frozen parameters), as a solve would
+            assemble them anyway.
 
         Returns
         -------
@@ -168,7 +172,8 @@ class ContinuousTransformer(_Solving):
             For a value that is not a real array (a string, complex numbers, ...), or
             tensors of different dtypes or devices: the message names the parameter.
         ValueError
-            For an array of another shape than the parameter's, or one holding NaN or inf.
+            For an array of another shape than the parameter's, one holding NaN or inf, or a
+            NumPy value beside tensors that overflows their dtype.
         """
         import copy
 
@@ -177,6 +182,7 @@ class ContinuousTransformer(_Solving):
         checked = {name: _checked_parameter(name, value, np.shape(own[name]))
                    for name, value in params.items()}
         _check_tensor_kinds(checked)
+        checked = _as_tensors_like(checked)
         model = copy.deepcopy(self)
         for name, value in checked.items():
             assign_parameter(model, name, value)
@@ -329,7 +335,7 @@ class ContinuousTransformer(_Solving):
         ctformer.Solution
             ``times``, ``states`` (in the namespace, device and dtype of ``u0``), ``final``,
             ``stats`` (``accepted``, ``rejected``, ``rhs_evaluations``, ``step_times``),
-            ``evaluate(t)``, ``event_time``/``event_state``. The states are :math:`u(t)`, before
+            ``evaluate(t)``, ``event_time``/``event_state``/``event_terminal``. The states are :math:`u(t)`, before
             the model's final normalization (which :meth:`solve` applies to its result).
 
         Raises
@@ -373,8 +379,11 @@ class ContinuousTransformer(_Solving):
         ------
         ValueError
             If ``x`` has the wrong number of axes, no tokens or features, a width other than the
-            model's features, masked entries (a masked array), or ``padding_mask`` has the wrong
-            shape, values other than 0/1 or a row without real tokens.
+            model's features, masked entries (a masked array), NaN or inf, or ``padding_mask``
+            has the wrong shape, values other than 0/1 or a row without real tokens.
+        TypeError
+            If ``x`` is not a real array, or is not in the namespace, on the device and in the
+            dtype of tensor parameters (:meth:`with_parameters`).
 
         Notes
         -----

@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Callable
 
 from .. import solvers, validation
+from ..operators.attention import Attention
 from ..operators.base import check_normalization
+from ..operators.feature import FeedForward, GatedFeedForward
 from ..operators.functions import named_parameters
 from ..state import Grids
 
@@ -48,8 +50,9 @@ class Block:
         For an unknown placement, a block without sub-flows, or normalizations with
         ``"none"``.
     TypeError
-        For a normalization that is not a :class:`ctformer.operators.Normalization`, naming
-        the argument.
+        For a normalization that is not a :class:`ctformer.operators.Normalization`, or an
+        attention operator given as ``feedforward`` (a feed-forward one as ``attention``),
+        naming the argument.
     """
 
     def __init__(self, attention=None, feedforward=None, normalization1=None, normalization2=None,
@@ -62,6 +65,8 @@ class Block:
                              "and normalization2=None")
         normalization1 = check_normalization(normalization1, "normalization1")
         normalization2 = check_normalization(normalization2, "normalization2")
+        _check_sub_flow(attention, "attention", (FeedForward, GatedFeedForward), "feedforward")
+        _check_sub_flow(feedforward, "feedforward", (Attention,), "attention")
         self.attention = attention
         self.feedforward = feedforward
         self.normalization1 = normalization1
@@ -125,6 +130,16 @@ class Block:
         flows = [grids.lift(f) for f in flows]
         projections = [grids.lift(p) for p in projections] if any(p is not None for p in projections) else []
         return solvers.SplitProblem(flows, projections)
+
+
+def _check_sub_flow(op, name: str, other_kinds: tuple, other: str) -> None:
+    """``op`` must not be of the other slot's kinds: the splitting runs attention first, so
+    swapped operators would silently be another network. Other objects are not checked here
+    (a solve needs their ``discretize``)."""
+    inner = getattr(op, "operator", op)   # an output-normalized operator (Gemma 2) wraps one
+    if isinstance(inner, other_kinds):
+        raise TypeError(f"{name} got {type(inner).__name__}, an operator of the {other} sub-flow: "
+                        f"pass it as {other}= (Block(attention, feedforward, ...))")
 
 
 def _compose(op: Callable, normalization: Callable) -> Callable:

@@ -3,8 +3,9 @@
 :meth:`ctformer.model.ContinuousTransformer.with_parameters` takes a mapping with exactly the
 names of ``parameters()`` (``_check_parameter_names``), turns each value into a read-only
 float64 host copy or keeps it as the tensor it is (``_checked_parameter``: real, finite, of the
-parameter's shape) and requires every tensor to share one type, device and dtype
-(``_check_tensor_kinds``). ``_device`` reads the device of an array of any namespace.
+parameter's shape), requires every tensor to share one type, device and dtype
+(``_check_tensor_kinds``) and, when there are tensors, turns the host values into tensors like
+them (``_as_tensors_like``). ``_device`` reads the device of an array of any namespace.
 """
 from __future__ import annotations
 
@@ -78,3 +79,29 @@ def _check_tensor_kinds(params: dict) -> None:
                 f"{_device(value)}, params[{first!r}] one of dtype {like.dtype} "
                 f"on {_device(like)}: give every tensor parameter one dtype and "
                 "device")
+
+
+def _as_tensors_like(params: dict) -> dict:
+    """With tensors among ``params``, every host value as a tensor of their namespace, dtype
+    and device (a copy outside autograd's graph); without tensors, ``params`` as it is.
+
+    A solve assembles mixed operators in the tensors' namespace anyway; converting here, once,
+    from a private writable copy keeps torch from wrapping read-only NumPy memory (its
+    "non-writable" warning) at every solve. A value too large for a narrower dtype (1e300 as
+    float32) is refused by name instead of becoming inf.
+    """
+    tensors = [v for v in params.values() if not is_host(v)]
+    if not tensors:
+        return params
+    like = tensors[0]
+    xp = array_api_compat.array_namespace(like)
+    out = {}
+    for name, value in params.items():
+        if is_host(value):
+            value = xp.asarray(np.array(value), dtype=like.dtype, device=_device(like))
+            if not bool(xp.all(xp.isfinite(value))):
+                raise ValueError(f"params[{name!r}] overflows {like.dtype}, the dtype of the tensor "
+                                 "parameters it joins: pass values within that dtype's range, or "
+                                 "every tensor in a wider dtype")
+        out[name] = value
+    return out

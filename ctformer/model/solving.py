@@ -9,6 +9,8 @@ both called by :func:`ctformer.evolution.evolve`; the error-controlled branch of
 """
 from __future__ import annotations
 
+import array_api_compat
+
 from .. import solvers, validation
 from ..discretizations import Discretization, as_discretization
 from ..evolution import evolve
@@ -29,8 +31,9 @@ class _Solving:
             yield from (block.attention, block.feedforward, block.normalization1, block.normalization2)
         yield self.final_normalization
 
-    def _check_namespaces(self, u) -> None:
-        """A state and tensor parameters must live in one namespace and on one device."""
+    def _check_namespaces(self, u, name: str = "u0") -> None:
+        """A state and tensor parameters must live in one namespace and on one device; ``name``
+        is the argument the state came in as (``u0``, or ``x`` of :meth:`run`)."""
         if all(op is None or has_host_parameters(op) for op in self._operators()):
             return  # host parameters only, known since each operator was discretized (no walk)
         tensors = [v for v in self.parameters().values() if not is_host(v)]
@@ -39,14 +42,15 @@ class _Solving:
         like = tensors[0]
         if type(u) is not type(like) or _device(u) != _device(like):
             raise TypeError(
-                f"the state is a {type(u).__module__}.{type(u).__name__} on "
+                f"{name} is a {type(u).__module__}.{type(u).__name__} on "
                 f"{_device(u)}, the parameters are {type(like).__module__}."
-                f"{type(like).__name__} on {_device(like)}: pass u0 in the "
+                f"{type(like).__name__} on {_device(like)}: pass {name} in the "
                 "parameters' namespace and on their device")
         if u.dtype != like.dtype:
-            name = next(k for k, v in self.parameters().items() if v is like)
-            raise TypeError(f"u0 has dtype {u.dtype}, the tensor parameters (e.g. {name!r}) have "
-                            f"dtype {like.dtype}: pass u0 as {like.dtype} (u0.to({like.dtype}))")
+            param = next(k for k, v in self.parameters().items() if v is like)
+            raise TypeError(f"{name} has dtype {u.dtype}, the tensor parameters (e.g. {param!r}) "
+                            f"have dtype {like.dtype}: pass {name} as {like.dtype} "
+                            f"({name}.to({like.dtype}))")
 
     @staticmethod
     def _default(spec, own, features, name):
@@ -86,14 +90,22 @@ class _Solving:
         return solution.final if final is None else final(solution.final)
 
     def _run_input(self, x):
-        """The input of :meth:`run`: an array (N, d) or (B, N, d), N and d >= 1, of the model's
-        width where it has one (ValueError naming ``x`` otherwise)."""
+        """The input of :meth:`run`: a finite array (N, d) or (B, N, d), N and d >= 1, of the
+        model's width where it has one, in the namespace, device and dtype of tensor parameters.
+
+        Checked here, under the name the caller used: the solve it is handed to would name it
+        ``u0`` (ValueError or TypeError naming ``x`` instead)."""
         x = as_state_array(x, "x")
         if x.ndim not in (2, 3) or 0 in tuple(x.shape[-2:]):
             raise ValueError(f"x must have shape (N, d) or (B, N, d) with N >= 1 tokens and d >= 1 "
                              f"features, got shape {tuple(x.shape)}")
         if self.features is not None and x.shape[-1] != self.features.n:
             raise ValueError(f"x has {x.shape[-1]} features, the model expects {self.features.n}")
+        xp = array_api_compat.array_namespace(x)
+        if not bool(xp.all(xp.isfinite(x))):
+            raise ValueError("x contains NaN or inf; run needs finite token states (replace "
+                             "padded or missing entries by a finite value and pass a padding_mask)")
+        self._check_namespaces(x, "x")
         return x
 
     def _initial_state(self, u0, tokens, features, head_features, hidden, context_length):
