@@ -23,6 +23,9 @@ Behaviour shared by all commands:
 - Ctrl-C prints one line (how many cases are stored and where; rerunning the same command
   resumes) and exits with status 130, also while a compiled kernel is being built on first
   use (the compile, at most a second or two, finishes first: LLVM cannot be stopped midway);
+- a reader that closes standard output early (``ctformer list | head -1``) ends the command
+  quietly with status 141, as for any command killed by SIGPIPE; ``study`` writes its files
+  before it prints, so they are complete all the same;
 - progress bars are drawn only when standard error is a terminal;
 - the choices of ``--scheme``, ``--substep``, ``--activation``, ``--placement``, ``--refine``,
   ``--error-norm``, ``--reference``, ``--evaluate`` and ``limit --model`` are read from the
@@ -36,6 +39,7 @@ parser and the values of the arguments), :mod:`ctformer.cli_study` (``study``, `
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import warnings
@@ -50,6 +54,9 @@ from .cli_parser import SHARED_DEFAULTS, _join_negative_values, build_parser
 from .cli_study import _run_list, _run_study
 
 __all__ = ["main", "build_parser"]
+
+#: Exit status when the reader of standard output goes away (128 + SIGPIPE), as shells report.
+EXIT_BROKEN_PIPE = 141
 
 COMMANDS = {"study": _run_study, "limit": _run_limit, "cluster": _run_cluster,
             "list": _run_list, "demo": _run_demo, "docs": _run_docs}
@@ -67,7 +74,7 @@ def main(argv=None) -> int:
     -------
     int
         0 on success, 2 for a user error (reported as one line on standard error), 130 after
-        Ctrl-C.
+        Ctrl-C, 141 when the reader of standard output closed it (``| head``).
     """
     command_line = argv is None
     try:
@@ -94,7 +101,11 @@ def _main(argv: list) -> int:
             if args.command is None:
                 parser.print_help(sys.stderr)
                 return 2
-            return COMMANDS[args.command](args)
+            status = COMMANDS[args.command](args)
+            sys.stdout.flush()  # a reader that left is found here, inside the handling below
+            return status
+        except BrokenPipeError:
+            return _reader_gone()
         except KeyboardInterrupt as exc:
             print(f"ctformer: {_interrupted(exc, args)}", file=sys.stderr)
             return EXIT_INTERRUPTED
@@ -108,6 +119,19 @@ def _main(argv: list) -> int:
                 raise
             print(f"ctformer: error: {message}", file=sys.stderr)
             return 2
+
+
+def _reader_gone() -> int:
+    """Standard output was closed by its reader (``ctformer list | head -1``): not a mistake in
+    the request. The rest of the output goes nowhere, quietly (no second error when Python
+    flushes it at exit), and the status is the one a shell gives a command killed by SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 def _user_error(exc: Exception) -> str | None:

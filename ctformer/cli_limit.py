@@ -110,6 +110,10 @@ def _run_cluster(args) -> int:
                             "clusters.png")
         if target.suffix.lower() not in (".png", ".pdf", ".svg"):
             raise UserError(f"--plot {args.plot!r}: the file name must end in .png, .pdf or .svg")
+        # checked before the model runs: the figure is the last thing written
+        if not target.absolute().parent.is_dir():
+            raise UserError(f"--plot {args.plot!r}: the directory {str(target.parent)!r} does "
+                            "not exist; create it first or give a file in an existing directory")
     _require(MINILM_PACKAGES, "the clustering report")
     _hf_progress(args)
     from .particles.minilm import minilm_clustering

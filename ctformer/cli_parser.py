@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import re
 import sys
 from pathlib import Path
@@ -68,6 +69,40 @@ def _levels(text: str, reference: str = "finest") -> list[int]:
         raise UserError(f"--levels {text}: {why}; give three or more levels, e.g. "
                         f"{levels[0]},{2 * levels[0]},{4 * levels[0]},{16 * levels[0]}")
     return levels
+
+
+def _count(minimum: int, what: str):
+    """An argparse type: an integer at least ``minimum``; argparse names the option."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+    parse.__name__ = what  # argparse shows the name in some messages
+    return parse
+
+
+def _finite(positive: bool):
+    """An argparse type: a finite float (and > 0 when ``positive``); argparse names the option."""
+    what = "a positive finite number" if positive else "a finite number"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or (positive and value <= 0):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+    parse.__name__ = what
+    return parse
+
+
+_POSITIVE = _count(1, "a positive integer")
+_SEED = _count(0, "a non-negative integer")
 
 
 def _window(text: str | None):
@@ -176,7 +211,7 @@ def _add_study(sub) -> None:
                        help="time scheme (see 'ctformer list')")
     study.add_argument("--substep", default=None, choices=_choices("substep"),
                        help="sub-step method of lie, strang or parallel (default: the scheme's)")
-    study.add_argument("--steps-per-layer", type=int, default=1,
+    study.add_argument("--steps-per-layer", type=_POSITIVE, default=1,
                        help="time steps per layer when time is not refined")
     study.add_argument("--tokens", default=None,
                        help="fixed token discretization NAME:N (default gauss-legendre:16)")
@@ -190,10 +225,28 @@ def _add_study(sub) -> None:
                        help="norm of the error")
     study.add_argument("--evaluate", default="interpolate", choices=_choices("evaluate"),
                        help="compare on a fine interpolation grid, or at the coarsest level's nodes")
+    study.add_argument("--fine", type=_POSITIVE, default=None,
+                       help="Gauss-Legendre points of the evaluation grid along a refined token "
+                       "or feature axis with --evaluate interpolate (default: 200, or more where the "
+                       "finest measured level needs them)")
     study.add_argument("--window", default=None, help="measure the error on 'a,b' only")
-    study.add_argument("--model-seed", type=int, default=0, help="seed of the random model")
-    study.add_argument("--layers", type=int, default=2, help="number of layers (depth T)")
-    study.add_argument("--heads", type=int, default=2, help="attention heads")
+    _add_model_options(study)
+    study.add_argument("--out", required=True,
+                       help="output directory (created; cases are kept in OUT/cases)")
+    study.add_argument("--scheduler", default=None,
+                       help="Dask scheduler address tcp://HOST:PORT (default: run here)")
+    study.add_argument("--connect-timeout", type=_finite(True), default=10.0,
+                       help="seconds to wait for the scheduler")
+    study.add_argument("--no-progress", action="store_true",
+                       help="no progress bar (there is none anyway when standard error is not "
+                       "a terminal)")
+
+
+def _add_model_options(study) -> None:
+    """The options of ``study`` that build the smooth random model."""
+    study.add_argument("--model-seed", type=_SEED, default=0, help="seed of the random model")
+    study.add_argument("--layers", type=_POSITIVE, default=2, help="number of layers (depth T)")
+    study.add_argument("--heads", type=_POSITIVE, default=2, help="attention heads")
     study.add_argument("--placement", default="pre", choices=_choices("placement"),
                        help="where the normalizations sit in a block")
     study.add_argument("--activation", default="gelu", choices=_choices("activation"),
@@ -202,16 +255,8 @@ def _add_study(sub) -> None:
                        help="causal attention (default: none)")
     study.add_argument("--diagonal", default="full", choices=["full", "half"],
                        help="weight of the diagonal key under a causal mask")
-    study.add_argument("--beta", type=float, default=4.0, help="inverse temperature of attention")
-    study.add_argument("--out", required=True,
-                       help="output directory (created; cases are kept in OUT/cases)")
-    study.add_argument("--scheduler", default=None,
-                       help="Dask scheduler address tcp://HOST:PORT (default: run here)")
-    study.add_argument("--connect-timeout", type=float, default=10.0,
-                       help="seconds to wait for the scheduler")
-    study.add_argument("--no-progress", action="store_true",
-                       help="no progress bar (there is none anyway when standard error is not "
-                       "a terminal)")
+    study.add_argument("--beta", type=_finite(False), default=4.0,
+                       help="inverse temperature of attention")
 
 
 def _add_others(sub) -> None:
@@ -227,7 +272,7 @@ def _add_others(sub) -> None:
                        help="network class (default: the pretrained MiniLM check)")
     limit.add_argument("--pretrained", action="store_true",
                        help="with --model bert: the pretrained MiniLM instead of random weights")
-    limit.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    limit.add_argument("--seed", type=_SEED, default=0, help="seed of the random weights")
     cluster = sub.add_parser("cluster", formatter_class=_Help,
                              help="token clustering through the layers of MiniLM on a text",
                              description="Project MiniLM's hidden states on the unit sphere and "

@@ -52,8 +52,28 @@ def _study_spec(args):
         if spec[refinement.variable] is not None:
             raise UserError(f"--{refinement.variable} fixes a variable; the refined one is chosen "
                             "by --discretization")
+        if ":" in (args.discretization or ""):
+            # the library drops the size of a refined rule: say so rather than ignore it
+            raise UserError(f"--discretization {args.discretization!r}: give the name only "
+                            f"(e.g. {args.discretization.partition(':')[0]!r}); the sizes of the "
+                            "refined variable are --levels")
         spec[refinement.variable] = args.discretization or "gauss-legendre"
+    for name, text in spec.items():
+        if text is not None and (refinement.refines_depth or name != refinement.variable):
+            _check_fixed(name, text)
     return spec
+
+
+def _check_fixed(name: str, text: str) -> None:
+    """Build a fixed ``NAME:N`` once here, so that a bad one is reported with its option."""
+    from .studies.arguments import fixed_discretization
+
+    try:
+        fixed_discretization(text, f"--{name}", None)
+    except (ValueError, TypeError) as exc:
+        message = " ".join(str(exc).split())
+        raise UserError(message if f"--{name}" in message else
+                        f"--{name} {text!r}: {message}") from None
 
 
 def _stamps(store: Path) -> dict:
@@ -83,27 +103,30 @@ def _run_study(args) -> int:
         activation=args.activation, mask=args.mask, diagonal=args.diagonal, beta=args.beta)
     client = _connect(args.scheduler, args.connect_timeout) if args.scheduler else None
     before = _stamps(out / "cases")
+    # only a given --fine is passed: the library's default stays the one default
+    fine = {} if args.fine is None else {"fine": args.fine}
     try:
         result = convergence(
             model, refine=args.refine, levels=levels, tokens=spec["tokens"],
             features=spec["features"], hidden=spec["hidden"], scheme=scheme,
             steps_per_layer=args.steps_per_layer, reference=args.reference,
             error_norm=args.error_norm, evaluate=args.evaluate, window=window, executor=client,
-            store=out / "cases", progress=_progress(args))
+            store=out / "cases", progress=_progress(args), **fine)
     finally:
         if client is not None:
             client.close()
     if _WARNINGS.seen("InconsistentDepthLimitWarning"):
         result.consistent_limit = False
-    print(result)
     reused = _reused(out / "cases", before, len(levels))
-    if reused:
-        print(f"reused {reused} of {len(levels)} cases stored in {out / 'cases'} by an earlier run "
-              f"(their seconds are that run's); delete that directory to recompute them")
+    # the files first: a reader that closes standard output early (| head) loses no result
     paths = [result.to_csv(out / "convergence.csv"), result.to_json(out / "convergence.json")]
     if _have_matplotlib():
         _close(result.plot(out / "convergence.png"))
         paths.append(out / "convergence.png")
+    print(result)
+    if reused:
+        print(f"reused {reused} of {len(levels)} cases stored in {out / 'cases'} by an earlier run "
+              f"(their seconds are that run's); delete that directory to recompute them")
     print("wrote " + ", ".join(str(p) for p in paths))
     if not _have_matplotlib():
         print(f"convergence.png {NO_MATPLOTLIB}")
