@@ -281,7 +281,26 @@ def limit_report(model: str = "bert", pretrained: bool = False, seed: int = 0) -
     for scheme in ("lie", "strang"):
         errs = [_relative(ct.solve(x, scheme=scheme, steps_per_layer=k, padding_mask=keep, **grids),
                           reference, keep) for k in steps]
-        order = fit_order([1.0 / k for k in steps], errs)
-        lines.append(f"  {scheme:>6}: " + "  ".join(f"k={k}: {e:.2e}" for k, e in zip(steps, errs))
-                     + f"  observed order {order:.2f}")
+        lines.append(f"  {scheme:>6}: " + "  ".join(f"k={k}: {e:.2e}" for k, e in zip(steps, errs)))
+        lines.append(_order_line(scheme, ct, [1.0 / k for k in steps], errs))
     return "\n".join(lines)
+
+
+def _order_line(scheme: str, ct, h, errors) -> str:
+    """The fitted order beside the scheme's order on this network and the neighbour orders,
+    with a note where the fit misses by more than 0.3 (the studies' rule)."""
+    from ..discretizations.report import neighbour_orders
+    from ..solvers import get
+    from ..studies import fit_order
+
+    expected = get(scheme).order(ct)
+    order = fit_order(h, errors)
+    neighbours = [o for o in neighbour_orders(h, errors) if o is not None]
+    line = (f"          observed order {order:.2f} (expected {expected:g}; neighbour orders "
+            + ", ".join(f"{o:.2f}" for o in neighbours) + ")")
+    if abs(order - expected) > 0.3 and len(neighbours) >= 2 and \
+            abs(neighbours[-1] - expected) < abs(neighbours[0] - expected):
+        line += f": they move towards {expected:g}, the coarse steps are pre-asymptotic"
+    elif abs(order - expected) > 0.3:
+        line += ": off the expected order; the network's depth limit may be rough"
+    return line
