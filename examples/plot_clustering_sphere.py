@@ -28,6 +28,13 @@ x0 /= np.linalg.norm(x0, axis=1, keepdims=True)
 beta = 3.0
 path = SelfAttentionDynamics(beta).solve(x0, 40.0, 0.1, save_every=5)
 
+# What the text says, checked: two clusters for a long stretch (here from t = 7.5) until
+# t = 25, then one, which every token reaches (distance to one cluster at rounding level).
+counts = np.array([cluster_count(x, 0.1) for x in path.positions])
+assert np.all(counts[(path.times >= 7.5) & (path.times < 25.0)] == 2), counts
+assert np.all(counts[path.times >= 25.0] == 1), counts
+assert single_cluster_distance(path.positions[-1]) < 1e-6
+
 snapshots = [0.0, 4.0, 15.0, 40.0]
 fig = plt.figure(figsize=(13, 6))
 u, v = np.mgrid[0:2 * np.pi:40j, 0:np.pi:20j]
@@ -42,7 +49,7 @@ for col, t in enumerate(snapshots):
     ax.set_box_aspect((1, 1, 1))
 
 ax = fig.add_subplot(2, 2, 3)
-ax.step(path.times, [cluster_count(x, 0.1) for x in path.positions], where="post")
+ax.step(path.times, counts, where="post")
 ax.set(xlabel="time $t$", ylabel="clusters (distance < 0.1)", yscale="log")
 ax = fig.add_subplot(2, 2, 4)
 ax.semilogy(path.times, [single_cluster_distance(x) for x in path.positions])

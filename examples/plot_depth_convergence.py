@@ -30,6 +30,9 @@ results = [
     for scheme in ("lie", "strang", "rk4")
 ]
 print(comparison_table(results, "steps per layer vs L2 error against 64 steps per layer"))
+for result, order in zip(results, (1, 2, 4)):
+    assert abs(result.observed_order - order) < 0.15, (result.method, result.observed_order)
+assert 1e-3 < results[0].errors[0] < 1e-2, results[0].errors[0]   # Lie, one step per layer
 
 # %%
 # Each curve runs parallel to its dashed reference slope. With one step per layer Lie is the

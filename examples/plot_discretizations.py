@@ -35,6 +35,29 @@ ns = (4, 8, 16, 32, 64)
 rows = d.error_table(f, antiderivative(1.0) - antiderivative(0.0), ns=ns)
 print(d.format_error_table(rows))
 
+
+
+def fitted_order(table, name, key, levels=slice(-3, None)):
+    """Least-squares slope of log(error) against log(h) over ``levels`` of one rule."""
+    mine = [r for r in table if r["name"] == name][levels]
+    h = [d.get(name, r["n"]).h for r in mine]
+    return float(np.polyfit(np.log(h), np.log([r[key] for r in mine]), 1)[0])
+
+
+def finest(table, name, n):
+    return next(r for r in table if r["name"] == name and r["n"] == n)
+
+
+for name, order in (("midpoint", 2), ("trapezoid", 2), ("p1", 2), ("p2", 3)):
+    assert abs(fitted_order(rows, name, "interpolation_error") - order) < 0.1, name
+for name in ("gauss-legendre", "clenshaw-curtis", "chebyshev", "legendre"):
+    assert finest(rows, name, 16)["integration_error"] < 1e-14, name
+    assert finest(rows, name, 16)["interpolation_error"] < 1e-13, name
+assert abs(fitted_order(rows, "fourier", "integration_error") - 1) < 0.1     # a Riemann sum
+assert min(r["interpolation_error"] for r in rows if r["name"] == "fourier") > 1   # Gibbs
+assert abs(fitted_order(rows, "p1", "integration_error", slice(None)) - 6) < 0.1
+assert abs(fitted_order(rows, "p2", "integration_error", slice(0, 3)) - 8) < 0.1   # then rounding
+
 # %%
 # The low-order rules show their table orders (2 for midpoint, trapezoid and P1, 3 for P2
 # interpolation); the spectral rules reach rounding error near ``n = 16``. Fourier is made
@@ -77,11 +100,17 @@ def g(x):
     return np.exp(np.sin(2 * np.pi * x))
 
 
-periodic = d.error_table(g, float(special.i0(1.0)), ns=ns, names=["trapezoid", "fourier", "chebyshev", "p2"])
+periodic_rules = ["midpoint", "trapezoid", "fourier", "chebyshev", "p2"]
+periodic = d.error_table(g, float(special.i0(1.0)), ns=ns, names=periodic_rules)
 print(d.format_error_table(periodic))
+for name in ("midpoint", "trapezoid", "fourier"):     # geometric: rounding level by n = 16
+    assert finest(periodic, name, 16)["integration_error"] < 1e-14, name
+assert finest(periodic, "p2", 33)["integration_error"] < 1e-14
+for name, order in (("trapezoid", 2), ("p2", 3)):    # interpolation stays algebraic
+    assert abs(fitted_order(periodic, name, "interpolation_error") - order) < 0.3, name
 
 fig, ax = plt.subplots(figsize=(5, 4))
-for name in ["trapezoid", "fourier", "chebyshev", "p2"]:
+for name in periodic_rules:
     mine = [r for r in periodic if r["name"] == name]
     ax.semilogy([r["n"] for r in mine], [max(r["integration_error"], 1e-17) for r in mine], "-o", label=name)
 ax.set_xlabel("n")

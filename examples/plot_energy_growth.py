@@ -35,6 +35,9 @@ for ax, normalized, name in [(axes[0], True, "SA"), (axes[1], False, "USA")]:
         path = SelfAttentionDynamics(beta, normalized=normalized).solve(x0, 15.0, dt, save_every=int(0.2 / dt))
         e = np.stack([energy(p, beta) for p in path.positions]) / (np.exp(beta) / (2 * beta))
         assert np.all(np.diff(e, axis=0) >= -1e-12)  # monotone, as the theorem says
+        assert e.max() <= 1 + 1e-9                   # never above the single-cluster maximum
+        if beta == 1.0:                              # every start reaches it by t = 15
+            np.testing.assert_allclose(e[-1], 1.0, atol=1e-6)
         energies[name, beta] = e
         ax.plot(path.times, e, color=color, lw=1, label=[rf"$\beta={beta:g}$"] + [None] * (draws - 1))
     ax.axhline(1.0, color="k", ls="--", lw=0.8)

@@ -43,6 +43,9 @@ results = {
 orders = {name: res.observed_order for name, res in results.items()}
 for res in results.values():
     print(res, end="\n\n")
+assert abs(orders["midpoint"] - 2.0) < 0.3 and abs(orders["q1"] - 2.0) < 0.3
+factors = results["gauss-legendre"].reductions()
+assert factors[-1] > factors[0] > 10, factors     # spectral: a growing reduction per doubling
 
 fig, ax = plt.subplots(figsize=(6, 4.5))
 plot_convergence(list(results.values()), ax=ax, title="patch tokens on [0, 1]^2", slopes=False)
@@ -79,6 +82,8 @@ print("class token error, weight 1/(n+1):", " ".join(f"{e:.2e}" for e in class_t
 print("class token error, mass 0.2:      ", " ".join(f"{e:.2e}" for e in class_token[0.2]),
       f"(order {atom_orders[0.2]:.2f})")
 print(f"distance between the two limits: {gap:.3f}")
+assert all(abs(order - 2.0) < 0.2 for order in atom_orders.values()), atom_orders
+assert gap > 10 * max(class_token[None][-1], class_token[0.2][-1])   # two different limits
 
 fig, ax = plt.subplots(figsize=(6, 4.5))
 for weight, errors in class_token.items():

@@ -18,6 +18,7 @@ like :math:`e^{c\beta}`), before the final collapse to a single point.
 """
 import matplotlib.pyplot as plt
 import numpy as np
+from scipy.special import iv
 
 from ctformer.particles import SelfAttentionDynamics, cluster_count, linear_growth_rate
 
@@ -28,9 +29,11 @@ x0 = np.stack([np.cos(theta0), np.sin(theta0)], axis=-1)  # (draws, n, 2): one b
 
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
 k = np.arange(1, 11)
+late = 30.0  # by this time the fastest mode has formed its clusters
 paths, fastest_mode, cluster_counts = {}, {}, {}
 for beta, color in [(5.0, "C0"), (9.0, "C1")]:
     rates = linear_growth_rate(k, beta)
+    np.testing.assert_allclose(rates, k**2 * iv(k, beta) / (beta * iv(0, beta)), rtol=1e-12)  # closed form
     fastest_mode[beta] = int(k[np.argmax(rates)])
     axes[0].plot(k, rates, "o-", color=color, label=rf"$\beta={beta:g}$, $k^*={k[np.argmax(rates)]}$")
     path = SelfAttentionDynamics(beta).solve(x0, t1, dt, save_every=10)
@@ -40,6 +43,16 @@ for beta, color in [(5.0, "C0"), (9.0, "C1")]:
     for d in range(draws):
         axes[1].step(path.times, counts[:, d] + 0.04 * d, where="post", color=color, alpha=0.8,
                      label=rf"$\beta={beta:g}$" if d == 0 else None)
+
+# What the text says, checked: k* clusters form first (3 for beta = 5, 4 for beta = 9, in
+# every draw at t = 30), and after that clusters only merge, one pair at a time.
+for beta, expected in ((5.0, 3), (9.0, 4)):
+    counts = cluster_counts[beta]
+    assert fastest_mode[beta] == expected
+    assert np.all(counts[np.argmin(np.abs(paths[beta].times - late))] == expected), counts
+    after = counts[paths[beta].times >= late]
+    assert np.all(np.diff(after, axis=0) <= 0) and np.all(np.diff(after, axis=0) >= -1)
+    assert np.all(after[-1] < expected)                  # every draw has merged by t = 300
 axes[0].set(xlabel="wavenumber $k$", ylabel=r"growth rate $\lambda_k$", title="linearized growth rates")
 axes[0].legend()
 axes[1].set(xlabel="time $t$", ylabel="clusters (distance < 0.05)", ylim=(1.5, 6.5),

@@ -47,11 +47,14 @@ for name, levels, errors in (("midpoint", midpoint_levels, midpoint_errors),
                              ("gauss-legendre", gauss_levels, gauss_errors)):
     print(name, "  ".join(f"n={n}: {e:.2e}" for n, e in zip(levels, errors)))
 print(f"midpoint observed order (n >= 64): {midpoint_order:.2f}")
+assert abs(midpoint_order - 2.0) < 0.15
+assert np.all(np.diff(np.log(gauss_errors)) < 0) and gauss_errors[-1] < 1e-9
+assert gauss_errors[-1] < 1e-4 * midpoint_errors[-1]    # 96 Gauss nodes beat 512 midpoint ones
 
 # %%
 # ``n = 32`` midpoint tokens are the discrete network itself (positions 0..31). Midpoint
 # settles on slope 2 (its interpolation between nodes is second order too); Gauss-Legendre
-# bends down to rounding level by ``n = 96``.
+# bends down, faster than any power of ``n``, to :math:`4 \times 10^{-11}` at ``n = 96``.
 fig, ax = plt.subplots(figsize=(6, 4.5))
 ax.loglog(midpoint_levels, midpoint_errors, "o-", label=f"midpoint (order {midpoint_order:.2f})")
 ax.loglog(gauss_levels, gauss_errors, "s-", label="Gauss-Legendre")

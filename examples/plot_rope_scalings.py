@@ -34,6 +34,7 @@ print("floors at n = 8L:", ", ".join(f"{k} {v:.2e}" for k, v in floors.items()))
 
 assert study.refinement_identity < 1e-13  # linear scaling *is* the refined discretization
 assert 0.8 <= order <= 1.2 and study.reference_error < 0.1 * floors["linear"]
+assert 1.1e-4 < study.reference_error < 1.3e-4  # the 1.2e-4 the text states
 assert all(floors[kind] > 5 * floors["linear"] for kind in STUDY_ROPE_TYPES[1:])
 
 # %%

@@ -24,6 +24,7 @@ import math
 
 import matplotlib.pyplot as plt
 import numpy as np
+from scipy.special import iv
 
 from ctformer.particles import SelfAttentionDynamics, ZonalMeanField
 from ctformer.particles.sphere_particles import s_distance, sample_zonal
@@ -62,12 +63,16 @@ axes[1].loglog(ns, distances, "o-", label=f"slope {slope:.2f}")
 axes[1].loglog(ns, distances[0] * np.sqrt(ns[0] / ns), "k--", lw=1, label=r"$n^{-1/2}$")
 axes[1].set(xlabel="tokens n", ylabel="Kolmogorov distance at t = 1", title="tokens -> mean field")
 axes[1].legend()
-assert abs(slope + 0.5) < 0.2, slope
+assert abs(slope + 0.5) < 0.1, slope
+assert np.max(np.abs(solution.mass - 1)) < 1e-13   # the mean field conserves mass
 
 selection = ZonalMeanField(20.0, 3, 16)
 c = np.zeros(17)
 c[0], c[1:13] = 1 / math.sqrt(4 * math.pi), 1e-6
-rates = linear_growth_rate(np.arange(1, 17), 20.0, dimension=3)
+degrees = np.arange(1, 17)
+rates = linear_growth_rate(degrees, 20.0, dimension=3)
+np.testing.assert_allclose(rates, degrees * (degrees + 1) * iv(degrees + 0.5, 20.0) / (20.0 * iv(0.5, 20.0)),
+                           rtol=1e-12)  # the closed form above
 l_star = 1 + int(np.argmax(rates))
 t_grown = math.log(100) / rates[l_star - 1]  # the fastest degree grows 100-fold
 grown = selection.solve(c @ selection.basis.values.T, t_grown, selection.stable_step(t_grown) / 2, save_every=5)

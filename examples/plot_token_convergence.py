@@ -19,6 +19,7 @@ Each family is refined by doubling (P1, P2, trapezoid and Chebyshev use :math:`n
 values) and compared with its own solution at 256 tokens.
 """
 import matplotlib.pyplot as plt
+import numpy as np
 
 from ctformer.model import ContinuousTransformer
 from ctformer.studies import convergence, plot_convergence
@@ -39,6 +40,13 @@ results = {
 }
 for res in results.values():
     print(res, end="\n\n")
+for name in ("midpoint", "trapezoid", "p1"):
+    assert abs(results[name].observed_order - 2) < 0.15, (name, results[name].observed_order)
+p2_orders = [row.order for row in results["p2"].table if row.order is not None]
+assert np.all(np.diff(p2_orders) > 0) and 2.4 < p2_orders[1] and 2.6 < p2_orders[-1] < 2.8, p2_orders
+for name in ("gauss-legendre", "chebyshev"):
+    factors = results[name].reductions()
+    assert np.all(np.diff(factors) > 0) and factors[-1] > 100, (name, factors)
 
 # %%
 # The algebraic rules settle on their slopes; P2 approaches its order 3 from below (its

@@ -66,6 +66,9 @@ print(f"loss: {losses[0]:.3e} -> {losses[-1]:.3e} after {len(losses)} Adam steps
 print("distance to the teacher, trained at midpoint 16 tokens / 2 steps per layer:")
 print(f"  at the training resolution:            {coarse_error:.3e}")
 print(f"  at Gauss-Legendre 64 / 16 steps:       {fine_error:.3e}  (untrained: {initial_fine_error:.3e})")
+assert losses[-1] < 0.01 * losses[0]                           # training converges
+assert fine_error < 0.1 * initial_fine_error                   # what was learned holds fine
+assert abs(fine_error - coarse_error) < 0.05 * coarse_error    # at the same distance
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
 left.semilogy(losses)

@@ -18,8 +18,9 @@ dynamics predict. This module repeats the experiment
 Projection onto the sphere: each token state is divided by its norm,
 :math:`x_i = h_i / \|h_i\|`, **without centering**, as in the paper. Centering (subtracting
 the mean token of the layer first, ``center=True``) removes the common direction that all
-tokens share; the centered mean pairwise inner product is then close to :math:`-1/(n-1)`
-at every layer by construction, so it hides the drift toward 1 that the paper reports.
+tokens share; the centered mean pairwise inner product then stays near zero (it would be
+exactly :math:`-1/(n-1)` if the centered tokens had equal norms), so it hides the drift toward
+1 that the paper reports.
 All tokens are kept, including ``[CLS]`` and ``[SEP]``.
 
 Cluster statistics per layer (:class:`LayerClusterStats`): mean and median pairwise inner
