@@ -29,7 +29,7 @@ LAYERS = {
     "studies": 6, "adjoint": 6,
     "bridges": 7,   # a bridge's study fits its order with the studies' one fitter
     "particles": 8,
-    "labelled_files": 8.4, "labelled": 8.5,  # converts every result kind (they sit below)
+    "labelled_files": 8.4, "labelled_attrs": 8.45, "labelled": 8.5,  # converts every result kind (they sit below)
     # the command line: shared pieces and Ctrl-C, the parser, the commands, the entry point
     "cli_common": 8.6, "cli_interrupt": 8.6, "cli_parser": 8.7,
     "cli_study": 8.8, "cli_limit": 8.8, "cli_demo": 8.9,  # demo ends with limit's check

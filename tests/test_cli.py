@@ -474,7 +474,7 @@ def test_limit_for_a_network_class_reports_exactness_and_depth_orders():
     assert proc.returncode == 0, proc.stderr
     errors = [float(m) for m in re.findall(r"layer \d+: max relative error ([0-9.e+-]+)", proc.stdout)]
     assert len(errors) == 3 and max(errors) < 1e-12
-    orders = dict(re.findall(r"(lie|strang): .* observed order ([0-9.]+)", proc.stdout))
+    orders = dict(re.findall(r"(lie|strang): [^\n]*\n\s+observed order ([0-9.]+)", proc.stdout))
     assert abs(float(orders["strang"]) - 2.0) < 0.2
     assert 0.6 < float(orders["lie"]) < 1.2          # first order (pre-asymptotic at k = 1)
     bad = run_module("limit", "--model", "gpt2", "--pretrained")

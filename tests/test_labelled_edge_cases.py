@@ -121,8 +121,8 @@ def test_connect_timeout_must_be_positive(tmp_path, capsys, timeout):
                                "--connect-timeout", timeout])
     err = capsys.readouterr().err
     assert status == 2
-    assert err == ("ctformer: error: --connect-timeout must be a positive number of seconds, "
-                   f"got {float(timeout)!r}\n")
+    assert err == ("ctformer: error: argument --connect-timeout: must be a positive finite "
+                   f"number, got {timeout!r}\n")
 
 
 def test_empty_out_is_refused(tmp_path, capsys, monkeypatch):

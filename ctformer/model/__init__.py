@@ -27,8 +27,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
 from .. import solvers, validation
 from ..discretizations import Discretization, Midpoint, as_discretization
 from ..kernels import is_host
@@ -43,8 +41,8 @@ from ..state import Grids
 # their own; every name this module had before stays importable from here.
 from . import block
 from .block import Block, _compose
-from .checks import (_as_tensors_like, _check_parameter_names, _check_parameter_shape,
-                     _check_tensor_kinds, _checked_parameter, _device)
+from .checks import (_check_parameter_names, _check_parameter_shape, _check_tensor_kinds,
+                     _checked_parameter, _checked_parameters, _device)
 from .solving import _Solving
 
 __all__ = ["Block", "ContinuousTransformer", "InconsistentDepthLimitWarning", "PLACEMENTS"]
@@ -177,12 +175,7 @@ class ContinuousTransformer(_Solving):
         """
         import copy
 
-        own = self.parameters()
-        _check_parameter_names(own, params)
-        checked = {name: _checked_parameter(name, value, np.shape(own[name]))
-                   for name, value in params.items()}
-        _check_tensor_kinds(checked)
-        checked = _as_tensors_like(checked)
+        checked = _checked_parameters(self.parameters(), params)
         model = copy.deepcopy(self)
         for name, value in checked.items():
             assign_parameter(model, name, value)
@@ -335,8 +328,8 @@ class ContinuousTransformer(_Solving):
         ctformer.Solution
             ``times``, ``states`` (in the namespace, device and dtype of ``u0``), ``final``,
             ``stats`` (``accepted``, ``rejected``, ``rhs_evaluations``, ``step_times``),
-            ``evaluate(t)``, ``event_time``/``event_state``/``event_terminal``. The states are :math:`u(t)`, before
-            the model's final normalization (which :meth:`solve` applies to its result).
+            ``evaluate(t)``, ``event_time``/``event_state``/``event_terminal``. The states are
+            :math:`u(t)`, before the model's final normalization (which :meth:`solve` applies).
 
         Raises
         ------

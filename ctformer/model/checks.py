@@ -105,3 +105,13 @@ def _as_tensors_like(params: dict) -> dict:
                                  "every tensor in a wider dtype")
         out[name] = value
     return out
+
+
+def _checked_parameters(own: dict, params) -> dict:
+    """``params`` checked against the model's own parameters ``own`` (names, shapes, values,
+    one tensor dtype and device), NumPy values beside tensors made tensors like them."""
+    _check_parameter_names(own, params)
+    checked = {name: _checked_parameter(name, value, np.shape(own[name]))
+               for name, value in params.items()}
+    _check_tensor_kinds(checked)
+    return _as_tensors_like(checked)
