@@ -99,3 +99,14 @@ def test_stationary_state_checks_the_guess():
     # above nu_c the uniform state is the fixed point: c_0 = |S^2|^{-1/2}, the rest 0
     uniform = stationary_state(field, np.zeros(9))
     np.testing.assert_allclose(uniform, np.eye(9)[0] / math.sqrt(4 * math.pi), rtol=0, atol=1e-15)
+
+
+def test_beta_zero_is_refused_with_its_continuous_limit():
+    """beta = 0 was refused as "nothing moves"; the velocity tends to the tangent part of the
+    mean token, and on the circle mode 1 grows at 1/2 in that limit (closed form), which a
+    tiny beta gives."""
+    from ctformer.particles.zonal import ZonalMeanField, linear_growth_rate
+
+    with pytest.raises(ValueError, match=r"limit beta -> 0 is continuous.*1e-12"):
+        ZonalMeanField(0.0, 3, 8)
+    assert linear_growth_rate(1, 1e-12, dimension=2) == pytest.approx(0.5, rel=1e-12)

@@ -100,6 +100,17 @@ class _CircleStates:
             raise ValueError("rho0 must be a nonnegative density with positive mass")
         return backend, rho
 
+    def _restart_coefficients(self, u0):
+        """The backend and the saved coefficients of a restart (finite, ``K + 1`` of them)."""
+        backend = get_backend(self._backend_name) if self._backend_name else backend_of(u0)
+        host = np.asarray(to_host(u0), dtype=np.complex128)
+        kept = self.max_wavenumber + 1
+        if host.shape != (kept,) or not np.all(np.isfinite(host)):
+            raise ValueError(f"initial must end in the {kept} finite coefficients of a solve with "
+                             f"n_modes={self.n_modes}, got shape {host.shape}; restart with the "
+                             "solver that saved it")
+        return backend, backend.asarray(host)
+
     def _check_resolved(self, backend, c, floor, mass, t_start, t_end) -> bool:
         """Warn once when the density goes negative: the modes no longer resolve it."""
         lowest = float(to_host(backend.xp.min(backend.fft.irfft(c, n=self.n_modes))))

@@ -27,6 +27,7 @@ from ..backend import to_host
 from ..validation import real
 from ..operators.quadrature_attention import quadrature_attention
 from .dynamics import _check_beta, log_partition
+from .particle_checks import _as_real_floating
 
 __all__ = [
     "gram",
@@ -42,12 +43,15 @@ __all__ = [
 
 
 def _points(x, batch=True):
-    if not array_api_compat.is_array_api_obj(x):
-        x = np.asarray(x, dtype=np.float64)
+    # Integers become float64 here: weights are cast to the points' dtype, and integer weights
+    # 1/n would be 0.
+    x = _as_real_floating(x, "x")
     allowed = (2, 3) if batch else (2,)
     if x.ndim not in allowed:
         shapes = "(n, d) or (batch, n, d)" if batch else "(n, d)"
         raise ValueError(f"x must have shape {shapes}, got shape {tuple(x.shape)}")
+    if x.shape[-2] == 0 or x.shape[-1] == 0:
+        raise ValueError(f"x must hold n >= 1 points of dimension d >= 1, got shape {tuple(x.shape)}")
     xp = array_api_compat.array_namespace(x)
     if not bool(xp.all(xp.isfinite(x))):
         raise ValueError("x contains NaN or inf; pass finite points (a diverged solve is "
@@ -209,13 +213,20 @@ def single_cluster_distance(x, weights=None):
         \min_{z \in S^{d-1}} \Big(\sum_i \bar w_i \|x_i - z\|^2\Big)^{1/2}
         = \sqrt{2\,(1 - \|m\|)}, \qquad m = \sum_i \bar w_i x_i,
 
-    with normalized weights :math:`\bar w_i = w_i / \sum_j w_j` (the minimizer is
-    :math:`z = m / \|m\|`). Zero exactly at a single cluster.
+    with normalized weights :math:`\bar w_i = w_i / \sum_j w_j`. The minimizer is
+    :math:`z = m / \|m\|` for any points (any :math:`z` when :math:`m = 0`), and the sum is
+    evaluated there term by term: the closed form loses :math:`\sqrt{\varepsilon}` to the
+    cancellation in :math:`1 - \|m\|` (it gave 0 for a distance of :math:`10^{-9}`); the
+    direct sum is accurate down to distances of order :math:`\varepsilon`, since a rounding
+    error :math:`\delta` in :math:`z` changes the sum only by :math:`O(\delta^2)`. Off the
+    sphere it is still the distance to the nearest single-cluster state,
+    :math:`(\sum_i \bar w_i \|x_i\|^2 - 2\|m\| + 1)^{1/2}`. Zero (to rounding) at a single
+    cluster.
 
     Parameters
     ----------
     x : array, shape (n, d) or (batch, n, d)
-        Points on the unit sphere.
+        Points, normally on the unit sphere.
     weights : array, shape (n,), optional
 
     Returns
@@ -227,8 +238,11 @@ def single_cluster_distance(x, weights=None):
     w = _weights(weights, x.shape[-2], xp, x.dtype)
     w = w / xp.sum(w)
     m = xp.sum(w[:, None] * x, axis=-2)
-    gap = xp.clip(1.0 - xp.sqrt(xp.sum(m * m, axis=-1)), 0.0, None)
-    r = xp.sqrt(2.0 * gap)
+    norm = xp.sqrt(xp.sum(m * m, axis=-1, keepdims=True))
+    first = xp.astype(xp.arange(x.shape[-1]) == 0, x.dtype)  # any unit vector serves when m = 0
+    z = xp.where(norm > 0, m / xp.where(norm > 0, norm, 1.0), first)
+    diff = x - z[..., None, :]
+    r = xp.sqrt(xp.sum(w[:, None] * diff * diff, axis=(-2, -1)))
     return float(r) if r.ndim == 0 else r
 
 
@@ -242,9 +256,11 @@ def in_open_hemisphere(x, *, tol=1e-9):
     Parameters
     ----------
     x : array, shape (n, d)
+        Points, normally on the sphere; each row is divided by its norm first (the answer
+        depends on the directions only), and a zero row lies in no open hemisphere.
     tol : float
-        Margin below which :math:`s^\ast` counts as zero (points on a closed but not open
-        hemisphere, e.g. an antipodal pair); finite and >= 0.
+        Margin below which :math:`s^\ast` (for the unit rows) counts as zero (points on a
+        closed but not open hemisphere, e.g. an antipodal pair); finite and >= 0.
 
     Returns
     -------
@@ -262,6 +278,13 @@ def in_open_hemisphere(x, *, tol=1e-9):
     """
     pts = to_host(_points(x, batch=False), np.float64)
     tol = real(tol, "tol", nonnegative=True)
+    # The answer depends on the directions only; tol is a margin for unit rows (a row 1e-12 long
+    # had s* <= 1e-12 < tol). A zero row lies in no open hemisphere.
+    scale = np.max(np.abs(pts), axis=1, keepdims=True)
+    if np.any(scale == 0):
+        return False
+    pts = pts / scale
+    pts /= np.linalg.norm(pts, axis=1, keepdims=True)
     n, d = pts.shape
     # variables (u_1..u_d, s); maximize s  <=>  minimize -s;  s - <u, x_i> <= 0
     cost = np.zeros(d + 1)

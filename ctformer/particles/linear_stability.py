@@ -28,6 +28,8 @@ from .particle_checks import _check_beta
 
 __all__ = ["linear_growth_rate", "stability_function"]
 
+_LOG_FLOAT_MAX = math.log(np.finfo(np.float64).max)
+
 
 def linear_growth_rate(k, beta, normalized=True):
     r"""Growth rate of the mode :math:`\cos(k\theta)` of the linearization about the uniform density.
@@ -42,7 +44,9 @@ def linear_growth_rate(k, beta, normalized=True):
     k : int or array of int
         Wavenumbers (>= 0).
     beta : float
-        Inverse temperature, finite and nonzero.
+        Inverse temperature, finite; at :math:`\beta = 0` the limit
+        :math:`k(I_{k-1}(0) - I_{k+1}(0))/2`: 1/2 for :math:`k = 1`, 0 for the other modes (the
+        velocity :math:`\int \sin(\varphi - \theta)\rho\,d\varphi` moves only the first mode).
     normalized : bool
         SA (True) or USA (False).
 
@@ -53,12 +57,16 @@ def linear_growth_rate(k, beta, normalized=True):
     Raises
     ------
     ValueError
-        For a ``beta`` that is zero or not finite, or wavenumbers that are not non-negative
-        integers.
+        For a ``beta`` that is not finite, or wavenumbers that are not non-negative integers.
+    OverflowError
+        USA with :math:`|\beta|` above :func:`math.log` of the largest float64 (about 709.8),
+        where :math:`e^{|\beta|}` overflows.
     """
     beta = _check_beta(beta)
-    if beta == 0:
-        raise ValueError(f"beta must be finite and nonzero, got {beta}")
+    if not normalized and abs(beta) >= _LOG_FLOAT_MAX:
+        raise OverflowError(f"USA (normalized=False) growth rates carry exp(|beta|) = exp({abs(beta)}), "
+                            f"beyond the float64 range (|beta| < {_LOG_FLOAT_MAX:.1f}); use the "
+                            "normalized rates or a smaller beta")
     k = np.asarray(k)
     if not np.issubdtype(k.dtype, np.integer) or np.any(k < 0):
         raise ValueError(f"k must be non-negative integer wavenumbers (the modes cos(k theta) of "

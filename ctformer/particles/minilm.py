@@ -162,7 +162,7 @@ def layer_statistics(states, *, depths=None, bins=40, tol=0.5, threshold=0.9):
     states : array, shape (L, n, d)
         Points on the sphere, one set per layer.
     depths : sequence of float, optional
-        Depth of each layer (default 0, 1, ..., L - 1).
+        Depth of each layer, L of them (default 0, 1, ..., L - 1).
     bins : int
         Histogram bins on [-1, 1].
     tol : float
@@ -174,11 +174,19 @@ def layer_statistics(states, *, depths=None, bins=40, tol=0.5, threshold=0.9):
     -------
     stats : list of LayerClusterStats
     edges : numpy.ndarray
+
+    Raises
+    ------
+    ValueError
+        For states not of shape (L, n >= 2, d) or a ``depths`` of another length than L.
     """
     states = np.asarray(states, dtype=np.float64)
     if states.ndim != 3 or states.shape[1] < 2:
         raise ValueError(f"states must have shape (layers, n >= 2, d), got {states.shape}")
     depths = list(range(states.shape[0])) if depths is None else list(depths)
+    if len(depths) != states.shape[0]:  # zip would drop the extra layers silently
+        raise ValueError(f"depths must give one depth per layer: {states.shape[0]} layers, got "
+                         f"{len(depths)} depths")
     stats, edges = [], None
     i, j = np.triu_indices(states.shape[1], k=1)
     for depth, x in zip(depths, states):

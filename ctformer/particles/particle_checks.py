@@ -9,8 +9,8 @@ r"""Checks where data enters the particle dynamics: constructor arguments and pa
   :math:`\max_i |\|x_i\| - 1| \le \sqrt{\varepsilon}` (:func:`sphere_tolerance`).
 * The USA bound: on the sphere
   :math:`\log Z_i \le |\beta|\, \max_h \|Q_h\|_2 \|K_h\|_2 + \log\sum_j w_j`
-  (``_spectral_norm``: :math:`\|A\|_2`, one for the identity), accepted up to 700 in float64
-  and 80 in float32 (``_USA_LOG_MAX``), so that :math:`Z_i = \exp(\log Z_i)` and the sums of
+  (``_spectral_norm``: :math:`\|A\|_2`, one for the identity), accepted up to 700 in float64,
+  80 in float32 and 9 in float16 (``_USA_LOG_MAX``), so that :math:`Z_i = \exp(\log Z_i)` and the sums of
   Runge-Kutta stages stay finite; beyond it, :class:`OverflowError`.
 """
 from __future__ import annotations
@@ -23,9 +23,18 @@ import numpy as np
 from ..backend import to_host
 from ..validation import is_real
 from .sphere_geometry import _row_norms, _unit_rows, sphere_tolerance
+from .timegrid import _numpy_dtype
 
-# Largest log Z accepted for USA, by dtype: exp(log Z) and the sums of RK stages stay finite.
-_USA_LOG_MAX = {8: 700.0, 4: 80.0}
+# Largest log Z accepted for USA, by dtype size in bytes: exp(log Z) and the sums of RK stages
+# stay finite (log of the largest number: 709.8, 88.7, 11.1).
+_USA_LOG_MAX = {8: 700.0, 4: 80.0, 2: 9.0}
+
+
+def _usa_log_max(dtype) -> float:
+    """The USA bound of ``dtype``; other sizes keep the same headroom below log(max)."""
+    info = np.finfo(_numpy_dtype(dtype))
+    size = info.bits // 8
+    return _USA_LOG_MAX[size] if size in _USA_LOG_MAX else 0.8 * math.log(float(info.max))
 
 
 def _check_beta(beta) -> float:
@@ -110,6 +119,8 @@ class _ParticleChecks:
         n, d = x.shape[-2], x.shape[-1]
         if d < 2 or n < 1:
             raise ValueError(f"need at least one particle in dimension d >= 2, got n={n}, d={d}")
+        if x.ndim == 3 and x.shape[0] == 0:
+            raise ValueError(f"x of shape (batch, n, d) needs batch >= 1 systems, got shape {tuple(x.shape)}")
         for h in range(self.heads):
             for name, a in (("Q", self.Q[h]), ("K", self.K[h]), ("V", self.V[h])):
                 if a is not None and a.shape[1] != d:
@@ -129,7 +140,7 @@ class _ParticleChecks:
             bound = max(
                 abs(self.beta) * _spectral_norm(self.Q[h]) * _spectral_norm(self.K[h]) for h in range(self.heads)
             ) + math.log(total_w)
-            limit = _USA_LOG_MAX.get(xp.finfo(x.dtype).bits // 8, 700.0)
+            limit = _usa_log_max(x.dtype)
             if bound > limit:
                 raise OverflowError(
                     f"USA (normalized=False) velocities are of size exp(beta <Qx, Kx>) <= exp({bound:.1f}), "

@@ -17,7 +17,7 @@ import math
 
 import array_api_compat
 
-from .particle_checks import _check_beta
+from .particle_checks import _as_real_floating, _check_beta
 
 __all__ = ["log_partition"]
 
@@ -54,12 +54,20 @@ def log_partition(q, k, *, beta, weights=None, mask=None, chunk=None):
 
     Raises
     ------
+    TypeError
+        For complex or non-numeric ``q`` or ``k`` (integers become float64).
     ValueError
-        For a non-finite ``beta``, bad weights or a bad mask.
+        For a non-finite ``beta``, no keys, bad weights, a mask that is not boolean or
+        keeps no key in some row.
     """
+    # Integers become float64: the weights are cast to q's dtype (integer 1.5 would be 1).
+    q, k = _as_real_floating(q, "q"), _as_real_floating(k, "k")
     xp = array_api_compat.array_namespace(q, k)
     beta = _check_beta(beta)
     n, m = q.shape[-2], k.shape[-2]
+    if m == 0:
+        raise ValueError(f"k must hold at least one key (shape (..., M >= 1, m)), got shape "
+                         f"{tuple(k.shape)}: log Z of an empty sum is -inf")
     if weights is None:
         log_w = -math.log(m)
     else:
@@ -74,6 +82,12 @@ def log_partition(q, k, *, beta, weights=None, mask=None, chunk=None):
             raise ValueError(f"mask must be None, 'causal' (square) or a boolean array, got {mask!r}")
     elif mask is not None:
         mask = xp.asarray(mask)
+        if mask.dtype != xp.bool:
+            raise ValueError(f"mask must be None, 'causal' or a boolean array, got dtype {mask.dtype}; "
+                             "pass mask.astype(bool) if nonzero means kept")
+        if not bool(xp.all(xp.any(mask, axis=-1))):
+            raise ValueError("mask removes every key for some query row (log Z would be -inf); each "
+                             "row needs one True")
     if chunk is None:
         batch = math.prod(q.shape[:-2]) or 1
         chunk = max(1, min(n, _CHUNK_ELEMENTS // max(1, m * batch)))

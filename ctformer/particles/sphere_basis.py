@@ -66,8 +66,10 @@ def check_beta(beta) -> float:
     """A finite, nonzero inverse temperature."""
     beta = _check_beta(beta)
     if beta == 0:
-        raise ValueError("beta must be finite and nonzero (at beta = 0 the attention kernel is constant "
-                         "and nothing moves), got beta=0")
+        raise ValueError("beta must be finite and nonzero: the kernel's multipliers are formed in "
+                         "logarithms of beta. The limit beta -> 0 is continuous (the velocity tends to "
+                         "the tangent part of the mean token); pass a small beta such as 1e-12 for it, "
+                         "got beta=0")
     return beta
 
 
