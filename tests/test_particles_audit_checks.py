@@ -192,3 +192,18 @@ def test_open_hemisphere_depends_on_directions_only(rng):
         for scale in (1e-12, 1.0, 1e12):
             assert in_open_hemisphere(scale * x) == bool(np.max(gaps) > np.pi)
     assert not in_open_hemisphere(np.array([[1.0, 0.0], [0.0, 0.0]]))  # a zero row: no open hemisphere
+
+
+@pytest.mark.parametrize("name, bound", [("float16", 5e-3), ("bfloat16", 5e-2)])
+def test_half_precision_torch_states_solve_in_their_dtype(name, bound):
+    """A torch bfloat16 state failed with "data type 'bfloat16' not understood" (NumPy has no
+    bfloat16; its limits now come from torch.finfo). Reference: the float64 solve; bound: ten
+    Euler steps of rounding at the dtype's eps (float16 9.8e-4, bfloat16 7.8e-3)."""
+    torch = require("torch")
+    x = torch.nn.functional.normalize(torch.randn(8, 3, dtype=torch.float64,
+                                                  generator=torch.Generator().manual_seed(0)), dim=-1)
+    dynamics = SelfAttentionDynamics(beta=1.0)
+    exact = dynamics.solve(x, 1.0, 0.1).positions
+    half = dynamics.solve(x.to(getattr(torch, name)), 1.0, 0.1).positions
+    assert half.dtype == getattr(torch, name)
+    assert float((half.double() - exact).abs().max()) < bound

@@ -35,6 +35,17 @@ def _numpy_dtype(dtype) -> np.dtype:
         return np.dtype(str(dtype).split(".")[-1])
 
 
+def _finfo(dtype):
+    """``max``, ``eps`` and ``bits`` of a floating dtype; torch's own for those NumPy lacks
+    (bfloat16)."""
+    try:
+        return np.finfo(_numpy_dtype(dtype))
+    except TypeError:
+        import torch
+
+        return torch.finfo(dtype)
+
+
 @dataclass
 class Trajectory(LabelledResult):
     r"""Saved states of a particle simulation.
@@ -107,7 +118,7 @@ def available_bytes(like):
 
 def check_memory(count: int, like, save_every: int, steps: int) -> None:
     """Refuse, before any step, to keep ``count`` states like ``like`` when they cannot fit."""
-    per_state = math.prod(like.shape) * _numpy_dtype(like.dtype).itemsize
+    per_state = math.prod(like.shape) * (_finfo(like.dtype).bits // 8)
     needed = count * per_state
     free = available_bytes(like)
     if free is not None and needed > free:
