@@ -172,8 +172,11 @@ def grouped_attention_from_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, *, he
 
     Parameters
     ----------
-    w_q : ndarray (heads * head_dim, d)
-    w_k, w_v : ndarray (kv_heads * head_dim, d)
+    w_q : ndarray (heads * head_dim, d) or (heads, head_dim, d)
+    w_k, w_v : ndarray (kv_heads * head_dim, d) or (kv_heads, head_dim, d)
+        Rows grouped by head: head :math:`h` reads rows :math:`h d_h, \dots, (h + 1) d_h - 1`,
+        or block ``[h]`` of the three-dimensional form (per-head views of a fused weight
+        whose heads are not contiguous, GPT-NeoX's ``query_key_value``: no copy is made).
     w_o : ndarray (d, heads * head_dim)
     b_q, b_k, b_v, b_o : ndarray or None
         Biases of the four projections.
@@ -189,24 +192,25 @@ def grouped_attention_from_weights(w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, *, he
     ValueError
         If the weight shapes do not match the head counts.
     """
-    for name, w, rows in (("q", w_q, heads * head_dim), ("k", w_k, kv_heads * head_dim),
-                          ("v", w_v, kv_heads * head_dim)):
-        if w.shape[0] != rows:
-            raise ValueError(f"the {name} projection has {w.shape[0]} rows, expected {rows} "
-                             f"({'heads' if name == 'q' else 'kv_heads'} x head_dim)")
+    for name, w, count in (("q", w_q, heads), ("k", w_k, kv_heads), ("v", w_v, kv_heads)):
+        rows = w.shape[0] * w.shape[1] if w.ndim == 3 else w.shape[0]
+        if rows != count * head_dim or (w.ndim == 3 and w.shape[1] != head_dim):
+            raise ValueError(f"the {name} projection has shape {tuple(w.shape)}, expected {count * head_dim} rows "
+                             f"({'heads' if name == 'q' else 'kv_heads'} x head_dim) or ({count}, {head_dim}, d)")
     if w_o.shape[1] != heads * head_dim:
         raise ValueError(f"the output projection has {w_o.shape[1]} columns, expected {heads * head_dim}")
 
     def blocks(count):
         return [slice(h * head_dim, (h + 1) * head_dim) for h in range(count)]
 
+    def kernels(w, count):
+        return [PiecewiseConstant(w[h] if w.ndim == 3 else w[r], copy=False) for h, r in enumerate(blocks(count))]
+
     def split_bias(b, count):
         return None if b is None else [b[r] for r in blocks(count)]
 
     return Attention(
-        [PiecewiseConstant(w_q[r], copy=False) for r in blocks(heads)],
-        [PiecewiseConstant(w_k[r], copy=False) for r in blocks(kv_heads)],
-        [PiecewiseConstant(w_v[r], copy=False) for r in blocks(kv_heads)],
+        kernels(w_q, heads), kernels(w_k, kv_heads), kernels(w_v, kv_heads),
         [PiecewiseConstant(w_o[:, r], copy=False) for r in blocks(heads)],
         b_Q=split_bias(b_q, heads), b_K=split_bias(b_k, kv_heads), b_V=split_bias(b_v, kv_heads), b_O=b_o,
         beta=math.sqrt(head_dim) if beta is None else beta, mask=mask,

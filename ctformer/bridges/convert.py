@@ -8,7 +8,10 @@ a norm gain the piecewise-constant function of its entries, and the score scale 
 RoPE's attention scaling :math:`a` multiplies it by :math:`a^2` (with partial rotary, the rows
 of the rotated query and key features are multiplied by :math:`a` instead). Each weight is held
 once in float64: a view of a float64 tensor's memory, or one exact conversion
-(:func:`~ctformer.bridges.common.shared_weight`).
+(:func:`~ctformer.bridges.common.shared_weight`); a parameter tied under several names is
+converted once and stays one array. A fused query-key-value weight is split into views (per
+head where the heads are interleaved, GPT-NeoX); only partial rotary copies, once, the query
+and key rows it reorders.
 """
 from __future__ import annotations
 
@@ -67,7 +70,8 @@ class Weights:
 
     A float64 tensor is shared (a view of its memory), any other dtype converted once
     (:func:`~ctformer.bridges.common.shared_weight`): the converted model holds one copy of
-    each weight, shared by its operators and ``parameters()``.
+    each weight, shared by its operators and ``parameters()``. Names over the same memory
+    (tied parameters) return the same array, whatever the dtype.
 
     Parameters
     ----------
@@ -81,6 +85,7 @@ class Weights:
     def __init__(self, state, label: str, transposed: bool = False):
         self.state, self.label, self.transposed = state, label, transposed
         self.shared: dict = {}  # id -> (name, tensor): the tensors whose memory the model shares
+        self._converted: dict = {}  # memory key -> array: a tensor under two names converts once
 
     def __call__(self, name: str, optional: bool = False):
         if name not in self.state:
@@ -89,11 +94,29 @@ class Weights:
             raise ValueError(f"missing {self.label} weight {name}")
         tensor = self.state[name]
         # one float64 copy at most: a float64 tensor is shared; a conversion keeps the module's
-        # layout (A C-contiguous, read as A^T by BLAS and row by row by the few-row kernel)
-        array = shared_weight(tensor, name)
+        # layout (A C-contiguous, read as A^T by BLAS and row by row by the few-row kernel).
+        # Tied parameters appear under several names (as different detached tensors over the
+        # same memory): keyed by that memory, they convert once and stay one array
+        key = _memory_key(tensor)
+        array = self._converted.get(key) if key is not None else None
+        if array is None:
+            array = shared_weight(tensor, name)
+            if key is not None:
+                self._converted[key] = array
         if _shares_memory(tensor):
             self.shared.setdefault(id(tensor), (name, tensor))
         return array.T if self.transposed and array.ndim == 2 else array
+
+
+def _memory_key(tensor):
+    """What identifies a tensor's values by its memory (address, shape, strides, dtype,
+    device), or None for an object without an address (a list): equal keys, equal values."""
+    if hasattr(tensor, "data_ptr") and hasattr(tensor, "stride"):
+        return (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), str(tensor.dtype),
+                str(tensor.device))
+    if isinstance(tensor, np.ndarray):
+        return (tensor.__array_interface__["data"][0], tensor.shape, tensor.strides, tensor.dtype.str, "cpu")
+    return None
 
 
 def _shares_memory(tensor) -> bool:
@@ -173,8 +196,9 @@ def _projections(spec, w, p, sizes, order):
     heads, kv_heads, head_dim = sizes
     if spec.qkv is not None:
         fused, bias = w(p + spec.qkv + ".weight"), w(p + spec.qkv + ".bias", True)
-        if spec.qkv_layout == "per_head":  # rows (heads, [q, k, v], head_dim)
-            split = [fused.reshape(heads, 3, head_dim, -1)[:, j].reshape(heads * head_dim, -1) for j in range(3)]
+        _check_fused_rows(spec, p, fused.shape[0], sizes)
+        if spec.qkv_layout == "per_head":  # rows (heads, [q, k, v], head_dim): per-head views, no copy
+            split = [fused.reshape(heads, 3, head_dim, -1)[:, j] for j in range(3)]
             biases = [None] * 3 if bias is None else [bias.reshape(heads, 3, head_dim)[:, j].reshape(-1)
                                                      for j in range(3)]
         else:
@@ -188,14 +212,27 @@ def _projections(spec, w, p, sizes, order):
         order, gains = order
         for j, count in ((0, heads), (1, kv_heads)):
             rows = (np.arange(count)[:, None] * head_dim + order[None, :]).reshape(-1)
-            split[j] = split[j][rows]
+            split[j] = split[j].reshape(count, head_dim, -1)[:, order]  # (head, feature, d): one copy
             biases[j] = None if biases[j] is None else biases[j][rows]
             if np.any(gains != 1.0):  # the reordered rows are copies already: scaled in place
-                scale = np.tile(gains, count)
-                split[j] *= scale[:, None]
+                split[j] *= gains[:, None]
                 if biases[j] is not None:
-                    biases[j] *= scale
+                    biases[j] *= np.tile(gains, count)
     return (*split, w(p + spec.output + ".weight")), (*biases, w(p + spec.output + ".bias", True))
+
+
+def _check_fused_rows(spec, p, rows, sizes):
+    """A fused query-key-value weight must have (H + 2 H_kv) d_h rows: otherwise the
+    configuration's head size is not the weights' (a split would mix heads silently)."""
+    heads, kv_heads, head_dim = sizes
+    expected = (heads + 2 * kv_heads) * head_dim
+    if rows != expected:
+        raise ValueError(
+            f"{spec.hf_class}: {p}{spec.qkv}.weight has {rows} rows, but {spec.names.head_dim}={head_dim} with "
+            f"{heads} heads and {kv_heads} key/value heads gives {expected}: the attention heads of the weights "
+            f"have {rows // (heads + 2 * kv_heads)} features (a head_dim that sizes only the rotary features, "
+            f"as GPT-NeoX reads it, is not modelled); set config.{spec.names.head_dim} to "
+            f"{rows // (heads + 2 * kv_heads)} or None")
 
 
 def _feedforward(spec, w, p, activation):

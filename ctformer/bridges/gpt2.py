@@ -16,6 +16,9 @@ The score scale is :math:`1/\sqrt{d_h}` (``scale_attn_weights``), divided by :ma
 layer :math:`l` with ``scale_attn_by_inverse_layer_idx``: :math:`\beta_h = \sqrt{d_h}/(l+1)`
 (without ``scale_attn_weights`` the scale is 1, :math:`\beta_h = d_h`). The learned position
 table ``wpe`` is part of the embeddings: its output (``hidden_states[0]``) is :math:`u_0`.
+``reorder_and_upcast_attn`` changes only the precision of HuggingFace's eager attention (its
+scores in float32; a float64 module then raises inside HuggingFace), not the network: the
+converted model computes the same scores in the state's dtype.
 """
 from __future__ import annotations
 

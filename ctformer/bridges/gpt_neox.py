@@ -15,7 +15,9 @@ equation of the sequential pre-norm block, whose Lie splitting is the sequential
 converge to one continuous model as the steps per layer grow.
 
 The query-key-value weight ``attention.query_key_value`` is laid out per head (rows of head
-:math:`h`: :math:`q_h, k_h, v_h`). RoPE rotates the first ``partial_rotary_factor`` (Pythia:
+:math:`h`: :math:`q_h, k_h, v_h`); each head's block is a view of it, not a copy. The heads have
+``hidden_size / num_attention_heads`` features: a configuration ``head_dim`` that differs
+(HuggingFace reads it for the rotary features only) is refused, naming it. RoPE rotates the first ``partial_rotary_factor`` (Pythia:
 0.25) of each head's features; the converter reorders the head features of queries and keys
 and gives the others frequency 0 (:mod:`ctformer.bridges.rotary`). LayerNorm with gain and
 shift, GELU (``hidden_act``), the final ``final_layer_norm``.

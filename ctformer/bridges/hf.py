@@ -127,7 +127,8 @@ def from_hf(model):
     if spec is None:
         raise TypeError(f"from_hf does not support {type(model).__module__}.{type(model).__qualname__}; "
                         f"supported HuggingFace classes: {', '.join(supported())} (base models, "
-                        "not task heads: pass e.g. model.model or model.transformer)")
+                        "not task heads: pass e.g. model.model, model.transformer, model.vit or "
+                        "model.deit)")
     if spec.hf_class in ("BertModel", "BertEncoder"):
         return huggingface.from_hf_bert(model)  # also checks the BERT config keys
     return convert(spec, model)
