@@ -102,8 +102,11 @@ def _divide_rows(out, sums) -> None:
     """``out /= sums[..., None]``, iterated in the memory order of ``out``: where the heads lie
     side by side in the output (:func:`output_array`) NumPy's own order took twice the time
     (24 heads of 128 x 32: 83 against 39 us in float32, 137 against 71 in float64; AMD EPYC,
-    family 23 model 49)."""
+    family 23 model 49). ``sums`` broadcasts to ``out.shape[:-1]``: values with more leading
+    axes than the queries and keys give more outputs than score rows."""
     lead = out.ndim - 1
+    if sums.ndim != lead:  # the axes the values add, as ones (np.divide broadcasts them)
+        sums = sums.reshape((1,) * (lead - sums.ndim) + sums.shape)
     order = sorted(range(lead), key=lambda axis: -abs(out.strides[axis])) + [lead]
     rows = out.transpose(order)
     np.divide(rows, sums[..., None].transpose(order), out=rows)
