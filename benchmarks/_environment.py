@@ -142,6 +142,11 @@ class Rounds:
         self.times = times
         self.faults = faults or {name: [] for name in times}
 
+    @property
+    def count(self) -> int:
+        """The number of rounds (the fewest of any call): what a goal's median is taken over."""
+        return min((len(t) for t in self.times.values()), default=0)
+
     def faults_per_call(self, name: str) -> float | None:
         """The median over rounds of ``name``'s minor page faults per call, or None."""
         return statistics.median(self.faults[name]) if self.faults.get(name) else None
@@ -417,10 +422,15 @@ def allocator_settings() -> str:
 
 _VERDICTS: list[tuple[str, float, float, str, bool, tuple | None]] = []
 _FLOORS: dict[str, float] = {}  # goal name -> its floor, where the script measures one
+#: goal name -> why it cannot be met whatever its ratio (outputs differ, too few rounds)
+_UNDECIDED: dict[str, str] = {}
+#: Issue 25's timings are medians of at least this many runs; fewer decide no goal.
+MIN_ROUNDS = 5
 
 
 def verdict(name: str, ratio: float, goal: float, unit: str = "x", show: bool = True,
-            spread: tuple | None = None, floor: float | None = None) -> bool:
+            spread: tuple | None = None, floor: float | None = None, agrees: bool = True,
+            rounds: int | None = None) -> bool:
     """Record (and print, unless ``show=False``) whether ``ratio <= goal``: "met" or "not met".
 
     ``unit`` is ``"x"`` for a time ratio ctformer / peer, or e.g. ``"MiB"``; a NaN never meets
@@ -428,16 +438,25 @@ def verdict(name: str, ratio: float, goal: float, unit: str = "x", show: bool = 
     None; a goal between them is marked "within the spread" (the median decides, but another
     run may decide otherwise). ``floor``: the ratio below which no work outside the kernels
     both sides share can go (``model.py``'s floor), or None; it goes into the closing tables.
-    Returns whether the goal is met; :func:`summary` prints them all.
+    A goal is met only where ``ratio <= goal``, ``agrees`` (ctformer's output equals the
+    peer's within :data:`TOLERANCE`; a fast wrong answer meets nothing) and ``rounds`` (the
+    number of rounds behind the median, :attr:`Rounds.count`; None where not timed in rounds)
+    is at least :data:`MIN_ROUNDS`. Returns whether the goal is met; :func:`summary` prints
+    them all.
     """
-    met = bool(ratio <= goal)
+    reasons = ([] if agrees else ["outputs differ from the peer's"]) + (
+        [f"{rounds} rounds, fewer than {MIN_ROUNDS}: a smoke test"] if rounds is not None and rounds < MIN_ROUNDS
+        else [])
+    met = bool(ratio <= goal) and not reasons
     spread = None if spread is None else (float(spread[0]), float(spread[1]))
     _VERDICTS.append((name, float(ratio), float(goal), unit, met, spread))
     if floor is not None:
         _FLOORS[name] = float(floor)
+    if reasons:
+        _UNDECIDED[name] = "; ".join(reasons)
     if show:
         print(f"goal {name}: {_figure(ratio, unit)}{_spread_text(spread, unit)} <= {_figure(goal, unit)} -> "
-              f"{_outcome(met, goal, spread)}", flush=True)
+              f"{_outcome(met, goal, spread, name)}", flush=True)
     return met
 
 
@@ -446,7 +465,9 @@ def within_spread(goal: float, spread: tuple | None) -> bool:
     return spread is not None and spread[0] <= goal <= spread[1]
 
 
-def _outcome(met: bool, goal: float, spread) -> str:
+def _outcome(met: bool, goal: float, spread, name: str | None = None) -> str:
+    if name in _UNDECIDED:
+        return f"not met ({_UNDECIDED[name]})"
     return ("met" if met else "not met") + (" (within the spread)" if within_spread(goal, spread) else "")
 
 
@@ -473,10 +494,10 @@ def summary() -> bool:
     for name, ratio, goal, unit, met, spread in _VERDICTS:
         floor = f"  (floor {_FLOORS[name]:.2f})" if name in _FLOORS else ""
         print(f"  {name:<{width}}  {_figure(ratio, unit):>10} {_spread_text(spread, unit):>11} <= "
-              f"{_figure(goal, unit):<9} {_outcome(met, goal, spread)}{floor}")
+              f"{_figure(goal, unit):<9} {_outcome(met, goal, spread, name)}{floor}")
     _append_goals(blas + (f"; torch {torch_line.split(',')[0]}" if torch_line else ""))
     count = sum(v[4] for v in _VERDICTS)
-    close = sum(within_spread(v[2], v[5]) for v in _VERDICTS)
+    close = sum(within_spread(v[2], v[5]) and v[0] not in _UNDECIDED for v in _VERDICTS)
     print(f"{count} of {len(_VERDICTS)} goals met -> {'met' if count == len(_VERDICTS) else 'not met'}"
           + (f"; {close} of them within the spread of the rounds (the quartiles of the per-round "
              f"ratios), decided by this run's noise as much as by the code" if close else ""), flush=True)
@@ -494,7 +515,7 @@ def _append_goals(blas: str) -> None:
         for name, ratio, goal, unit, met, spread in _VERDICTS:
             out.write(json.dumps({"script": script, "cpu": cpu_model(), "blas": blas, "name": name,
                                   "ratio": ratio, "goal": goal, "unit": unit, "met": met, "spread": spread,
-                                  "verdict": _outcome(met, goal, spread), "floor": _FLOORS.get(name)}) + "\n")
+                                  "verdict": _outcome(met, goal, spread, name), "floor": _FLOORS.get(name)}) + "\n")
 
 
 def _figure(value: float, unit: str) -> str:

@@ -122,6 +122,10 @@ def main(argv=None):
     parser.add_argument("--keep-env", action="store_true")
     add_emulation_option(parser)
     args = parser.parse_args(argv)
+    try:  # loaded before the header, so that it names torch's BLAS too: SDPA is the peer
+        import torch  # noqa: F401
+    except ImportError:
+        pass
     header(f"phases of streamed attention: one thread, N = M = {args.size}, head dim {args.dim}")
     n, d = args.size, args.dim
     for name in args.dtypes:

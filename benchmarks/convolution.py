@@ -114,7 +114,7 @@ def main(argv=None):
         relative = {n: timed.ratio(n, "numpy.fft") for n in calls}
         print(f"{m:>7} " + " ".join(f"{med[n] * 1e3:>11.3f}" if n in med else f"{'-':>11}" for n in names))
         met = verdict(f"convolution M={m} ctformer / numpy.fft", relative["ctformer"], 1.0, show=False,
-                      spread=timed.spread("ctformer", "numpy.fft"))
+                      spread=timed.spread("ctformer", "numpy.fft"), rounds=timed.count)
         print(f"{'':>7} " + " ".join(f"{relative[n]:>11.2f}" if n in med else f"{'-':>11}" for n in names)
               + f"   {'met' if met else 'not met'}"
               + "   (first call %.2f s)" % plan_seconds["ctformer"])

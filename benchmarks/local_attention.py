@@ -120,7 +120,8 @@ def run_alibi(n, dtype, args) -> bool:
     timed = rounds(sides, args.repeats)
     ratio, spread = timed.ratio("ALiBi", "SDPA"), timed.spread("ALiBi", "SDPA")
     diff = relative(sides["ALiBi"](), sides["SDPA"]())
-    verdict(f"ALiBi causal N={n} {dtype} / SDPA with the ALiBi mask", ratio, GOAL, show=False, spread=spread)
+    verdict(f"ALiBi causal N={n} {dtype} / SDPA with the ALiBi mask", ratio, GOAL, show=False, spread=spread,
+            agrees=diff <= TOLERANCE[dtype], rounds=timed.count)
     print(f"{dtype:>8} {n:7d} {timed['ALiBi'] * 1e3:10.1f} {timed['SDPA'] * 1e3:10.1f} {ratio:7.3f} "
           f"{f'[{spread[0]:.2f}-{spread[1]:.2f}]':>13} {diff:9.1e}", flush=True)
     return diff <= TOLERANCE[dtype]
@@ -166,7 +167,7 @@ def run_size(n, dtype, args):
         ok = diff <= TOLERANCE[dtype]
         cells.append(f"{timed['SDPA'] * 1e3:10.1f} {ratio:7.3f} {f'[{spread[0]:.2f}-{spread[1]:.2f}]':>13} {diff:9.1e}")
         verdict(f"local attention W={args.window} N={n} {dtype} / SDPA with the window mask", ratio, GOAL,
-                show=False, spread=spread)
+                show=False, spread=spread, agrees=ok, rounds=timed.count)
     else:
         cells.append(f"{'-':>10} {'-':>7} {'-':>13} {'-':>9}")
     if dense:

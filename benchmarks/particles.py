@@ -128,7 +128,7 @@ def large_simulation(dtype, repeats, n=1000, d=64, t1=20.0, dt=0.1, beta=1.0, se
           f"(max e^beta/(2 beta) = {math.exp(beta) / (2 * beta):.6f}); "
           f"clusters at tol 0.1: {cluster_count(final, 0.1)}", flush=True)
     verdict(f"SA particles n={n} d={d} rk4 {dtype} / a plain torch loop", ratio, GOAL, show=False, spread=spread,
-            floor=floor)
+            floor=floor, agrees=ok, rounds=timed.count)
     return ok
 
 

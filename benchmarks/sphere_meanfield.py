@@ -95,7 +95,7 @@ def main(argv=None) -> int:
               f"   (n = {(L + 1) ** 2})")
         if L >= RATIO_FROM:
             verdict(f"spherical mean field L={L} / SA particles n={(L + 1) ** 2}", ratio, RATIO_GOAL, show=False,
-                    spread=spread)
+                    spread=spread, rounds=args.repeats)
     degrees = [row[0] for row in rows]
     fits = {"mean field": growth_exponent(degrees, [row[1] for row in rows]),
             "particles": growth_exponent(degrees, [row[2] for row in rows])}
