@@ -124,12 +124,16 @@ def _controlled_backward(torch, problems, params, state, controller, integrator)
 def _as_tensor(torch, u0):
     """``u0`` as a torch tensor, and whether the caller gave NumPy (then results go back as NumPy).
 
-    torch tensors are used as they are; NumPy arrays and lists become a CPU tensor of their
-    floating dtype (integers become float64).
+    Floating torch tensors are used as they are; NumPy arrays and lists become a CPU tensor
+    of their floating dtype. Integers (NumPy or torch) become float64; boolean and complex
+    values are refused here, under the name ``u0`` (the parameters are cast to ``u0``'s dtype
+    next, and would otherwise be blamed for it).
     """
-    if isinstance(u0, torch.Tensor):
-        return u0, False
     arr = as_state_array(u0, "u0")
+    if isinstance(arr, torch.Tensor):
+        return arr, False
+    if isinstance(arr, np.generic):  # a NumPy scalar: its shape () is refused by name later
+        arr = np.asarray(arr)
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"u0 must be a torch tensor or a NumPy array for gradients, got "
                         f"{type(u0).__module__}.{type(u0).__name__}; convert it with torch.as_tensor")

@@ -35,6 +35,7 @@ import numpy as np
 
 from .backend import to_host
 from .discretizations.base import Discretization
+from .discretizations.checks import real_host_array
 from .validation import is_real
 
 __all__ = ["Grids", "AXES"]
@@ -48,6 +49,15 @@ def _namespace(u, argname):
         return array_api_compat.array_namespace(u)
     except TypeError:
         raise TypeError(f"{argname} must be an array (NumPy, CuPy, ...), got {type(u).__name__}") from None
+
+
+def _as_state(u, argname):
+    """``u`` with NumPy integers and lists as float64 arrays; other arrays as they are."""
+    if isinstance(u, np.ndarray) and u.dtype.kind in "iu":
+        return u.astype(np.float64)
+    if isinstance(u, np.generic) or not array_api_compat.is_array_api_obj(u):
+        return real_host_array(u, argname)
+    return u
 
 
 def _positive(value) -> bool:
@@ -244,7 +254,20 @@ class Grids:
         Returns
         -------
         array, shape (..., len(tokens) or Nq_tokens, len(features) or Nq_features)
+            In the namespace, on the device and in the dtype of ``u`` (float64 for integer
+            arrays and lists).
+
+        Raises
+        ------
+        TypeError
+            If ``u`` is not an array of real numbers (complex, boolean, strings).
+        ValueError
+            If ``u`` has fewer than two axes, last two axes other than :attr:`stored_shape`,
+            or NaN or inf.
         """
+        # checked here, under its own name: the nodal maps below return u as it came
+        u = _as_state(u, "u")
+        self.validate(u, "u")
         for disc, points, axis in ((self.tokens, tokens, -2), (self.features, features, -1)):
             if points is None:
                 u = disc.to_quadrature(u, axis=axis)

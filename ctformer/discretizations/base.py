@@ -276,8 +276,6 @@ class Discretization(abc.ABC):
         try:
             pts = np.asarray(points, dtype=np.float64)
         except TypeError:  # device arrays: bring the (small) point set to the host
-            import array_api_compat
-
             pts = np.asarray(array_api_compat.to_device(points, "cpu"), dtype=np.float64)
         if pts.ndim != 1:
             raise ValueError(f"points must be a 1-D array, got shape {pts.shape}")
@@ -325,12 +323,24 @@ class Discretization(abc.ABC):
         return self.weights
 
     def to_quadrature(self, values, axis: int = -1):
-        """Values at :attr:`quadrature_nodes` (identity for nodal rules; lists become arrays)."""
-        return values if array_api_compat.is_array_api_obj(values) else real_host_array(values)
+        """Values at :attr:`quadrature_nodes`: for nodal rules the values themselves.
+
+        Checked like every other method's values (:func:`as_values`): floating arrays come
+        back as they are (same object, namespace and dtype), lists and integer arrays as
+        float64; a scalar, another length along ``axis``, NaN or inf are refused.
+        """
+        return self._points_identity(values, axis)
 
     def from_quadrature(self, values, axis: int = -1):
-        """Inverse of :meth:`to_quadrature`: identity for nodal rules, L2 projection for FE."""
-        return values if array_api_compat.is_array_api_obj(values) else real_host_array(values)
+        """Inverse of :meth:`to_quadrature`: for nodal rules the values themselves (checked
+        as there), the :math:`L^2` projection for Galerkin elements."""
+        return self._points_identity(values, axis)
+
+    def _points_identity(self, values, axis: int):
+        # the same checks as the Galerkin maps: an integer array would otherwise enter float
+        # arithmetic as int64, and a scalar or a row of the wrong length would pass unnoticed
+        values, _, _ = as_values(values, len(self.quadrature_nodes), axis)
+        return values
 
     # -- misc ----------------------------------------------------------------------------
     def __repr__(self) -> str:

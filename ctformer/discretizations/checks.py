@@ -18,7 +18,7 @@ import array_api_compat
 import numpy as np
 
 __all__ = ["real_host_array", "as_values", "check_values", "MIN_DOMAIN_ULPS", "MIN_NODE_GAP_ULPS",
-           "check_domain", "check_node_gaps", "is_native_array"]
+           "check_domain", "check_node_gaps", "is_native_array", "is_half", "through_float32"]
 
 
 def real_host_array(values, argname: str = "values") -> np.ndarray:
@@ -157,3 +157,20 @@ def check_node_gaps(nodes: np.ndarray, disc, what: str = "nodes") -> np.ndarray:
 def is_native_array(x) -> bool:
     """True for NumPy and CuPy arrays (the libraries with a :class:`~ctformer.backend.Backend`)."""
     return array_api_compat.is_numpy_array(x) or array_api_compat.is_cupy_array(x)
+
+
+def is_half(values) -> bool:
+    """Whether ``values`` is a half-precision array: NumPy or CuPy float16, torch float16 or
+    bfloat16 (sparse matrices and FFTs have none of these)."""
+    return str(values.dtype).rsplit(".", 1)[-1] in ("float16", "bfloat16")
+
+
+def through_float32(function, values, keep_complex: bool = False):
+    """``function(values)`` for a half-precision ``values``, computed on float32 and rounded once
+    to its dtype (a complex result stays complex64 with ``keep_complex``: there is no complex
+    half)."""
+    xp = array_api_compat.array_namespace(values)
+    out = function(xp.astype(values, xp.float32))
+    if keep_complex and xp.isdtype(out.dtype, "complex floating"):
+        return out
+    return xp.astype(out, values.dtype)

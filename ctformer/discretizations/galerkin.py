@@ -45,6 +45,7 @@ from .base import (
     is_native_array,
     register,
 )
+from .checks import is_half, through_float32
 
 __all__ = ["P1", "P2"]
 
@@ -131,6 +132,8 @@ class _LagrangeElements(Discretization):
         values, xp, axis = as_values(values, self.n, axis)
         if not is_native_array(values):
             return super().interpolate(values, points, axis)
+        if is_half(values):  # sparse matrices have no float16
+            return through_float32(lambda v: self.interpolate(v, points, axis), values)
         basis = constant(None, None, lambda: self.basis_matrix(points), values)
         return apply_along_first(values, axis, lambda v: basis @ v)
 
@@ -200,6 +203,8 @@ class _LagrangeElements(Discretization):
     def to_quadrature(self, values, axis: int = -1):
         r"""Values of :math:`f_h` at :attr:`quadrature_nodes`: :math:`B c` along ``axis``."""
         values, xp, axis = as_values(values, self.n, axis)
+        if is_half(values) and is_native_array(values):  # sparse matrices have no float16
+            return through_float32(lambda v: self.to_quadrature(v, axis), values)
         basis = constant(self, "quadrature_basis", lambda: self.quadrature_basis, values)
         if not is_native_array(values):
             return apply_matrix(basis, values, axis)
@@ -211,6 +216,8 @@ class _LagrangeElements(Discretization):
         if not is_native_array(values):
             mat = constant(self, "projection_matrix", lambda: self.projection_matrix, values)
             return apply_matrix(mat, values, axis)
+        if is_half(values):  # sparse matrices and their solves have no float16
+            return through_float32(lambda g: self.from_quadrature(g, axis), values)
         rhs = constant(self, "projection_rhs", lambda: self._projection_rhs, values)
         solve = self._solver(values)
         out = apply_along_first(values, axis, lambda g: solve(rhs @ g))

@@ -183,17 +183,19 @@ class Product(Discretization):
         return xp.moveaxis(v, -1, axis)
 
     def to_quadrature(self, values, axis: int = -1):
-        """Values at :attr:`quadrature_nodes` (the identity for nodal factors)."""
+        """Values at :attr:`quadrature_nodes` (the identity for nodal factors, checked as
+        :meth:`Discretization.to_quadrature`)."""
         if self.nodal:
-            return values
+            return self._points_identity(values, axis)
         return self._factorwise(values, axis, self.first.n, self.second.n,
                                 lambda v, a: self.first.to_quadrature(v, axis=a),
                                 lambda v, a: self.second.to_quadrature(v, axis=a))
 
     def from_quadrature(self, values, axis: int = -1):
-        """The :math:`L^2` projection :math:`\\Pi_1 \\otimes \\Pi_2` back to stored values."""
+        """The :math:`L^2` projection :math:`\\Pi_1 \\otimes \\Pi_2` back to stored values
+        (the identity for nodal factors, checked as :meth:`Discretization.from_quadrature`)."""
         if self.nodal:
-            return values
+            return self._points_identity(values, axis)
         q1, q2 = len(self.first.quadrature_nodes), len(self.second.quadrature_nodes)
         return self._factorwise(values, axis, q1, q2,
                                 lambda v, a: self.first.from_quadrature(v, axis=a),

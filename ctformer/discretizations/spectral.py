@@ -34,6 +34,7 @@ from .base import (
     is_native_array,
     register,
 )
+from .checks import is_half, through_float32
 from .gauss import gauss_legendre
 from .quadrature import ChebyshevExtremaGrid, chebyshev_barycentric_weights
 
@@ -140,6 +141,8 @@ class Fourier(_Spectral):
         r"""Complex Fourier coefficients :math:`c_k` along ``axis``, in FFT order
         (:math:`k = 0, 1, \dots, -2, -1`), normalized so that :math:`c_0` is the mean."""
         values, xp, axis = as_values(values, self.n, axis)
+        if is_half(values):  # FFTs have no half precision (complex64 out)
+            return through_float32(lambda v: self.coefficients(v, axis), values, keep_complex=True)
         if not is_native_array(values) and xp.isdtype(values.dtype, "real floating"):
             # the array-API fft takes complex input only
             values = xp.astype(values, xp.complex64 if values.dtype == xp.float32 else xp.complex128)
@@ -165,6 +168,8 @@ class Fourier(_Spectral):
         real-valued for real data) use the Dirichlet-kernel matrix instead.
         """
         values, xp, axis = as_values(values, self.n, axis, allow_complex=True)
+        if is_half(values):  # FFTs have no half precision: float32, rounded once
+            return through_float32(lambda v: self.interpolate(v, points, axis), values)
         pts = self._check_points(points)
         if not xp.isdtype(values.dtype, "real floating"):
             mat = constant(None, None, lambda: self.interpolation_matrix(pts), values)
@@ -224,6 +229,8 @@ class Chebyshev(ChebyshevExtremaGrid, _Spectral):
     def coefficients(self, values, axis: int = -1):
         """Chebyshev coefficients :math:`a_m` of the interpolant along ``axis`` (via DCT-I)."""
         values, xp, axis = as_values(values, self.n, axis)
+        if is_half(values):  # FFTs have no half precision: float32, rounded once
+            return through_float32(lambda v: self._coefficients(v, axis), values)
         return self._coefficients(values, axis)
 
     def _coefficients(self, values, axis: int):
@@ -233,6 +240,8 @@ class Chebyshev(ChebyshevExtremaGrid, _Spectral):
     def interpolate(self, values, points, axis: int = -1):
         """Evaluate the Chebyshev series of ``values`` at ``points`` (DCT, then recurrence)."""
         values, xp, axis = as_values(values, self.n, axis)
+        if is_half(values):  # FFTs have no half precision: float32, rounded once
+            return through_float32(lambda v: self.interpolate(v, points, axis), values)
         pts = self._check_points(points)
         coef = self._coefficients(values, axis)
         vander = constant(None, None, lambda: chebyshev_vandermonde(self._reference(pts), self.n), values)
