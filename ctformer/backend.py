@@ -33,7 +33,7 @@ import numpy as np
 from .validation import one_of
 
 __all__ = ["Backend", "get_backend", "backend_of", "cupy_available", "constant", "to_host",
-           "namespace", "matmul_rows", "plus_bias", "all_finite"]
+           "namespace", "matmul_rows", "plus_bias", "all_finite", "floating_info"]
 
 _NUMPY_NAMESPACE = array_api_compat.array_namespace(np.zeros(1))
 
@@ -360,3 +360,18 @@ def backend_of(*arrays) -> Backend:
             return get_backend("cupy")
     numpy_backend = _BACKENDS.get("numpy")  # the hot path: FFT convolutions ask on every call
     return numpy_backend if numpy_backend is not None else get_backend("numpy")
+
+
+def floating_info(dtype):
+    """``max``, ``eps`` and ``bits`` of a NumPy, CuPy, torch or array-API floating dtype
+    (:func:`numpy.finfo`; torch's own for those NumPy lacks, bfloat16)."""
+    try:
+        return np.finfo(np.dtype(dtype))
+    except TypeError:
+        pass
+    try:
+        return np.finfo(np.dtype(str(dtype).split(".")[-1]))
+    except TypeError:
+        import torch
+
+        return torch.finfo(dtype)

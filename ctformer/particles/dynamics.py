@@ -50,8 +50,8 @@ import array_api_compat
 import numpy as np
 
 from .. import solvers
-from ..backend import constant, to_host
-from .timegrid import (SolveInterrupted, Trajectory, _finfo, check_memory, evolve_on, march,
+from ..backend import constant, floating_info, to_host
+from .timegrid import (SolveInterrupted, Trajectory, check_memory, evolve_on, march,
                        restart_of,
                        saved_count, time_steps)
 from ..operators.quadrature_attention import quadrature_attention
@@ -160,7 +160,7 @@ class SelfAttentionDynamics(_ParticleChecks):
         usa = not self.normalized
         # Validated at entry; the unchecked attention path needs scores and sums far from
         # overflow: on the sphere |beta <Q x, K y>| <= |beta| |Q| |K| and |V x| <= |V|.
-        big = float(_finfo(like.dtype).max) / (8.0 * n * like.shape[-1])
+        big = float(floating_info(like.dtype).max) / (8.0 * n * like.shape[-1])
         check = not all(abs(beta) * _spectral_norm(self.Q[h]) * _spectral_norm(self.K[h]) < big
                         and _spectral_norm(self.V[h]) < big for h in range(self.heads))
         log_w = -math.log(n) if weights is None else xp.log(weights)

@@ -20,10 +20,9 @@ import math
 import array_api_compat
 import numpy as np
 
-from ..backend import to_host
+from ..backend import floating_info, to_host
 from ..validation import is_real
 from .sphere_geometry import _row_norms, _unit_rows, sphere_tolerance
-from .timegrid import _finfo
 
 # Largest log Z accepted for USA, by dtype size in bytes: exp(log Z) and the sums of RK stages
 # stay finite (log of the largest number: 709.8, 88.7, 11.1).
@@ -32,7 +31,7 @@ _USA_LOG_MAX = {8: 700.0, 4: 80.0, 2: 9.0}
 
 def _usa_log_max(dtype) -> float:
     """The USA bound of ``dtype``; other sizes keep the same headroom below log(max)."""
-    info = _finfo(dtype)
+    info = floating_info(dtype)
     size = info.bits // 8
     return _USA_LOG_MAX[size] if size in _USA_LOG_MAX else 0.8 * math.log(float(info.max))
 

@@ -19,7 +19,7 @@ import math
 import array_api_compat
 import numpy as np
 
-from .timegrid import _finfo
+from ..backend import floating_info
 from .._numerics import particles as _fused
 
 __all__ = ["sphere_tolerance", "tangent_projection", "retract"]
@@ -32,7 +32,7 @@ def sphere_tolerance(dtype) -> float:
     data normalized in its own precision (a few :math:`\varepsilon` off) is accepted while
     data that was never normalized is not.
     """
-    return math.sqrt(float(_finfo(dtype).eps))
+    return math.sqrt(float(floating_info(dtype).eps))
 
 
 def tangent_projection(x, y):

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import solvers
 from .._numerics.threads import fixed_threads
+from ..backend import floating_info
 from ..model_inputs import check_step_count
 from ..solvers import SolveInterrupted
 from ..validation import integer, is_real
@@ -25,25 +26,6 @@ from ..labelled_methods import LabelledResult
 
 __all__ = ["SolveInterrupted", "Trajectory", "check_finite", "saved_count", "available_bytes",
            "check_memory", "time_steps", "march"]
-
-
-def _numpy_dtype(dtype) -> np.dtype:
-    """The NumPy dtype of a NumPy, CuPy, torch or array-API dtype."""
-    try:
-        return np.dtype(dtype)
-    except TypeError:
-        return np.dtype(str(dtype).split(".")[-1])
-
-
-def _finfo(dtype):
-    """``max``, ``eps`` and ``bits`` of a floating dtype; torch's own for those NumPy lacks
-    (bfloat16)."""
-    try:
-        return np.finfo(_numpy_dtype(dtype))
-    except TypeError:
-        import torch
-
-        return torch.finfo(dtype)
 
 
 @dataclass
@@ -118,7 +100,7 @@ def available_bytes(like):
 
 def check_memory(count: int, like, save_every: int, steps: int) -> None:
     """Refuse, before any step, to keep ``count`` states like ``like`` when they cannot fit."""
-    per_state = math.prod(like.shape) * (_finfo(like.dtype).bits // 8)
+    per_state = math.prod(like.shape) * (floating_info(like.dtype).bits // 8)
     needed = count * per_state
     free = available_bytes(like)
     if free is not None and needed > free:
