@@ -180,3 +180,19 @@ def benchmark_module(name: str):
     finally:
         sys.path.remove(folder)
     return module
+
+
+def solve_and_saved_bytes(call):
+    """``(call(), bytes)``: the result of ``call()`` and the bytes of the tensors autograd
+    saved for its backward pass (a saved-tensors hook sums them)."""
+    import torch
+
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = call()
+    return out, total[0]

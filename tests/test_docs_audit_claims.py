@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import fitted_order, require
+from .conftest import fitted_order, require, solve_and_saved_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("theory.rst", "design.rst", "decisions.rst", "gradients.rst", "particles.rst",
@@ -76,18 +76,12 @@ def test_gradients_checkpoint_tape_size_is_the_stated_one():
     model, start = _model_and_start(tokens, features)
     saved = {}
     for checkpoint in (False, True):
-        total = [0]
-
-        def pack(t, total=total):
-            total[0] += t.numel() * t.element_size()
-            return t
-
         u0 = torch.tensor(start, requires_grad=True)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = model.solve(u0, tokens=tokens, features=features, steps_per_layer=256,
-                              checkpoint=checkpoint)
+        out, saved_bytes = solve_and_saved_bytes(
+            lambda: model.solve(u0, tokens=tokens, features=features, steps_per_layer=256,
+                                checkpoint=checkpoint))
         (out ** 2).sum().backward()
-        saved[checkpoint] = total[0] / 2 ** 20
+        saved[checkpoint] = saved_bytes / 2 ** 20
     assert abs(saved[False] - full) < 0.05 * full, saved
     assert abs(saved[True] - kept) < 0.01, saved
 

@@ -12,7 +12,7 @@ from ctformer.operators import (Attention, FeedForward, GatedFeedForward, LayerN
                                 RMSNorm)
 from ctformer.studies import smooth_initial_state
 
-from .conftest import fitted_order, require
+from .conftest import fitted_order, require, solve_and_saved_bytes
 
 pytestmark = pytest.mark.torch
 
@@ -62,17 +62,11 @@ def test_checkpointing_keeps_one_state_per_layer(torch):
     start = Grids(d.GaussLegendre(8), d.GaussLegendre(6)).sample(smooth_initial_state)
     grads, saved = {}, {}
     for checkpoint in (False, True):
-        total = [0]
-
-        def pack(t, total=total):
-            total[0] += t.numel() * t.element_size()
-            return t
-
         u0 = torch.tensor(start, requires_grad=True)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = model.solve(u0, checkpoint=checkpoint, **grids)
+        out, saved[checkpoint] = solve_and_saved_bytes(
+            lambda: model.solve(u0, checkpoint=checkpoint, **grids))
         (out ** 2).sum().backward()
-        grads[checkpoint], saved[checkpoint] = u0.grad, total[0]
+        grads[checkpoint] = u0.grad
     np.testing.assert_allclose(grads[True].numpy(), grads[False].numpy(), rtol=1e-13, atol=1e-14)
     assert saved[True] * 100 < saved[False]          # O(layers) instead of O(layers x steps)
     with pytest.raises(TypeError, match="torch"):

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from ctformer.model import ContinuousTransformer
-from ctformer.state import Grids
 from ctformer.studies import (ConvergenceResult, Row, UnderResolvedErrorWarning, convergence,
                               fit_order, neighbour_orders)
+
+# a 'model' whose solution is its sampled initial state (the error is the rule's own), its u0
+from .test_study_edge_cases import SampledInitialState as SampledState, _u0 as _wave
 
 H = [0.5, 0.25, 0.125, 0.0625]
 
@@ -105,17 +107,6 @@ def test_a_verdict_with_several_neighbour_orders_is_unchanged():
 
 
 # -- studies: an overflowed error, an under-resolved evaluation --------------------------------------
-class SampledState:
-    """A 'model' whose solution is its sampled initial state: the error is the rule's own."""
-
-    def solve(self, u0, *, tokens, features, head_features, hidden, scheme, steps_per_layer,
-              trajectory):
-        u = Grids(tokens, features, head_features, hidden).sample(u0)
-        return [u, u]
-
-
-def _wave(x, y):
-    return np.sin(np.pi * x) * np.cos(y)
 
 
 def test_an_overflowed_error_is_named_by_level():
