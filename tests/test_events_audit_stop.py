@@ -160,3 +160,12 @@ def test_a_zero_at_the_start_is_not_a_crossing():
     sol = solvers.integrate(clock, np.zeros((1, 1)), 4, scheme=solvers.get("rk4"),
                             events=[Event(lambda t, u: float(u[0, 0]), terminal=False)])
     assert sol.stats["events"] == [] and sol.event_time is None and sol.event_state is None
+
+
+def test_a_boolean_depth_is_refused():
+    """Before: evaluate(True) was read as the depth 1 and returned exp(-1)."""
+    sol = _decay(PIController(rtol=1e-10, atol=1e-13), [], SaveAt(dense=True))
+    assert abs(float(sol.evaluate(1.0)[0, 0]) - math.exp(-1.0)) <= 1e-10
+    for t in (True, np.bool_(False), np.array([True, False])):
+        with pytest.raises(TypeError, match="t must be a depth or an array of depths"):
+            sol.evaluate(t)

@@ -207,3 +207,11 @@ def test_half_precision_torch_states_solve_in_their_dtype(name, bound):
     half = dynamics.solve(x.to(getattr(torch, name)), 1.0, 0.1).positions
     assert half.dtype == getattr(torch, name)
     assert float((half.double() - exact).abs().max()) < bound
+
+
+def test_shape_messages_name_the_argument_given():
+    """Before: solve's x0 of the wrong rank was reported as "x must have shape ..."."""
+    with pytest.raises(ValueError, match=r"^x0 must have shape \(n, d\) or \(batch, n, d\), got shape \(3,\)"):
+        SelfAttentionDynamics(1.0).solve(np.ones(3) / np.sqrt(3.0), 1.0, 0.1)
+    with pytest.raises(ValueError, match=r"^x must have shape \(n, d\) or \(batch, n, d\), got shape \(3,\)"):
+        SelfAttentionDynamics(1.0).velocity(np.ones(3) / np.sqrt(3.0))

@@ -287,7 +287,7 @@ def test_particles_are_validated_once_per_solve(rng, monkeypatch):
     calls = []
     original = SelfAttentionDynamics._check_particles
     monkeypatch.setattr(SelfAttentionDynamics, "_check_particles",
-                        lambda self, y: calls.append(1) or original(self, y))
+                        lambda self, y, *name: calls.append(1) or original(self, y, *name))
     dyn.solve(x, 1.0, 0.05, scheme="rk4")  # 20 steps, 80 velocity evaluations
     assert len(calls) == 1
 

@@ -111,15 +111,16 @@ class _ParticleChecks:
     ``K``, ``V``, ``heads``, ``normalized``, ``weights`` and ``_mask_host``)."""
 
     # -- checks (where data enters: velocity, step, solve) ------------------------------------
-    def _check_particles(self, x):
+    def _check_particles(self, x, what="x"):
         xp = array_api_compat.array_namespace(x)
         if x.ndim not in (2, 3):
-            raise ValueError(f"x must have shape (n, d) or (batch, n, d), got shape {tuple(x.shape)}")
+            raise ValueError(f"{what} must have shape (n, d) or (batch, n, d), got shape {tuple(x.shape)}")
         n, d = x.shape[-2], x.shape[-1]
         if d < 2 or n < 1:
             raise ValueError(f"need at least one particle in dimension d >= 2, got n={n}, d={d}")
         if x.ndim == 3 and x.shape[0] == 0:
-            raise ValueError(f"x of shape (batch, n, d) needs batch >= 1 systems, got shape {tuple(x.shape)}")
+            raise ValueError(f"{what} of shape (batch, n, d) needs batch >= 1 systems, got shape "
+                             f"{tuple(x.shape)}")
         for h in range(self.heads):
             for name, a in (("Q", self.Q[h]), ("K", self.K[h]), ("V", self.V[h])):
                 if a is not None and a.shape[1] != d:
@@ -150,7 +151,7 @@ class _ParticleChecks:
 
     def _checked(self, x, what="x"):
         x = _as_real_floating(x, what)
-        xp = self._check_particles(x)
+        xp = self._check_particles(x, what)
         if not bool(xp.all(xp.isfinite(x))):
             raise ValueError(f"{what} contains NaN or infinite entries")
         return xp, x
@@ -158,7 +159,7 @@ class _ParticleChecks:
     def _initial(self, x0, normalize):
         """Validate ``x0`` once (shape, dtype, finite, on the sphere) and normalize it if asked."""
         x0 = _as_real_floating(x0, "x0")
-        xp = self._check_particles(x0)
+        xp = self._check_particles(x0, "x0")
         if not bool(xp.all(xp.isfinite(x0))):
             raise ValueError("x0 contains NaN or infinite entries")
         norm = _row_norms(xp, x0)

@@ -206,6 +206,8 @@ class Solution(LabelledResult):
 
         Raises
         ------
+        TypeError
+            If ``t`` is a boolean (``True`` is not the depth 1).
         ValueError
             If the solve did not keep its interpolants (pass ``save_at=SaveAt(dense=True)``)
             or a depth lies outside the solved interval.
@@ -213,6 +215,8 @@ class Solution(LabelledResult):
         if not self.records:
             raise ValueError("this Solution has no dense output: solve with "
                              "save_at=ctformer.SaveAt(dense=True) to keep one interpolant per step")
+        if isinstance(t, (bool, np.bool_)) or np.asarray(t).dtype == bool:
+            raise TypeError(f"t must be a depth or an array of depths, got {type(t).__name__} {t!r}")
         ts = np.asarray(t, dtype=np.float64)
         lo, hi = self.t0, self.records[-1].t0 + self.records[-1].h
         if self.event_terminal:  # the solve ended inside its last step, at the event
