@@ -15,40 +15,47 @@ from ctformer.model import Block
 from ctformer.operators import FeedForward
 
 
-class GaussianKernel:
+class _OneParameter:
+    """A callable with one named parameter, a number or a torch tensor; ``_lib(*x)`` gives
+    the library of the parameter (``numpy`` or ``torch``) and ``x`` in it."""
+
+    name = ""
+
+    def __init__(self, value):
+        setattr(self, self.name, value)  # with_parameters assigns it under its name
+        self.__name__ = type(self).__name__
+
+    @property
+    def value(self):
+        return getattr(self, self.name)
+
+    def parameters(self):
+        return {self.name: self.value}
+
+    def _lib(self, *x):
+        if isinstance(self.value, torch.Tensor):
+            return (torch, *(torch.as_tensor(v, dtype=self.value.dtype) for v in x))
+        return (np, *x)
+
+
+class GaussianKernel(_OneParameter):
     r"""A parametrized kernel function :math:`W(s, t) = \exp(-(s - t)^2 / w)`, NumPy or torch."""
 
-    __name__ = "GaussianKernel"
-
-    def __init__(self, width):
-        self.width = width
-
-    def parameters(self):
-        return {"width": self.width}
+    name = "width"
 
     def __call__(self, s, t):
-        if isinstance(self.width, torch.Tensor):
-            s = torch.as_tensor(s, dtype=self.width.dtype)
-            t = torch.as_tensor(t, dtype=self.width.dtype)
-            return torch.exp(-(s - t) ** 2 / self.width)
-        return np.exp(-(s - t) ** 2 / self.width)
+        lib, s, t = self._lib(s, t)
+        return lib.exp(-(s - t) ** 2 / self.value)
 
 
-class CosineProfile:
+class CosineProfile(_OneParameter):
     r"""A parametrized convolution profile :math:`p(z) = a \cos(2 \pi z)`, NumPy or torch."""
 
-    __name__ = "CosineProfile"
-
-    def __init__(self, amplitude):
-        self.amplitude = amplitude
-
-    def parameters(self):
-        return {"amplitude": self.amplitude}
+    name = "amplitude"
 
     def __call__(self, z):
-        if isinstance(self.amplitude, torch.Tensor):
-            return self.amplitude * torch.cos(2 * np.pi * torch.as_tensor(z, dtype=self.amplitude.dtype))
-        return self.amplitude * np.cos(2 * np.pi * z)
+        lib, z = self._lib(z)
+        return self.value * lib.cos(2 * np.pi * z)
 
 
 def _u(t):
