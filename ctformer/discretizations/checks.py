@@ -118,9 +118,14 @@ def check_domain(domain) -> tuple[float, float]:
         Naming the domain, the rule it breaks and the remedy.
     """
     try:
-        a, b = (float(v) for v in domain)
+        ends = tuple(domain)
+        # float() would read True as 1.0 and "0.5" as 0.5: neither is an interval end
+        if any(isinstance(v, (bool, np.bool_, str, bytes)) for v in ends):
+            raise TypeError
+        a, b = (float(v) for v in ends)
     except (TypeError, ValueError):
-        raise ValueError(f"domain must be a pair (a, b) of numbers, got {domain!r}") from None
+        raise ValueError(f"domain must be a pair (a, b) of real numbers, got {domain!r}; pass "
+                         "e.g. domain=(0.0, 1.0)") from None
     if not (math.isfinite(a) and math.isfinite(b)) or not a < b:
         raise ValueError(f"domain must be a finite interval (a, b) with a < b, got {domain!r}")
     scale = max(abs(a), abs(b))

@@ -68,6 +68,16 @@ class PiecewiseConstant(Kernel):
     torch ``nn.Linear`` (weight ``A``, :math:`y = A x`) is this operator on the midpoint grid.
     On refined midpoint grids, piecewise-constant data are mapped to the same values.
 
+    The kernel jumps at the interior cell boundaries :math:`t = j/d_{in}`, so a rule converges
+    at its own ``order`` only where its cells are unions of kernel cells (``Midpoint(n)``
+    with ``d_in`` dividing ``n``; P1/P2 with ``d_in`` dividing the number of elements): see
+    :meth:`quadrature_order`. Elsewhere it is first order. That is the right order, not a
+    defect: a node on a jump (trapezoid with ``d_in`` dividing ``n - 1``, the middle
+    Chebyshev point) takes the cell on its right, with the full node weight :math:`h` where
+    the integral gives :math:`h/2` to each side, an error :math:`\tfrac h2 |\text{jump}|`
+    per jump; a jump inside a cell of a rule (Gauss, midpoint with misaligned cells) costs
+    :math:`O(h)` the same way.
+
     Parameters
     ----------
     matrix : array_like, shape (d_out, d_in)
@@ -106,6 +116,49 @@ class PiecewiseConstant(Kernel):
             raise ValueError("PiecewiseConstant matrix contains NaN or inf")
         a.setflags(write=False)
         self.weight = a
+
+    def quadrature_order(self, inp) -> float:
+        r"""Order in :math:`h` of :math:`\sum_k W(s, t_k) w_k u(t_k) \to \int W(s, t) u(t)\,dt`
+        for smooth :math:`u` as grids like ``inp`` are refined.
+
+        Parameters
+        ----------
+        inp : Discretization
+            The input (column) discretization of an interval.
+
+        Returns
+        -------
+        float
+            ``inp.order`` when the kernel has no jump in :math:`t` (``d_in = 1``) or when
+            every jump :math:`a + j (b - a)/d_{in}` lies on a cell boundary of ``inp`` and no
+            quadrature point lies on a jump: ``Midpoint(n)`` with ``n % d_in == 0``, P1/P2
+            with ``elements % d_in == 0``. Otherwise 1.0: a jump inside a cell of the rule or
+            under a node costs :math:`O(h)` (class notes). Measured on
+            :math:`e^t \cos(3t + 1)`, ``d_in = 4``: fitted slopes 2.00 (midpoint, n = 4..64),
+            1.00 (trapezoid, n = 5..129), 0.94 (Gauss-Legendre), 1.01 (midpoint, n = 6..162).
+
+        Raises
+        ------
+        TypeError
+            If ``inp`` is not a discretization of an interval.
+        """
+        from ..discretizations.base import Discretization
+        from ..discretizations.quadrature import Midpoint
+
+        if not isinstance(inp, Discretization) or inp.dimension != 1 or inp.atoms:
+            raise TypeError(f"inp must be a Discretization of an interval (no product, no atoms), "
+                            f"got {inp!r}")
+        d_in = self.shape[1]
+        if d_in == 1:
+            return float(inp.order)
+        # only composite rules with nodes strictly inside their cells can align with the jumps
+        if type(inp) is Midpoint:
+            cells = inp.n
+        elif inp.kind == "galerkin":
+            cells = inp.elements
+        else:
+            return 1.0
+        return float(inp.order) if cells % d_in == 0 else 1.0
 
     def parameters(self) -> dict:
         """``{"weight": A}``: the discrete weight, as many numbers as the ``nn.Linear`` has
