@@ -10,7 +10,11 @@ of that rule, and the study's summary says why (``limitation``):
   quadrature is a left Riemann sum (order 1), and the trigonometric interpolant of a function
   whose periodic extension jumps has Gibbs oscillations, an :math:`L^2` error
   :math:`O(h^{1/2})` and a maximum error that does not decrease (order 0). Token dynamics keep
-  periodic data periodic only without a mask and without position encodings.
+  periodic data periodic only without a mask and without position encodings;
+* a piecewise-constant kernel (a converted weight matrix) jumps at the boundaries of its
+  cells in its input variable: a rule whose cells do not line up with those jumps, or with
+  a node on one, integrates across them at first order
+  (:meth:`ctformer.kernels.PiecewiseConstant.quadrature_order`).
 """
 from __future__ import annotations
 
@@ -46,6 +50,29 @@ def _has_positions(model) -> bool:
 
     return any(not isinstance(getattr(getattr(b, "attention", None), "positions", None),
                               (NoPositions, type(None))) for b in getattr(model, "blocks", ()))
+
+
+# the kernels of each operator that integrate over the features, or over the hidden variable
+_INPUT_KERNELS = {"features": (("attention", ("W_Q", "W_K", "W_V")), ("feedforward", ("W_1", "W_gate", "W_up"))),
+                  "hidden": (("feedforward", ("W_2",)),)}
+
+
+def _jump_order(model, variable: str, discretization) -> float | None:
+    """The lowest order at which ``discretization`` integrates the piecewise-constant kernels
+    of ``model`` whose input variable is ``variable`` (None: no such kernel)."""
+    from ..kernels import PiecewiseConstant
+
+    kernels = []
+    for block in getattr(model, "blocks", ()):
+        for operator, names in _INPUT_KERNELS.get(variable, ()):
+            op = getattr(block, operator, None)
+            for name in names:
+                found = getattr(op, name, None)
+                kernels += [k for k in (found if isinstance(found, list) else [found])
+                            if isinstance(k, PiecewiseConstant)]
+    if not kernels or getattr(discretization, "dimension", 1) != 1 or getattr(discretization, "atoms", None):
+        return None
+    return min(k.quadrature_order(discretization) for k in kernels)
 
 
 def _periodic_in(u0, variable: str, domain) -> bool | None:
@@ -108,6 +135,12 @@ def order_limits(model, variable: str, discretization, u0=None, *, error_norm: s
                                f"{why}: the periodic extension jumps at the ends and the "
                                f"trigonometric interpolant has Gibbs oscillations, an L2 error "
                                f"O(h^1/2) and a maximum error that does not decrease"))
+    jumps = _jump_order(model, variable, discretization)
+    if jumps is not None and jumps < discretization.order:
+        limits.append((jumps, f"the model's piecewise-constant kernels (converted weight matrices) jump "
+                              f"between their cells in the {variable}, inside the cells of "
+                              f"{discretization.name} or under its nodes: a first-order rule for "
+                              f"their integrals"))
     return limits
 
 
