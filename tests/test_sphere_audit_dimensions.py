@@ -101,12 +101,11 @@ def test_stationary_state_checks_the_guess():
     np.testing.assert_allclose(uniform, np.eye(9)[0] / math.sqrt(4 * math.pi), rtol=0, atol=1e-15)
 
 
-def test_beta_zero_is_refused_with_its_continuous_limit():
-    """beta = 0 was refused as "nothing moves"; the velocity tends to the tangent part of the
-    mean token, and on the circle mode 1 grows at 1/2 in that limit (closed form), which a
-    tiny beta gives."""
+def test_beta_zero_is_its_continuous_limit():
+    """beta = 0 was refused as "nothing moves", then with a pointer to a tiny beta; it is now
+    taken in closed form: on the circle mode 1 grows at 1/2, the limit of a tiny beta."""
     from ctformer.particles.zonal import ZonalMeanField, linear_growth_rate
 
-    with pytest.raises(ValueError, match=r"limit beta -> 0 is continuous.*1e-12"):
-        ZonalMeanField(0.0, 3, 8)
+    assert ZonalMeanField(0.0, 3, 8).growth_rate(1) == pytest.approx(2 / 3, rel=1e-15)
+    assert linear_growth_rate(1, 0.0, dimension=2) == pytest.approx(0.5, rel=1e-15)
     assert linear_growth_rate(1, 1e-12, dimension=2) == pytest.approx(0.5, rel=1e-12)

@@ -14,10 +14,11 @@ pass per particle, with :math:`Q = K = V = I`:
 tangent projection without a score matrix in memory. ``unit_rows`` is the scale-safe
 retraction :math:`x / \|x\|` and ``tangent_rows`` the tangent projection
 :math:`v - \langle x, v\rangle x`, one pass per row each, for states of any size.
-``sa_velocity``'s sums accumulate in the state's precision, as torch's softmax does: for float32 states a
-float64 accumulator cost 1.3-1.5x the time of the whole kernel (every exponential converted,
-half the SIMD lanes) for an error that, over at most 64 terms, was 1e-7 instead of 3e-7
-relative (Intel Xeon, n = 32, d = 2 and n = 64, d = 4).
+``sa_velocity`` sums the weights and the weighted keys in float64 for every state: for float32
+states float32 sums were 2-4x less accurate than the batched BLAS path (relative error 5e-7
+to 1.4e-6 against a float64 reference where BLAS gave 2e-7 to 4e-7; now 1e-7 to 5e-7) for
+1.15-1.3x the kernel's time (the exponentials stay in float32; Intel Xeon, n = 16..64,
+d = 2..16), still below the BLAS path's time.
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ def sa_velocity(x, beta, log_w, normalized, out):
     xt = np.empty((d, n), dtype=x.dtype)
     scores = np.empty((n, n), dtype=x.dtype)
     top = np.empty(n, dtype=x.dtype)
-    total = np.empty(n, dtype=x.dtype)
-    acc = np.empty((d, n), dtype=x.dtype)
+    total = np.empty(n, dtype=np.float64)  # float64 sums: see the module notes
+    acc = np.empty((d, n), dtype=np.float64)
     for b in range(systems):
         xb = x[b]
         for i in range(n):
@@ -65,12 +66,12 @@ def sa_velocity(x, beta, log_w, normalized, out):
             for i in range(n):
                 e = exp_nonpositive_(row[i] - top[i])
                 row[i] = e
-                total[i] += e
+                total[i] += np.float64(e)
             for l in range(d):
-                c = xb[j, l]
+                c = np.float64(xb[j, l])
                 al = acc[l]
                 for i in range(n):
-                    al[i] += row[i] * c
+                    al[i] += np.float64(row[i]) * c
         for i in range(n):
             factor = 1.0 / total[i]
             if not normalized:
@@ -78,9 +79,9 @@ def sa_velocity(x, beta, log_w, normalized, out):
             radial = 0.0
             for l in range(d):
                 acc[l, i] *= factor
-                radial += acc[l, i] * xt[l, i]
+                radial += acc[l, i] * np.float64(xt[l, i])
             for l in range(d):
-                out[b, i, l] = acc[l, i] - radial * xt[l, i]
+                out[b, i, l] = acc[l, i] - radial * np.float64(xt[l, i])
 
 
 @njit(parallel=True, nogil=True, cache=True, fastmath=set(FLAGS), error_model="numpy")

@@ -35,7 +35,11 @@ Funk-Hecke: :math:`\varphi_l(\langle\cdot, e\rangle)` is a spherical harmonic of
 (for :math:`d = 2`, :math:`2\pi I_l(\beta)`, the circle's Fourier multiplier).
 :func:`funk_hecke` returns it times :math:`e^{-|\beta|}` (:func:`scipy.special.ive`), and
 :func:`kernel_multipliers` what the solvers use; both are formed in logarithms
-(:func:`log_ive`), finite in every dimension.
+(:func:`log_ive`), finite in every dimension. At :math:`\beta = 0` (uniform attention) they
+take their closed form, :math:`\lambda_l(0) = |S^{d-1}|\,\delta_{l0}`, and the velocity's
+:math:`\lambda_l/\beta` (:func:`gradient_multipliers`) its limit
+:math:`\lambda_1/\beta \to |S^{d-1}|/d`, :math:`\lambda_l/\beta \to 0` for :math:`l \ne 1`
+(:math:`\lambda_l = O(\beta^l)`): the velocity is the tangent part of the mean token.
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ from ..validation import boolean, integer, real
 from .dynamics import _check_beta
 
 __all__ = ["GegenbauerBasis", "sphere_area", "log_sphere_area", "funk_hecke", "kernel_multipliers", "log_ive",
-           "linear_growth_rate", "check_dimension", "check_beta", "check_noise", "laplace_eigenvalues"]
+           "gradient_multipliers", "linear_growth_rate", "check_dimension", "check_beta", "check_noise", "laplace_eigenvalues"]
 
 _IVE_DIRECT = 1e-280  # scipy's ive above this, the log-domain series below (log_ive)
 
@@ -63,14 +67,8 @@ def check_dimension(dimension) -> int:
 
 
 def check_beta(beta) -> float:
-    """A finite, nonzero inverse temperature."""
-    beta = _check_beta(beta)
-    if beta == 0:
-        raise ValueError("beta must be finite and nonzero: the kernel's multipliers are formed in "
-                         "logarithms of beta. The limit beta -> 0 is continuous (the velocity tends to "
-                         "the tangent part of the mean token); pass a small beta such as 1e-12 for it, "
-                         "got beta=0")
-    return beta
+    """A finite inverse temperature (0 included: uniform attention, the multipliers' closed form)."""
+    return _check_beta(beta)
 
 
 def check_noise(noise) -> float:
@@ -143,6 +141,11 @@ def _log_kernel(degrees, beta, dimension):
     return logs, np.where(degrees % 2 == 1, math.copysign(1.0, beta), 1.0)
 
 
+def _at_zero(degrees, dimension, normalized):
+    r""":math:`\lambda_l(0) = |S^{d-1}|\delta_{l0}` (SA: :math:`\delta_{l0}`), float64 of the shape of ``degrees``."""
+    return np.where(np.asarray(degrees) == 0, 1.0 if normalized else sphere_area(dimension), 0.0)
+
+
 def _times_exp(logs, b):
     """exp(logs + b) without losing the digits of a large b in the sum (exp(b) rounds once)."""
     with np.errstate(over="ignore", under="ignore"):
@@ -164,7 +167,7 @@ def funk_hecke(degrees, beta, dimension) -> np.ndarray:
     degrees : array of int
         Degrees :math:`l \ge 0`.
     beta : float
-        Finite and nonzero.
+        Finite; at 0 the closed form :math:`|S^{d-1}|\,\delta_{l0}`.
     dimension : int
         :math:`d \ge 2`.
 
@@ -172,6 +175,8 @@ def funk_hecke(degrees, beta, dimension) -> np.ndarray:
     -------
     numpy.ndarray of float
     """
+    if beta == 0:
+        return _at_zero(degrees, dimension, False)
     logs, sign = _log_kernel(degrees, beta, dimension)
     return sign * np.exp(logs)
 
@@ -182,11 +187,38 @@ def kernel_multipliers(degrees, beta, dimension, normalized) -> np.ndarray:
     SA (``normalized``): :math:`m_l = \lambda_l/\lambda_0 = \operatorname{sign}(\beta)^l\,
     I_{l+d/2-1}(|\beta|)/I_{d/2-1}(|\beta|)`, at most 1 in every dimension (the velocity
     :math:`\nabla_S G/(\beta G)` does not see a common factor). USA: :math:`m_l = \lambda_l`.
+    At :math:`\beta = 0`: :math:`\delta_{l0}` (SA), :math:`|S^{d-1}|\,\delta_{l0}` (USA).
     """
+    if beta == 0:
+        return _at_zero(degrees, dimension, normalized)
     logs, sign = _log_kernel(degrees, beta, dimension)
     if normalized:
         return sign * np.exp(logs - _log_kernel(0, beta, dimension)[0])
     return sign * _times_exp(logs, abs(beta))
+
+
+def gradient_multipliers(degrees, beta, dimension, normalized) -> np.ndarray:
+    r"""The multipliers :math:`m_l/\beta` of :math:`\nabla_S G/\beta = \sum_l (m_l/\beta)\,c_l\nabla_S\varphi_l`.
+
+    :math:`m_l` as in :func:`kernel_multipliers`, divided by :math:`\beta` in logarithms (no
+    loss for a tiny :math:`\beta`). At :math:`\beta = 0` the limit, from
+    :math:`I_\nu(b) \sim (b/2)^\nu/\Gamma(\nu+1)`: :math:`\lambda_1/\beta \to |S^{d-1}|/d`
+    and :math:`\lambda_l/\beta \to 0` for :math:`l \ne 1`, so :math:`m_1/\beta \to 1/d` (SA)
+    or :math:`|S^{d-1}|/d` (USA): the velocity :math:`P^\perp_x\int y\,d\mu(y)` (divided by
+    the mass for SA). The :math:`l = 0` entry is 0 for every :math:`\beta`: :math:`\varphi_0` is
+    constant, and :math:`m_0/\beta` alone diverges as :math:`\beta \to 0`.
+    """
+    degrees = np.asarray(degrees)
+    if beta == 0:
+        return np.where(degrees == 1, (1.0 if normalized else sphere_area(dimension)) / dimension, 0.0)
+    logs, sign = _log_kernel(degrees, beta, dimension)
+    logs = logs - math.log(abs(beta))
+    sign = sign * math.copysign(1.0, beta)
+    if normalized:
+        out = sign * np.exp(logs - _log_kernel(0, beta, dimension)[0])
+    else:
+        out = sign * _times_exp(logs, abs(beta))
+    return np.where(degrees == 0, 0.0, out)
 
 
 def linear_growth_rate(k, beta, normalized=True, dimension=2, noise=0.0):
@@ -210,7 +242,9 @@ def linear_growth_rate(k, beta, normalized=True, dimension=2, noise=0.0):
     k : int or array of int
         Degrees :math:`l \ge 0`.
     beta : float
-        Finite and nonzero (:math:`|\beta| \le 700` for USA).
+        Finite (:math:`|\beta| \le 700` for USA); at 0 the limit
+        :math:`\sigma_1 = (d-1)/d - \nu(d-1)`, :math:`\sigma_l = -\nu\,l(l+d-2)` otherwise
+        (SA and USA alike: :math:`\lambda_1/(\beta\lambda_0) \to 1/d`).
     normalized : bool
         SA (True) or USA (False).
     dimension : int
@@ -230,9 +264,11 @@ def linear_growth_rate(k, beta, normalized=True, dimension=2, noise=0.0):
     if not normalized and abs(beta) > 700:
         raise ValueError(f"USA (normalized=False) needs |beta| <= 700: its rates carry exp(|beta|), "
                          f"got beta={beta}")
-    logs, sign = _log_kernel(degrees, beta, d)
+    logs, sign = _log_kernel(degrees, beta if beta else 1.0, d)
     # ratios formed in logarithms: finite in every dimension (d = 768 included)
-    if normalized:
+    if beta == 0:  # lambda_l / (beta lambda_0) -> delta_{l1} / d, for SA and USA (mass one) alike
+        ratio = np.where(degrees == 1, 1.0 / d, 0.0)
+    elif normalized:
         ratio = sign * np.exp(logs - _log_kernel(0, beta, d)[0]) / beta
     else:
         ratio = sign * _times_exp(logs - log_sphere_area(d), abs(beta)) / beta

@@ -14,7 +14,9 @@ side. The uniform density is always one; it loses stability at :math:`\nu_c = \l
 (\beta|S^{d-1}|)`. For :math:`\beta < \beta^*(d)`, :math:`I_{d/2+1}(\beta^*)/I_{d/2}(\beta^*) = 1/d`,
 the clustered branch meets it there continuously; above, it extends past :math:`\nu_c`
 and the order parameter jumps (Mun and Rosenzweig 2026). (SA: :math:`\rho \propto G^{1/(\beta\nu)}`
-from :math:`\nabla_S G/(\beta G)`, :math:`\log G` in place of :math:`G`.)
+from :math:`\nabla_S G/(\beta G)`, :math:`\log G` in place of :math:`G`.) At :math:`\beta = 0` the
+limit: :math:`G/\beta` less its constant is :math:`\sum_{l \ge 1}(\lambda_l/\beta)c_l\varphi_l`
+(:func:`~ctformer.particles.sphere_basis.gradient_multipliers`), divided by :math:`G` for SA.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import math
 import numpy as np
 from scipy import optimize
 
-from .sphere_basis import kernel_multipliers, sphere_area
+from .sphere_basis import gradient_multipliers, kernel_multipliers, sphere_area
 
 __all__ = ["stationary_state"]
 
@@ -56,14 +58,16 @@ def stationary_state(field, guess, *, tol=1e-13):
     b = field.basis
     lam = kernel_multipliers(np.arange(field.degree + 1), field.beta, field.dimension, field.normalized)
     c0 = 1.0 / math.sqrt(sphere_area(field.dimension))
-    scale = 1.0 / (field.beta * field.noise)
+    grad = gradient_multipliers(np.arange(field.degree + 1), field.beta, field.dimension, field.normalized)
 
     def gibbs(c):
         g = b.values @ (lam * c)
-        if field.normalized:
-            exponent = scale * np.log(g)
+        if field.beta == 0:  # the limit beta -> 0 of G / beta (USA) or log G / beta (SA), less constants
+            exponent = (b.values @ (grad * c)) / (field.noise * (g if field.normalized else 1.0))
+        elif field.normalized:
+            exponent = np.log(g) / (field.beta * field.noise)
         else:
-            exponent = scale * g
+            exponent = g / (field.beta * field.noise)
         rho = np.exp(exponent - exponent.max())
         return b.project(rho / (rho @ b.weights))
 

@@ -42,8 +42,9 @@ from .. import solvers
 from ..backend import to_host
 from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning
+from .zonal import _finite_energy
 from .sphere_labelled import SphereLabelled, spherical_dataset
-from .sphere_basis import check_beta, check_noise, kernel_multipliers, linear_growth_rate
+from .sphere_basis import check_beta, check_noise, gradient_multipliers, kernel_multipliers, linear_growth_rate
 from .timegrid import check_memory, evolve_coefficients, march, saved_count, time_steps
 
 __all__ = ["SphericalMeanField", "SphericalSolution"]
@@ -89,7 +90,7 @@ class SphericalMeanField:
     Parameters
     ----------
     beta : float
-        Finite and nonzero (:math:`|\beta| \le 700` for USA).
+        Finite (:math:`|\beta| \le 700` for USA); 0 is uniform attention (the limit, in closed form).
     degree : int
         :math:`L \ge 1`, the highest retained degree.
     normalized : bool
@@ -117,6 +118,7 @@ class SphericalMeanField:
         self.l = np.concatenate([np.arange(m, L + 1) for m in range(L + 1)])
         self.m = np.concatenate([np.full(L + 1 - m, m) for m in range(L + 1)])
         self._lambda = kernel_multipliers(self.l, self.beta, 3, self.normalized)
+        self._gradient = gradient_multipliers(self.l, self.beta, 3, self.normalized)  # lambda_l / beta
         self._root = np.sqrt(self.l * (self.l + 1.0))
         self._diffusion = self.noise * self.l * (self.l + 1.0)
 
@@ -153,12 +155,11 @@ class SphericalMeanField:
     def _velocity_of(self, alm):
         """The tangential velocity on the grid, shape (2, n_theta, n_phi): (theta, phi) components."""
         sht = _sht()
-        g_alm = (self._lambda * alm)[None]
-        grad = sht.synthesis_2d_deriv1(alm=g_alm, lmax=self.degree, geometry="GL", ntheta=self.n_theta,
-                                       nphi=self.n_phi) / self.beta
+        grad = sht.synthesis_2d_deriv1(alm=(self._gradient * alm)[None], lmax=self.degree, geometry="GL",
+                                       ntheta=self.n_theta, nphi=self.n_phi)
         if not self.normalized:
             return grad
-        return grad / sht.synthesis_2d(alm=g_alm, spin=0, lmax=self.degree, geometry="GL",
+        return grad / sht.synthesis_2d(alm=(self._lambda * alm)[None], spin=0, lmax=self.degree, geometry="GL",
                                        ntheta=self.n_theta, nphi=self.n_phi)
 
     def transport(self, alm):
@@ -197,7 +198,11 @@ class SphericalMeanField:
         return out
 
     def energy(self, alm):
-        r""":math:`E = \frac{1}{2\beta}\sum_l \lambda_l \sum_m |a_{lm}|^2` (non-decreasing for USA without noise)."""
+        r""":math:`E = \frac{1}{2\beta}\sum_l \lambda_l \sum_m |a_{lm}|^2` (non-decreasing for USA without noise).
+
+        Refused (ValueError) at :math:`\beta = 0`, where :math:`E` is infinite.
+        """
+        _finite_energy(self.beta)
         lam = kernel_multipliers(np.arange(self.degree + 1), self.beta, 3, False)
         return self._power(alm) @ lam / (2 * self.beta)
 

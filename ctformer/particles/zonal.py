@@ -59,7 +59,8 @@ from ..backend import to_host
 from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning
 from .sphere_labelled import SphereLabelled, zonal_dataset
-from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, kernel_multipliers,
+from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, gradient_multipliers,
+                           kernel_multipliers,
                            laplace_eigenvalues, linear_growth_rate, log_sphere_area, sphere_area)
 from .timegrid import check_memory, evolve_coefficients, march, saved_count, time_steps
 
@@ -71,6 +72,14 @@ _TAIL_TOLERANCE = 1e-6  # the top quarter of the degrees holding more of ||rho||
 # densities are taken against the surface measure: the uniform one, 1/|S^{d-1}|, and the squares
 # of the coefficients (~ 1/|S^{d-1}| times a cluster's concentration) must stay far inside float64
 _MAX_DIMENSION = max(d for d in range(2, 1100) if log_sphere_area(d) >= math.log(1e-250))  # 374
+
+
+def _finite_energy(beta) -> None:
+    """Refuse the energy at beta = 0, where (1 / 2 beta) e^{beta <x, y>} has no finite value."""
+    if beta == 0:
+        raise ValueError("energy needs beta != 0: E = (1/(2 beta)) int int e^(beta <x, y>) dmu dmu is "
+                         "infinite at beta = 0 (M^2 / (2 beta) + |int x dmu|^2 / 2 + O(beta)); use "
+                         "order_parameter for the beta = 0 dynamics, or a nonzero beta")
 
 
 def _solver_dimension(dimension) -> int:
@@ -110,7 +119,9 @@ class ZonalMeanField:
     Parameters
     ----------
     beta : float
-        Inverse temperature, finite and nonzero (:math:`|\beta| \le 700` for USA).
+        Inverse temperature, finite (:math:`|\beta| \le 700` for USA); 0 is uniform attention, the limit
+        :math:`\beta \to 0` in closed form: :math:`\dot s = (1 - s^2)\,m_e` with :math:`m_e = \int s\,d\mu`
+        (divided by the mass for SA).
     dimension : int
         :math:`2 \le d \le 374`: tokens on :math:`S^{d-1} \subset \mathbb{R}^d` (densities are
         taken against the surface measure, and beyond 374 the uniform one, :math:`1/|S^{d-1}|`,
@@ -125,7 +136,7 @@ class ZonalMeanField:
     Raises
     ------
     TypeError, ValueError
-        Naming the argument: ``dimension`` < 2 or > 374, ``degree`` < 1, ``beta`` not finite or zero,
+        Naming the argument: ``dimension`` < 2 or > 374, ``degree`` < 1, ``beta`` not finite,
         ``noise`` negative or not finite.
     """
 
@@ -143,6 +154,7 @@ class ZonalMeanField:
         # SA: lambda_l / lambda_0 (a common factor cancels in grad G / G; lambda_0 alone underflows
         # at large d and small beta), USA: lambda_l
         self._lambda = kernel_multipliers(l, self.beta, self.dimension, self.normalized)
+        self._gradient = gradient_multipliers(l, self.beta, self.dimension, self.normalized)  # lambda_l / beta
         self._diffusion = self.noise * laplace_eigenvalues(l, self.dimension)
         # the circle's stable-step analysis for L modes and the same velocity bound
         self._circle = CircleMeanField(self.beta, 3 * self.degree + 1, normalized=self.normalized)
@@ -170,10 +182,8 @@ class ZonalMeanField:
     def _velocity_of(self, c):
         """ds/dt = V(s) at the nodes for coefficients ``c``."""
         b = self.basis
-        weighted = self._lambda * c
-        g, dg = b.values @ weighted, b.derivatives @ weighted
-        speed = (1.0 - b.nodes ** 2) * dg / self.beta
-        return speed / g if self.normalized else speed
+        speed = (1.0 - b.nodes ** 2) * (b.derivatives @ (self._gradient * c))
+        return speed / (b.values @ (self._lambda * c)) if self.normalized else speed
 
     def transport(self, c):
         r"""The Galerkin transport term :math:`\int\rho V\varphi_l'\,d\sigma` (without noise)."""
@@ -212,7 +222,9 @@ class ZonalMeanField:
 
         ``coefficients`` has shape (..., L + 1) (e.g. ``solution.coefficients``: one value per
         saved time). Non-decreasing in time for USA without noise (a gradient flow of E).
+        Refused (ValueError) at :math:`\beta = 0`, where :math:`E` is infinite.
         """
+        _finite_energy(self.beta)
         c = np.asarray(coefficients)
         lam = kernel_multipliers(np.arange(self.degree + 1), self.beta, self.dimension, False)
         return (c * c) @ lam / (2 * self.beta)
