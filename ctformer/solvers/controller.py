@@ -257,9 +257,15 @@ class PIController:
         float
             The step magnitude (positive). Costs one evaluation of ``rhs``, two without ``f0``,
             none when ``dt0`` is set.
+
+        Raises
+        ------
+        ValueError
+            If ``t0`` or ``t_end`` is not finite, or ``t_end = t0`` (an empty interval has no
+            step to choose).
         """
         q = validation.real(order, "order", nonnegative=True)
-        span = math.inf if t_end is None else abs(float(t_end) - float(t0))
+        span = math.inf if t_end is None else _span(t0, t_end)
         if self.dt0 is not None:
             return min(self.dt0, span)
         direction = -1.0 if t_end is not None and t_end < t0 else 1.0
@@ -276,3 +282,12 @@ class PIController:
         else:
             h1 = (0.01 / max(d1, d2)) ** (1.0 / (q + 1.0))
         return min(100.0 * h0, h1, span)
+
+
+def _span(t0, t_end) -> float:
+    """``|t_end - t0|``, refusing an empty or non-finite interval (its step would be 0 or NaN)."""
+    t0, t_end = validation.real(t0, "t0"), validation.real(t_end, "t_end")
+    if t_end == t0:
+        raise ValueError(f"t_end = t0 = {t0!r}: the interval is empty and has no starting step; "
+                         f"give t_end != t0, or skip the solve")
+    return abs(t_end - t0)

@@ -73,6 +73,7 @@ def weighted_rms(e, u, u_new, rtol: float, atol: float, weights=None) -> float:
         The norm; ``inf`` or ``nan`` when ``e`` is not finite or a scale is zero where ``e``
         is not (the controller then rejects the step with the smallest step ratio). An entry
         with ``e = 0`` counts 0, also where its scale is zero (``atol = 0`` at a zero entry).
+        An empty ``e`` (no entries, e.g. an empty batch) has norm 0.
 
     Raises
     ------
@@ -96,6 +97,8 @@ def weighted_rms(e, u, u_new, rtol: float, atol: float, weights=None) -> float:
         scale = xp.where(e == 0, xp.ones_like(scale), scale)
     s2 = xp.abs(e / scale) ** 2  # abs: complex states (Fourier coefficients)
     total = float(math.prod(e.shape))
+    if total == 0:  # no entry, no error: 0, as the sum it would be (not 0/0)
+        return 0.0
     device = array_api_compat.device(s2)
     if w_y is not None:
         s2 = s2 * xp.asarray(np.array(w_y), dtype=s2.dtype, device=device)

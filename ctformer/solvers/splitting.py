@@ -67,7 +67,7 @@ class Lie(_SubstepScheme):
 
     Parameters
     ----------
-    substep : {"euler", "heun", "rk4"}, optional
+    substep : {"euler", "heun", "rk4", "bosh3", "dopri5", "tsit5"}, optional
         One-step method for each sub-flow; default ``"euler"``.
     """
 
@@ -101,7 +101,7 @@ class Strang(_SubstepScheme):
 
     Parameters
     ----------
-    substep : {"heun", "euler", "rk4"}, optional
+    substep : {"heun", "euler", "rk4", "bosh3", "dopri5", "tsit5"}, optional
         One-step method for each sub-flow; default ``"heun"``.
     """
 
@@ -141,7 +141,7 @@ class Parallel(_SubstepScheme):
 
     Parameters
     ----------
-    substep : {"euler", "heun", "rk4"}, optional
+    substep : {"euler", "heun", "rk4", "bosh3", "dopri5", "tsit5"}, optional
         One-step method for each sub-flow; default ``"euler"``.
     """
 

@@ -4,9 +4,14 @@ Embedded pair (a :class:`~ctformer.solvers.runge_kutta.ButcherTableau` with ``b_
 :math:`u_{n+1} = u_n + h \sum_i b_i k_i`, error :math:`e = h \sum_i (b_i - \hat b_i) k_i`, of
 order :math:`\hat p` (``error_order``): the local error of the embedded solution is
 :math:`O(h^{\hat p + 1})`. The higher-order solution is propagated (local extrapolation, as
-every 5(4) code does); projections (post-norm models, the sphere's retraction) act on the
-propagated value after the step, and the estimate is formed before them. A first-same-as-last
-pair reuses its last stage as the next first stage only without projections.
+every 5(4) code does); a retraction (the sphere's) acts on the propagated value after the
+step, and the estimate is formed before it. A first-same-as-last pair reuses its last stage
+as the next first stage only without projections. A pair is used so only where its order
+holds: where the projections lower the scheme's order on the problem (a post-norm model:
+``scheme.order(model) = 1`` is passed as ``order``), the projection's own
+:math:`O(h^2)` local error is invisible to the pair's estimate, which would then stay near
+:math:`h^{\hat p + 1}` while the error is :math:`O(h)`, and the pair is controlled by step
+doubling with that order instead.
 
 Step doubling, for any scheme of order :math:`p` (``lie``, ``strang``, ``parallel``,
 ``euler``, ``heun``, ``rk4``): one step of size :math:`h` gives :math:`u_h`, two of size
@@ -70,12 +75,27 @@ class DoublingStepper:
 
 
 def stepper_for(scheme, order: float | None = None):
-    """The embedded pair when ``scheme`` is one, else step doubling with ``order``.
+    r"""The embedded pair when ``scheme`` is one of its order on the problem, else step doubling.
 
-    ``order`` defaults to ``scheme.order()`` (the nominal order); a model passes
-    ``scheme.order(model)``.
+    Parameters
+    ----------
+    scheme : Scheme
+    order : float, optional
+        The scheme's order :math:`p` on the problem; default ``scheme.order()`` (the nominal
+        order). A model passes ``scheme.order(model)``, which is 1 on a post-norm model.
+
+    Returns
+    -------
+    PairStepper or DoublingStepper
+        A :class:`PairStepper` for an embedded pair whose tableau order is :math:`p`; step
+        doubling with :math:`p` otherwise, an embedded pair included when :math:`p` is below
+        its tableau's order (its estimate :math:`O(h^{\hat p + 1})` would not see the
+        projection's :math:`O(h^2)` local error, and the achieved error would exceed the
+        tolerance by orders of magnitude).
     """
     tableau = getattr(scheme, "tableau", None)
-    if isinstance(scheme, RungeKutta) and tableau is not None and tableau.b_error is not None:
+    order = scheme.order() if order is None else float(order)
+    if (isinstance(scheme, RungeKutta) and tableau is not None and tableau.b_error is not None
+            and order >= tableau.order):
         return PairStepper(scheme)
-    return DoublingStepper(scheme, scheme.order() if order is None else order)
+    return DoublingStepper(scheme, order)
