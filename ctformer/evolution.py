@@ -16,7 +16,7 @@ from ._numerics.threads import fixed_threads
 from .model_inputs import check_padding_mask, check_steps
 from .shared_tensors import check_unchanged
 from .solvers.restart import restart_point
-from .solvers.restart_identity import model_fingerprint, recorded, refuse_another
+from .solvers.restart_identity import control_settings, model_fingerprint, recorded, refuse_another
 from .solvers.runge_kutta import summing
 
 __all__ = ["evolve", "controller_for"]
@@ -104,7 +104,7 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
                                  order=None if steps_per_layer is not None else integrator.order(model),
                                  what="the state", layered=True,
                                  checkpoint=checkpoint,
-                                 start=start if start is not None and start.h is not None else None,
+                                 start=start,
                                  labels={"grids": grids, "model_fingerprint": fingerprint},
                                  groups=groups)
 
@@ -114,7 +114,8 @@ def _computation(fingerprint, grids, control) -> dict:
     now = {"model_fingerprint": fingerprint,
            **{name: repr(getattr(grids, name)) for name in ("tokens", "features", "head_features", "hidden")}}
     if isinstance(control, solvers.PIController):
-        now.update(rtol=control.rtol, atol=control.atol, norm=control.norm)
+        now.update(rtol=control.rtol, atol=control.atol, norm=control.norm,
+                   **control_settings(control))
     else:
         now["rtol"] = "none (fixed steps)"
     return now

@@ -163,6 +163,7 @@ def _saved_states(solution) -> np.ndarray:
 def _event_variable(data: dict, solution, expected: tuple, shape: tuple, dims: tuple) -> None:
     """``event_state(dims)``: the state at ``event_time`` laid out as one saved state (``shape``:
     a product token grid's two axes), when an event fired."""
+    _occurrences(data, solution, expected, shape, dims)
     event = getattr(solution, "event_state", None)
     if event is None:
         return
@@ -172,6 +173,25 @@ def _event_variable(data: dict, solution, expected: tuple, shape: tuple, dims: t
                          f"saved state {expected}")
     values, dims = split_parts(values.reshape(shape), dims)
     data["event_state"] = (dims, values)
+
+
+def _occurrences(data: dict, solution, expected: tuple, shape: tuple, dims: tuple) -> None:
+    """Every event's occurrences along ``occurrence`` (event 0's in order, then event 1's ...):
+    ``occurrence_event`` (its index), ``occurrence_time`` and ``occurrence_state``."""
+    t_events, y_events = getattr(solution, "t_events", None), getattr(solution, "y_events", None)
+    if t_events is None or y_events is None:
+        return
+    index = np.concatenate([np.full(len(t), i, dtype=np.int64) for i, t in enumerate(t_events)]
+                           + [np.zeros(0, dtype=np.int64)])
+    times = np.concatenate([np.asarray(t, dtype=np.float64) for t in t_events] + [np.zeros(0)])
+    states = [_host(y) for y in y_events]
+    if any(y.shape[1:] != expected for y in states):
+        raise ValueError(f"solution.y_events hold states of shapes {[y.shape[1:] for y in states]}, "
+                         f"expected that of one saved state {expected}")
+    values = np.concatenate(states) if states else np.empty((0,) + expected)
+    values, tail = split_parts(values.reshape((len(times),) + shape), ("occurrence",) + dims)
+    data.update(occurrence_event=(("occurrence",), index), occurrence_time=(("occurrence",), times),
+                occurrence_state=(tail, values))
 
 
 def _batch_dims(count: int) -> tuple:

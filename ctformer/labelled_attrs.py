@@ -70,7 +70,8 @@ def common_attrs(result, kind: str, extra) -> dict:
     scheme = getattr(result, "scheme", None)
     if scheme is not None:
         attrs["scheme"] = scheme if isinstance(scheme, str) else getattr(scheme, "name", repr(scheme))
-    for name in ("rtol", "atol", "event_time", "dt", "beta", "normalized"):
+    for name in ("rtol", "atol", "event_time", "dt", "beta", "normalized", "events_before",
+                 "control"):  # control: a dict, written as control_json
         set_attr(attrs, name, getattr(result, name, None))
     if getattr(result, "event_time", None) is not None:  # its state: the variable event_state
         for name in ("event_index", "event_terminal"):

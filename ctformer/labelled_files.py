@@ -224,6 +224,28 @@ class SavedResult:
         """Whether the event ended the solve (False when none fired)."""
         return bool(self.attrs.get("event_terminal", 0))
 
+    @property
+    def events_before(self):
+        """:attr:`ctformer.Solution.events_before`: a tuple of ints, or None without events."""
+        before = self.attrs.get("events_before")
+        return None if before is None else tuple(int(c) for c in np.atleast_1d(before))
+
+    @property
+    def t_events(self):
+        """:attr:`ctformer.Solution.t_events`: each event's depths, or None without events."""
+        return self._per_event("occurrence_time")
+
+    @property
+    def y_events(self):
+        """:attr:`ctformer.Solution.y_events`: each event's states (solver layout, bit for bit)."""
+        return self._per_event("occurrence_state")
+
+    def _per_event(self, name):
+        if self.events_before is None or name not in self.arrays:
+            return None
+        index = np.asarray(self.arrays["occurrence_event"])
+        return tuple(self.arrays[name][index == i] for i in range(len(self.events_before)))
+
 
 _STATE = {"Solution": ("state", "depth"), "Trajectory": ("positions", "time"),
           "MeanFieldSolution": ("coefficients", "time"), "ConvergenceResult": (None, None),
@@ -271,8 +293,9 @@ def from_xarray(ds) -> SavedResult:
         axis = "time"
     arrays = {key: join_parts(np.asarray(var.values), tuple(var.dims))
               for key, var in ds.variables.items() if key not in (name, "part")}
-    if "event_state" in ds.variables:  # one state: a product token grid back in raster order
-        arrays["event_state"] = _state_values(ds["event_state"])
+    for key in ("event_state", "occurrence_state"):  # a product token grid back in raster order
+        if key in ds.variables:
+            arrays[key] = _state_values(ds[key])
     states = None if name is None else _state_values(ds[name])
     times = None if axis is None else np.asarray(ds[axis].values)
     return SavedResult(kind=kind, times=times, states=states, arrays=arrays,

@@ -144,22 +144,26 @@ def test_fixed_step_event_location_converges_with_the_scheme_order():
     assert errors[0] <= 4e-4 and np.all(orders > 3.3), (errors, orders)
 
 
-@pytest.mark.parametrize("terminal", [2, 1, np.int64(3)])
-def test_a_count_of_occurrences_is_refused_by_name(terminal):
-    """solve_ivp reads terminal=n as 'stop at the n-th crossing'; Event does not count, and says
-    so (before: 'terminal must be True or False, got int 2', nothing on the count)."""
-    with pytest.raises(TypeError, match=r"terminal must be True or False.*count of occurrences"):
+@pytest.mark.parametrize("terminal, bad", [(-1, ValueError), (2.0, TypeError), ("2", TypeError)])
+def test_a_count_of_occurrences_that_is_not_one_is_refused_by_name(terminal, bad):
+    """terminal=n is solve_ivp's count (tests/test_events_audit2_occurrences.py); a negative, float or
+    text count is refused by name, as solve_ivp refuses it."""
+    with pytest.raises(bad, match=r"terminal must be True, False or a count n >= 1"):
         Event(lambda t, u: 0.0, terminal=terminal)
+    assert Event(lambda t, u: 0.0, terminal=np.int64(3)).terminal == 3
+    assert Event(lambda t, u: 0.0, terminal=1).terminal is True
+    assert Event(lambda t, u: 0.0, terminal=0).terminal is False
 
 
-def test_a_zero_at_the_start_is_not_a_crossing():
-    """u = t from 0 with g = u: solve_ivp reports t = 0; a solve that starts on g = 0 does not."""
+def test_a_zero_at_the_start_is_an_occurrence_as_in_solve_ivp():
+    """u = t from 0 with g = u: solve_ivp reports t = 0, and so does the solve (before: nothing)."""
     clock = Piecewise.single(SplitProblem([lambda u: np.ones_like(u)]), 1.0)
     assert solve_ivp(lambda t, y: [1.0], (0.0, 1.0), [0.0],
                      events=lambda t, y: y[0]).t_events[0].tolist() == [0.0]
     sol = solvers.integrate(clock, np.zeros((1, 1)), 4, scheme=solvers.get("rk4"),
                             events=[Event(lambda t, u: float(u[0, 0]), terminal=False)])
-    assert sol.stats["events"] == [] and sol.event_time is None and sol.event_state is None
+    assert sol.stats["events"] == [(0, 0.0)] and sol.event_time == 0.0
+    assert float(sol.event_state[0, 0]) == 0.0
 
 
 def test_a_boolean_depth_is_refused():

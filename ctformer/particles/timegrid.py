@@ -264,7 +264,7 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
         solution = solvers.integrate(solvers.Piecewise.single(problem, t_end, t0), state, control,
                                      scheme=scheme, save_at=save_at, events=tuple(events),
                                      order=scheme.nominal_order, what=f"the {what} solution", hint=hint,
-                                     start=start if start is not None and start.h is not None else None,
+                                     start=start,
                                      labels={"axes": axes, "time_axis": "time"})
     if k:
         solution = _grid_times(solution, t0, k, h, save_at is None or save_at.times is None)
@@ -370,6 +370,8 @@ class _NoiseClock:
             solution.final = self.reset(solution.final)
         if solution.event_state is not None:
             solution.event_state = self.reset(solution.event_state)
+        if solution.y_events is not None:
+            solution.y_events = tuple(self.reset(y) for y in solution.y_events)
         return solution
 
 

@@ -5,8 +5,11 @@ An :class:`Event` with condition :math:`g(t, u)` fires inside an accepted step f
 chosen direction). The crossing is located on the step's dense output :math:`\tilde u(t)`
 (:mod:`ctformer.solvers.solution`) by Brent's method on :math:`t \mapsto g(t, \tilde u(t))`
 (``scipy.optimize.brentq``) to :math:`10^{-12}\max(1, |t|)` in :math:`t`; the located depth is
-then as accurate as the interpolant, i.e. within the controller's tolerance. A terminal event
-ends the solve there.
+then as accurate as the interpolant, i.e. within the controller's tolerance. As in
+``scipy.integrate.solve_ivp``, a solve that starts where :math:`g = 0` fires at its start when
+the first step leaves zero in the event's direction (a restart, which continues a saved solve,
+does not: that solve saw the zero already), and a terminal event ends the solve at its first
+occurrence, or at its ``n``-th with ``terminal=n``. :class:`Tracker` keeps every occurrence.
 """
 from __future__ import annotations
 
@@ -14,12 +17,13 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import array_api_compat
 import numpy as np
 from scipy.optimize import brentq
 
 from .. import validation
 
-__all__ = ["Event", "evaluate_condition", "locate"]
+__all__ = ["Event", "Tracker", "evaluate_condition", "locate"]
 
 
 @dataclass(frozen=True)
@@ -31,13 +35,16 @@ class Event:
     condition : callable
         ``condition(t, u) -> float``: a real scalar (a Python or NumPy number, or an array of
         size one in any namespace).
-    terminal : bool
-        End the solve at the first crossing (default True). Not a count: ``solve_ivp``'s
-        ``terminal=n`` (stop at the n-th crossing) is refused.
+    terminal : bool or int
+        True (default): end the solve at the first occurrence; False (or 0): never; an integer
+        :math:`n \ge 1`: end it at the :math:`n`-th occurrence (``solve_ivp``'s meaning; a
+        restart counts the occurrences of the solve it continues).
     direction : {0, 1, -1}
-        0: any crossing; 1: only from negative to positive; -1: only from positive to negative
-        (a crossing ends where :math:`g = 0`; a zero of :math:`g` at the start of a step is not
-        one, so a solve that starts on :math:`g = 0` does not fire there, unlike ``solve_ivp``).
+        0: any crossing; 1: only from negative to positive; -1: only from positive to negative.
+        A crossing ends where :math:`g = 0`, so a zero at a step's end is one occurrence, not
+        two; a zero at the very start of a solve is one when the first step moves :math:`g`
+        in the event's direction (:math:`g \ge 0` after it for 1, :math:`g \le 0` for -1, as
+        ``solve_ivp``).
 
     Examples
     --------
@@ -50,21 +57,33 @@ class Event:
     """
 
     condition: Callable
-    terminal: bool = True
+    terminal: bool | int = True
     direction: int = 0
 
     def __post_init__(self):
         if not callable(self.condition):
             raise TypeError(f"Event: condition must be a callable condition(t, u) -> float, got "
                             f"{type(self.condition).__name__}")
-        count = isinstance(self.terminal, (int, np.integer))
-        if count and not isinstance(self.terminal, (bool, np.bool_)):
-            # scipy's solve_ivp reads an integer as a count of occurrences; say so, not just "bool"
-            raise TypeError(f"Event: terminal must be True or False, got {self.terminal!r}; a count "
-                            f"of occurrences before stopping (scipy's terminal=n) is not supported: "
-                            f"pass terminal=False and read the crossings in stats['events']")
-        object.__setattr__(self, "terminal", validation.boolean(self.terminal, "terminal"))
+        terminal = self.terminal
+        if validation.is_integer(terminal):
+            if terminal < 0:
+                raise ValueError(f"Event: terminal must be True, False or a count n >= 1 of "
+                                 f"occurrences before stopping, got {terminal!r}; pass a "
+                                 f"positive count, or False never to stop")
+            terminal = int(terminal) if terminal > 1 else bool(terminal)
+        elif not isinstance(terminal, (bool, np.bool_)):
+            raise TypeError(f"Event: terminal must be True, False or a count n >= 1 of "
+                            f"occurrences before stopping, got {type(terminal).__name__} "
+                            f"{terminal!r}")
+        else:
+            terminal = bool(terminal)
+        object.__setattr__(self, "terminal", terminal)
         validation.one_of(self.direction, "direction", (0, 1, -1))
+
+    @property
+    def limit(self) -> float:
+        """The occurrence that ends the solve (1, n, or infinity for a non-terminal event)."""
+        return math.inf if self.terminal is False else float(self.terminal)
 
 
 def evaluate_condition(event: Event, t: float, u, index: int) -> float:
@@ -95,6 +114,11 @@ def crossed(event: Event, g0: float, g1: float) -> bool:
     return event.direction == 0 or (event.direction == 1) == rising
 
 
+def leaves_zero(event: Event, g1: float) -> bool:
+    """From :math:`g = 0` at a solve's start to ``g1``: an occurrence (``solve_ivp``'s rule)."""
+    return event.direction == 0 or event.direction * g1 >= 0.0
+
+
 def locate(event: Event, index: int, interpolant: Callable, t0: float, t1: float,
            g0: float, g1: float) -> float:
     """The crossing depth in ``[t0, t1]`` on the dense output ``interpolant(t)``."""
@@ -106,3 +130,72 @@ def locate(event: Event, index: int, interpolant: Callable, t0: float, t1: float
 
     a, b = (t0, t1) if t0 < t1 else (t1, t0)
     return brentq(g, a, b, xtol=1e-12 * max(1.0, abs(t0), abs(t1)), rtol=4 * np.finfo(float).eps)
+
+
+class Tracker:
+    """Every occurrence of ``events`` in one solve, and whether a terminal one ends it.
+
+    ``before``: the occurrences of each event before this solve's start (a restart's, so that
+    ``terminal=n`` counts those of the solve it continues); ``restart``: the solve continues a
+    saved one, so a zero of :math:`g` at its start is not an occurrence.
+    """
+
+    def __init__(self, events, before=None, restart: bool = False):
+        self.events = tuple(events)
+        if before is not None and len(before) != len(self.events):
+            if any(e.terminal is not True and e.terminal is not False for e in self.events):
+                raise ValueError(f"events: the saved solve had {len(before)} events, this one "
+                                 f"{len(self.events)}; terminal=n counts the occurrences of the "
+                                 f"saved solve's events, so pass those events in their order")
+            before = None  # other events: counted from this solve's start
+        self.before = (0,) * len(self.events) if before is None else tuple(int(c) for c in before)
+        self.counts = list(self.before)
+        self.restart, self.fresh, self.g = restart, False, None
+        self.fired, self.states = [], []  # (index, depth) and the state, in the order they happen
+        self.first = None  # (depth, state, index, terminal): the one a Solution names
+
+    def start(self, t: float, u) -> None:
+        self.g = [evaluate_condition(e, t, u, i) for i, e in enumerate(self.events)]
+        self.fresh = not self.restart
+
+    def step(self, record, t_new: float, u_new, count) -> bool:
+        """Occurrences in the step just accepted (``record``: its dense output); True when a
+        terminal event ends the solve (nothing after it is kept)."""
+        if not self.events:
+            return False
+        g_new = [evaluate_condition(e, t_new, u_new, i) for i, e in enumerate(self.events)]
+        found = []
+        for i, (e, g0, g1) in enumerate(zip(self.events, self.g, g_new)):
+            if self.fresh and g0 == 0.0 and leaves_zero(e, g1):
+                found.append((0.0, i, record.t0))
+            elif crossed(e, g0, g1):
+                tc = locate(e, i, lambda s: record(s, count), record.t0, t_new, g0, g1)
+                found.append((abs(tc - record.t0), i, tc))
+        self.g, self.fresh = g_new, False
+        for _, i, tc in sorted(found):  # in the order they happen (ties: by index)
+            state = record(tc, count)
+            self.fired.append((i, tc))
+            self.states.append(state)
+            self.counts[i] += 1
+            if self.counts[i] >= self.events[i].limit:
+                self.first = (tc, state, i, True)
+                return True
+            if self.first is None:
+                self.first = (tc, state, i, False)
+        return False
+
+    def per_event(self, like):
+        """``(t_events, y_events)`` as ``solve_ivp`` gives them: for each event its depths
+        (float64) and its states stacked (shape ``(k,) + like.shape``, the namespace of
+        ``like``); ``(None, None)`` without events."""
+        if not self.events:
+            return None, None
+        xp = array_api_compat.array_namespace(like)
+        times, states = [], []
+        for i in range(len(self.events)):
+            mine = [k for k, (j, _) in enumerate(self.fired) if j == i]
+            times.append(np.array([self.fired[k][1] for k in mine], dtype=np.float64))
+            states.append(xp.stack([self.states[k] for k in mine]) if mine else
+                          xp.empty((0, *like.shape), dtype=like.dtype,
+                                   device=array_api_compat.device(like)))
+        return tuple(times), tuple(states)

@@ -28,9 +28,10 @@ import numpy as np
 from ..backend import all_finite
 from ..validation import is_integer, real
 from .controller import ControllerState, PIController
-from .events import crossed, evaluate_condition, locate
+from .events import Tracker
 from .failures import MaxStepsReached, SolveFailed, SolveInterrupted, StepSizeTooSmall
 from .loop_adaptive import run_adaptive
+from .restart_identity import control_settings
 from .saving import Saver
 from .solution import SaveAt, Solution, StepRecord
 from .steppers import stepper_for
@@ -177,12 +178,15 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
         first = groups.problems[0]
         groups = groups.with_first(Piecewise(first.boundaries, tuple(counter.wrap(p) for p in first.problems)))
     saver = Saver(save_at, problem, u0, every=save_every, out=out, on_save=on_save)
-    run = _Run(problem, scheme, saver, counter, tuple(events), what, layered, hint)
+    # a restart continues a saved solve: no occurrence at its start, the counts go on
+    tracker = Tracker(events, getattr(start, "events_before", None), restart=start is not None)
+    run = _Run(problem, scheme, saver, counter, tracker, what, layered, hint)
     run.labels = dict(labels or {})
     try:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported by checks
             if isinstance(control, PIController):
-                run.adaptive(u0, control, weights, order, start)
+                run.adaptive(u0, control, weights, order,
+                             start if getattr(start, "h", None) is not None else None)
             else:
                 steps, h = _fixed_control(control, problem)
                 run.fixed(u0, steps, checkpoint, h, groups)
@@ -194,57 +198,33 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
 class _Run:
     """The state of one :func:`integrate` call (kept so an interrupt can report it)."""
 
-    def __init__(self, problem, scheme, saver, counter, events, what, layered, hint):
+    def __init__(self, problem, scheme, saver, counter, tracker, what, layered, hint):
         self.problem, self.scheme, self.saver, self.counter = problem, scheme, saver, counter
-        self.events, self.what, self.layered, self.hint = events, what, layered, hint
+        self.tracker, self.events = tracker, tracker.events
+        self.what, self.layered, self.hint = what, layered, hint
         self.t, self.u, self.done, self.total = problem.boundaries[0], None, 0, None
         self.accepted, self.rejected, self.step_times, self.h0 = 0, 0, [], None
         self.step_sizes, self.step_errors = [], []  # after each accepted step: for restarts
-        self.event = None  # (time, state, index, terminal)
-        self.fired = []
-        self.g = None
 
     # -- shared -----------------------------------------------------------------------------
     def _xp(self):
         return array_api_compat.array_namespace(self.u)
 
     def _start_events(self, t, u):
-        self.g = [evaluate_condition(e, t, u, i) for i, e in enumerate(self.events)]
+        self.tracker.start(t, u)
 
     def _check_events(self, record: StepRecord, t_new, u_new) -> bool:
-        """Record crossings in the step just accepted; True when a terminal one ends the solve."""
-        if not self.events:
-            return False
-        g_new = [evaluate_condition(e, t_new, u_new, i) for i, e in enumerate(self.events)]
-        found = []
-        for i, (e, g0, g1) in enumerate(zip(self.events, self.g, g_new)):
-            if crossed(e, g0, g1):
-                tc = locate(e, i, lambda s: record(s, self._count), record.t0, t_new, g0, g1)
-                found.append((abs(tc - record.t0), i, tc))
-        found.sort()  # in the order they happen (ties: by index)
-        first = next(((tc, i) for _, i, tc in found if self.events[i].terminal), None)
-        # none past a terminal event: the solve ends there
-        self.fired += [(i, tc) for d, i, tc in found if first is None or d <= abs(first[0] - record.t0)]
-        self.g = g_new
-        if first is None:
-            if found and self.event is None:  # the first event of the solve, in this step
-                _, i, tc = found[0]
-                self.event = (tc, record(tc, self._count), i, False)
-            return False
-        tc, i = first
-        self.event = (tc, record(tc, self._count), i, True)
-        return True
+        """Record occurrences in the step just accepted; True when a terminal one ends the solve."""
+        # the record's problem is the counted one: its slopes are counted once, there
+        return self.tracker.step(record, t_new, u_new, None)
 
     def _stop_at_event(self, record):
         """A terminal event inside ``record``'s step ends the solve at the event depth."""
-        t_event, u_event, _, _ = self.event
+        t_event, u_event, _, _ = self.tracker.first
         self.step_times[-1] = t_event  # where it stopped; the full step stays counted
         self.saver.step(record, self.t, self.u, end=False, done=self.done, cut=t_event)
         self.saver.event(t_event, u_event)
         self.t, self.u = t_event, u_event
-
-    def _count(self, n):
-        self.counter.calls += n * len(self.problem.problems[0].flows)
 
     def _nonfinite(self, t_start, t_end, h):
         if not all_finite(self.u):
@@ -351,18 +331,21 @@ class _Run:
                  "rhs_evaluations": self.counter.calls / len(self.problem.problems[0].flows),
                  "step_times": np.asarray(self.step_times, dtype=np.float64),
                  "initial_step": self.h0,
-                 "events": list(self.fired)}
+                 "events": list(self.tracker.fired)}
         if controlled:
             stats["step_sizes"] = np.asarray(self.step_sizes, dtype=np.float64)
             stats["step_errors"] = np.asarray(self.step_errors, dtype=np.float64)
         times, states = self.saver.result()
-        t_event, u_event, i_event, terminal = self.event if self.event is not None else (None,) * 4
+        t_event, u_event, i_event, terminal = self.tracker.first or (None,) * 4
+        t_events, y_events = self.tracker.per_event(self.u if self.u is not None else self.saver.final)
         return Solution(times=times, states=states, final=self.saver.final, stats=stats, scheme=self.scheme.label,
                         rtol=control.rtol if controlled else None,
                         atol=control.atol if controlled else None,
                         norm=control.norm if controlled else None,
+                        control=control_settings(control) if controlled else None,
                         event_time=t_event, event_state=u_event, event_index=i_event,
-                        event_terminal=bool(terminal),
+                        event_terminal=bool(terminal), t_events=t_events, y_events=y_events,
+                        events_before=self.tracker.before if self.events else None,
                         records=self.saver.records, t0=self.problem.boundaries[0],
                         **self.labels)
 

@@ -8,7 +8,10 @@ controlled :class:`~ctformer.Solution` keeps in ``stats["step_sizes"]`` and
 ``stats["step_errors"]`` (one entry per accepted step, beside ``stats["step_times"]``) and
 :func:`ctformer.labelled.to_netcdf` writes with it. The first stage :math:`F(u)` is recomputed,
 which gives the bits the first-same-as-last stage had. A solve that a terminal event stopped
-ends inside a step, where the uninterrupted solve has no step end: it is not restarted.
+ends inside a step, where the uninterrupted solve has no step end: it is not restarted. Events
+go on as in the uninterrupted solve: a zero of a condition at the restart depth is not a new
+occurrence, and ``terminal=n`` counts the occurrences the saved solve found up to that depth
+(its ``events_before`` plus its ``t_events`` there).
 """
 from __future__ import annotations
 
@@ -25,20 +28,20 @@ __all__ = ["RestartPoint", "restart_point"]
 class RestartPoint:
     """Where a restart begins: depth ``t0``, state ``u0``, and for a controlled solve the next
     step size ``h`` and the previous accepted error ``err_prev`` (None for fixed steps);
-    ``scheme``: the label of the scheme that made the saved states (None if not recorded)."""
+    ``scheme``: the label of the scheme that made the saved states (None if not recorded);
+    ``events_before``: how often each of its events fired up to ``t0`` (None without events)."""
 
     t0: float
     u0: object
     h: float | None = None
     err_prev: float | None = None
     scheme: str | None = None
+    events_before: tuple | None = None
 
 
 def _parts(initial):
     """``(times, states, stats, scheme, stop)`` of a Solution, a saved result or an xarray
     Dataset; ``stop``: the depth of a terminal event that ended the solve, else None."""
-    if hasattr(initial, "attrs") and hasattr(initial, "data_vars"):  # an xarray Dataset
-        initial = labelled_methods.read(initial)
     if hasattr(initial, "kind") and hasattr(initial, "arrays"):  # ctformer.labelled.SavedResult
         stats = {key[len("stats_"):]: np.asarray(value) for key, value in initial.attrs.items()
                  if key.startswith("stats_")}
@@ -75,10 +78,13 @@ def restart_point(initial, *, controlled: bool, boundaries) -> RestartPoint:
         a terminal event that stopped it inside a step, or without the step history (a
         fixed-step or pre-0.3 result).
     """
+    if hasattr(initial, "attrs") and hasattr(initial, "data_vars"):  # an xarray Dataset
+        initial = labelled_methods.read(initial)
     times, states, stats, scheme, stop = _parts(initial)
     if times is None or states is None or len(times) == 0:
         raise ValueError("initial has no saved state to restart from")
     t0, u0 = float(times[-1]), states[-1, ...]
+    before = _occurred(initial, t0)
     scheme = None if scheme is None else str(scheme)
     stopped = stop is not None and float(stop) == t0
     if not controlled:
@@ -87,7 +93,7 @@ def restart_point(initial, *, controlled: bool, boundaries) -> RestartPoint:
         except ValueError as exc:
             why = exc
         else:  # a terminal event exactly on a segment end is a step end: exact
-            return RestartPoint(t0, u0, scheme=scheme)
+            return RestartPoint(t0, u0, scheme=scheme, events_before=before)
         if stopped:
             _refuse_stop(t0)
         raise why
@@ -105,7 +111,15 @@ def restart_point(initial, *, controlled: bool, boundaries) -> RestartPoint:
                          f"SaveAt(layers=True) to restart exactly")
     i = int(hits[-1])
     sizes, errors = np.asarray(stats["step_sizes"]), np.asarray(stats["step_errors"])
-    return RestartPoint(t0, u0, float(sizes[i]), float(errors[i]), scheme)
+    return RestartPoint(t0, u0, float(sizes[i]), float(errors[i]), scheme, before)
+
+
+def _occurred(initial, t0: float):
+    """How often each event of ``initial``'s computation fired up to ``t0`` (None without)."""
+    before, t_events = getattr(initial, "events_before", None), getattr(initial, "t_events", None)
+    if before is None or t_events is None:
+        return None
+    return tuple(int(b) + int(np.count_nonzero(np.asarray(t) <= t0)) for b, t in zip(before, t_events))
 
 
 def _refuse_stop(t0: float) -> None:

@@ -2,9 +2,10 @@ r"""What a restart must share with the solve it continues: one computation, not 
 
 A restart continues the saved solve exactly only with the same right-hand side and the same
 control. :func:`recorded` reads what a :class:`~ctformer.Solution` (or its file) says about its
-computation: the scheme, the tolerances and error norm of a controlled solve, each
-discretization by its ``repr``, and a fingerprint of the model; :func:`refuse_another`
-compares them with the continued solve and names every difference.
+computation: the scheme, the tolerances and error norm of a controlled solve and the
+controller's settings that choose its step sizes (:data:`CONTROL`), each discretization by its
+``repr``, and a fingerprint of the model; :func:`refuse_another` compares them with the
+continued solve and names every difference.
 
 The model's fingerprint (:func:`model_fingerprint`) is a BLAKE2 digest of the model's class,
 its number of layers, and each parameter's name, shape, dtype and 16 of its values, spread
@@ -24,7 +25,17 @@ import numpy as np
 
 from ..backend import to_host
 
-__all__ = ["model_fingerprint", "recorded", "refuse_another"]
+__all__ = ["model_fingerprint", "recorded", "refuse_another", "CONTROL", "control_settings"]
+
+#: The :class:`~ctformer.solvers.PIController` settings besides the tolerances that choose the
+#: step sizes (``dt0`` does not: a restart takes its first step from the saved solve; nor do
+#: ``dt_min`` and ``max_steps``, which only end a solve).
+CONTROL = ("pcoeff", "icoeff", "safety", "factor_min", "factor_max")
+
+
+def control_settings(controller) -> dict:
+    """``{name: value}`` of :data:`CONTROL` for ``controller``."""
+    return {name: float(getattr(controller, name)) for name in CONTROL}
 
 _GRID_NAMES = ("tokens", "features", "head_features", "hidden")
 _SAMPLES = 16
@@ -80,15 +91,17 @@ def _like(values, where):
 
 def recorded(initial) -> dict:
     """What ``initial`` (a Solution, a saved result or its attributes) says about its solve:
-    ``rtol``, ``atol``, ``norm``, the discretizations' reprs and ``model_fingerprint``, the
-    keys it has."""
+    ``rtol``, ``atol``, ``norm``, the :data:`CONTROL` settings, the discretizations' reprs and
+    ``model_fingerprint``, the keys it has."""
     attrs = getattr(initial, "attrs", None)
     if isinstance(attrs, dict):  # a file's attributes
         found = {key: attrs.get(key) for key in ("rtol", "atol", "norm", "model_fingerprint", *_GRID_NAMES)}
+        found.update(attrs.get("control") or {})  # written as control_json, read back parsed
     else:
         grids = getattr(initial, "grids", None)
         found = {key: getattr(initial, key, None) for key in ("rtol", "atol", "norm", "model_fingerprint")}
         found.update({key: None if grids is None else repr(getattr(grids, key)) for key in _GRID_NAMES})
+        found.update(getattr(initial, "control", None) or {})
     return {key: value for key, value in found.items() if value is not None}
 
 

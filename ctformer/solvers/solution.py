@@ -4,12 +4,13 @@ A :class:`Solution` holds the states :math:`u(t_k)` at the depths chosen by :cla
 the step statistics, and, when asked for (``SaveAt(dense=True)``), one interpolant per accepted
 step, so that :meth:`Solution.evaluate` gives :math:`u(t)` at any depth of the interval:
 
-- an embedded pair with a continuous extension interpolates with the method's own dense
-  weights, :math:`u(t_n + \theta h) = u_n + h \sum_i b_i(\theta) k_i` (order 3 for bosh3, 4 for
-  dopri5 and tsit5);
-- every other scheme uses the cubic Hermite interpolant through :math:`u_n, u_{n+1}` and the
-  right-hand sides :math:`F(u_n), F(u_{n+1})` (local error :math:`O(h^4)`), evaluated when
-  first asked for (two right-hand sides per interpolated step, counted in the statistics).
+- an error-controlled embedded pair with a continuous extension interpolates with the
+  method's own dense weights, :math:`u(t_n + \theta h) = u_n + h \sum_i b_i(\theta) k_i`
+  (order 3 for bosh3, 4 for dopri5 and tsit5: local error :math:`O(h^4)`, :math:`O(h^5)`);
+- every other scheme, and every scheme with fixed steps (whose steps do not keep their stages),
+  uses the cubic Hermite interpolant through :math:`u_n, u_{n+1}` and the right-hand sides
+  :math:`F(u_n), F(u_{n+1})` (local error :math:`O(h^4)`), evaluated when first asked for (two
+  right-hand sides per interpolated step, counted once in the statistics).
 """
 from __future__ import annotations
 
@@ -148,6 +149,10 @@ class Solution(LabelledResult):
         The tolerances (None for fixed steps).
     norm : str or None
         ``"l2"`` or ``"rms"`` (None for fixed steps).
+    control : dict or None
+        The controller's other settings that choose the step sizes (``pcoeff``, ``icoeff``,
+        ``safety``, ``factor_min``, ``factor_max``; None for fixed steps): a restart from this
+        solution is refused with other values.
     grids : ctformer.Grids or None
         The grids of a model's solve.
     model_fingerprint : str or None
@@ -160,8 +165,17 @@ class Solution(LabelledResult):
     event_index : int or None
         Its index in ``events``.
     event_terminal : bool
-        Whether that event was terminal: the solve ended at ``event_time`` (``times``,
-        ``final``, ``step_times`` and :meth:`evaluate` end there).
+        Whether that event ended the solve (its first occurrence, or its ``n``-th with
+        ``terminal=n``): ``times``, ``final``, ``step_times`` and :meth:`evaluate` end at
+        ``event_time``.
+    t_events, y_events : tuple or None
+        Every occurrence of every event, as ``scipy.integrate.solve_ivp`` gives them:
+        ``t_events[i]`` the depths where ``events[i]`` fired (float64, in order) and
+        ``y_events[i]`` the states there, stacked (shape ``(len(t_events[i]),) + u0.shape``,
+        on the steps' dense output); None for a solve without events.
+    events_before : tuple of int or None
+        How many times each event fired before this solve's start: zeros, or for a restart
+        those of the solve it continues (which ``terminal=n`` counts on).
     axes : tuple of str or None
         Names of the state's axes for a solve without grids (``("particle", "dimension")``,
         ``("wavenumber",)``), used by :func:`ctformer.labelled.to_xarray`; None for a model.
@@ -177,12 +191,16 @@ class Solution(LabelledResult):
     rtol: float | None = None
     atol: float | None = None
     norm: str | None = None
+    control: dict | None = None
     grids: object = None
     model_fingerprint: str | None = None
     event_time: float | None = None
     event_state: object = None
     event_index: int | None = None
     event_terminal: bool = False
+    t_events: tuple | None = None
+    y_events: tuple | None = None
+    events_before: tuple | None = None
     records: list = field(default_factory=list, repr=False)
     t0: float = 0.0
     axes: tuple | None = None
@@ -229,7 +247,11 @@ class Solution(LabelledResult):
         values = [self._at(float(s)) for s in ts.reshape(-1)]
         if ts.ndim == 0:
             return values[0]
-        xp = array_api_compat.array_namespace(values[0])
+        like = self.records[0].u0
+        xp = array_api_compat.array_namespace(like)
+        if not values:  # no depths: an empty stack, as for any other array of depths
+            return xp.empty((*ts.shape, *like.shape), dtype=like.dtype,
+                            device=array_api_compat.device(like))
         stacked = xp.stack(values)
         return xp.reshape(stacked, (*ts.shape, *values[0].shape))
 
