@@ -155,15 +155,17 @@ def small_model(kind: str, seed: int = 0):
     Parameters
     ----------
     kind : str
-        One of :func:`small_models` (``"bert"``, ``"gpt2"``, ``"llama"``, ``"albert"``).
+        One of :func:`small_models` (``"bert"``, ``"gpt2"``, ``"llama"``, ``"albert"``, ``"phi3"``,
+        ``"gpt_neox"``, ``"gemma"``, ``"gemma2"``).
     seed : int
         A non-negative integer.
 
     Returns
     -------
     transformers model
-        In evaluation mode, float64 (a Llama through :func:`ctformer.bridges.llama.float64_reference`);
-        weights :math:`\\sim N(0, 1/\\text{fan-in})`, LayerNorm/RMSNorm gains :math:`1 + N(0, 0.1^2)`.
+        In evaluation mode, float64 (the RoPE networks through
+        :func:`ctformer.bridges.llama.float64_reference`); weights :math:`\\sim N(0, 1/\\text{fan-in})`,
+        LayerNorm/RMSNorm gains :math:`1 + N(0, 0.1^2)`.
     """
     import torch
     import transformers
@@ -215,9 +217,9 @@ def limit_report(model: str = "bert", pretrained: bool = False, seed: int = 0) -
     ----------
     model : str
         The network class, one of :func:`small_models` (``"bert"``, ``"gpt2"``, ``"llama"``,
-        ``"albert"``). A small random float64 network is built (:func:`small_model`);
-        ``"bert"`` with ``pretrained=True`` is the packaged all-MiniLM-L6-v2 on real sentences
-        (:func:`ctformer.bridges.minilm.discrete_limit_report`).
+        ``"albert"``, ``"phi3"``, ``"gpt_neox"``, ``"gemma"``, ``"gemma2"``). A small random float64
+        network is built (:func:`small_model`); ``"bert"`` with ``pretrained=True`` is the packaged
+        all-MiniLM-L6-v2 on real sentences (:func:`ctformer.bridges.minilm.discrete_limit_report`).
     pretrained : bool
         Only for ``"bert"``.
     seed : int

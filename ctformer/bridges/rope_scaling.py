@@ -68,6 +68,11 @@ def rope_parameters(cfg) -> dict:
     """The RoPE parameters of a configuration as one dict (transformers 5 ``rope_parameters``, or
     transformers 4 ``rope_theta`` and ``rope_scaling``), checked against :data:`SUPPORTED_ROPE_TYPES`.
 
+    ``"type"`` (the old name of ``"rope_type"``, which transformers 5 keeps beside it) is dropped,
+    ``"rope_type"`` read first. A transformers 4 ``longrope`` configuration with
+    ``original_max_position_embeddings`` on the configuration (Phi-3) gets that :math:`L_0` and
+    the factor ``max_position_embeddings`` :math:`/ L_0`, as transformers 4 computes them.
+
     Raises
     ------
     ValueError
@@ -75,13 +80,21 @@ def rope_parameters(cfg) -> dict:
         take, or no ``rope_theta``.
     """
     params = getattr(cfg, "rope_parameters", None)
-    if params is None:  # transformers 4
+    legacy = params is None
+    if legacy:  # transformers 4
         params = {"rope_theta": getattr(cfg, "rope_theta", 10000.0), **dict(getattr(cfg, "rope_scaling", None) or {})}
-        if "type" in params:
-            params["rope_type"] = params.pop("type")
     params = dict(params)
-    params.setdefault("rope_type", "default")
+    # "type" is the old name of "rope_type": transformers 5 keeps it beside "rope_type" in
+    # rope_parameters (a configuration saved with rope_scaling={"type": ...}); both versions read
+    # "rope_type" first
+    old_name = params.pop("type", None)
+    params.setdefault("rope_type", old_name or "default")
     kind = params["rope_type"]
+    if legacy and kind == "longrope" and getattr(cfg, "original_max_position_embeddings", None):
+        # transformers 4 reads Phi-3's L0 from the configuration, not rope_scaling, with the
+        # factor max_position_embeddings / L0 (transformers 5 moves it into rope_parameters)
+        params["original_max_position_embeddings"] = cfg.original_max_position_embeddings
+        params["factor"] = float(cfg.max_position_embeddings) / float(cfg.original_max_position_embeddings)
     if kind not in _KEYS:
         raise ValueError(f"rope_type={kind!r} is not modelled; supported rope types: {list(SUPPORTED_ROPE_TYPES)}")
     unknown = sorted(set(params) - set(_COMMON) - set(_KEYS[kind]))
