@@ -67,11 +67,16 @@ def test_extended_attention_mask_is_refused_instead_of_broadcasting_the_batch():
 
 
 def test_integer_masks_of_the_operator_are_refused_with_the_conversion():
+    """0/1 integers are read as keep-masks (tests/test_operators_audit_masks.py); other
+    integers and non-integer dtypes are refused with the value or dtype and the remedy."""
     rng = np.random.default_rng(1)
     att, _ = _attention(rng)
     grids = Grids(Midpoint(N), Midpoint(D), Midpoint(D_H), context_length=N)
-    with pytest.raises(TypeError, match=r"padding_mask must be a boolean array .*got dtype int64; pass mask == 1"):
-        att(rng.standard_normal((2, N, D)), grids, padding_mask=np.ones((2, N), dtype=np.int64))
+    with pytest.raises(ValueError, match=r"padding_mask must hold only 0 and 1 .*got the value 2; pass a boolean"):
+        att(rng.standard_normal((2, N, D)), grids, padding_mask=2 * np.ones((2, N), dtype=np.int64))
+    with pytest.raises(TypeError, match=r"padding_mask must be boolean or hold the integers 0 and 1 .*"
+                                        r"got dtype float64; pass padding_mask == 1"):
+        att(rng.standard_normal((2, N, D)), grids, padding_mask=np.ones((2, N)))
 
 
 def test_torch_mask_on_another_device_is_moved_to_the_states_device():
@@ -107,7 +112,10 @@ def test_local_attention_key_mask_of_integers_names_its_dtype():
     the shape it had was the one asked for."""
     rng = np.random.default_rng(2)
     q = rng.standard_normal((2, 6, 4))
-    with pytest.raises(TypeError, match=r"key_mask must be a boolean array .*got dtype int64; pass key_mask == 1"):
-        local_attention(q, q, q, beta=1.0, key_mask=np.ones((2, 6), dtype=np.int64))
+    with pytest.raises(TypeError, match=r"key_mask must be boolean or hold the integers 0 and 1 .*got dtype "
+                                        r"float64; pass key_mask == 1"):
+        local_attention(q, q, q, beta=1.0, key_mask=np.ones((2, 6)))
+    with pytest.raises(ValueError, match=r"key_mask must hold only 0 and 1 .*got the value -1"):
+        local_attention(q, q, q, beta=1.0, key_mask=-np.ones((2, 6), dtype=np.int64))
     with pytest.raises(ValueError, match=r"key_mask must be a boolean array of shape \(\.\.\., 6\), got \(2, 5\)"):
         local_attention(q, q, q, beta=1.0, key_mask=np.ones((2, 5), dtype=bool))

@@ -118,8 +118,8 @@ class Attention(Operator):
     Notes
     -----
     ``discretize(grids, padding_mask=None)`` returns ``f(u, *, check=False)``: ``u`` has shape
-    ``(..., Nq_tokens, Nq_features)``; the optional boolean ``padding_mask`` ``(..., N)`` (True
-    = a real token, kept as a key) is combined with the mask there, once (a solve does it
+    ``(..., Nq_tokens, Nq_features)``; the optional ``padding_mask`` ``(..., N)``, boolean or 0/1
+    integers (True or 1 = a real token, kept as a key), is combined with the mask there, once (a solve does it
     when it builds its split problem), so that evaluating ``f`` builds and checks no mask. A
     query that keeps no key (left padding with the causal mask) gets attention output zero,
     the integral over an empty set of keys, in every path (dense, streamed, banded, ALiBi,
@@ -225,8 +225,9 @@ class Attention(Operator):
         u : array, shape ``(..., Nq_tokens, Nq_features)``
             Real, floating and finite (checked here, once).
         grids : Grids
-        padding_mask : bool array ``(..., N)``, optional
-            True = a real token: only those are keys. Its leading axes broadcast to the batch
+        padding_mask : bool or 0/1 integer array ``(..., N)``, optional
+            True (1) = a real token: only those are keys; integers other than 0 and 1 are
+            refused by value (as ``run`` and ``solve`` do). Its leading axes broadcast to the batch
             axes of ``u`` (``(B, N)``, or ``(N,)`` for every sequence); more or larger ones
             (HuggingFace's extended ``(B, 1, 1, N)`` mask) are refused.
             A query left without any key (with left padding and the causal mask, a padding
@@ -375,8 +376,8 @@ class Attention(Operator):
         Parameters
         ----------
         grids : Grids
-        padding_mask : bool array ``(..., N)`` or Padding, optional
-            The real tokens of a padded batch (True = a real token, kept as a key), combined
+        padding_mask : bool or 0/1 integer array ``(..., N)``, or Padding, optional
+            The real tokens of a padded batch (True or 1 = a real token, kept as a key), combined
             here with the operator's mask: the returned callable builds no mask per call.
 
         Returns
@@ -389,7 +390,8 @@ class Attention(Operator):
         Raises
         ------
         TypeError, ValueError
-            For a padding mask that is not boolean or not of shape ``(..., N)``, or with
+            For a padding mask that is neither boolean nor 0/1 integers, not of shape
+            ``(..., N)``, or with
             ``Causal(diagonal="half")``.
         """
         flow = super().discretize(grids)

@@ -44,6 +44,7 @@ from ..backend import to_host
 from .._numerics.banded import BandedAttention, slopes_bias, window_block_rows
 from .._numerics.dense import attention_with_terms
 from .._numerics.score_terms import DistanceTerm, ScoreTerms
+from .masks import keep_flags
 from .quadrature_attention import _all_float16, in_float32
 
 __all__ = ["window_pattern", "mask_pattern", "local_attention", "window_block_rows", "BandedAttention"]
@@ -201,7 +202,8 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
     weights : array of shape (M,), optional
         Positive key quadrature weights (uniform by default).
     key_mask : bool array of shape (..., M), optional
-        Keys to keep (padding masks), combined with the pattern.
+        Keys to keep (padding masks), combined with the pattern; integers 0/1 (HuggingFace's
+        ``attention_mask``) are read as ``key_mask == 1``, other integers are refused.
     slopes : array, optional
         ALiBi slopes :math:`m_h \ge 0`, broadcasting against the leading axes like ``beta``;
         needs ``positions``.
@@ -280,10 +282,7 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
         _check_beta(beta)
     km = None
     if key_mask is not None:
-        km = xp.asarray(key_mask)
-        if km.dtype != xp.bool:
-            raise TypeError(f"key_mask must be a boolean array (True = a key kept), got dtype {km.dtype}; "
-                            "pass key_mask == 1 for a 0/1 mask")
+        km = keep_flags(xp.asarray(key_mask), "key_mask")   # booleans, or 0/1 integers
         if km.ndim < 1 or km.shape[-1] != m:
             raise ValueError(f"key_mask must be a boolean array of shape (..., {m}), got {tuple(km.shape)}")
     if block is not None:

@@ -36,9 +36,9 @@ from typing import ClassVar
 import numpy as np
 
 from .. import validation
-from ..backend import namespace
+from ..backend import namespace, to_host
 
-__all__ = ["Mask", "Causal", "SlidingWindow", "Padding", "Intersection"]
+__all__ = ["Mask", "Causal", "SlidingWindow", "Padding", "Intersection", "keep_flags"]
 
 DIAGONALS = ("full", "half")
 
@@ -108,12 +108,9 @@ class Mask(abc.ABC):
         return Intersection(*self.parts(), *other.parts())
 
     def __eq__(self, other):
-        if type(self) is not type(other):
-            return False
-        try:
-            return bool(self.__dict__ == other.__dict__)
-        except (TypeError, ValueError):  # attributes that compare elementwise (arrays)
-            return self is other
+        """Equal masks are the same computation: same type and attributes of the same types and
+        values (arrays: same shape, dtype and entries), so that no cache reuses a different one."""
+        return type(self) is type(other) and _same(self.__dict__, other.__dict__)
 
     def __hash__(self):
         return hash(type(self))
@@ -194,8 +191,8 @@ class Padding(Mask):
 
     Parameters
     ----------
-    real : bool array of shape (..., N)
-        True for a real token (the HuggingFace ``attention_mask`` convention), in the namespace
+    real : bool or 0/1 integer array of shape (..., N)
+        True (1) for a real token (the HuggingFace ``attention_mask`` convention), in the namespace
         and on the device of the state. Validated where it enters (a solve, or
         :meth:`ctformer.operators.Attention.__call__`).
     """
@@ -260,6 +257,21 @@ class Intersection(Mask):
     def parts(self) -> tuple:
         return self.masks
 
+    def __eq__(self, other):
+        """A product is the same in any order: equal when the parts match one to one."""
+        if type(self) is not type(other) or len(self.masks) != len(other.masks):
+            return False
+        rest = list(other.masks)
+        for m in self.masks:
+            match = next((i for i, r in enumerate(rest) if m == r), None)
+            if match is None:
+                return False
+            del rest[match]
+        return True
+
+    def __hash__(self):
+        return hash((type(self), tuple(sorted(hash(m) for m in self.masks))))
+
     def keep(self, p, p_key):
         kept = np.ones(np.broadcast_shapes(np.shape(p), np.shape(p_key)), dtype=bool)
         for m in self.masks:
@@ -282,14 +294,57 @@ class Intersection(Mask):
         return keys
 
 
-def check_padding(keys, n_tokens: int):
-    """A padding mask ``(..., N)`` checked once: boolean, one flag per token."""
+def _same(a, b) -> bool:
+    """Whether two attribute values of masks are the same: of one type, arrays (anything with
+    ``shape`` and ``dtype``) with equal shape, dtype and entries, containers element by element,
+    anything else by an ``==`` that answers one boolean."""
+    if a is b:
+        return True
+    if type(a) is not type(b):   # 1 and 1.0 and True are different attributes here
+        return False
+    if hasattr(a, "shape") and hasattr(a, "dtype"):
+        return (tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
+                and bool(np.array_equal(to_host(a), to_host(b))))
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    try:
+        answer = a == b
+    except Exception:  # noqa: BLE001 - a value that cannot compare is not known to be the same
+        return False
+    return bool(answer) if isinstance(answer, (bool, np.bool_)) else False
+
+
+def keep_flags(keys, name: str = "padding_mask"):
+    """A keep-mask as booleans: a boolean array as given, integers 0/1 as ``keys == 1``.
+
+    HuggingFace's ``attention_mask`` is int64; one rule holds for every entry point of a mask
+    (:meth:`Attention.__call__ <ctformer.operators.Attention.__call__>`,
+    ``Attention.discretize(padding_mask=...)``, ``local_attention(key_mask=...)``): booleans,
+    or integers that are all 0 or 1 (1 = keep). Other integers are refused with the first
+    offending value, other dtypes with theirs.
+    """
     xp = namespace(keys)
-    if keys.dtype != xp.bool:
-        raise TypeError(f"padding_mask must be a boolean array (True = a real token), got dtype {keys.dtype}; "
-                        "pass mask == 1 for a 0/1 mask")
+    if keys.dtype == xp.bool:
+        return keys
+    if not xp.isdtype(keys.dtype, "integral"):
+        raise TypeError(f"{name} must be boolean or hold the integers 0 and 1 (1 = keep), got dtype "
+                        f"{keys.dtype}; pass {name} == 1 for a 0/1 mask of another dtype")
+    binary = (keys == 0) | (keys == 1)
+    if not bool(xp.all(binary)):
+        first = to_host(xp.reshape(keys, (-1,)))[~to_host(xp.reshape(binary, (-1,)))][0]
+        raise ValueError(f"{name} must hold only 0 and 1 (1 = keep, 0 = padding), got the value {int(first)}; "
+                         f"pass a boolean mask ({name} != 0 if every nonzero value means keep)")
+    return keys == 1
+
+
+def check_padding(keys, n_tokens: int, name: str = "padding_mask"):
+    """A padding mask ``(..., N)`` checked once: boolean or 0/1 integers (:func:`keep_flags`),
+    one flag per token; returned as booleans."""
+    keys = keep_flags(keys, name)
     if keys.ndim < 1 or keys.shape[-1] != n_tokens:
-        raise ValueError(f"padding_mask must have shape (..., {n_tokens}) (one flag per token), "
+        raise ValueError(f"{name} must have shape (..., {n_tokens}) (one flag per token), "
                          f"got {tuple(keys.shape)}")
     return keys
 

@@ -36,9 +36,11 @@ Squares of :math:`v` lie in :math:`[0, 4)`, so nothing overflows or underflows h
 or small :math:`u` is, and with :math:`\varepsilon = 0` the result satisfies
 :math:`N(c u) = N(u)` to rounding for every :math:`c > 0` representable in the dtype (exactly
 for powers of two). With :math:`\varepsilon > 0`, :math:`s` is raised to at least
-:math:`\sqrt{\varepsilon / R}` (:math:`R` a quarter of the dtype's largest number) before
-:math:`\varepsilon / s^2` is formed; that changes only tokens whose normalized values are
-below :math:`R^{-1/2}` (about :math:`10^{-154}` in float64) anyway.
+:math:`\sqrt{\varepsilon / R}` (:math:`R` a quarter of the dtype's largest number; a power of
+two) in :math:`v` and in :math:`\varepsilon / s^2` alike, so that :math:`\varepsilon / s^2`
+stays finite and a tiny token keeps its relative accuracy (in float32 with
+:math:`\varepsilon = 10^{-5}`, a token of size :math:`10^{-30}` normalizes to about
+:math:`3 \cdot 10^{-28}`, as torch's ``layer_norm`` gives).
 
 Dtypes. The result has the dtype of :math:`u`. The compiled pass sums float32 tokens in float64
 with the float64 feature weights (weights rounded to float32 sum to :math:`1 + O(10^{-7})`: a
@@ -147,13 +149,21 @@ def _rescaled(xp, u):
     return v, s, xp.max(xp.abs(v), axis=-1, keepdims=True)
 
 
-def _eps_over_square(xp, eps: float, s, dtype):
-    r""":math:`\varepsilon / s^2` without overflow: ``s`` is raised to :math:`\sqrt{\varepsilon / R}`
-    (:math:`R` a quarter of the dtype's largest number) first, which changes only results
-    below :math:`\sqrt{1/R}` in absolute value."""
-    floor = math.sqrt(eps / (float(xp.finfo(dtype).max) / 4.0))
-    s = xp.maximum(s, xp.asarray(floor, dtype=s.dtype)) if floor > 0 else s
-    return eps / s / s
+def _eps_normalized(xp, x, square, eps: float, s):
+    r""":math:`x / \sqrt{m + \varepsilon / s^2}` without overflow, ``m`` the mean square ``square``.
+
+    Where :math:`\varepsilon / s^2` would exceed :math:`R` (a quarter of the dtype's largest
+    number), ``s`` is raised to the power of two :math:`t \ge \sqrt{\varepsilon / R}` and
+    ``x`` and ``m`` are rescaled by :math:`r = s / t` alike (exact: a power of two), the same
+    quotient :math:`r x / \sqrt{r^2 m + \varepsilon / t^2}`; raising ``s`` in the
+    :math:`\varepsilon` term alone multiplied tiny tokens by :math:`t / s`.
+    """
+    floor = math.sqrt(eps / (float(xp.finfo(x.dtype).max) / 4.0))
+    if not floor > 0:
+        return x / xp.sqrt(square + eps / s / s)
+    safe = xp.maximum(s, xp.asarray(2.0 ** math.ceil(math.log2(floor)), dtype=s.dtype))
+    ratio = s / safe
+    return (x * ratio) / xp.sqrt(square * ratio * ratio + eps / safe / safe)
 
 
 def _check_eps(eps) -> float:
@@ -268,7 +278,7 @@ class LayerNormProjection(Normalization):
                     )
                 normalized = centred / xp.sqrt(var)
             else:
-                normalized = centred / xp.sqrt(var + _eps_over_square(xp, eps, s, u.dtype))
+                normalized = _eps_normalized(xp, centred, var, eps, s)
             out = normalized if gain is None else normalized * gain
             return out if shift is None else out + shift
 
@@ -344,7 +354,7 @@ class SphereProjection(Normalization):
                     )
                 out = v / xp.sqrt(square)
             else:
-                out = v / xp.sqrt(square + _eps_over_square(xp, eps, s, u.dtype))
+                out = _eps_normalized(xp, v, square, eps, s)
             return out if plain else out * constants("gain", u)
 
         return SmallPlans(sphere, lambda u: _fused_plan(

@@ -336,7 +336,8 @@ class ALiBi(PositionEncoding):
             return alibi_slopes(heads)
         if self.slopes.size != heads:
             raise ValueError(f"ALiBi has {self.slopes.size} slopes; the attention has {heads} heads")
-        return np.asarray(self.slopes)
+        # a writable copy: torch warns when it converts a read-only NumPy array
+        return np.array(self.slopes)
 
     def check_heads(self, heads: int) -> None:
         """One slope per head (explicit slopes must match ``heads``)."""
