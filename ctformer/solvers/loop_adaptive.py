@@ -4,7 +4,8 @@ Each attempted step from :math:`t` has the size :math:`h` the controller propose
 the end :math:`b` of the current segment (a layer boundary is a jump time: no step crosses it).
 A step whose scaled error norm exceeds 1 is rejected and retried smaller from the same state
 (its first stage reused); an accepted step advances, is offered to the events and the saver,
-and the controller proposes the next size. A step clipped to a boundary that is under half the
+and the controller proposes the next size. A layer with projections (a post-norm model)
+starts from the projection of the state onto its constraint set. A step clipped to a boundary that is under half the
 proposed size does not shrink the next proposal: the proposal carries over the boundary.
 """
 from __future__ import annotations
@@ -42,6 +43,11 @@ def run_adaptive(run, u, controller, weights, stepper, start=None) -> None:
         state, h = ControllerState(err_prev=start.err_prev), start.h
     for a, b, problem in run.problem.segments:
         first = None
+        if run.layered and problem.has_projections and float(a).is_integer():
+            # a post-norm layer puts the state on its constraint set within any step, so the
+            # limit jumps there as the layer starts (the saved state at a is the left limit);
+            # from off the set, every step's error would be O(1) and the step would vanish
+            run.u = problem.project_all(run.u)
         while run.t < b:
             if h is None:
                 first = problem.rhs(run.u)
