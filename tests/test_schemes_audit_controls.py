@@ -102,3 +102,13 @@ def test_elementary_controller_takes_scipys_steps(name, reference, rtol):
     # the step times agree to the rounding of the error estimate (a sum that cancels to
     # rtol-sized values, formed in another order than scipy's), amplified by err^(-1/k)
     np.testing.assert_allclose(sol.stats["step_times"], ref.t[1:], rtol=1e-5)
+
+
+def test_integrate_lowers_a_pairs_order_on_a_projecting_problem_by_default():
+    """``integrate`` without ``order`` reads the scheme's order on the problem: the projected
+    problem's tsit5 solve meets the tolerance (the pair's own estimate missed it 730-fold)."""
+    problem = _sphere_problem()
+    exact = _projected_flow_reference(2.0)
+    sol = solvers.integrate(Piecewise.single(problem, 2.0), _U0, PIController(1e-5, 1e-5),
+                            scheme=solvers.get("tsit5"))
+    assert np.linalg.norm(sol.final - exact) <= 10 * 1e-5

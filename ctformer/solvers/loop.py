@@ -133,7 +133,9 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
     weights : tuple (w_x, w_y), optional
         Token and feature weights of the controller's ``"l2"`` norm.
     order : float, optional
-        Order of the scheme on this problem, for step doubling (default ``scheme.order()``).
+        Order of the scheme on this problem, for step doubling (default
+        ``scheme.order(problem.problems)``: 1 where projections follow the sub-steps, and an
+        embedded pair is then controlled by step doubling too).
     what : str
         What ``u`` is, for messages.
     layered : bool
@@ -185,6 +187,8 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
     try:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported by checks
             if isinstance(control, PIController):
+                # a problem with projections lowers the scheme's order (and so its stepper)
+                order = scheme.order(problem.problems) if order is None else order
                 run.adaptive(u0, control, weights, order,
                              start if getattr(start, "h", None) is not None else None)
             else:
