@@ -26,10 +26,13 @@ _ENGINES = ("auto", "fftw", "numpy")
 
 
 def planner_effort() -> str:
-    """``CTFORMER_FFTW_PLANNER`` (default ``auto``), validated."""
-    effort = os.environ.get("CTFORMER_FFTW_PLANNER", "auto").strip() or "auto"
+    """``CTFORMER_FFTW_PLANNER`` (default ``auto``), validated; in any case, as the library's
+    other settings (``fftw_measure`` is ``FFTW_MEASURE``, ``AUTO`` is ``auto``)."""
+    raw = os.environ.get("CTFORMER_FFTW_PLANNER", "auto")
+    effort = raw.strip().upper() or "AUTO"
+    effort = "auto" if effort == "AUTO" else effort
     if effort not in _PLANNERS:
-        raise ValueError(f"CTFORMER_FFTW_PLANNER must be one of {', '.join(_PLANNERS)}, got {effort!r}")
+        raise ValueError(f"CTFORMER_FFTW_PLANNER must be one of {', '.join(_PLANNERS)}, got {raw.strip()!r}")
     return effort
 
 
@@ -105,10 +108,16 @@ def use_wisdom_store(with_wisdom) -> None:
     _WISDOM_STORE[0] = with_wisdom
 
 
+#: Most FFTW threads a plan may ask for: FFTW takes the count as a C ``int`` (pyFFTW raised an
+#: OverflowError from inside the planner for ``CTFORMER_FFT_THREADS=2147483648``).
+MAX_FFT_THREADS = 2**31 - 1
+
+
 def fft_threads() -> int | None:
-    """``CTFORMER_FFT_THREADS``, validated; None when unset (the library's worker count,
-    :func:`ctformer._numerics.threads.num_threads`, read when a plan is made)."""
-    return positive_int("CTFORMER_FFT_THREADS")
+    """``CTFORMER_FFT_THREADS``, validated (1 to :data:`MAX_FFT_THREADS`); None when unset (the
+    library's worker count, :func:`ctformer._numerics.threads.num_threads`, read when a plan is
+    made)."""
+    return positive_int("CTFORMER_FFT_THREADS", maximum=MAX_FFT_THREADS)
 
 
 def same_bits(threaded, single, source) -> bool:

@@ -2,12 +2,15 @@
 
 :func:`write_atomic` writes to a temporary file in the target's directory, flushes it to disk
 (``fsync``) and renames it over the target (:func:`os.replace`, atomic on POSIX and Windows).
-An interrupted write leaves the old file in place and no temporary file behind.
+An interrupted write leaves the old file in place and no temporary file behind. The new file
+keeps the permissions of the file it replaces; a new one gets those :func:`open` gives (0o666
+less the umask).
 """
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
+import stat
 from pathlib import Path
 
 __all__ = ["write_atomic", "check_directory"]
@@ -38,21 +41,31 @@ def write_atomic(path, data) -> Path:
         If ``data`` is neither bytes nor str.
     FileNotFoundError
         If the directory does not exist (:func:`check_directory`; nothing is changed then).
+    IsADirectoryError
+        If ``path`` is a directory (nothing is changed then).
     OSError
         If the directory is not writable (nothing is changed then).
     """
     path = check_directory(path)
+    if path.is_dir():  # named here: the rename would name the temporary file
+        raise IsADirectoryError(f"write_atomic: {str(path)!r} is a directory; give the path of a file "
+                                "(nothing was written)")
     if isinstance(data, str):
         data = data.encode("utf-8")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"data must be bytes or str, got {type(data).__name__}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        kept = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        kept = None
+    fd, tmp = _temporary(path)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes private files; these are plain results
+        if kept is not None:  # a private file stays private, an executable one executable
+            os.chmod(tmp, kept)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -61,3 +74,16 @@ def write_atomic(path, data) -> Path:
             pass
         raise
     return path
+
+
+def _temporary(path: Path):
+    """``(descriptor, name)`` of a new empty file beside ``path``, with the permissions a new
+    file gets from :func:`open` (0o666 less the umask, which the system applies)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:  # a chance of 2**-48 a try: another name
+            continue
+    raise FileExistsError(f"write_atomic: no free temporary name beside {str(path)!r} in 100 tries")

@@ -278,8 +278,8 @@ def _convert(value, like, namespace):
     if hasattr(value, "tocsr"):
         if namespace in ("numpy", "cupy"):
             matrix = value.tocsr()
-            if floating:
-                matrix = matrix.astype(np.dtype(like.dtype.str))
+            if floating:  # in the machine's byte order: SciPy refuses '>f8' matrices
+                matrix = matrix.astype(np.dtype(like.dtype.str).newbyteorder("="))
             return get_backend(namespace).sparse_from_host(matrix)
         value = value.toarray()
     value = np.asarray(value)
@@ -314,10 +314,14 @@ def to_host(x, dtype=None) -> np.ndarray:
     Returns
     -------
     ndarray
-        A view when ``x`` already is a NumPy array of that dtype.
+        A view when ``x`` already is a NumPy array of that dtype. A torch bfloat16 tensor,
+        which NumPy has no dtype for, comes as float32 (exactly: every bfloat16 number is one).
     """
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch
-        x = x.detach().cpu().numpy()
+        x = x.detach().cpu()
+        if str(x.dtype) == "torch.bfloat16":  # torch's .numpy() raised "unsupported ScalarType"
+            x = x.float()
+        x = x.numpy()
     elif array_api_compat.is_cupy_array(x):
         x = x.get()
     elif not isinstance(x, np.ndarray) and hasattr(x, "__array_namespace__"):
@@ -364,14 +368,26 @@ def backend_of(*arrays) -> Backend:
 
 def floating_info(dtype):
     """``max``, ``eps`` and ``bits`` of a NumPy, CuPy, torch or array-API floating dtype
-    (:func:`numpy.finfo`; torch's own for those NumPy lacks, bfloat16)."""
-    try:
-        return np.finfo(np.dtype(dtype))
-    except TypeError:
-        pass
-    try:
-        return np.finfo(np.dtype(str(dtype).split(".")[-1]))
-    except TypeError:
-        import torch
+    (:func:`numpy.finfo`, of the real part for a complex dtype; torch's own for those NumPy
+    lacks, bfloat16).
 
-        return torch.finfo(dtype)
+    Raises
+    ------
+    TypeError
+        If ``dtype`` is not a floating dtype (an integer or boolean dtype, or no dtype).
+    """
+    name = str(dtype).split(".")[-1]
+    for candidate in (dtype, name):
+        try:
+            found = np.dtype(candidate)
+        except TypeError:
+            continue
+        if found.kind in "fc":
+            return np.finfo(found)
+        break
+    torch = sys.modules.get("torch")
+    wanted = getattr(torch, name, None) if torch is not None else None
+    if wanted is not None and getattr(wanted, "is_floating_point", False):
+        return torch.finfo(wanted)
+    raise TypeError(f"floating_info needs a floating dtype (float16, bfloat16, float32, float64, ...), "
+                    f"got {dtype!r}")

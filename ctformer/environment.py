@@ -45,13 +45,15 @@ def choice(name: str, allowed: tuple, default: str = "auto") -> str:
     return chosen
 
 
-def positive_int(name: str, default: int | None = None) -> int | None:
-    """The positive integer in the environment variable ``name`` (``default`` when unset or empty).
+def positive_int(name: str, default: int | None = None, maximum: int | None = None) -> int | None:
+    """The positive integer in the environment variable ``name`` (``default`` when unset or
+    empty), at most ``maximum`` where one is given (e.g. a thread count, a C ``int``).
 
     Raises
     ------
     ValueError
-        If the variable is set to anything but a positive integer (naming it and the value).
+        If the variable is set to anything but a positive integer up to ``maximum`` (naming
+        it, the accepted range and the value).
     """
     value = setting(name).strip()
     if not value:
@@ -60,8 +62,9 @@ def positive_int(name: str, default: int | None = None) -> int | None:
         number = int(value)
     except ValueError:
         number = 0
-    if number < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if number < 1 or (maximum is not None and number > maximum):
+        limit = "" if maximum is None else f" at most {maximum}"
+        raise ValueError(f"{name} must be a positive integer{limit}, got {value!r}")
     return number
 
 

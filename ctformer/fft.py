@@ -73,8 +73,9 @@ from collections import OrderedDict
 import numpy as np
 
 from . import _fftw_shared as _shared
-from ._fftw_shared import (_ENGINES, _FORKS, _PLANNERS, PLANNER_LOCK, _best_times, _planned, fft_engine, fft_threads,
-                           planner_effort, same_bits, use_engine_store, use_wisdom_store, use_workers)
+from ._fftw_shared import (_ENGINES, _FORKS, _PLANNERS, MAX_FFT_THREADS, PLANNER_LOCK, _best_times, _planned,
+                           fft_engine, fft_threads, planner_effort, same_bits, use_engine_store, use_wisdom_store,
+                           use_workers)
 from .validation import integer, one_of
 
 __all__ = ["PLANNER_LOCK", "PlannedFFT", "fft_engine", "fft_threads", "planner_effort", "use_engine_store",
@@ -92,8 +93,8 @@ class PlannedFFT:
     Parameters
     ----------
     threads : int, optional
-        Threads for large transforms; default ``CTFORMER_FFT_THREADS``, else the library's
-        worker count when each plan is made.
+        Threads for large transforms, a positive integer; default ``CTFORMER_FFT_THREADS``,
+        else the library's worker count when each plan is made.
     effort : str, optional
         FFTW planner effort, or ``"auto"``: plans on one thread ``FFTW_MEASURE``, measured
         once per machine and stored (FFTW's wisdom), threaded plans ``FFTW_ESTIMATE``;
@@ -113,7 +114,8 @@ class PlannedFFT:
         pyfftw.interfaces.cache.set_keepalive_time(60.0)
         self._pyfftw = pyfftw
         self._interfaces = pfft
-        self.threads = fft_threads() if threads is None else max(1, int(threads))  # None: the workers' count
+        # None: the workers' count; 0 or -1 were read as 1 (a C int for FFTW: at most 2**31 - 1)
+        self.threads = fft_threads() if threads is None else integer(threads, "threads", maximum=MAX_FFT_THREADS)
         self.planner_effort = planner_effort() if effort is None else one_of(effort, "effort", _PLANNERS)
         self.engine = fft_engine() if engine is None else one_of(engine, "engine", _ENGINES)
         self._alignment = pyfftw.simd_alignment
@@ -133,20 +135,26 @@ class PlannedFFT:
         self._forks = _FORKS[0]
 
     def rfft(self, x, n=None, axis=-1):
-        """Real-to-complex FFT along ``axis`` (``scipy.fft.rfft`` / ``numpy.fft.rfft`` semantics)."""
+        """Real-to-complex FFT along ``axis`` (``scipy.fft.rfft`` / ``numpy.fft.rfft`` semantics).
+
+        float32 and float64 input (of either byte order) gives complex64 and complex128; every
+        other real dtype (float16, longdouble, integers) is computed in float64, on every call."""
         if self._forks != _FORKS[0]:
             self._forget()
-        # a call seen before (same array kind, shape, dtype, axis, n) skips the checks
-        ready = self._ready.get(("rfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n))
+        # a call seen before (same array kind, shape, dtype, axis, n) skips the checks; the
+        # types of axis and n are part of it: 1.0 == 1, but only the int is an axis
+        ready = self._ready.get(("rfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n,
+                                 type(axis), type(n)))
         if ready is None:
             return self._rfft_first(x, n, axis)
         entry, axis = ready
         return self._run_rfft(entry, x, axis)
 
     def _rfft_first(self, x, n, axis):
-        call = ("rfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n)
-        x = np.asarray(x)
-        if x.dtype not in (np.float32, np.float64):
+        call = ("rfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n, type(axis), type(n))
+        given = x
+        x = _native(np.asarray(x))
+        if x.dtype.char not in "fd":
             if x.dtype.kind == "c":
                 raise TypeError(f"rfft needs real input, got dtype {x.dtype}")
             x = x.astype(np.float64)
@@ -158,7 +166,7 @@ class PlannedFFT:
         if x.size == 0:  # no transforms to run (FFTW plans need at least one)
             return np.fft.rfft(x, axis=axis)
         entry = self._plan("rfft", x.shape, x.dtype, axis, x.shape[axis])
-        if call[1] is type(x) and n is None:  # only exact ndarray calls without padding repeat
+        if x is given and n is None:  # only unconverted ndarray calls without padding repeat
             self._remember(call, (entry, axis))
         return self._run_rfft(entry, x, axis)
 
@@ -179,20 +187,24 @@ class PlannedFFT:
         return out
 
     def irfft(self, x, n=None, axis=-1):
-        """Complex-to-real inverse FFT along ``axis`` (``scipy.fft.irfft`` semantics, 1/n scaling)."""
+        """Complex-to-real inverse FFT along ``axis`` (``scipy.fft.irfft`` semantics, 1/n scaling).
+
+        complex64 (or float32) input gives float32, every other dtype float64, on every call."""
         if self._forks != _FORKS[0]:
             self._forget()
-        ready = self._ready.get(("irfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n))
+        ready = self._ready.get(("irfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n,
+                                 type(axis), type(n)))
         if ready is None:
             return self._irfft_first(x, n, axis)
         entry, axis, n = ready
         return self._run_irfft(entry, x, axis, n)
 
     def _irfft_first(self, x, n, axis):
-        call = ("irfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n)
-        x = np.asarray(x)
-        if x.dtype not in (np.complex64, np.complex128):
-            x = x.astype(np.complex64 if x.dtype == np.float32 else np.complex128)
+        call = ("irfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n, type(axis), type(n))
+        given = x
+        x = _native(np.asarray(x))
+        if x.dtype.char not in "FD":
+            x = x.astype(np.complex64 if x.dtype.char == "f" else np.complex128)
         axis = _axis(axis, x.ndim)
         n = 2 * (x.shape[axis] - 1) if n is None else _length(n)
         if n < 1:
@@ -203,7 +215,7 @@ class PlannedFFT:
         real = np.float32 if x.dtype == np.complex64 else np.float64
         shape = x.shape[:axis] + (n,) + x.shape[axis + 1:]
         entry = self._plan("irfft", shape, np.dtype(real), axis, n)
-        if call[1] is type(x) and fitted is x:  # exact ndarray calls of the plan's length repeat
+        if fitted is given:  # unconverted ndarray calls of the plan's length repeat
             self._remember(call, (entry, axis, n))
         return self._run_irfft(entry, fitted, axis, n)
 
@@ -346,6 +358,11 @@ class PlannedFFT:
 
         measured_once = self.planner_effort == "auto" and effort != "FFTW_ESTIMATE"
         return _shared._WISDOM_STORE[0](make) if measured_once else _planned(make)
+
+
+def _native(x):
+    """``x`` in the machine's byte order (a big-endian float32 array from a file stays float32)."""
+    return x if x.dtype.isnative else x.astype(x.dtype.newbyteorder("="))
 
 
 def _axis(axis, ndim):

@@ -114,18 +114,23 @@ def as_state_array(x, name):
 
     Returns
     -------
-    array
-        A real floating array (integers are converted to float64). A subclass of the NumPy
-        array (``np.matrix``, a masked array, a memory map) becomes the plain array of its
-        values: the subclasses' own arithmetic (``*`` is a product of matrices) is not NumPy's.
+    array, shape (..., tokens, features)
+        A real floating array of at least two axes (integers are converted to float64; NumPy
+        arrays of the other byte order to the machine's, of the same precision). A
+        subclass of the NumPy array (``np.matrix``, a masked array, a memory map) becomes the
+        plain array of its values: the subclasses' own arithmetic (``*`` is a product of
+        matrices) is not NumPy's.
 
     Raises
     ------
     TypeError
         If ``x`` is not numeric, is boolean, or is complex.
     ValueError
-        If ``x`` is a masked array with masked entries.
+        If ``x`` has fewer than two axes (a number, a NumPy scalar, a 0-d or 1-d array: a
+        state has a token axis and a feature axis), or is a masked array with masked entries.
     """
+    if isinstance(x, np.generic):  # a NumPy scalar is no array: refused below by its shape ()
+        x = np.asarray(x)
     if _is_native(x):
         arr = _plain(x, name) if type(x) is not np.ndarray and isinstance(x, np.ndarray) else x
     else:
@@ -140,6 +145,15 @@ def as_state_array(x, name):
         if not xp.isdtype(arr.dtype, "integral"):
             raise TypeError(f"{name} must be a real floating array, got dtype {arr.dtype}")
         arr = xp.astype(arr, xp.float64)
+    elif isinstance(arr, np.ndarray) and not arr.dtype.isnative:
+        # big-endian data (read from a file): the same numbers in the machine's byte order,
+        # which the sparse Galerkin matrices require (SciPy refuses '>f8') and the BLAS prefers
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    if arr.ndim < 2:
+        remedy = (f"{name}[None, :] is one token with these features" if arr.ndim == 1 else
+                  "a number is not a state: np.full((N, d), value) is a constant one of N tokens")
+        raise ValueError(f"{name} must have shape (..., tokens, features), got shape "
+                         f"{tuple(arr.shape)}: a state has a token axis and a feature axis; {remedy}")
     return arr
 
 

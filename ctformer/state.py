@@ -60,6 +60,21 @@ def _as_state(u, argname):
     return u
 
 
+def _sampled(values) -> np.ndarray:
+    """What ``u0(x, y)`` returned, as a float64 host array (booleans: indicator functions)."""
+    try:
+        g = to_host(values)
+    except (TypeError, ValueError):  # ragged nested lists
+        g = np.empty(0, dtype=object)
+    if g.dtype.kind == "c":
+        raise TypeError("u0(x, y) returned complex values; the state is real")
+    if g.dtype.kind not in "biuf":
+        hint = " (a function without a return statement returns None)" if values is None else ""
+        raise TypeError(f"u0(x, y) must return real numbers, an array that broadcasts to the grid, "
+                        f"got {type(values).__name__}{hint}")
+    return np.asarray(g, dtype=np.float64)
+
+
 def _positive(value) -> bool:
     return is_real(value) and math.isfinite(value) and value > 0
 
@@ -215,6 +230,9 @@ class Grids:
 
         Raises
         ------
+        TypeError
+            If ``u0`` returns anything but real numbers (None, strings, complex values, a
+            ragged list); booleans are read as 0 and 1 (an indicator function).
         ValueError
             If the values do not broadcast to the grid or are not finite.
         """
@@ -222,13 +240,10 @@ class Grids:
         y = np.asarray(self.features.quadrature_nodes)[None, :]
         if nodes.ndim == 2:  # a token domain in two dimensions
             x = nodes[:, :1]
-            g = to_host(u0(nodes[:, :1], nodes[:, 1:], y))
+            g = _sampled(u0(nodes[:, :1], nodes[:, 1:], y))
         else:
             x = nodes[:, None]
-            g = to_host(u0(x, y))
-        if np.iscomplexobj(g):
-            raise TypeError("u0(x, y) returned complex values; the state is real")
-        g = np.asarray(g, dtype=np.float64)
+            g = _sampled(u0(x, y))
         try:
             g = np.broadcast_to(g, (x.shape[0], y.shape[1])).copy()
         except ValueError:

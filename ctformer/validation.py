@@ -73,7 +73,10 @@ def real(value, name: str, *, positive: bool = False, nonnegative: bool = False)
              "a finite non-negative number" if nonnegative else "a finite real number")
     if not is_real(value):
         raise TypeError(f"{name} must be {words}, got {value!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float64 (10**400): not finite as a float
+        number = math.inf
     if not math.isfinite(number) or (positive and number <= 0) or (nonnegative and number < 0):
         raise ValueError(f"{name} must be {words}, got {value!r}")
     return number

@@ -16,6 +16,7 @@ import numpy as np
 
 from .._numerics.convolution_route import dense_below as measured_dense_below
 from ..backend import _cached, backend_of, constant
+from ..validation import is_integer
 from .base import Kernel, _as_input, _check_discretization, _check_input
 from .parameters import callable_parameters
 from .smooth import _function_values
@@ -101,8 +102,19 @@ class Convolution(Kernel):
         return np.fft.rfft(c)
 
     def _dense_limit(self, dtype) -> int:
-        """:attr:`dense_below`, or this machine's measured crossover for ``dtype`` where it is None."""
-        return self.dense_below if self.dense_below is not None else measured_dense_below(dtype)
+        """:attr:`dense_below`, or this machine's measured crossover for ``dtype`` where it is None.
+
+        Raises
+        ------
+        TypeError
+            If :attr:`dense_below` is neither None nor an integer (``"64"`` failed inside a
+            comparison, ``2.5`` and ``True`` were read as numbers)."""
+        if self.dense_below is None:
+            return measured_dense_below(dtype)
+        if not is_integer(self.dense_below):
+            raise TypeError(f"Convolution.dense_below must be None (this machine's crossover) or an "
+                            f"integer number of grid points (0: always the FFT), got {self.dense_below!r}")
+        return int(self.dense_below)
 
     def _numpy_route(self, out, inp, dtype):
         """How NumPy rows of ``dtype`` are applied: ``(True, n, symbol in dtype's complex
