@@ -135,7 +135,7 @@ def test_run_validates_inputs():
     x = np.random.default_rng(0).standard_normal((2, 5, 8))
     with pytest.raises(ValueError, match="features"):
         model.run(x[..., :6])
-    with pytest.raises(ValueError, match=r"shape \(N, d\)"):
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., tokens, features\)"):
         model.run(x[0, 0])
     with pytest.raises(ValueError, match="mask must have shape"):
         model.run(x, padding_mask=np.ones((2, 4), dtype=bool))
