@@ -43,6 +43,8 @@ from .blas_limits import (_BLAS, _CONTROLLER, _LIMIT, _blas_libraries, _limit_af
                           _set_threads, blas_controller, single_thread_blas)
 from .compiled import sigint_deferred
 
+_MAX_THREADS = 2**31 - 1  # a C int: the thread counts of FFTW and OpenBLAS
+
 __all__ = ["num_threads", "fixed_threads", "single_thread_blas", "run_workers", "run_blas_tasks", "by_row_blocks"]
 
 _LOCK = threading.Lock()
@@ -102,12 +104,13 @@ def num_threads() -> int:
     Raises
     ------
     ValueError
-        If ``CTFORMER_NUM_THREADS`` is set but is not a positive integer.
+        If ``CTFORMER_NUM_THREADS`` is set but is not a positive integer that a C ``int``
+        holds (FFTW's and OpenBLAS's thread counts are C ints).
     """
     fixed = getattr(_FIXED, "count", None)
     if fixed is not None:
         return fixed
-    count = positive_int("CTFORMER_NUM_THREADS")
+    count = positive_int("CTFORMER_NUM_THREADS", maximum=_MAX_THREADS)
     if count is not None:
         return count
     libraries = _blas_libraries()

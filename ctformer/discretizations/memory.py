@@ -38,7 +38,7 @@ def memory_budget() -> int:
     Raises
     ------
     ValueError
-        If ``CTFORMER_MEMORY_BUDGET`` is not a positive number of bytes.
+        If ``CTFORMER_MEMORY_BUDGET`` is not a number of bytes of at least 1.
     """
     text = os.environ.get(MEMORY_BUDGET_ENV)
     if text:
@@ -46,8 +46,8 @@ def memory_budget() -> int:
             value = float(text)
         except ValueError:
             value = float("nan")
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{MEMORY_BUDGET_ENV} must be a positive number of bytes, got {text!r}")
+        if not (math.isfinite(value) and value >= 1):  # 0.5 would be a budget of 0 bytes
+            raise ValueError(f"{MEMORY_BUDGET_ENV} must be a positive number of bytes (at least 1), got {text!r}")
         return int(value)
     try:
         import psutil

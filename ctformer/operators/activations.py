@@ -107,6 +107,10 @@ def _torch_functional():
 def _erf(z):
     """The error function in the namespace of ``z`` (scipy, cupyx or torch.special)."""
     if type(z) is np.ndarray:
+        if z.dtype.kind == "f" and z.dtype.itemsize > 8:
+            raise TypeError(f"the exact GELU of a {z.dtype} (long double) state: SciPy's erf has no "
+                            "long-double loop; pass the state as float64 (u.astype(np.float64)), or "
+                            "use activation='gelu_tanh'")
         return _scipy_erf(z)
     if array_api_compat.is_cupy_array(z):
         import cupyx.scipy.special as special
