@@ -100,24 +100,39 @@ def _backward_problem(torch, problem: solvers.SplitProblem, params) -> solvers.S
     return solvers.SplitProblem([reversed_flow(f) for f in reversed(problem.flows)])
 
 
-def _controlled_backward(torch, problems, params, state, controller, integrator):
-    """The backward solve with ``controller``: the augmented state packed into one flat tensor."""
+def _controlled_backward(torch, problems, params, state, controller, integrator, grids):
+    r"""The backward solve with ``controller``: the augmented state packed into one row.
+
+    The step sizes control :math:`(u, \lambda)` in the grids' norm (the forward solve's) and
+    leave the parameter gradient :math:`g` out of it (a seminorm): :math:`g` is a quadrature
+    of :math:`\lambda \cdot \partial f/\partial \theta` and feeds nothing back, so steps that
+    resolve :math:`(u, \lambda)` resolve its integrand. In the norm, each entry of :math:`g`
+    starts a layer at 0 and grows like :math:`h`, its error like :math:`h^{p+1}`: at first
+    order the relative error of the first step does not shrink with :math:`h`, and the steps
+    fell to :math:`\mathrm{atol}/\mathrm{rtol}`.
+    """
     shape, n_g = state.z.shape, state.g.numel()
+    w_x, w_y = solvers.grid_weights(grids)
+    # the row's weights: the grids' cell weights on every entry of (u, lambda), zero on g
+    cells = np.outer(np.ones(1) if w_x is None else w_x, np.ones(1) if w_y is None else w_y)
+    cells = np.broadcast_to(cells, shape).reshape(-1)
+    weights = (np.ones(1), np.concatenate([cells, np.zeros(n_g)]))
 
     def pack(a):
-        return torch.cat([a.z.reshape(-1), a.g])
+        return torch.cat([a.z.reshape(-1), a.g])[None, :]
 
-    def unpack(flat):
+    def unpack(row):
+        flat = row[0]
         return _Augmented(flat[: flat.numel() - n_g].reshape(shape), flat[flat.numel() - n_g:])
 
     def packed(f):
-        return lambda flat: pack(f(unpack(flat)))
+        return lambda row: pack(f(unpack(row)))
 
     backward = [solvers.SplitProblem([packed(f) for f in _backward_problem(torch, p, params).flows])
                 for p in reversed(problems)]
     solution = solvers.integrate(solvers.Piecewise.layers(backward), pack(state), controller,
-                                 scheme=integrator, order=integrator.order(), what="the adjoint state",
-                                 layered=True)
+                                 scheme=integrator, weights=weights, order=integrator.order(),
+                                 what="the adjoint state", layered=True)
     return unpack(solution.final)
 
 
@@ -171,19 +186,42 @@ def _loss_value(torch, loss: Callable, u):
     return value.reshape(())
 
 
-def _loss_gradients(torch, value, x, params):
-    """``d value / d x`` and the flat gradients of ``params`` (zeros where unused).
+def _loss_gradients(torch, loss: Callable, x, argument, params):
+    """``loss(argument)`` checked, then its gradients: with respect to ``x`` (of which
+    ``argument`` is a function) and the flat gradients of ``params`` (zeros where unused).
 
     Raises
     ------
     ValueError
-        If ``value`` does not depend on ``x`` (only on other tensors that require gradients).
+        If the loss does not depend on ``x`` (only on other tensors that require gradients),
+        or its gradient at ``argument`` has a NaN or inf entry (a finite loss that is not
+        differentiable there, such as ``sqrt`` or ``abs`` at 0).
     """
-    grads = torch.autograd.grad(value, [x, *params], allow_unused=True)
+    value = _loss_value(torch, loss, argument)
+    grads = torch.autograd.grad(value, [x, argument, *params], allow_unused=True)
     if grads[0] is None:
         raise ValueError("loss returned a tensor that does not depend on its argument (no "
                          "gradient flows to it); compute the loss from u(T) with torch operations")
-    return grads[0], [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads[1:])]
+    _check_finite(torch, {"its argument u(T)": grads[1]}, f"the loss is finite there, "
+                  f"{float(value.detach())!r}", "loss is not differentiable at u(T) (e.g. sqrt "
+                  "or abs at 0): smooth it there, e.g. sqrt(x + 1e-12)")
+    return grads[0], [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads[2:])]
+
+
+def _check_finite(torch, gradients, what: str, cause: str):
+    """Refuse a NaN or inf among ``gradients`` (name -> tensor): torch would hand it on silently.
+
+    Raises
+    ------
+    ValueError
+        Naming the first gradient with a NaN or inf entry, how many, ``what`` was
+        differentiated and the likely ``cause``.
+    """
+    for name, g in gradients.items():
+        bad = int((~torch.isfinite(g.detach())).sum())
+        if bad:
+            raise ValueError(f"the gradient of loss with respect to {name} has {bad} NaN or inf "
+                             f"entries of {g.numel()} ({what}); {cause}")
 
 
 def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None, hidden=None,
@@ -197,8 +235,11 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
         A model without projections after sub-steps (pre-norm or no normalization) for
         ``route="adjoint"``; any model for ``route="autograd"``.
     u0 : torch.Tensor or numpy.ndarray
-        Stored values on the grids (any device for torch). A NumPy array (or list) is
-        computed in torch on the CPU in its dtype, and the gradients come back as NumPy.
+        Stored values on the grids (any device for torch), computed in their floating dtype
+        (float32 stays float32). A NumPy array (or list) is computed in torch on the CPU, and
+        the gradients come back as NumPy. A tensor that requires grad (a leaf or not) is
+        used by value: the result carries no graph; ``u0.backward(result)`` carries it on
+        to the tensors ``u0`` was computed from.
     loss : callable
         ``loss(u_T) -> scalar torch tensor``, differentiable by torch. It always receives a
         torch tensor (also for a NumPy ``u0``).
@@ -219,8 +260,13 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
         Error control instead of ``steps_per_layer`` (which must stay 1): the forward solve is
         :meth:`~ctformer.ContinuousTransformer.evolve` with these tolerances, and on the adjoint
         route the backward solve of the augmented state :math:`(u, \lambda, g)` is
-        error-controlled too (the same controller, the RMS norm over all its entries), layer by
-        layer from :math:`T` to 0.
+        error-controlled too, layer by layer from :math:`T` to 0, with the same controller and
+        the forward solve's norm (the grids' weighted RMS) over :math:`(u, \lambda)`. The
+        parameter gradient :math:`g` is left out of the norm (a seminorm): it is a quadrature
+        that feeds nothing back, so ``parameters=True`` takes the same steps as ``False``.
+        A scheme of order :math:`p` takes about :math:`\mathrm{rtol}^{-1/p}` steps: the
+        default ``"lie"`` (:math:`p = 1`) ten times more per decade; below ``rtol=1e-3``
+        prefer ``"rk4"`` or ``"tsit5"``.
 
     Returns
     -------
@@ -238,7 +284,8 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     ValueError
         For an unknown ``route`` or ``scheme``, a ``steps_per_layer`` that is not a positive
         integer, a post-norm model on the adjoint route (its projections have no adjoint
-        flow), or a loss that is not a finite scalar depending on ``u(T)``.
+        flow), a loss that is not a finite scalar depending on ``u(T)``, or a gradient with a
+        NaN or inf entry (a loss not differentiable at ``u(T)``, or an overflowing solve).
 
     Notes
     -----
@@ -266,10 +313,14 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
         kw.update(rtol=control.rtol, atol=control.atol)
     if route == "autograd":
         x = u0.detach().requires_grad_(True)
-        u0_grad, grads = _loss_gradients(torch, _loss_value(torch, loss, model.solve(x, **kw)), x, params)
-        return _result(u0_grad, names, grads, parameters, numpy_in)
-    u0_grad, grads = _adjoint_route(torch, model, u0, loss, params, control, integrator,
-                                    model.grids(tokens, features, head_features, hidden))
+        u0_grad, grads = _loss_gradients(torch, loss, x, model.solve(x, **kw), params)
+        cause = "the solve overflowed or is not differentiable at this state"
+    else:
+        u0_grad, grads = _adjoint_route(torch, model, u0, loss, params, control, integrator,
+                                        model.grids(tokens, features, head_features, hidden))
+        cause = ("the backward solve overflowed: take more steps_per_layer, or give rtol/atol "
+                 "for error control")
+    _check_finite(torch, {"u0": u0_grad, **dict(zip(names, grads))}, f"route={route!r}", cause)
     return _result(u0_grad, names, grads, parameters, numpy_in)
 
 
@@ -301,7 +352,7 @@ def _adjoint_route(torch, model, u0, loss, params, control, integrator, grids):
     final = grids.lift(final.discretize(grids)) if final is not None else (lambda v: v)
     with torch.enable_grad():
         x = u_t.detach().requires_grad_(True)
-        lam, terminal = _loss_gradients(torch, _loss_value(torch, loss, final(x)), x, params)
+        lam, terminal = _loss_gradients(torch, loss, x, final(x), params)
     flat = [g.reshape(-1) for g in terminal]
     state = _Augmented(torch.stack([u_t.detach(), lam]), torch.cat(flat) if flat else lam.new_zeros(0))
     if isinstance(control, int):
@@ -311,7 +362,7 @@ def _adjoint_route(torch, model, u0, loss, params, control, integrator, grids):
             for _ in range(control):
                 state = integrator.step(backward, state, dt)
     else:
-        state = _controlled_backward(torch, problems, params, state, control, integrator)
+        state = _controlled_backward(torch, problems, params, state, control, integrator, grids)
     chunks = torch.split(state.g, [p.numel() for p in params]) if params else []
     return state.z[1], [c.reshape(p.shape) for c, p in zip(chunks, params)]
 
