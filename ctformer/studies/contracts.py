@@ -10,7 +10,14 @@ of that rule, and the study's summary says why (``limitation``):
   quadrature is a left Riemann sum (order 1), and the trigonometric interpolant of a function
   whose periodic extension jumps has Gibbs oscillations, an :math:`L^2` error
   :math:`O(h^{1/2})` and a maximum error that does not decrease (order 0). Token dynamics keep
-  periodic data periodic only without a mask and without position encodings;
+  periodic data periodic only without a mask and without position encodings. In the features
+  and the FFN hidden variable the model's own kernels decide: a smooth random or
+  piecewise-constant kernel is not periodic, so the features of the state stop being periodic
+  after the first step, and the integrand :math:`W_2(y, r)\, \phi(\dots)(r)` of the hidden
+  variable, which is only ever integrated (never interpolated), gives order 1 in every norm;
+* ALiBi without a causal mask adds :math:`-m |p(x) - p(x')|`, whose derivative jumps at
+  :math:`x' = x`: a spectral token rule integrates that kink at order 2 (the finite-order
+  rules keep their order on practical levels: the kink's constant is far below their own);
 * a piecewise-constant kernel (a converted weight matrix) jumps at the boundaries of its
   cells in its input variable: a rule whose cells do not line up with those jumps, or with
   a node on one, integrates across them at first order
@@ -18,6 +25,7 @@ of that rule, and the study's summary says why (``limitation``):
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -52,6 +60,44 @@ def _has_positions(model) -> bool:
                               (NoPositions, type(None))) for b in getattr(model, "blocks", ()))
 
 
+_ALIBI_KINK = ("ALiBi without a causal mask adds -m |p(x) - p(x')| to the scores, whose "
+               "derivative jumps at x' = x: a spectral token rule integrates the kink at order 2")
+
+# the kernels that act on the features (all of them) or on the hidden variable r
+_VARIABLE_KERNELS = {"features": (("attention", ("W_Q", "W_K", "W_V", "W_O")),
+                                  ("feedforward", ("W_1", "W_gate", "W_up", "W_2"))),
+                     "hidden": (("feedforward", ("W_1", "W_gate", "W_up", "W_2")),)}
+
+
+def _has_alibi(model) -> bool:
+    from ..operators import ALiBi
+
+    return any(isinstance(getattr(getattr(b, "attention", None), "positions", None), ALiBi)
+               for b in getattr(model, "blocks", ()))
+
+
+def _kernels(model, table: dict, variable: str) -> list:
+    """The kernels of ``model``'s blocks named in ``table[variable]``."""
+    kernels = []
+    for block in getattr(model, "blocks", ()):
+        for operator, names in table.get(variable, ()):
+            op = getattr(block, operator, None)
+            for name in names:
+                found = getattr(op, name, None)
+                kernels += [k for k in (found if isinstance(found, list) else [found])
+                            if k is not None]
+    return kernels
+
+
+def _periodic_kernels(model, variable: str) -> bool | None:
+    """False when a kernel acting on ``variable`` is a smooth random or piecewise-constant
+    kernel (neither is periodic); None when that cannot be told (a user's kernel, no model)."""
+    from ..kernels import PiecewiseConstant, SmoothRandom
+
+    kernels = _kernels(model, _VARIABLE_KERNELS, variable)
+    return False if any(isinstance(k, (SmoothRandom, PiecewiseConstant)) for k in kernels) else None
+
+
 # the kernels of each operator that integrate over the features, or over the hidden variable
 _INPUT_KERNELS = {"features": (("attention", ("W_Q", "W_K", "W_V")), ("feedforward", ("W_1", "W_gate", "W_up"))),
                   "hidden": (("feedforward", ("W_2",)),)}
@@ -62,14 +108,8 @@ def _jump_order(model, variable: str, discretization) -> float | None:
     of ``model`` whose input variable is ``variable`` (None: no such kernel)."""
     from ..kernels import PiecewiseConstant
 
-    kernels = []
-    for block in getattr(model, "blocks", ()):
-        for operator, names in _INPUT_KERNELS.get(variable, ()):
-            op = getattr(block, operator, None)
-            for name in names:
-                found = getattr(op, name, None)
-                kernels += [k for k in (found if isinstance(found, list) else [found])
-                            if isinstance(k, PiecewiseConstant)]
+    kernels = [k for k in _kernels(model, _INPUT_KERNELS, variable)
+               if isinstance(k, PiecewiseConstant)]
     if not kernels or getattr(discretization, "dimension", 1) != 1 or getattr(discretization, "atoms", None):
         return None
     return min(k.quadrature_order(discretization) for k in kernels)
@@ -88,6 +128,34 @@ def _periodic_in(u0, variable: str, domain) -> bool | None:
     return bool(np.max(np.abs(a - b)) <= 1e-10 * max(1.0, float(np.max(np.abs(values)))))
 
 
+def _periodic_limits(model, variable, discretization, u0, error_norm, evaluate,
+                     masked: bool) -> list:
+    """The limits of a periodic rule where the problem is not periodic in ``variable``."""
+    name = discretization.name
+    if variable == "hidden":  # only integrated: no interpolant, no Gibbs, in every norm
+        if _periodic_kernels(model, variable) is False:
+            return [(1.0, f"{name} is spectral only on periodic integrands; the model's "
+                          f"kernels are not periodic in the hidden variable, so its "
+                          f"quadrature is a left Riemann sum (order 1)")]
+        return []
+    if _periodic_in(u0, variable, discretization.domain) is False:
+        why = "the data are not periodic in " + variable
+    elif variable == "tokens" and (masked or _has_positions(model)):
+        why = "a mask or position encoding makes the token dynamics non-periodic"
+    elif variable == "features" and _periodic_kernels(model, variable) is False:
+        why = ("the model's kernels are not periodic in the features, so the state is not "
+               "after its first step")
+    else:
+        return []
+    if evaluate == "coarsest-nodes":
+        return [(1.0, f"{name} is spectral only on periodic data; {why}, so its quadrature "
+                      f"is a left Riemann sum (order 1)")]
+    return [(0.0 if error_norm == "max" else 0.5,
+             f"{name} is spectral only on periodic data; {why}: the periodic extension "
+             f"jumps at the ends and the trigonometric interpolant has Gibbs oscillations, "
+             f"an L2 error O(h^1/2) and a maximum error that does not decrease")]
+
+
 def order_limits(model, variable: str, discretization, u0=None, *, error_norm: str = "l2",
                  evaluate: str = "interpolate") -> list:
     r"""What the problem imposes on the order of the refined rule (module notes).
@@ -95,7 +163,7 @@ def order_limits(model, variable: str, discretization, u0=None, *, error_norm: s
     Parameters
     ----------
     model : ContinuousTransformer or None
-        Read for its attention masks and position encodings.
+        Read for its attention masks, position encodings and kernels.
     variable : {"tokens", "features", "hidden"}
         The refined variable.
     discretization : Discretization
@@ -120,21 +188,12 @@ def order_limits(model, variable: str, discretization, u0=None, *, error_norm: s
             limits.append((1.0, _CAUSAL_FULL))
         elif diagonal == "half":
             limits.append((2.0, _CAUSAL_HALF))
-    if getattr(discretization, "periodic", False) and variable != "hidden":
-        periodic = _periodic_in(u0, variable, discretization.domain)
-        moving = variable == "tokens" and (masks or _has_positions(model))
-        if periodic is False or moving:
-            why = "the data are not periodic in " + variable if periodic is False else \
-                "a mask or position encoding makes the token dynamics non-periodic"
-            if evaluate == "coarsest-nodes":
-                limits.append((1.0, f"{discretization.name} is spectral only on periodic data; "
-                               f"{why}, so its quadrature is a left Riemann sum (order 1)"))
-            else:
-                order = 0.0 if error_norm == "max" else 0.5
-                limits.append((order, f"{discretization.name} is spectral only on periodic data; "
-                               f"{why}: the periodic extension jumps at the ends and the "
-                               f"trigonometric interpolant has Gibbs oscillations, an L2 error "
-                               f"O(h^1/2) and a maximum error that does not decrease"))
+    if getattr(discretization, "periodic", False):
+        limits += _periodic_limits(model, variable, discretization, u0, error_norm, evaluate,
+                                   bool(masks))
+    if variable == "tokens" and _has_alibi(model) and not any(
+            getattr(m, "causal", False) for m in masks) and math.isinf(discretization.order):
+        limits.append((2.0, _ALIBI_KINK))
     jumps = _jump_order(model, variable, discretization)
     if jumps is not None and jumps < discretization.order:
         limits.append((jumps, f"the model's piecewise-constant kernels (converted weight matrices) jump "
