@@ -291,3 +291,15 @@ def test_16_token_float64_networks_are_their_float64_modules(compiled_on, monkey
     assert len(calls) == 2 * (4 if name == "gpt2" else 5)
     assert calls.count((loops.ACTIVATION_KINDS["gelu_tanh" if name == "gpt2" else "silu"],)) == 2
     assert np.abs(got[0] - reference).max() / np.abs(reference).max() < 1e-12
+
+
+def test_a_damaged_tile_width_in_the_store_is_measured_again(compiled_on, fresh_store, monkeypatch):
+    """A stored width the kernel has no tile for (a damaged or hand-edited file) is measured
+    again instead of failing every solve with the kernel's own refusal."""
+    verdicts = iter([{"provider": "compiled", "columns": 5, "ratio": 0.6},
+                     {"provider": "compiled", "columns": 3, "ratio": 0.6}])
+    monkeypatch.setattr(few_rows, "measure", lambda dtype, best, peer=None, threads=1: next(verdicts))
+    with pytest.raises(ValueError, match="columns"):  # the kernel refuses the damaged width
+        few_rows.FewRowsMatrix(np.ones((8, 4)), None, columns=gemm.few_rows_columns(np.float64))
+    gemm.forget_choices()
+    assert gemm.few_rows_columns(np.float64) == 3

@@ -367,15 +367,16 @@ KILLED_STUDY = textwrap.dedent("""
     from tests.test_studies import RankOneModel, STUDY
     from ctformer.studies import convergence
 
-    # the same model class (its identity is unchanged); its solve dies during case 3
-    solves, original = [0], RankOneModel.solve
-    def dying(self, u0, **kw):
-        if kw["tokens"].name == "midpoint" and kw["tokens"].n in STUDY["levels"]:
-            solves[0] += 1
-            if solves[0] > int(sys.argv[3]):
-                os.kill(os.getpid(), signal.SIGKILL)
-        return original(self, u0, **kw)
-    RankOneModel.solve = dying
+    # the model and its class are untouched (a class's code is part of its identity); the
+    # task that computes a case dies during case 3
+    running = sys.modules["ctformer.studies.convergence"]
+    solves, original = [0], running.compute_case
+    def dying(study, level):
+        solves[0] += 1
+        if solves[0] > int(sys.argv[3]):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(study, level)
+    running.compute_case = dying
 
     convergence(RankOneModel(exact_time=True, log=sys.argv[2]), store=sys.argv[1], **STUDY)
 """)

@@ -140,7 +140,9 @@ def few_rows_columns(dtype) -> int:
     where :func:`prepared_products` chose the kernel: read once from the stored verdict."""
     name = np.dtype(dtype).name
     threaded_rows(np.dtype(name))  # decided first: the measurement times against it
-    entry = _store.entry("few rows", name, _measure_few_rows, _few_rows.CHECKED, needs_torch=False)
+    # a damaged entry (a width the kernel has no tile for) is measured again, not used
+    entry = _store.entry("few rows", name, _measure_few_rows, _few_rows.CHECKED,
+                         lambda e: e.get("columns", 4) in _few_rows._TILES, needs_torch=False)
     return int(entry.get("columns", 4))
 
 

@@ -1,19 +1,22 @@
 r"""Identity of a computation: when a stored study case may be reused.
 
-A stored case is reused only when it is the same computation (design notes, section 9). Its
+A stored case is reused only when it is the same computation. Its
 key is a SHA-256 hash of
 
 * the exact bytes of every parameter of the model (name, dtype, shape, values: from
   ``model.parameters()``) and of its structure: a canonical walk through the model that
   records every option (placements, activations, inverse temperatures, masks, eps), every
-  array by its bytes, every number exactly (a 0-d array as its number), every module-level
-  function or class by its qualified name, a ``functools.partial`` by its function,
-  arguments and keywords, a bound method by its function and its instance, and any other
-  object by what pickle keeps of it (class, constructor arguments, full state);
+  array by its bytes (and, for a torch or CuPy array, its library, device and own dtype),
+  every number exactly (a 0-d array as its number), every module-level function or class by
+  its qualified name (one of the user's own code also by its bytecode, defaults and the
+  module-level values it names, a class by its body), a ``functools.partial`` by its
+  function, arguments and keywords, a bound method by its function and its instance, and any
+  other object by what pickle keeps of it (class, constructor arguments, full state);
 * each discretization (name, n, domain), the scheme and its full state (not its ``repr``),
   the steps per layer;
 * the initial data as the exact array sampled on the case's own grid;
-* the evaluation grid and the level.
+* the evaluation grid and the level; :func:`ctformer.studies.store.case_key` adds the
+  library's version.
 
 Nothing is rounded and nothing is probed on a small grid, so a change anywhere (one weight of
 a final LayerNorm, an initial state that vanishes on a coarse grid) gives another key. What has
@@ -22,8 +25,12 @@ a cycle) raises :class:`TypeError`: such a study runs without a store.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
+import sys
+import sysconfig
 import types
 
 import array_api_compat
@@ -34,9 +41,20 @@ from ..backend import to_host
 __all__ = ["model_identity", "array_identity", "describe"]
 
 
+def _origin(values) -> str:
+    """Where an array computes: ``""`` for NumPy, else its namespace, device type and own dtype
+    (a torch state computes in torch, on its device; a bfloat16 tensor reaches the host as
+    float32, so its own dtype tells the two apart)."""
+    if isinstance(values, np.ndarray):
+        return ""
+    device = getattr(values, "device", None)
+    kind = getattr(device, "type", None) or str(device)
+    return f"{type(values).__module__}.{type(values).__qualname__}@{kind}:{values.dtype}|"
+
+
 def _update_array(digest, name: str, values) -> None:
     array = np.ascontiguousarray(to_host(values))
-    digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+    digest.update(f"{name}|{_origin(values)}{array.dtype.str}|{array.shape}|".encode())
     digest.update(array.tobytes())
 
 
@@ -55,12 +73,97 @@ def _is_array(obj) -> bool:
     return isinstance(obj, np.ndarray) or array_api_compat.is_array_api_obj(obj)
 
 
-def _describe_function(obj, path: str):
-    """A module-level function, class or ufunc by its qualified name; lambdas are refused."""
+def _describe_function(obj, path: str, stack: set):
+    """A module-level function, class or ufunc by its qualified name; lambdas are refused.
+
+    One defined outside the installed libraries (a script's, a notebook's) is also identified
+    by what it computes: a function by its code (:func:`_describe_code`), defaults and the
+    module-level values its code names, a class by its own namespace (methods, class
+    attributes) and bases. An edited ``def act(z)`` is then another computation.
+    """
     name = getattr(obj, "__qualname__", getattr(obj, "__name__", ""))
     if "<lambda>" in name or "<locals>" in name:
         raise _Unhashable(f"{path} is a lambda or a local function ({name})")
-    return {"function": f"{getattr(obj, '__module__', None) or type(obj).__module__}.{name}"}
+    described = {"function": f"{getattr(obj, '__module__', None) or type(obj).__module__}.{name}"}
+    if id(obj) in stack or _installed(obj):  # a recursion, or fixed by the installed version
+        return described
+    stack = stack | {id(obj)}
+    if isinstance(obj, types.FunctionType):
+        described.update(code=_describe_code(obj.__code__, path, stack),
+                         defaults=_describe(obj.__defaults__, path, stack),
+                         keywords=_describe(obj.__kwdefaults__, path, stack),
+                         reads=_describe(_named_globals(obj), f"{path} (module-level values)", stack))
+    elif isinstance(obj, type):
+        described.update(bases=[_describe(base, path, stack) for base in obj.__bases__],
+                         namespace=_class_namespace(obj, f"{path} (class body)", stack))
+    return described
+
+
+def _installed(obj) -> bool:
+    """True for what the installed packages define (ctformer's own included, whose version is
+    in every case key), and for what has no Python source (builtins, ufuncs)."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    top = (getattr(obj, "__module__", None) or "").partition(".")[0]
+    if top == __name__.partition(".")[0] or top in sys.stdlib_module_names:
+        return True
+    where = getattr(module, "__file__", None)
+    if where is None:
+        return not isinstance(obj, (types.FunctionType, type))
+    return any(os.path.abspath(where).startswith(root + os.sep) for root in _LIBRARY_ROOTS)
+
+
+_LIBRARY_ROOTS = tuple(sorted({os.path.abspath(path) for key, path in sysconfig.get_paths().items()
+                               if key in ("stdlib", "platstdlib", "purelib", "platlib")}))
+
+
+def _describe_code(code, path: str, stack: set):
+    """A code object by its bytecode, constants (nested code objects alike), names and
+    arguments; not by its line numbers, so a comment or a blank line changes nothing."""
+    consts = [_describe_code(c, path, stack) if isinstance(c, types.CodeType)
+              else _describe(c, f"{path} (a constant)", stack) for c in code.co_consts]
+    return {"bytecode": hashlib.sha256(code.co_code).hexdigest(), "constants": consts,
+            "names": list(code.co_names), "arguments": list(code.co_varnames[:code.co_argcount]),
+            "flags": code.co_flags}
+
+
+def _named_globals(function) -> dict:
+    """The module-level values that ``function``'s code names (its helpers, constants,
+    arrays); a module by its name."""
+    names, codes = set(), [function.__code__]
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    found = {}
+    for name in sorted(names & function.__globals__.keys()):
+        value = function.__globals__[name]
+        found[name] = {"module": value.__name__} if isinstance(value, types.ModuleType) else value
+    return found
+
+
+def _class_namespace(cls, path: str, stack: set) -> list:
+    """A class's own attributes: methods (static, class, properties, cached properties) by
+    their functions, other attributes by their description where they have one (an enum's
+    members refer back to their class, a dataclass's field records hold Python's own
+    machinery: those by their type)."""
+    described = []
+    for name, value in sorted(vars(cls).items()):
+        if name in ("__dict__", "__weakref__", "__doc__", "__module__", "__qualname__") \
+                or isinstance(value, types.MemberDescriptorType):  # slots: in the instances
+            continue
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        elif isinstance(value, property):
+            value = (value.fget, value.fset, value.fdel)
+        elif isinstance(value, functools.cached_property):
+            value = value.func
+        try:
+            described.append([name, _describe(value, f"{path}[{name!r}]", stack)])
+        except _Unhashable:
+            if isinstance(value, (types.FunctionType, tuple)):  # code itself stays identified
+                raise
+            described.append([name, {"unidentified": f"{type(value).__module__}.{type(value).__qualname__}"}])
+    return described
 
 
 def _describe_reduced(obj, path: str, stack: set):
@@ -124,13 +227,13 @@ def _describe(obj, path: str, stack: set):
                 "of": _describe(function, path, stack),
                 "instance": _describe(bound_to, f"{path} (instance)", stack)}
     if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type, np.ufunc)):
-        return _describe_function(obj, path)
+        return _describe_function(obj, path, stack)
     if id(obj) in stack:
         raise _Unhashable(f"{path} refers back to itself")
     stack = stack | {id(obj)}
-    if isinstance(obj, (list, tuple)):
+    if type(obj) in (list, tuple):   # a subclass (a namedtuple) by its type, through pickle
         return [_describe(v, f"{path}[{i}]", stack) for i, v in enumerate(obj)]
-    if isinstance(obj, dict):
+    if type(obj) is dict:
         return [[_describe(k, path, stack), _describe(v, f"{path}[{k!r}]", stack)]
                 for k, v in sorted(obj.items(), key=lambda kv: repr(kv[0]))]
     if isinstance(obj, (set, frozenset)):   # in a canonical order, not the hash order

@@ -4,7 +4,7 @@ With a ``store`` directory every finished case is written to ``<store>/<key>.jso
 atomically (:func:`ctformer.atomic.write_atomic`), so a killed study leaves only complete
 records. Re-running the same study loads those records and computes only the missing
 cases: nothing is lost and nothing is computed twice. The key is a SHA-256 hash of
-everything that determines the case (design notes, section 9).
+everything that determines the case, and of the library's version.
 
 Records are never trusted blindly. Each carries
 
@@ -27,6 +27,7 @@ import json
 import math
 import os
 import re
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -53,8 +54,13 @@ class CorruptRecordWarning(UserWarning):
 
 
 def case_key(parameters: dict) -> str:
-    """SHA-256 hex digest of the canonical JSON form of ``parameters``."""
-    text = json.dumps(parameters, sort_keys=True, separators=(",", ":"), default=repr)
+    """SHA-256 hex digest of the canonical JSON form of ``parameters`` and of the library's
+    version: a case computed by another release (one with a fix, or a new default) is another
+    computation, so its record is not found, never reused."""
+    # read from the package, loaded before any of its modules (no import upward)
+    version = sys.modules[__name__.partition(".")[0]].__version__
+    text = json.dumps({"ctformer": version, "case": parameters}, sort_keys=True,
+                      separators=(",", ":"), default=repr)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
