@@ -177,8 +177,9 @@ def check_padding_mask(mask, u):
     TypeError
         For a mask of complex numbers, strings or objects.
     ValueError
-        For a ragged nested list, a wrong shape, values other than 0/1, or a sequence without
-        real tokens (the message names it).
+        For a ragged nested list, a wrong shape (the message names both token counts, or
+        HuggingFace's extended form), values other than 0/1 (the first one, and the conversion
+        of an additive mask: ``mask == 0``), or a sequence without real tokens (its index).
     """
     xp = array_api_compat.array_namespace(u)
     if not _is_native(mask):
@@ -194,19 +195,50 @@ def check_padding_mask(mask, u):
         mask = to_host(mask)
     if isinstance(mask, np.ndarray) and mask.dtype.kind in "cUS" or getattr(mask, "is_complex", bool)():
         raise TypeError(f"padding_mask must be an array of booleans or 0/1, got dtype {mask.dtype}")
-    if tuple(mask.shape) != tuple(u.shape[:-1]):
-        raise ValueError(
-            f"padding_mask must have shape {tuple(u.shape[:-1])} (batch, tokens), got {tuple(mask.shape)}"
-        )
+    _check_mask_shape(mask, u)
     if mask.dtype != bool:
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError("padding_mask must be boolean or hold only 0 and 1 (1 = real token)")
+        _refuse_values_other_than_0_and_1(mask)
         mask = mask == 1
     _refuse_empty_sequences(mask)
     if array_api_compat.is_torch_array(u) or array_api_compat.is_cupy_array(u):
         # on u's device even when the mask is already of u's kind (a CPU mask for a GPU state)
         return xp.asarray(mask, device=array_api_compat.device(u))
     return xp.asarray(mask)
+
+
+def _check_mask_shape(mask, u) -> None:
+    """One flag per token of ``u``: the shape ``u.shape[:-1]``, named with the remedy."""
+    want, got = tuple(u.shape[:-1]), tuple(mask.shape)
+    if got == want:
+        return
+    axes = "(batch, tokens)" if len(want) == 2 else "(tokens,)" if len(want) == 1 else "(..., tokens)"
+    if len(got) == len(want) + 2 and got[-3:-1] == (1, 1):
+        remedy = ("this is HuggingFace's extended (batch, 1, 1, tokens) form: pass the 2-D "
+                  "attention_mask the tokenizer returned")
+    elif len(got) == len(want) and got[:-1] == want[:-1]:
+        remedy = (f"the state has {want[-1]} tokens and the mask {got[-1]}: pass the attention_mask "
+                  "of this very batch (same padding, same length)")
+    else:
+        remedy = "one flag per token of the state, 1 for a real token"
+    raise ValueError(f"padding_mask must have shape {want} {axes}, got {got}: {remedy}")
+
+
+def _refuse_values_other_than_0_and_1(mask) -> None:
+    """Refuse values other than 0 and 1, naming the first and the conversion that fits it."""
+    binary = (mask == 0) | (mask == 1)
+    if bool(binary.all()):
+        return
+    flat_mask, flat_ok = (np.asarray(to_host(a)).reshape(-1) for a in (mask, binary))
+    first = float(flat_mask[~flat_ok][0])
+    if math.isnan(first):
+        remedy = "a flag is a number 0 or 1, never NaN: mark padding with 0"
+    elif first < 0 or math.isinf(first):
+        remedy = ("an additive mask (0 for a real token, -inf or a large negative number for "
+                  "padding, as torch's float src_key_padding_mask) converts with padding_mask == 0")
+    else:
+        remedy = "pass padding_mask != 0 if every nonzero value marks a real token"
+    raise ValueError(f"padding_mask must be boolean or hold only 0 and 1 (1 = real token), got the "
+                     f"value {first:g}; {remedy}")
 
 
 def _refuse_empty_sequences(mask) -> None:
@@ -216,4 +248,7 @@ def _refuse_empty_sequences(mask) -> None:
         first = tuple(int(i) for i in np.argwhere(~real)[0]) if real.ndim else ()
         place = "" if not first else f" at batch index {first[0] if len(first) == 1 else first}"
         raise ValueError(f"padding_mask has a sequence without any real token (a row of zeros){place}: every "
-                         "sequence needs at least one real token; drop that sequence from the batch")
+                         "sequence needs at least one real token; drop that sequence from the batch. "
+                         "The mask holds 1 (True) for a real token, as HuggingFace's attention_mask; "
+                         "torch's src_key_padding_mask is the opposite (True = padding): pass its "
+                         "negation, ~src_key_padding_mask")

@@ -32,7 +32,9 @@ below 1 only the rotated features carry :math:`a`: :mod:`ctformer.bridges.rotary
 head features: the frequencies have :math:`d_r/2` entries, :math:`\tau = 2i/d_r`.
 
 The length :math:`L` of ``dynamic`` and ``longrope`` is the context length of the grids (the
-number of tokens of the input in ``run``: HuggingFace's ``max(position_ids) + 1``).
+number of tokens of the input in ``run``, padding included: HuggingFace's
+``max(position_ids) + 1`` for the default ids ``0, ..., N - 1``; ``generate()`` counts from the
+first real token, so it takes the longest real length of a left-padded batch instead).
 HuggingFace's dynamic module also remembers the longest length it has seen until a call
 shorter than :math:`L_0`; the continuous model has no such state.
 """

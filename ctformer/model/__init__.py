@@ -363,6 +363,8 @@ class ContinuousTransformer(_Solving):
         padding_mask : array of shape (N,) or (B, N), optional
             Padding mask, boolean or 0/1, with 1 for a real token (the HuggingFace
             ``attention_mask`` convention; the opposite of torch's ``src_key_padding_mask``).
+            Left or right padding: every sequence keeps the positions :math:`0, \dots, N - 1`
+            of the padded array; padded tokens get finite outputs that no real token reads.
 
         Returns
         -------
