@@ -16,7 +16,7 @@ from ._numerics.threads import fixed_threads
 from .model_inputs import check_padding_mask, check_steps
 from .shared_tensors import check_unchanged
 from .solvers.restart import restart_point
-from .solvers.restart_identity import control_settings, model_fingerprint, recorded, refuse_another
+from .solvers.restart_identity import control_settings, mask_digest, model_fingerprint, recorded, refuse_another
 from .solvers.runge_kutta import summing
 
 __all__ = ["evolve", "controller_for"]
@@ -78,14 +78,15 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
     u, grids = model._initial_state(u0, tokens, features, head_features, hidden, context_length)
     check_unchanged(model)  # a converted model whose module's tensors changed in place
     fingerprint = model_fingerprint(model)
-    if initial is not None:
-        refuse_another(saved, _computation(fingerprint, grids, control))
     model._check_namespaces(u)
     if padding_mask is not None:
         if not grids.is_nodal:
             raise ValueError("padding_mask needs nodal token and feature discretizations, "
                              "got a Galerkin one")
         padding_mask = check_padding_mask(padding_mask, u)
+    mask = mask_digest(padding_mask)  # a restart without the saved mask continues another solve
+    if initial is not None:
+        refuse_another(saved, {**_computation(fingerprint, grids, control), "padding_mask": mask})
 
     def layered(mask):
         return solvers.Piecewise.layers((block.split_problem(grids, mask) for block in model.blocks),
@@ -105,7 +106,7 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
                                  what="the state", layered=True,
                                  checkpoint=checkpoint,
                                  start=start,
-                                 labels={"grids": grids, "model_fingerprint": fingerprint},
+                                 labels={"grids": grids, "model_fingerprint": fingerprint, "padding_mask": mask},
                                  groups=groups)
 
 

@@ -269,7 +269,7 @@ def solution_to_xarray(solution, *, attrs=None):
     if "part" in dims:
         coords["part"] = _part_coord()
     out = common_attrs(solution, "Solution", attrs)
-    for name in ("norm", "model_fingerprint"):  # what a restart checks (solvers.restart_identity)
+    for name in ("norm", "model_fingerprint", "padding_mask"):  # what a restart checks (restart_identity)
         set_attr(out, name, getattr(solution, name, None))
     if grids is not None:
         _grid_attrs(out, grids)

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..backend import to_host
 
-__all__ = ["model_fingerprint", "recorded", "refuse_another", "CONTROL", "control_settings"]
+__all__ = ["model_fingerprint", "mask_digest", "recorded", "refuse_another", "CONTROL", "control_settings"]
 
 #: The :class:`~ctformer.solvers.PIController` settings besides the tolerances that choose the
 #: step sizes (``dt0`` does not: a restart takes its first step from the saved solve; nor do
@@ -80,6 +80,17 @@ def model_fingerprint(model) -> str:
 _FINGERPRINTS: dict = {}
 
 
+def mask_digest(mask) -> str:
+    """``"none"``, or a hex digest of the boolean padding mask ``mask`` (its shape and every
+    entry: a mask is small, and one other entry is another computation)."""
+    if mask is None:
+        return "none"
+    values = np.ascontiguousarray(to_host(mask), dtype=bool)
+    digest = hashlib.blake2b(f"{values.shape}:".encode(), digest_size=16)
+    digest.update(np.packbits(values).tobytes())
+    return digest.hexdigest()
+
+
 def _like(values, where):
     """The index arrays ``where`` in the array library of ``values`` (torch, CuPy)."""
     import array_api_compat
@@ -89,17 +100,20 @@ def _like(values, where):
     return tuple(xp.asarray(w, device=device) for w in where)
 
 
+_IDENTITY = ("model_fingerprint", "padding_mask")  # digests: the model, the padding mask
+
+
 def recorded(initial) -> dict:
     """What ``initial`` (a Solution, a saved result or its attributes) says about its solve:
-    ``rtol``, ``atol``, ``norm``, the :data:`CONTROL` settings, the discretizations' reprs and
-    ``model_fingerprint``, the keys it has."""
+    ``rtol``, ``atol``, ``norm``, the :data:`CONTROL` settings, the discretizations' reprs,
+    ``model_fingerprint`` and ``padding_mask``, the keys it has."""
     attrs = getattr(initial, "attrs", None)
     if isinstance(attrs, dict):  # a file's attributes
-        found = {key: attrs.get(key) for key in ("rtol", "atol", "norm", "model_fingerprint", *_GRID_NAMES)}
+        found = {key: attrs.get(key) for key in ("rtol", "atol", "norm", *_IDENTITY, *_GRID_NAMES)}
         found.update(attrs.get("control") or {})  # written as control_json, read back parsed
     else:
         grids = getattr(initial, "grids", None)
-        found = {key: getattr(initial, key, None) for key in ("rtol", "atol", "norm", "model_fingerprint")}
+        found = {key: getattr(initial, key, None) for key in ("rtol", "atol", "norm", *_IDENTITY)}
         found.update({key: None if grids is None else repr(getattr(grids, key)) for key in _GRID_NAMES})
         found.update(getattr(initial, "control", None) or {})
     return {key: value for key, value in found.items() if value is not None}

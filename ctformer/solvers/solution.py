@@ -159,6 +159,9 @@ class Solution(LabelledResult):
         A digest of the model's class, layers and sampled parameter values
         (:func:`ctformer.solvers.restart_identity.model_fingerprint`): a restart from this
         solution is refused with another model. None for particles and mean fields.
+    padding_mask : str or None
+        A digest of the padding mask of a model's solve (``"none"`` without one): a restart
+        from this solution is refused with another mask. None for particles and mean fields.
     event_time, event_state : float, array or None
         Where the first terminal event (else the first event) fired, and the state there on the
         step's dense output; None when none did.
@@ -194,6 +197,7 @@ class Solution(LabelledResult):
     control: dict | None = None
     grids: object = None
     model_fingerprint: str | None = None
+    padding_mask: str | None = None
     event_time: float | None = None
     event_state: object = None
     event_index: int | None = None
