@@ -56,6 +56,28 @@ class Placement:
         """The caller back on its own CPU set, where it was held."""
         if self.cpus:
             _set_affinity(self.home)
+            _LOCAL.home = None
+
+
+class whole_cpus:
+    """The calling thread on its whole CPU set for the block, where a pass holds it on one CPU
+    (its own set after). A library loaded meanwhile sizes its threads by the CPUs it finds:
+    torch imported on a held thread ran every later torch call of the process on one
+    thread (GNU OpenMP's default count), with the bits of one thread."""
+
+    __slots__ = ("own",)
+
+    def __enter__(self):
+        home, self.own = getattr(_LOCAL, "home", None), None
+        if home is not None:
+            own = os.sched_getaffinity(0)
+            if own != home and _set_affinity(home):
+                self.own = own
+        return self
+
+    def __exit__(self, *exc):
+        if self.own is not None:
+            _set_affinity(self.own)
 
 
 def _current_cpu():
@@ -107,6 +129,7 @@ def hold_caller(threads: int):
     cpu = _current_cpu() if placing(threads, len(home)) else None
     if cpu is None or cpu not in home or not _set_affinity({cpu}):
         return Placement(home)
+    _LOCAL.home = home  # the set it is held within (whole_cpus)
     return Placement(home, _after(cpu, home))
 
 
@@ -118,7 +141,7 @@ def hold_worker(placement, index: int) -> None:
         return
     cpus = placement.worker_cpus(index)
     if getattr(_LOCAL, "cpus", None) != cpus and _set_affinity(cpus):
-        _LOCAL.cpus = cpus
+        _LOCAL.cpus, _LOCAL.home = cpus, placement.home
 
 
 class Team:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -82,6 +83,7 @@ class _Fixed(threading.local):
 
 _INSIDE, _FIXED = _Inside(), _Fixed()
 _POOL: dict = {}
+_TORCH_THREADS = __name__.rsplit(".", 1)[0] + ".torch_threads"  # torch's counts (pass end)
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
@@ -196,6 +198,8 @@ def run_workers(worker, tasks: list, threads: int) -> None:
     # and a KeyboardInterrupt that overtook it would unwind the program while the compile runs
     # the caller is held on its CPU for the pass, each worker on another one (module placement)
     placement = _placement.hold_caller(threads)
+    torch_threads = sys.modules.get(_TORCH_THREADS)  # loaded only where torch is used
+    torch_count = None if torch_threads is None else torch_threads.caller_count()
     with sigint_deferred(on_signal=lambda: stop.append(True)):
         futures = [_pool(threads).submit(marked, next_task, i, placement) for i in range(threads - 1)]
         try:
@@ -208,6 +212,10 @@ def run_workers(worker, tasks: list, threads: int) -> None:
                     f.result()
             if placement is not None:
                 placement.release()
+            # the pool threads keep one torch thread; torch's count for new threads goes back
+            torch_threads = sys.modules.get(_TORCH_THREADS)
+            if torch_threads is not None:
+                torch_threads.pass_ended(torch_count)
 
 
 def run_blas_tasks(worker, tasks: list, parallel: bool) -> None:

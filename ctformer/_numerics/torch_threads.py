@@ -16,6 +16,13 @@ on, never on the thread count.
 The rest of the library reaches torch through :func:`_torch` (imported once, and only when
 needed), :func:`_tensor` (a view of a NumPy array) and :class:`_torch_threads` (a thread
 count for one block, restored after).
+
+``torch.set_num_threads`` sets the calling thread's count *and* the count that every thread
+which has not used torch yet starts with (torch keeps the last value set in one global). The
+library's pool threads keep one torch thread, so a parallel pass gives that global back
+(:func:`caller_count` when it starts, :func:`pass_ended` when it ends): else a user's thread,
+or a main thread that had not used torch yet, ran torch on one thread after a pass, with
+the bits of one thread (torch's reductions split by thread count).
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from functools import lru_cache
 import numpy as np
 
 from . import openmp as _openmp
+from . import placement as _placement
 
 __all__ = ["threaded_products"]
 
@@ -36,6 +44,8 @@ _MKL_AUTO_STRICT = 2 | 0x10000  # MKL_CBWR_AUTO | MKL_CBWR_STRICT (mkl_cbwr_set'
 _STRICT_ASKED: list = []  # [bool]: MKL's strict mode was asked for and accepted
 _STRICT_MKL: list = []  # [bool] once threaded_products has checked
 _READ_ONLY_WARNED: list = []  # non-empty once torch has warned (once) about a read-only array
+_DEFAULT: list = []  # [torch's thread count for a new thread when _torch loaded it]
+_POOL_SET: list = []  # non-empty: a pool thread kept a count it set, since the last pass ended
 
 
 def threaded_products() -> bool:
@@ -133,8 +143,27 @@ class _torch_threads:
             _openmp.keep_team_apart(self.count)
 
     def __exit__(self, *exc):
-        if self.before != self.count and (self.count != 1 or not threading.current_thread().name.startswith(_POOL_PREFIX)):
-            self.torch.set_num_threads(self.before)
+        if self.before != self.count:
+            if self.count != 1 or not threading.current_thread().name.startswith(_POOL_PREFIX):
+                self.torch.set_num_threads(self.before)
+            elif not _POOL_SET:  # kept; torch's count for new threads is given back by pass_ended
+                _POOL_SET.append(True)
+
+
+def caller_count():
+    """The calling thread's torch thread count where the library has loaded torch, else None:
+    read when a parallel pass starts, for :func:`pass_ended`."""
+    return _torch().get_num_threads() if _DEFAULT else None
+
+
+def pass_ended(count) -> None:
+    """After a parallel pass on the calling thread: where a pool thread set torch's count (one),
+    torch's count for threads that have not used it yet back to ``count`` (the caller's, from
+    :func:`caller_count`; where torch was loaded during the pass, the count torch gave a new
+    thread then). The caller's own count is ``count`` already; the pool threads keep one."""
+    if _POOL_SET:
+        _POOL_SET.clear()
+        _torch().set_num_threads(count if count is not None else _DEFAULT[0])
 
 
 def _one_torch_thread(torch):
@@ -145,12 +174,15 @@ def _one_torch_thread(torch):
 def _torch():
     from .compiled import sigint_deferred
 
-    # an interrupted import of torch cannot be retried in the process: Ctrl-C waits for it
-    with sigint_deferred():
+    # an interrupted import of torch cannot be retried in the process: Ctrl-C waits for it;
+    # on all of the thread's CPUs: OpenMP counts them when torch loads it (placement)
+    with sigint_deferred(), _placement.whole_cpus():
         try:
             import torch
         except ImportError:
             return None
+        if not _DEFAULT:  # before any count set here (pass_ended)
+            _DEFAULT.append(torch.get_num_threads())
     _strict_mkl(torch)
     return torch
 
