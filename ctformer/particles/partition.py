@@ -14,8 +14,12 @@ the SA velocity by :math:`Z_i = \exp(\log Z_i)`; :func:`ctformer.particles.energ
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import array_api_compat
+import numpy as np
+
+from .._numerics.blas_limits import single_thread_blas as _single_thread_blas
 
 from .particle_checks import _as_real_floating, _check_beta
 
@@ -101,9 +105,13 @@ def _log_partition(xp, q, k, beta, log_w, mask, chunk):
     kt = xp.matrix_transpose(k)
     cols = xp.arange(m)
     blocks = []
+    # NumPy's products on one BLAS thread: OpenBLAS's threaded product rounds otherwise, and
+    # the library's bits never depend on the thread count
+    limit = _single_thread_blas() if isinstance(q, np.ndarray) else None
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
-        s = (q[..., start:stop, :] @ kt) * beta + log_w
+        with limit if limit is not None else nullcontext():
+            s = (q[..., start:stop, :] @ kt) * beta + log_w
         if causal:
             s = xp.where(cols[None, :] <= xp.arange(start, stop)[:, None], s, -xp.inf)
         elif mask is not None:
