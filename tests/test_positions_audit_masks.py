@@ -74,9 +74,17 @@ def test_integer_masks_of_the_operator_are_refused_with_the_conversion():
     grids = Grids(Midpoint(N), Midpoint(D), Midpoint(D_H), context_length=N)
     with pytest.raises(ValueError, match=r"padding_mask must hold only 0 and 1 .*got the value 2; pass a boolean"):
         att(rng.standard_normal((2, N, D)), grids, padding_mask=2 * np.ones((2, N), dtype=np.int64))
-    with pytest.raises(TypeError, match=r"padding_mask must be boolean or hold the integers 0 and 1 .*"
-                                        r"got dtype float64; pass padding_mask == 1"):
-        att(rng.standard_normal((2, N, D)), grids, padding_mask=np.ones((2, N)))
+    # 0.0 / 1.0 floats are read as run reads them; an additive mask is named with its conversion
+    u = rng.standard_normal((2, N, D))
+    keep = np.ones((2, N), dtype=bool)
+    keep[1, -2:] = False
+    np.testing.assert_array_equal(att(u, grids, padding_mask=keep.astype(np.float64)),
+                                  att(u, grids, padding_mask=keep))
+    with pytest.raises(ValueError, match=r"got the value -inf.*padding_mask == 0"):
+        att(u, grids, padding_mask=np.where(keep, 0.0, -np.inf))
+    with pytest.raises(TypeError, match=r"padding_mask must be boolean or hold only 0 and 1 .*"
+                                        r"got dtype complex128; pass padding_mask == 1"):
+        att(u, grids, padding_mask=np.ones((2, N), dtype=complex))
 
 
 def test_torch_mask_on_another_device_is_moved_to_the_states_device():
@@ -112,9 +120,10 @@ def test_local_attention_key_mask_of_integers_names_its_dtype():
     the shape it had was the one asked for."""
     rng = np.random.default_rng(2)
     q = rng.standard_normal((2, 6, 4))
-    with pytest.raises(TypeError, match=r"key_mask must be boolean or hold the integers 0 and 1 .*got dtype "
-                                        r"float64; pass key_mask == 1"):
-        local_attention(q, q, q, beta=1.0, key_mask=np.ones((2, 6)))
+    np.testing.assert_array_equal(local_attention(q, q, q, beta=1.0, key_mask=np.ones((2, 6))),
+                                  local_attention(q, q, q, beta=1.0, key_mask=np.ones((2, 6), dtype=bool)))
+    with pytest.raises(ValueError, match=r"key_mask must hold only 0 and 1 .*got the value 0.5"):
+        local_attention(q, q, q, beta=1.0, key_mask=np.full((2, 6), 0.5))
     with pytest.raises(ValueError, match=r"key_mask must hold only 0 and 1 .*got the value -1"):
         local_attention(q, q, q, beta=1.0, key_mask=-np.ones((2, 6), dtype=np.int64))
     with pytest.raises(ValueError, match=r"key_mask must be a boolean array of shape \(\.\.\., 6\), got \(2, 5\)"):

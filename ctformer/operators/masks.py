@@ -321,21 +321,24 @@ def keep_flags(keys, name: str = "padding_mask"):
 
     HuggingFace's ``attention_mask`` is int64; one rule holds for every entry point of a mask
     (:meth:`Attention.__call__ <ctformer.operators.Attention.__call__>`,
-    ``Attention.discretize(padding_mask=...)``, ``local_attention(key_mask=...)``): booleans,
-    or integers that are all 0 or 1 (1 = keep). Other integers are refused with the first
-    offending value, other dtypes with theirs.
+    ``Attention.discretize(padding_mask=...)``, ``local_attention(key_mask=...)``, and ``run``
+    / ``solve``): booleans, or integers or floats that are all 0 or 1 (1 = keep). Other values
+    are refused with the first offending one (an additive mask with the conversion), other
+    dtypes with theirs.
     """
     xp = namespace(keys)
     if keys.dtype == xp.bool:
         return keys
-    if not xp.isdtype(keys.dtype, "integral"):
-        raise TypeError(f"{name} must be boolean or hold the integers 0 and 1 (1 = keep), got dtype "
+    if not xp.isdtype(keys.dtype, ("integral", "real floating")):
+        raise TypeError(f"{name} must be boolean or hold only 0 and 1 (1 = keep), got dtype "
                         f"{keys.dtype}; pass {name} == 1 for a 0/1 mask of another dtype")
     binary = (keys == 0) | (keys == 1)
     if not bool(xp.all(binary)):
         first = to_host(xp.reshape(keys, (-1,)))[~to_host(xp.reshape(binary, (-1,)))][0]
-        raise ValueError(f"{name} must hold only 0 and 1 (1 = keep, 0 = padding), got the value {int(first)}; "
-                         f"pass a boolean mask ({name} != 0 if every nonzero value means keep)")
+        shown = int(first) if xp.isdtype(keys.dtype, "integral") else float(first)
+        additive = f"; an additive mask (0 keep, -inf pad) is {name} == 0" if shown == -np.inf else ""
+        raise ValueError(f"{name} must hold only 0 and 1 (1 = keep, 0 = padding), got the value {shown}; "
+                         f"pass a boolean mask ({name} != 0 if every nonzero value means keep){additive}")
     return keys == 1
 
 
