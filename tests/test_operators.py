@@ -413,7 +413,9 @@ def test_operator_errors():
     with pytest.raises(ValueError, match=r"padding_mask must have shape \(\.\.\., 4\)"):
         att(np.ones((4, 3)), grids, padding_mask=np.ones(3, dtype=bool))
     with pytest.raises(TypeError, match="boolean"):
-        att(np.ones((4, 3)), grids, padding_mask=np.ones(4))
+        att(np.ones((4, 3)), grids, padding_mask=np.ones(4, dtype=complex))
+    with pytest.raises(ValueError, match="got the value 0.5"):
+        att(np.ones((4, 3)), grids, padding_mask=np.full(4, 0.5))
     with pytest.raises(TypeError, match="Grids"):
         att.discretize((Midpoint(4), Midpoint(3)))
 
