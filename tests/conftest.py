@@ -196,3 +196,20 @@ def solve_and_saved_bytes(call):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = call()
     return out, total[0]
+
+
+def read_back_solution(solution, tmp_path) -> dict:
+    """``solution`` written and read back every way a user can: netCDF and zarr files through
+    ``labelled.open_dataset``, an in-memory xarray Dataset and an xarray-opened netCDF file
+    through ``labelled.from_xarray`` (label -> what was read)."""
+    from ctformer import labelled
+
+    xr = require("xarray")
+    require("h5netcdf")
+    require("zarr")
+    solution.to_netcdf(tmp_path / "s.nc")
+    solution.to_zarr(tmp_path / "s.zarr")
+    return {"netcdf": labelled.open_dataset(tmp_path / "s.nc"),
+            "zarr": labelled.open_dataset(tmp_path / "s.zarr"),
+            "xarray": labelled.from_xarray(labelled.to_xarray(solution)),
+            "xarray-file": labelled.from_xarray(xr.open_dataset(tmp_path / "s.nc", engine="h5netcdf").load())}

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import rel_err, require
+from tests.test_bridge_configs import _model
 from tests.test_modern_bridges import _randomize, _run_hf
 
 pytestmark = pytest.mark.transformers
@@ -46,14 +47,7 @@ LEGACY = {
 
 
 def _module(t, torch, cls, config, reference):
-    from ctformer.bridges import float64_reference
-
-    model = _randomize(torch, getattr(t, f"{cls}Model")(getattr(t, f"{cls}Config")(**COMMON, **config))
-                       .double().eval(), 0)
-    if reference:
-        return float64_reference(model)
-    model.set_attn_implementation("sdpa")
-    return model
+    return _model(t, torch, cls, reference, **config)
 
 
 def _padded(tokens):

@@ -20,7 +20,7 @@ from ctformer.discretizations import GaussLegendre
 from ctformer.solvers import Piecewise, PIController, SplitProblem
 from ctformer.solvers.restart import restart_point
 
-from .conftest import require
+from .conftest import read_back_solution as _read_back
 
 ROTATION = np.array([[0.0, 1.0], [-1.0, 0.0]])
 OSCILLATOR = Piecewise.single(SplitProblem([lambda u: ROTATION @ u]), 10.0)
@@ -136,19 +136,6 @@ def _model_events(terminal=False):
     """max u crosses 1 near 0.35 (up) and 1.12 (down); mean u + 0.32 near 1.9 and 2.5."""
     return [Event(lambda t, u: float(np.max(u)) - 1.0, terminal=terminal),
             Event(lambda t, u: float(np.mean(u)) + 0.32, terminal=False)]
-
-
-def _read_back(solution, tmp_path):
-    xr = require("xarray")
-    require("h5netcdf")
-    require("zarr")
-    solution.to_netcdf(tmp_path / "s.nc")
-    solution.to_zarr(tmp_path / "s.zarr")
-    return {"netcdf": labelled.open_dataset(tmp_path / "s.nc"),
-            "zarr": labelled.open_dataset(tmp_path / "s.zarr"),
-            "xarray": labelled.from_xarray(labelled.to_xarray(solution)),
-            "xarray-file": labelled.from_xarray(xr.open_dataset(tmp_path / "s.nc",
-                                                                engine="h5netcdf").load())}
 
 
 def test_every_occurrence_round_trips_bit_for_bit(tmp_path):

@@ -14,7 +14,7 @@ from ctformer import Event, SaveAt, labelled, solvers
 from ctformer.discretizations import GaussLegendre, Midpoint, Product
 from ctformer.particles import CircleMeanField
 
-from .conftest import require
+from .conftest import read_back_solution as _read_back, require
 
 xr = require("xarray")
 MODEL = ctformer.ContinuousTransformer.random_smooth(seed=0, layers=3)
@@ -27,17 +27,6 @@ DROP = Event(lambda t, u: float(np.mean(u)) + 0.25, direction=-1)         # term
 
 def _u0(x, y):
     return np.cos(3 * y + np.sin(np.pi * x))
-
-
-def _read_back(solution, tmp_path):
-    require("h5netcdf")
-    require("zarr")
-    solution.to_netcdf(tmp_path / "s.nc")
-    solution.to_zarr(tmp_path / "s.zarr")
-    return {"netcdf": labelled.open_dataset(tmp_path / "s.nc"),
-            "zarr": labelled.open_dataset(tmp_path / "s.zarr"),
-            "xarray": labelled.from_xarray(xr.open_dataset(tmp_path / "s.nc",
-                                                           engine="h5netcdf").load())}
 
 
 def _same_event(back, sol, label):
