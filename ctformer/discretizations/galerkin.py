@@ -47,7 +47,7 @@ from .base import (
 )
 from .checks import is_half, through_float32
 
-__all__ = ["P1", "P2"]
+__all__ = ["P1", "P2", "element_bytes_per_value"]
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -55,13 +55,39 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def element_bytes_per_value(degree: int, gauss_points: int) -> float:
+    r"""Host bytes per degree of freedom of Lagrange elements, for large ``n = p E + 1``.
+
+    With :math:`p` = ``degree`` and :math:`q` = ``gauss_points`` there are :math:`q/p`
+    quadrature points per value. Float64 data and int32 sparse indices (12 bytes a non-zero,
+    4 a row pointer) give
+
+    .. math::
+
+        \underbrace{16}_{\text{nodes, weights}}
+        + \underbrace{16 q/p}_{\text{quadrature nodes, weights}}
+        + \underbrace{12 q (p + 1)/p + 4 q/p}_{B}
+        + \underbrace{12 q (p + 1)/p + 4}_{B^T W}
+        + \underbrace{12 m + 4}_{M}
+        + \underbrace{12 (m + 1) + 8}_{\text{LU factors of } M},
+        \qquad m = \frac{(p + 1)^2 - 1}{p},
+
+    with :math:`m` the non-zeros per row of the mass matrix (its banded LU factors have no
+    fill-in: :math:`m + 1` non-zeros per row, the diagonal counted twice). P1: 320 bytes,
+    P2: 324 bytes.
+    """
+    p, q = degree, gauss_points
+    m = ((p + 1) ** 2 - 1) / p
+    basis = 12 * q * (p + 1) / p
+    return (16 + 16 * q / p + (basis + 4 * q / p) + (basis + 4) + (12 * m + 4)
+            + (12 * (m + 1) + 8))
+
+
 class _LagrangeElements(Discretization):
     """Continuous piecewise polynomials of degree ``degree`` on a uniform mesh."""
 
     kind = "galerkin"
     nodal = False  # stored values are element coefficients
-    # nodes, weights, quadrature nodes and weights, sparse basis and mass matrix
-    _bytes_per_value: ClassVar[float] = 160.0
     degree: ClassVar[int]
     gauss_points: ClassVar[int]
 
@@ -257,6 +283,7 @@ class P1(_LagrangeElements):
     min_n = 2
     degree = 1
     gauss_points = 3
+    _bytes_per_value = element_bytes_per_value(1, 3)
 
 
 @register
@@ -274,3 +301,4 @@ class P2(_LagrangeElements):
     min_n = 3
     degree = 2
     gauss_points = 4
+    _bytes_per_value = element_bytes_per_value(2, 4)

@@ -49,16 +49,22 @@ def barycentric_matrix(nodes: np.ndarray, bary: np.ndarray, points: np.ndarray) 
 
     .. math::  p(x) = \frac{\sum_j \frac{\lambda_j}{x - x_j} v_j}{\sum_j \frac{\lambda_j}{x - x_j}}
 
-    Rows for points that coincide with a node are the unit vectors of that node.
+    Rows for points that coincide with a node are the unit vectors of that node; so are the
+    rows of points so close to a node that :math:`\lambda_j / (x - x_j)` overflows (a
+    subnormal distance from a node at 0): there :math:`p(x) = v_j` to rounding, where the
+    formula itself would give :math:`\infty / \infty` = NaN.
     """
     check_dense(points.size, nodes.size, "the barycentric interpolation matrix")
     diff = points[:, None] - nodes[None, :]
-    exact = diff == 0.0
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         c = bary[None, :] / diff
-        mat = c / c.sum(axis=1, keepdims=True)
-    hit = exact.any(axis=1)
-    mat[hit] = exact[hit].astype(np.float64)
+        total = c.sum(axis=1, keepdims=True)
+        mat = c / total
+    hit = ~(np.isfinite(c).all(axis=1) & np.isfinite(total[:, 0]))
+    if hit.any():
+        nearest = np.argmin(np.abs(diff[hit]), axis=1)
+        mat[hit] = 0.0
+        mat[np.flatnonzero(hit), nearest] = 1.0
     return mat
 
 

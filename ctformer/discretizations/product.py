@@ -87,9 +87,10 @@ class Product(Discretization):
         self.second = _check_factor(second, "second")
         self.n = first.n * second.n
         self.domain = (first.domain, second.domain)
-        # nodes (n, 2) and weights, at the stored values and at the quadrature points
-        points = _points(self.first) * _points(self.second)
-        check_allocation(24.0 * float(max(self.n, points)), f"{self!r} ({self.n} values)",
+        # nodes (n, 2) and weights (24 bytes a row), at the stored values and, for a Galerkin
+        # factor, again at the quadrature points (nodal products share one set)
+        points = 0 if self.nodal else _points(self.first) * _points(self.second)
+        check_allocation(24.0 * float(self.n + points), f"{self!r} ({self.n} values)",
                          "choose smaller factors (arguments first and second)")
 
     # -- value-object identity ------------------------------------------------------------
@@ -159,14 +160,19 @@ class Product(Discretization):
 
     @cached_property
     def quadrature_nodes(self) -> np.ndarray:
-        """Product of the factors' quadrature points, raster order: ``(q1 q2, 2)``."""
+        """Product of the factors' quadrature points, raster order: ``(q1 q2, 2)`` (the
+        :attr:`nodes` themselves when both factors are nodal)."""
+        if self.nodal:
+            return self.nodes
         nodes = self._grid(self.first.quadrature_nodes, self.second.quadrature_nodes)
         nodes.setflags(write=False)
         return nodes
 
     @cached_property
     def quadrature_weights(self) -> np.ndarray:
-        """Outer product of the factors' quadrature weights."""
+        """Outer product of the factors' quadrature weights (:attr:`weights` when nodal)."""
+        if self.nodal:
+            return self.weights
         w = np.outer(self.first.quadrature_weights, self.second.quadrature_weights).ravel()
         w.setflags(write=False)
         return w

@@ -31,6 +31,11 @@ def _reference_points(disc) -> np.ndarray:
 def _check_discretization(disc, argname: str):
     if not (hasattr(disc, "quadrature_nodes") and hasattr(disc, "quadrature_weights")):
         raise TypeError(f"{argname} must be a Discretization, got {type(disc).__name__}")
+    if getattr(disc, "dimension", 1) != 1:
+        # a kernel W(y, eta) maps functions of one variable: a rectangle's nodes are pairs
+        raise TypeError(f"{argname} must discretize an interval (a feature variable), got "
+                        f"{disc!r} of dimension {disc.dimension}; a kernel acts on one variable, "
+                        "so discretize it by an interval rule, e.g. GaussLegendre(n)")
 
 
 class Kernel(abc.ABC):
@@ -87,7 +92,8 @@ class Kernel(abc.ABC):
         Raises
         ------
         TypeError
-            If ``out`` or ``inp`` is not a discretization.
+            If ``out`` or ``inp`` is not a discretization of an interval (a
+            :class:`~ctformer.discretizations.Product` of two intervals is refused by name).
         ValueError
             If the kernel takes non-finite values on these grids.
         """
