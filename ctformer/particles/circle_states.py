@@ -39,7 +39,12 @@ _NEGATIVE_TOLERANCE = 1e-6
 
 
 class ResolutionWarning(UserWarning):
-    """The mean-field density went negative: its clusters are narrower than the retained modes."""
+    """The mean-field density is no longer resolved: its clusters are narrower than the retained modes.
+
+    Issued once per solve when the density goes negative (below -1e-6 times the uniform
+    density) or, for the zonal and :math:`S^2` solvers, when the top quarter of the degrees
+    holds more than 1e-6 of :math:`\|\rho\|^2`.
+    """
 
 
 @dataclass

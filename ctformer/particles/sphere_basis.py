@@ -53,7 +53,8 @@ from ..validation import boolean, integer, real
 from .dynamics import _check_beta
 
 __all__ = ["GegenbauerBasis", "sphere_area", "log_sphere_area", "funk_hecke", "kernel_multipliers", "log_ive",
-           "gradient_multipliers", "linear_growth_rate", "check_dimension", "check_beta", "check_noise", "laplace_eigenvalues"]
+           "gradient_multipliers", "linear_growth_rate", "check_dimension", "check_beta", "check_noise", "laplace_eigenvalues",
+           "kernel_energy"]
 
 _IVE_DIRECT = 1e-280  # scipy's ive above this, the log-domain series below (log_ive)
 
@@ -195,6 +196,36 @@ def kernel_multipliers(degrees, beta, dimension, normalized) -> np.ndarray:
     if normalized:
         return sign * np.exp(logs - _log_kernel(0, beta, dimension)[0])
     return sign * _times_exp(logs, abs(beta))
+
+
+def kernel_energy(power, beta, dimension, log=False):
+    r""":math:`E = \frac{1}{2\beta}\sum_l \lambda_l(\beta) P_l` from the per-degree powers :math:`P_l`.
+
+    :math:`P_l = \sum_m |c_{lm}|^2` (shape (..., L + 1)). The sum is formed with
+    :math:`e^{-|\beta|}\lambda_l` and :math:`e^{|\beta|}` put back in the logarithm, so ``log=True``
+    gives :math:`\log E` for every finite :math:`\beta > 0`; ``beta`` is nonzero (the callers
+    refuse 0).
+
+    Raises
+    ------
+    OverflowError
+        When :math:`E` itself is beyond float64 (:math:`|\beta| \gtrsim 709`), naming ``log=True``.
+    ValueError
+        For ``log=True`` with :math:`\beta < 0`, where :math:`E < 0`.
+    """
+    if log and beta < 0:
+        raise ValueError(f"energy(..., log=True) needs beta > 0: with beta={beta} the energy is negative; "
+                         "use log=False")
+    logs, sign = _log_kernel(np.arange(np.shape(power)[-1]), beta, dimension)
+    scaled = np.asarray(power, dtype=np.float64) @ (sign * np.exp(logs))  # e^{-|beta|} sum_l lambda_l P_l
+    with np.errstate(divide="ignore"):
+        log_e = np.log(np.abs(scaled)) + abs(beta) - math.log(2 * abs(beta))
+    if log:
+        return log_e
+    if np.max(log_e, initial=-np.inf) >= math.log(np.finfo(np.float64).max):
+        raise OverflowError(f"the energy (1/(2 beta)) sum_l lambda_l |c_l|^2 = exp({np.max(log_e):.1f}) at "
+                            f"beta={beta} is beyond the float64 range; use energy(..., log=True) for log E")
+    return np.sign(scaled) * math.copysign(1.0, beta) * np.exp(log_e)
 
 
 def gradient_multipliers(degrees, beta, dimension, normalized) -> np.ndarray:

@@ -44,7 +44,8 @@ from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning
 from .zonal import _finite_energy
 from .sphere_labelled import SphereLabelled, spherical_dataset
-from .sphere_basis import check_beta, check_noise, gradient_multipliers, kernel_multipliers, linear_growth_rate
+from .sphere_basis import (check_beta, check_noise, gradient_multipliers, kernel_energy, kernel_multipliers,
+                           linear_growth_rate)
 from .timegrid import check_memory, evolve_coefficients, march, saved_count, time_steps
 
 __all__ = ["SphericalMeanField", "SphericalSolution"]
@@ -197,14 +198,15 @@ class SphericalMeanField:
             out[..., l] = a[..., self.l == l].sum(axis=-1)
         return out
 
-    def energy(self, alm):
+    def energy(self, alm, *, log=False):
         r""":math:`E = \frac{1}{2\beta}\sum_l \lambda_l \sum_m |a_{lm}|^2` (non-decreasing for USA without noise).
 
-        Refused (ValueError) at :math:`\beta = 0`, where :math:`E` is infinite.
+        ``log=True`` returns :math:`\log E` (:math:`\beta > 0`), finite where :math:`E` overflows
+        float64 (:math:`\beta \gtrsim 709`, SA); :math:`E` itself is then refused with
+        OverflowError. Refused (ValueError) at :math:`\beta = 0`, where :math:`E` is infinite.
         """
         _finite_energy(self.beta)
-        lam = kernel_multipliers(np.arange(self.degree + 1), self.beta, 3, False)
-        return self._power(alm) @ lam / (2 * self.beta)
+        return kernel_energy(self._power(alm), self.beta, 3, log)
 
     def order_parameter(self, alm):
         r""":math:`|\int x\,d\mu| = \sqrt{4\pi/3}\,(|a_{10}|^2 + 2|a_{11}|^2)^{1/2}`."""

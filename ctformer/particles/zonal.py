@@ -60,7 +60,7 @@ from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning
 from .sphere_labelled import SphereLabelled, zonal_dataset
 from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, gradient_multipliers,
-                           kernel_multipliers,
+                           kernel_energy, kernel_multipliers,
                            laplace_eigenvalues, linear_growth_rate, log_sphere_area, sphere_area)
 from .timegrid import check_memory, evolve_coefficients, march, saved_count, time_steps
 
@@ -215,19 +215,21 @@ class ZonalMeanField:
         return solvers.SplitProblem(flows=(flow,), projections=(reset,))
 
     # -- diagnostics -----------------------------------------------------------------------------
-    def energy(self, coefficients):
+    def energy(self, coefficients, *, log=False):
         r"""Interaction energy :math:`E = \frac{1}{2\beta}\iint e^{\beta\langle x, y\rangle}d\mu\,d\mu`.
 
         :math:`E = \frac{1}{2\beta}\sum_l \lambda_l c_l^2` by Funk-Hecke.
 
         ``coefficients`` has shape (..., L + 1) (e.g. ``solution.coefficients``: one value per
         saved time). Non-decreasing in time for USA without noise (a gradient flow of E).
-        Refused (ValueError) at :math:`\beta = 0`, where :math:`E` is infinite.
+        ``log=True`` returns :math:`\log E` (:math:`\beta > 0`), finite where :math:`E \sim
+        e^{\beta}` overflows float64 (:math:`\beta \gtrsim 709`, SA); :math:`E` itself is then
+        refused with OverflowError. Refused (ValueError) at :math:`\beta = 0`, where :math:`E`
+        is infinite.
         """
         _finite_energy(self.beta)
         c = np.asarray(coefficients)
-        lam = kernel_multipliers(np.arange(self.degree + 1), self.beta, self.dimension, False)
-        return (c * c) @ lam / (2 * self.beta)
+        return kernel_energy(c * c, self.beta, self.dimension, log)
 
     def order_parameter(self, coefficients):
         r""":math:`|\int x\,d\mu| = |\int s\,\rho\,d\sigma| = |c_1|\,\|s\|_{L^2(d\sigma)} = |c_1|\sqrt{|S^{d-1}|/d}`."""
