@@ -39,7 +39,7 @@ _NEGATIVE_TOLERANCE = 1e-6
 
 
 class ResolutionWarning(UserWarning):
-    """The mean-field density is no longer resolved: its clusters are narrower than the retained modes.
+    r"""The mean-field density is no longer resolved: its clusters are narrower than the retained modes.
 
     Issued once per solve when the density goes negative (below -1e-6 times the uniform
     density) or, for the zonal and :math:`S^2` solvers, when the top quarter of the degrees

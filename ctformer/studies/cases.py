@@ -15,12 +15,14 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 
 from ..backend import to_host
 from ..solvers import InconsistentDepthLimitWarning
 from ..state import AXES, Grids
+from .execution import add_note
 from .identity import array_identity
 from .refinement import VARIABLES, Refinement
 
@@ -96,7 +98,41 @@ class StudyCase:
 
 
 def compute_case(study: StudyCase, level: int) -> dict:
-    """Solve one level; return its values on the evaluation grid (module-level: picklable)."""
+    """Solve one level; return its values on the evaluation grid (module-level: picklable).
+
+    Raises
+    ------
+    FloatingPointError
+        When the solution at ``level`` holds NaN or inf (the message names the level).
+    Exception
+        Whatever the model or the discretizations raise, its message prefixed with the refined
+        variable and ``level`` (the same type; one whose constructor does not take a message
+        is re-raised as it is, with the level in a note).
+    """
+    try:
+        states, seconds = _solve(study, level)
+    except Exception as exc:  # the level is named here: a worker's error reaches the user bare
+        _raise_at_level(exc, study.refine, level)
+    if not np.all(np.isfinite(to_host(states[-1]))):
+        # checked before evaluating: interpolating a NaN state failed with a message that
+        # named neither the level nor the cause
+        raise FloatingPointError(f"the solution at {study.refine} level {level} is not finite "
+                                 "(NaN or inf): the solve diverged there; take more steps per "
+                                 "layer, or leave out that level")
+    try:
+        grids = study.grids(level)
+        values = study.evaluate(states[-1], grids)
+        min_std = grids.min_feature_std(states)
+    except Exception as exc:
+        _raise_at_level(exc, study.refine, level)
+    if not np.all(np.isfinite(values)):
+        raise FloatingPointError(f"the solution at {study.refine} level {level} is not finite "
+                                 "on the evaluation grid")
+    return {"level": level, "values": values, "seconds": seconds, "min_feature_std": min_std}
+
+
+def _solve(study: StudyCase, level: int) -> tuple:
+    """The layer-boundary states of ``level`` and the wall time of the solve."""
     chosen = study.discretizations(level)
     with warnings.catch_warnings():
         # convergence() has warned once already; do not repeat it for every case
@@ -106,10 +142,21 @@ def compute_case(study: StudyCase, level: int) -> dict:
                                    head_features=chosen["head_features"], hidden=chosen["hidden"],
                                    scheme=study.scheme, steps_per_layer=study.steps(level),
                                    trajectory=True)
-        seconds = time.perf_counter() - start
-    grids = study.grids(level)
-    values = study.evaluate(states[-1], grids)
-    if not np.all(np.isfinite(values)):
-        raise FloatingPointError(f"the solution at {study.refine} level {level} is not finite")
-    return {"level": level, "values": values, "seconds": seconds,
-            "min_feature_std": grids.min_feature_std(states)}
+        return states, time.perf_counter() - start
+
+
+def _raise_at_level(exc: Exception, variable: str, level) -> NoReturn:
+    """Raise ``exc`` with the case's variable and level at the head of its message: as an
+    exception of the same type (``except FloatingPointError`` still catches it) chained to
+    ``exc``, or ``exc`` itself with a note where its type does not take one message
+    (``KeyError`` quotes it, ``UnicodeError`` takes five arguments)."""
+    prefix = f"{variable} level {level}"
+    message = f"{prefix}: {exc}"
+    try:
+        named = type(exc)(message)
+    except Exception:
+        named = None
+    if named is None or str(named) != message:
+        add_note(exc, f"raised by the case at {prefix}")
+        raise exc
+    raise named from exc

@@ -142,7 +142,8 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
     ------
     ValueError
         For an unknown ``refine``, ``error_norm``, ``reference`` or discretization name, bad
-        ``levels``, Richardson extrapolation of a spectral (infinite-order) method, or a
+        ``levels``, Richardson extrapolation of a spectral (infinite-order) method or of an
+        expected order 0 (a periodic rule on data that are not, in the maximum norm), or a
         ``reference`` that returns NaN or inf.
     TypeError
         For arguments of the wrong type, or a ``store`` with a model or scheme that has no
@@ -195,6 +196,11 @@ def _build(model, spec: StudySpec, store):
     if spec.reference == "richardson" and math.isinf(expected):
         raise ValueError("reference='richardson' needs a finite expected order; the refined "
                          "method is spectral, use reference='finest' or pass expected_order")
+    if spec.reference == "richardson" and not expected > 0:  # (h_c/h_f)^0 - 1 divides by 0
+        raise ValueError(f"reference='richardson' needs an expected order > 0, and this study "
+                         f"expects {expected:g}" + (f" ({limitation})" if limitation else "")
+                         + "; an error that does not fall cannot be extrapolated: use "
+                         "reference='finest' or an exact reference")
     consistent = not (refinement.refines_depth and _warns_inconsistent_depth(model))
     if not consistent:
         solvers.warn_inconsistent_depth("refining time in a post-norm model whose LayerNorm has "

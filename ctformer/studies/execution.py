@@ -17,7 +17,9 @@ only the missing cases.
 The store, and the path of every record still to write, are checked *before* anything is
 computed, an interrupted study (Ctrl-C) raises :class:`StudyInterrupted` saying how many
 cases are stored where, and a Dask worker lost with the shared model raises
-:class:`WorkerLost` with the same information.
+:class:`WorkerLost` with the same information; both count the records in the store and hold
+the kept cases (``kept``). These, and the error of a case that failed, carry a note naming
+the cases kept and those still to compute.
 """
 from __future__ import annotations
 
@@ -48,10 +50,14 @@ class StudyInterrupted(KeyboardInterrupt):
         Number of cases of the study.
     directory : str or None
         The store directory, ``None`` without a store.
+    kept : tuple
+        The cases (as given to :func:`run_cases`: the levels of a study) whose records are in
+        the store, in the order of the study; without a store, those that were finished.
     """
 
-    def __init__(self, stored: int, total: int, directory: str | None):
+    def __init__(self, stored: int, total: int, directory: str | None, kept=()):
         self.stored, self.total, self.directory = int(stored), int(total), directory
+        self.kept = tuple(kept)
         super().__init__(str(self))
 
     def __str__(self) -> str:
@@ -68,9 +74,10 @@ class WorkerLost(RuntimeError):
     Attributes are those of :class:`StudyInterrupted`.
     """
 
-    def __init__(self, stored: int, total: int, directory: str | None, detail: str = ""):
+    def __init__(self, stored: int, total: int, directory: str | None, detail: str = "",
+                 kept=()):
         self.stored, self.total, self.directory = int(stored), int(total), directory
-        self.detail = detail
+        self.detail, self.kept = detail, tuple(kept)
         super().__init__(str(self))
 
     def __str__(self) -> str:
@@ -171,9 +178,13 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
         file (a directory) is where a record is to be written (raised before computing,
         naming the directory or the record path).
     StudyInterrupted
-        On Ctrl-C (a :class:`KeyboardInterrupt`): how many cases are stored where.
+        On Ctrl-C (a :class:`KeyboardInterrupt`): how many cases are stored where, and which
+        (``kept``).
     WorkerLost
         When the Dask worker holding the shared model dies; a rerun resumes.
+    Exception
+        What a case raised, as it came, with a note naming the cases kept and those still to
+        compute.
     """
     progress = boolean(progress, "progress")  # "no" is a string, and a string is true
     if not (executor is None or isinstance(executor, concurrent.futures.Executor)
@@ -222,12 +233,45 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
             _run_pending(executor, task, context, pending, finish, stored, len(cases), directory)
     except StudyInterrupted:
         raise
-    except KeyboardInterrupt:
-        raise StudyInterrupted(stored[0] if case_store is not None else len(records),
-                               len(cases), directory) from None
+    except (KeyboardInterrupt, Exception) as exc:
+        reported = _reported(exc, case_store, cases, records)
+        if reported is exc:  # a failed case: its own type, message and cause, with the note
+            raise
+        raise reported from None
     finally:
         bar.close()
     return {key: records[key] for key, _ in cases}
+
+
+def _reported(exc: BaseException, case_store, cases, records) -> BaseException:
+    """What :func:`run_cases` raises for ``exc``: :class:`StudyInterrupted` for Ctrl-C,
+    :class:`WorkerLost` recounted, else ``exc`` itself (a failed case, named by the task); each
+    with a note naming the cases kept and those still to compute."""
+    if case_store is None:
+        kept = {key: case for key, case in cases if key in records}
+    else:  # counted in the store: an interrupt between a write and its count left it one short
+        kept = {key: case for key, case in cases if case_store.path(key).is_file()}
+    directory = None if case_store is None else str(case_store.directory)
+    if isinstance(exc, KeyboardInterrupt):
+        exc = StudyInterrupted(len(kept), len(cases), directory, kept.values())
+    elif isinstance(exc, WorkerLost):
+        exc = WorkerLost(len(kept), len(cases), directory, exc.detail, kept.values())
+    rest = [case for key, case in cases if key not in kept]
+    done, left = (("kept", "still to compute") if directory is not None else
+                  ("finished but not kept (no store)", "not finished"))
+    add_note(exc, f"cases {done}: {', '.join(map(str, kept.values())) or 'none'}; {left}: "
+                  f"{', '.join(map(str, rest)) or 'none'}"
+             + ("; a rerun with the same store computes only these" if directory else ""))
+    return exc
+
+
+def add_note(exc: BaseException, text: str) -> None:
+    """``exc.add_note(text)``: printed under the traceback from Python 3.11; on 3.10 the note
+    is kept in ``exc.__notes__`` all the same (as 3.11 keeps it), only not printed."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(text)
+    else:  # pragma: no cover - Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", []), text]
 
 
 def _shares(cases, costs) -> dict:

@@ -10,7 +10,9 @@ none.
 
 Both axes carry at least two labelled ticks (:func:`_label_axes`): the :math:`h` axis is labelled
 at the levels themselves, and an error axis that spans less than two decades gets ticks at 1, 2
-and 5 times the powers of ten (a plain log axis there showed one label, or none).
+and 5 times the powers of ten (a plain log axis there showed one label, or none), or, where
+fewer than two of those fall inside, evenly spaced ones, with as many digits as keep their
+labels apart.
 
 Figures are written atomically (:func:`save_figure`): a reader never sees half a file.
 """
@@ -66,8 +68,14 @@ def _label_axes(ax, steps) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
     low, high = ax.get_ylim()
     if high / low < 100:
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.2g}"))
+        # within a decade with fewer than two of 1, 2, 5 x 10^k, LogLocator falls back to
+        # linear ticks, which two digits labelled alike (0.0013, 0.0013, 0.0014, ...)
+        ticks = [t for t in LogLocator(base=10, subs=(1.0, 2.0, 5.0)).tick_values(low, high)
+                 if low <= t <= high]
+        digits = next((d for d in range(2, 8)
+                       if len({f"{t:.{d}g}" for t in ticks}) == len(ticks)), 8)
+        ax.yaxis.set_major_locator(FixedLocator(ticks))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.{digits}g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_ylim(low, high)
 

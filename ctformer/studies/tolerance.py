@@ -85,6 +85,10 @@ class WorkPrecision(LabelledResult):
 
 def _relative_l2(u, reference, weights) -> float:
     u, reference = np.asarray(to_host(u)), np.asarray(to_host(reference))
+    if u.shape != reference.shape:  # NumPy broadcast it, or failed naming neither
+        raise ValueError(f"reference has shape {reference.shape}, the solutions on these grids "
+                         f"{u.shape}; pass u*(T) on the same tokens and features (or leave "
+                         "reference=None to compute it)")
     w = np.outer(*weights) if weights is not None else np.ones(u.shape[-2:])
     diff = float(np.sum(w * np.abs(u - reference) ** 2))
     size = float(np.sum(w * np.abs(reference) ** 2))
@@ -118,6 +122,11 @@ def work_precision(model, u0, *, tokens, features, schemes=("bosh3", "dopri5", "
     Returns
     -------
     WorkPrecision
+
+    Raises
+    ------
+    ValueError
+        If a given ``reference`` holds NaN or inf, or its shape is not the solutions' shape.
     """
     grids = dict(tokens=tokens, features=features)
     ratio = real(atol_ratio, "atol_ratio", nonnegative=True)
@@ -127,6 +136,9 @@ def work_precision(model, u0, *, tokens, features, schemes=("bosh3", "dopri5", "
         reference, described = ref_solution.final, "dopri5 at rtol=1e-13, atol=1e-16"
     else:
         described, ref_solution = "given by the caller", None
+        if not np.all(np.isfinite(to_host(reference))):  # every error would be NaN
+            raise ValueError("reference holds NaN or inf; pass a finite u*(T) (or leave "
+                             "reference=None to compute it)")
     weights = None
     levels = []
     for name in schemes:
