@@ -23,7 +23,7 @@ import math
 import array_api_compat
 import numpy as np
 
-from .dense import attend_trusted
+from .dense import attend_trusted, log_in
 from .scale_safety import scale_safe_inputs, times_pow2
 from .score_terms import ScoreTerms
 
@@ -183,7 +183,9 @@ class BandedAttention:
         """The attention output of the query rows [a, b)."""
         lo, hi, keep_x = self._keep(xp, key_mask, a, b)
         dtype = q.dtype
-        w = None if self.weights is None else xp.asarray(self.weights[lo:hi], dtype=dtype)
+        w = None
+        if self.weights is not None:  # NumPy: float64 weights, their log taken before the cast (log_in)
+            w = self.weights[lo:hi] if type(q) is np.ndarray else xp.asarray(self.weights[lo:hi], dtype=dtype)
         qb, kb, vb = q[..., a:b, :], k[..., lo:hi, :], v[..., lo:hi, :]
         causal_rows = (a, lo) if self.causal else None
         bias = None if self.bias is None else \
@@ -213,7 +215,7 @@ def _scored(xp, q, k, v, beta, w, keep, bias, causal_rows=None, half=False, cap=
     if cap is not None:
         s = cap * xp.tanh(s / cap)
     if w is not None:
-        s = s + xp.log(w)
+        s = s + log_in(xp, w, dtype)
     if bias is not None:
         s = s + bias
     if causal_rows is not None:

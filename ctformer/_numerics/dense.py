@@ -256,6 +256,11 @@ def attention_with_terms(q, k, v, beta, weights, mask, diagonal, check, terms):
 def attend_rows(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk, terms=None):
     """:func:`attend` after giving queries without keys every key, then zeroing their rows."""
     n = q.shape[-2]
+    if type(q) is np.ndarray and not q.dtype == k.dtype == v.dtype:
+        # one dtype for every path: the streamed ones computed in q's, the batched pass in the
+        # promoted one, so float32 queries on float64 keys gave float32 or float64 by size
+        dtype = np.result_type(q, k, v)
+        q, k, v = (a.astype(dtype, copy=False) for a in (q, k, v))
     if n == 0:
         return xp.zeros((*lead, 0, v.shape[-1]), dtype=q.dtype)
     keep, empty = admissible_rows(xp, keep)
@@ -268,6 +273,7 @@ def trusted(q, k, v, beta, weights, mask, diagonal):
     NumPy float64 such as ``1 / np.sqrt(d)`` is a Python float subclass that NumPy's
     promotion treats as float64: it made float32 queries float64, and the result with them)."""
     xp = _NUMPY if type(q) is np.ndarray else array_api_compat.array_namespace(q, k, v)
+    dtype = q.dtype if k.dtype == q.dtype and v.dtype == q.dtype else xp.result_type(q, k, v)
     lead = q.shape[:-2]
     if k.shape[:-2] != lead or v.shape[:-2] != lead:
         lead = np.broadcast_shapes(lead, k.shape[:-2], v.shape[:-2])
@@ -278,8 +284,8 @@ def trusted(q, k, v, beta, weights, mask, diagonal):
     else:
         if len(beta.shape) > len(lead) or lead[len(lead) - len(beta.shape):] != beta.shape:
             lead = np.broadcast_shapes(lead, beta.shape)
-        beta = _in_dtype(xp, beta, q.dtype)[..., None, None]
-    log_w = None if weights is None else xp.log(_in_dtype(xp, weights, q.dtype))
+        beta = _in_dtype(xp, beta, dtype)[..., None, None]
+    log_w = None if weights is None else log_in(xp, weights, dtype)
     keep = diag_shift = None
     if isinstance(mask, str):
         if diagonal == "half":
@@ -288,6 +294,17 @@ def trusted(q, k, v, beta, weights, mask, diagonal):
         keep = mask
         lead = np.broadcast_shapes(lead, mask.shape[:-2])
     return xp, beta, log_w, keep, diag_shift, tuple(lead)
+
+
+def log_in(xp, weights, dtype):
+    r""":math:`\log w` in ``dtype``, the logarithm taken in the weights' own precision where it
+    is the wider one: float64 weights of 1e-50 (or 1e50) are 0 (inf) in float32, whose
+    logarithm made every score of the key -inf (inf) and rows of NaN, where
+    :math:`\log w = -115.1` is an ordinary float32 number."""
+    if (type(weights) is np.ndarray and isinstance(dtype, np.dtype) and weights.dtype.kind == "f"
+            and weights.dtype.itemsize > dtype.itemsize):
+        return np.log(weights).astype(dtype)
+    return xp.log(_in_dtype(xp, weights, dtype))
 
 
 def _in_dtype(xp, a, dtype):

@@ -36,7 +36,14 @@ def scale_safe_inputs(xp, q, k, v, beta):
     ------
     ValueError
         If ``q``, ``k`` or ``v`` holds NaN or inf (the message names it).
+    TypeError
+        If one of them is not a real floating array (integers, complex; the message names it).
     """
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        kind = getattr(a.dtype, "kind", None)  # NumPy's at once; other libraries by the standard
+        if not (kind == "f" if kind is not None else xp.isdtype(a.dtype, "real floating")):
+            raise TypeError(f"q, k, v must be real floating arrays, got dtype {a.dtype} for {name}: "
+                            "convert them first (e.g. .astype(np.float64))")
     return scaled_inputs(xp, q, k, v, beta, finite_abs_max(xp, q, k, v))
 
 

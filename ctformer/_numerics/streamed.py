@@ -72,7 +72,9 @@ def small(qs, k, v, log_w, keep, causal, diag_shift, out=None, terms=None):
 
 
 def _small(qs, k, v, log_w, keep, causal, diag_shift, out, terms=None):
-    s = qs @ k.swapaxes(-1, -2)
+    # C order asked for: a broadcast product of Fortran-ordered queries came out in another
+    # layout, whose flattened rows were then a copy that the row kernel wrote in vain
+    s = np.matmul(qs, k.swapaxes(-1, -2), order="C")
     if terms is not None:
         terms.apply(s)
     n, m = s.shape[-2:]
