@@ -23,7 +23,7 @@ inconsistent, as for BERT: ``solve(steps_per_layer > 1)`` warns
 from __future__ import annotations
 
 from .convert import convert
-from .spec import ArchitectureSpec, register, relative_refusal, spec_for
+from .spec import ENCODER_NAMES, ArchitectureSpec, register, relative_refusal, spec_for
 
 __all__ = ["from_albert", "ALBERT"]
 
@@ -46,7 +46,7 @@ ALBERT = register(ArchitectureSpec(
     hf_class="AlbertModel", family="albert", prefix="encoder.", layer="albert_layer_groups.{g}.albert_layers.{j}.",
     query="attention.query", key="attention.key", value="attention.value", output="attention.dense", up="ffn",
     down="ffn_output", norm_kind="layer", norm1="attention.LayerNorm", norm2="full_layer_layer_norm",
-    placement="post", layer_keys=_groups,
+    placement="post", layer_keys=_groups, names=ENCODER_NAMES,
     refusals=(relative_refusal("transformers.models.albert.modeling_albert"),),
     small=_small))
 

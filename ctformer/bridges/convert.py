@@ -142,12 +142,20 @@ def _check_config(spec, cfg):
         value = config_value(cfg, refusal.key)
         if refusal.refused(value):
             raise ValueError(f"{spec.hf_class}: {refusal.key}={value!r} is not modelled ({refusal.why})")
-    for key in spec.names.activation:
-        act = config_value(cfg, key)
-        if act is not None:
-            break
+    keys = spec.names.activation
+    if callable(keys):  # the class decides which key its installed code reads (Gemma)
+        key, act = keys(cfg)
+    else:
+        for key in keys:
+            act = config_value(cfg, key)
+            if act is not None:
+                break
     if not isinstance(act, str) or act not in HF_ACTIVATIONS:
-        raise ValueError(f"{key}={act!r} is not modelled; supported: {sorted(HF_ACTIVATIONS)}")
+        raise ValueError(
+            f"{spec.hf_class}: {key}={act!r} is not modelled; supported: {sorted(HF_ACTIVATIONS)}. A network "
+            "trained with another activation is another network: to convert it, register the function with "
+            "ctformer.operators.activations.register_activation(name, function) and map the HuggingFace name "
+            f"to it, ctformer.bridges.HF_ACTIVATIONS[{act!r}] = name")
     return HF_ACTIVATIONS[act]
 
 
@@ -226,6 +234,10 @@ def _check_fused_rows(spec, p, rows, sizes):
     configuration's head size is not the weights' (a split would mix heads silently)."""
     heads, kv_heads, head_dim = sizes
     expected = (heads + 2 * kv_heads) * head_dim
+    if rows != expected and spec.names.head_dim is None:  # d_h = d / H: the weights are not the configuration's
+        raise ValueError(f"{spec.hf_class}: {p}{spec.qkv}.weight has {rows} rows, but {spec.names.hidden} / "
+                         f"{spec.names.heads} = {head_dim} with {heads} heads gives {expected}: the weights do not "
+                         "belong to this configuration; load them with the configuration they were saved with")
     if rows != expected:
         raise ValueError(
             f"{spec.hf_class}: {p}{spec.qkv}.weight has {rows} rows, but {spec.names.head_dim}={head_dim} with "
@@ -257,7 +269,7 @@ def _sizes(spec, cfg, w, first):
         d = w(spec.layer.format(**first) + (spec.query or spec.qkv) + ".weight").shape[1]
     d, heads = int(d), int(config_value(cfg, names.heads))
     kv_heads = int(config_value(cfg, names.kv_heads, heads))
-    head_dim = config_value(cfg, names.head_dim)
+    head_dim = config_value(cfg, names.head_dim) if names.head_dim else None
     if head_dim is None:
         if d % heads:
             raise ValueError(f"embedding size {d} is not divisible by the number of heads {heads}")

@@ -5,6 +5,8 @@ Gemma is a Llama-type decoder whose RMSNorms have the gain :math:`1 + w` (``weig
 ``head_dim``. Its embedding layer multiplies the token embeddings by :math:`\sqrt{d}`: that is
 part of the embedding (HuggingFace's ``embed_tokens`` does it), so the continuous model's
 :math:`u_0` is the scaled embedding, ``inputs_embeds`` as HuggingFace passes it to the layers.
+The activation is read where the installed ``GemmaMLP`` reads it: ``hidden_act``, or before
+transformers 4.48 ``hidden_activation`` (``None``: the tanh GELU; :func:`mlp_reads_hidden_activation`).
 
 Gemma 2 adds output normalizations inside the residual ("sandwich" norms),
 
@@ -24,11 +26,48 @@ the score :math:`s = \beta_h \int q k\, d\sigma`, before the key weights and mas
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import replace
+from functools import lru_cache
 
-from .spec import ArchitectureSpec, ConfigNames, Refusal, register, truthy
+from .spec import ArchitectureSpec, ConfigNames, Refusal, config_value, register, truthy
 
-__all__ = ["GEMMA", "GEMMA2"]
+__all__ = ["GEMMA", "GEMMA2", "mlp_reads_hidden_activation"]
+
+
+@lru_cache(maxsize=None)
+def mlp_reads_hidden_activation(module: str = "transformers.models.gemma.modeling_gemma") -> bool:
+    r"""Whether the installed ``GemmaMLP`` takes its activation from ``config.hidden_activation``.
+
+    Before transformers 4.48 it did, with ``None`` meaning ``gelu_pytorch_tanh`` (the tanh GELU)
+    and ``hidden_act`` unread: the official Gemma configurations carry ``hidden_act="gelu"``,
+    the erf GELU, which the network was not trained with. Later versions read ``hidden_act``
+    (transformers 5 rewrites ``"gelu"`` there to ``"gelu_pytorch_tanh"``). The installed code
+    decides: the test is whether ``GemmaMLP.__init__`` names ``hidden_activation``.
+
+    Parameters
+    ----------
+    module : str
+        The dotted name of the modeling module.
+
+    Returns
+    -------
+    bool
+        False also when the module cannot be imported.
+    """
+    try:
+        found = importlib.import_module(module)
+    except ImportError:
+        return False
+    init = getattr(getattr(found, "GemmaMLP", None), "__init__", None)
+    return "hidden_activation" in getattr(getattr(init, "__code__", None), "co_names", ())
+
+
+def _activation(cfg):
+    """(key, name) of the activation the installed ``GemmaMLP`` applies."""
+    if mlp_reads_hidden_activation():
+        return "hidden_activation", config_value(cfg, "hidden_activation", "gelu_pytorch_tanh")
+    return "hidden_act", config_value(cfg, "hidden_act")
 
 def _small_gemma(t):
     from .rotary import float64_reference
@@ -55,7 +94,8 @@ GEMMA = register(ArchitectureSpec(
     hf_class="GemmaModel", family="gemma", layer="layers.{i}.", query="self_attn.q_proj", key="self_attn.k_proj",
     value="self_attn.v_proj", output="self_attn.o_proj", gate="mlp.gate_proj", up="mlp.up_proj",
     down="mlp.down_proj", norm_kind="rms_offset", norm1="input_layernorm", norm2="post_attention_layernorm",
-    final="norm", causal=True, rope=True, names=ConfigNames(eps="rms_norm_eps"), small=_small_gemma,
+    final="norm", causal=True, rope=True, names=ConfigNames(eps="rms_norm_eps", activation=_activation),
+    small=_small_gemma,
     refusals=(_BIDIRECTIONAL,)))
 
 

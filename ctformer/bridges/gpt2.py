@@ -46,7 +46,7 @@ GPT2 = register(ArchitectureSpec(
     hf_class="GPT2Model", family="gpt2", layer="h.{i}.", qkv="attn.c_attn", output="attn.c_proj",
     transposed=True, up="mlp.c_fc", down="mlp.c_proj", norm_kind="layer", norm1="ln_1", norm2="ln_2",
     final="ln_f", causal=True, beta=_beta,
-    names=ConfigNames(hidden="n_embd", heads="n_head", kv_heads="n_head", eps="layer_norm_epsilon",
+    names=ConfigNames(hidden="n_embd", heads="n_head", kv_heads="n_head", head_dim=None, eps="layer_norm_epsilon",
                       activation=("activation_function",), layers="n_layer"),
     refusals=(Refusal("add_cross_attention", truthy, "cross-attention layers"),),
     small=_small))

@@ -27,7 +27,7 @@ import numpy as np
 from ..model import ContinuousTransformer
 from .common import optional_import
 from .convert import build, warn_train_mode
-from .spec import HF_ACTIVATIONS, ArchitectureSpec, Refusal, register, relative_refusal, truthy
+from .spec import ENCODER_NAMES, HF_ACTIVATIONS, ArchitectureSpec, Refusal, register, relative_refusal, truthy
 
 __all__ = ["from_hf_bert", "HF_ACTIVATIONS", "BERT", "BERT_ENCODER"]
 
@@ -43,7 +43,7 @@ BERT = register(ArchitectureSpec(
     hf_class="BertModel", family="bert", prefix="encoder.", layer="layer.{i}.", query="attention.self.query",
     key="attention.self.key", value="attention.self.value", output="attention.output.dense",
     up="intermediate.dense", down="output.dense", norm_kind="layer", norm1="attention.output.LayerNorm",
-    norm2="output.LayerNorm", placement="post",
+    norm2="output.LayerNorm", placement="post", names=ENCODER_NAMES,
     refusals=(relative_refusal("transformers.models.bert.modeling_bert"),
               Refusal("is_decoder", truthy, "decoder layers are not supported"),
               Refusal("add_cross_attention", truthy, "cross-attention layers are not supported")),

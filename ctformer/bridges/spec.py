@@ -23,12 +23,17 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
 
-__all__ = ["HF_ACTIVATIONS", "ConfigNames", "Refusal", "ArchitectureSpec", "ARCHITECTURES", "register",
-           "supported", "spec_for", "config_value", "hf_relative_positions", "relative_refusal"]
+__all__ = ["HF_ACTIVATIONS", "ConfigNames", "ENCODER_NAMES", "Refusal", "ArchitectureSpec", "ARCHITECTURES",
+           "register", "supported", "spec_for", "config_value", "hf_relative_positions", "relative_refusal"]
 
-#: HuggingFace ``hidden_act`` / ``activation_function`` -> the continuous model's activation.
-HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
-                  "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu", "swish": "silu"}
+#: HuggingFace ``hidden_act`` / ``activation_function`` -> the continuous model's activation: the
+#: erf GELU :math:`z \Phi(z)` (``gelu``, ``gelu_python``), its tanh form (``gelu_new``,
+#: ``gelu_pytorch_tanh``, ``gelu_python_tanh``, ``gelu_accurate``: the same constant
+#: :math:`\sqrt{2/\pi}`), ReLU and SiLU. ``gelu_fast`` (the constant rounded to 0.7978845608),
+#: ``quick_gelu`` and the others compute other functions and are refused.
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
+                  "gelu_pytorch_tanh": "gelu_tanh", "gelu_python_tanh": "gelu_tanh", "gelu_accurate": "gelu_tanh",
+                  "silu": "silu", "swish": "silu"}
 
 #: The normalization kinds: LayerNorm (gain and shift), RMSNorm with gain w, RMSNorm with gain 1 + w.
 NORM_KINDS = ("layer", "rms", "rms_offset")
@@ -47,16 +52,28 @@ def config_value(cfg, name: str, default=None):
 
 @dataclass(frozen=True)
 class ConfigNames:
-    """The configuration attributes holding the sizes and options a converter reads."""
+    """The configuration attributes holding the sizes and options a converter reads.
+
+    ``kv_heads`` is ``heads``' name where the class has no grouped-query attention, and
+    ``head_dim`` is None where the class sizes its heads :math:`d_h = d / H` whatever the
+    configuration says (BERT, ALBERT, GPT-2): a ``head_dim`` or ``num_key_value_heads`` key such
+    a configuration carries is then ignored, as HuggingFace ignores it. ``activation`` is the
+    keys of the activation's name, the first one set being read, or a callable
+    ``cfg -> (key, name)`` where the installed HuggingFace code decides (Gemma).
+    """
 
     hidden: str = "hidden_size"
     heads: str = "num_attention_heads"
     kv_heads: str = "num_key_value_heads"
-    head_dim: str = "head_dim"
+    head_dim: str | None = "head_dim"
     intermediate: str = "intermediate_size"
     eps: str = "layer_norm_eps"
-    activation: tuple = ("hidden_act",)
+    activation: tuple | Callable = ("hidden_act",)
     layers: str = "num_hidden_layers"
+
+
+#: BERT and ALBERT: heads of d / H features, no key/value head count (their attention reads neither).
+ENCODER_NAMES = ConfigNames(kv_heads="num_attention_heads", head_dim=None)
 
 
 @dataclass(frozen=True)

@@ -23,34 +23,62 @@ __all__ = ["from_torch", "torch_activation_name"]
 SUPPORTED = "torch.nn.TransformerEncoderLayer and torch.nn.TransformerEncoder"
 
 
-def torch_activation_name(activation) -> str:
-    """Name of a torch activation in the vocabulary of :class:`ctformer.operators.FeedForward`.
+def torch_activation_name(activation, where: str = "activation") -> str:
+    r"""Name of a torch activation in the vocabulary of :class:`ctformer.operators.FeedForward`.
 
-    Accepts the strings ``"relu"``/``"gelu"``, the functions ``F.relu``, ``F.gelu``, ``F.silu``
-    and the modules ``nn.ReLU``, ``nn.GELU`` (``approximate="none"`` or ``"tanh"``), ``nn.SiLU``.
+    The four activations are :math:`\mathrm{relu}(z) = \max(z, 0)`, :math:`\mathrm{gelu}(z) =
+    z\,\Phi(z)` (erf), its tanh form :math:`\tfrac{z}{2}\big(1 + \tanh(\sqrt{2/\pi}\,(z +
+    0.044715 z^3))\big)` (``gelu_tanh``) and :math:`\mathrm{silu}(z) = z / (1 + e^{-z})`.
+    Accepted: the strings ``"relu"``/``"gelu"``; the functions ``F.relu``, ``torch.relu``,
+    ``F.gelu`` (also ``functools.partial(F.gelu, approximate="tanh")``), ``F.silu``; the
+    modules ``nn.ReLU``, ``nn.GELU`` (``approximate="none"`` or ``"tanh"``), ``nn.SiLU``
+    (a subclass that overrides ``forward`` computes something else and is refused).
+
+    Parameters
+    ----------
+    activation : str, callable or torch.nn.Module
+    where : str
+        Names the activation in the message (``"layers[0].activation"``).
 
     Raises
     ------
     ValueError
-        For any other activation (named in the message).
+        For any other activation, naming ``where``, the value, the accepted ones and the remedy.
     """
+    import functools
+
+    import torch
     import torch.nn as nn
     import torch.nn.functional as F
 
-    if isinstance(activation, str) and activation in ("relu", "gelu"):
-        return activation
-    if activation is F.relu or isinstance(activation, nn.ReLU):
-        return "relu"
-    if activation is F.gelu:
-        return "gelu"
-    if isinstance(activation, nn.GELU):
-        return {"none": "gelu", "tanh": "gelu_tanh"}[activation.approximate]
-    if activation is F.silu or isinstance(activation, nn.SiLU):
-        return "silu"
-    raise ValueError(
-        f"unsupported activation {activation!r}: the continuous model offers relu, gelu (erf), "
-        "gelu_tanh and silu"
-    )
+    name = None
+    if isinstance(activation, str):
+        name = activation if activation in ("relu", "gelu") else None
+    elif activation is F.relu or activation is torch.relu:
+        name = "relu"
+    elif activation is F.gelu:
+        name = "gelu"
+    elif activation is F.silu:
+        name = "silu"
+    elif isinstance(activation, functools.partial) and activation.func is F.gelu and not activation.args \
+            and set(activation.keywords) <= {"approximate"}:
+        name = _GELU_FORMS.get(activation.keywords.get("approximate", "none"))
+    else:
+        for module, form in ((nn.ReLU, "relu"), (nn.GELU, None), (nn.SiLU, "silu")):
+            if isinstance(activation, module) and type(activation).forward is module.forward:
+                name = form or _GELU_FORMS.get(activation.approximate)
+    if name is None:
+        raise ValueError(
+            f"{where}={activation!r} is not modelled: the continuous model offers relu (F.relu, torch.relu, "
+            "nn.ReLU), gelu (F.gelu, nn.GELU()), gelu_tanh (nn.GELU(approximate='tanh')) and silu (F.silu, "
+            "nn.SiLU); build the layer with one of these (a network trained with another activation is "
+            "another network)"
+        )
+    return name
+
+
+#: ``approximate`` of torch's GELU -> the activation's name.
+_GELU_FORMS = {"none": "gelu", "tanh": "gelu_tanh"}
 
 
 def from_torch(module, causal: bool = False) -> ContinuousTransformer:
@@ -90,6 +118,13 @@ def from_torch(module, causal: bool = False) -> ContinuousTransformer:
     blocks of ``in_proj_weight`` (Q, K, V) and the column block of ``out_proj.weight``, with
     :math:`\beta_h = \sqrt{d_h}` (the scale :math:`1/\sqrt{d_h}` of torch is
     :math:`\beta_h` times the midpoint weight :math:`1/d_h`).
+
+    The activation is the layer's ``activation``, as its ``forward`` applies it. torch's
+    inference fast path (eval mode, no autograd, ``batch_first``, an even number of heads)
+    runs the erf GELU for every ``nn.GELU``: a layer with ``nn.GELU(approximate="tanh")`` gives
+    there a network about 1e-5 (relative) away from its ``forward``, whose network (the tanh
+    GELU) is the converted model's; run the module with autograd on (or an odd number of heads)
+    to compare.
     """
     nn = optional_import("torch.nn", "from_torch")
 
@@ -157,7 +192,7 @@ def _block(layer, causal, where):
         to_numpy(layer.linear1.bias, f"{where}.linear1.bias"),
         to_numpy(layer.linear2.weight, f"{where}.linear2.weight"),
         to_numpy(layer.linear2.bias, f"{where}.linear2.bias"),
-        torch_activation_name(layer.activation),
+        torch_activation_name(layer.activation, f"{where}.activation"),
     )
     norms = []
     for name in ("norm1", "norm2"):

@@ -34,7 +34,7 @@ import numpy as np
 
 from .common import to_numpy
 from .convert import convert
-from .spec import ArchitectureSpec, register, spec_for
+from .spec import ArchitectureSpec, ConfigNames, register, spec_for
 
 __all__ = ["from_hf_vit", "patch_position_table", "cubic_convolution_matrix", "VIT", "DEIT"]
 
@@ -42,7 +42,8 @@ __all__ = ["from_hf_vit", "patch_position_table", "cubic_convolution_matrix", "V
 VIT = register(ArchitectureSpec(
     hf_class="ViTModel", family="vit", layer="layers.{i}.", query="attention.q_proj", key="attention.k_proj",
     value="attention.v_proj", output="attention.o_proj", up="mlp.fc1", down="mlp.fc2", norm_kind="layer",
-    norm1="layernorm_before", norm2="layernorm_after", final="layernorm"))
+    norm1="layernorm_before", norm2="layernorm_after", final="layernorm",
+    names=ConfigNames(kv_heads="num_attention_heads")))  # head_dim is read: ViTAttention reads it
 
 
 def cubic_convolution_matrix(source: int, target: int, a: float = -0.75) -> np.ndarray:
