@@ -20,7 +20,10 @@ in float32 (:math:`P_9` the erfc polynomial of Press et al.,
 :data:`ctformer._numerics.normal_tail.ERFC_COEFFICIENTS`, with :math:`\ln\frac12` folded into
 its constant term; :math:`|z|` is clamped at :math:`10^{18}` before it multiplies
 :math:`\Phi(-|z|)`, so that :math:`z = \infty` gives :math:`\infty`), :math:`\mathrm{gelu}(z)
-= z\,\Phi(z)` with SciPy's ``ndtr`` in float64, and
+= z\,\Phi(z)` in float64 with SciPy's ``ndtr`` for :math:`z \ge -5` and below with
+:func:`ctformer._numerics.normal_tail.lower_tail`, the factor :math:`z` clamped at
+:math:`-10^{18}` (so that :math:`z = -\infty` gives 0, the limit, as in float32 and the
+compiled loops), and
 
 .. math::
 
@@ -45,6 +48,7 @@ from .._numerics import compiled as _compiled
 from .._numerics import threads as _threads
 from .._numerics.normal_tail import ERFC_COEFFICIENTS as _ERFC_COEFFICIENTS
 from .._numerics.normal_tail import TANH_GELU as _TANH_GELU
+from .._numerics.normal_tail import lower_tail as _lower_tail
 
 __all__ = ["via_float32", "is_half", "widened"]
 
@@ -59,6 +63,8 @@ _BLOCK = 1 << 16
 _THREADED_MIN = 1 << 17
 _THREADED_MIN_CHEAP = 1 << 19
 _SQRT_HALF = math.sqrt(0.5)
+# float64 GELU: below this z, Phi(z) by ctformer._numerics.normal_tail (SciPy's ndtr: 29 ulps at -5)
+_NDTR_LOWEST = -5.0
 
 
 def _host_float(z) -> bool:
@@ -133,8 +139,9 @@ def _loop(name, numpy_kernel, dtype):
 def _one_block(kernel, z):
     """``kernel`` on the C-contiguous ``z`` of at most ``_BLOCK`` elements: a new array."""
     out = np.empty_like(z)
-    if isinstance(kernel, FunctionType):  # NumPy passes: exp(-z) -> inf is the right limit
-        with np.errstate(over="ignore", under="ignore"):
+    if isinstance(kernel, FunctionType):  # NumPy passes: exp(-z) -> inf is the right limit;
+        # an inf or NaN entry's invalid operations give its documented value (the compiled loops never warn)
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
             kernel(z.reshape(-1), out.reshape(-1))
     else:  # a compiled loop never signals through NumPy's error state (errstate: 2 us)
         kernel(z.reshape(-1), out.reshape(-1))
@@ -145,7 +152,8 @@ def _blockwise(kernel, z, threaded_min=_THREADED_MIN, over=False):
     """``kernel(z_block, out_block)`` over cache-sized blocks of ``z``, threaded from
     ``threaded_min`` elements; with ``over``, ``kernel(z_block)`` on the C-contiguous ``z``
     itself, which it returns."""
-    z = z if over else np.ascontiguousarray(z)
+    if not z.flags.c_contiguous:  # only then: np.ascontiguousarray makes a 0-d array 1-d
+        z = np.ascontiguousarray(z)
     if z.size <= _BLOCK and not over:  # one block: no task list (small solves call this every step)
         return _one_block(kernel, z)
     out = z if over else np.empty_like(z)
@@ -154,7 +162,7 @@ def _blockwise(kernel, z, threaded_min=_THREADED_MIN, over=False):
     tasks = [(start, min(size, start + _BLOCK)) for start in range(0, size, _BLOCK)]
 
     def worker(next_task):
-        with np.errstate(over="ignore", under="ignore"):  # exp(-z) -> inf is the right limit
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # as the compiled loops: no warnings
             while (task := next_task()) is not None:
                 a, b = task
                 if over:
@@ -189,6 +197,13 @@ def _gelu_block(z, out):
     if z.dtype == np.float64:
         _scipy_ndtr(z, out=out)
         out *= z
+        # below -5 SciPy's ndtr loses ulps as z^2 grows (its exp(-z^2/2) takes z^2 rounded: 450
+        # near z = -20, 1950 near -37): there the library's tail formula, to a few ulps (few entries),
+        # with z clamped at -1e18 as a factor, as the compiled loop (-inf * Phi(-inf) is NaN; 0)
+        tail = np.flatnonzero(z < _NDTR_LOWEST)
+        if tail.size:
+            low = z[tail]
+            out[tail] = np.maximum(low, -1e18) * _lower_tail(-low)
         return
     # gelu(z) = max(z, 0) - |z| Phi(-|z|): one form for both signs, no cancellation for z < 0
     size, t, square = _scratch(z.size)

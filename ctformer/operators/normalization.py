@@ -323,7 +323,7 @@ class SphereProjection(Normalization):
 
     def _discretize(self, grids: Grids):
         y = grids.features
-        plain = self.is_projection
+        plain = self.is_projection or self.gain.is_none  # no gain to apply (gain=None: none, with any eps)
         constants = Constants(w=_feature_weights(grids), gain=None if plain else self.gain.evaluate(y))
         eps, name, uniform = self.eps, type(self).__name__, _uniform(_feature_weights(grids))
 
