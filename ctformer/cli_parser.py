@@ -106,12 +106,16 @@ _SEED = _count(0, "a non-negative integer")
 
 
 def _window(text: str | None):
+    """``--window a,b``: two finite numbers with a < b (the domain is checked by the study)."""
     if text is None:
         return None
     try:
         a, b = (float(v) for v in text.split(","))
     except ValueError:
         raise UserError(f"--window must be 'a,b', got {text!r}") from None
+    if not (math.isfinite(a) and math.isfinite(b) and a < b):
+        raise UserError(f"--window must be two finite numbers a,b with a < b (a sub-interval of "
+                        f"the refined variable's domain), got {text!r}")
     return (a, b)
 
 
@@ -211,8 +215,9 @@ def _add_study(sub) -> None:
                        help="time scheme (see 'ctformer list')")
     study.add_argument("--substep", default=None, choices=_choices("substep"),
                        help="sub-step method of lie, strang or parallel (default: the scheme's)")
-    study.add_argument("--steps-per-layer", type=_POSITIVE, default=1,
-                       help="time steps per layer when time is not refined")
+    study.add_argument("--steps-per-layer", type=_POSITIVE, default=None,
+                       help="time steps per layer when time is not refined (default 1; with "
+                       "--refine time the steps per layer are the --levels)")
     study.add_argument("--tokens", default=None,
                        help="fixed token discretization NAME:N (default gauss-legendre:16)")
     study.add_argument("--features", default=None,

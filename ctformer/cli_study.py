@@ -6,6 +6,7 @@ discretizations and schemes with their orders, their docstrings as plain text.
 """
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from pathlib import Path
@@ -40,13 +41,21 @@ def _connect(address: str, timeout: float):
 
 # -- study ----------------------------------------------------------------------------------
 
-def _study_spec(args):
+def _study_spec(args, levels):
     from .studies import as_refinement
 
     refinement = as_refinement(args.refine)
     if refinement.refines_depth and args.discretization is not None:
         raise UserError("--discretization names the refined spatial variable; with --refine time "
                         "choose the scheme with --scheme")
+    # the library reads neither when time is refined: refuse rather than ignore them
+    if refinement.refines_depth and args.steps_per_layer is not None:
+        raise UserError(f"--steps-per-layer {args.steps_per_layer} fixes the steps when time is "
+                        "not refined; with --refine time the steps per layer are the --levels "
+                        "(leave --steps-per-layer out)")
+    if refinement.refines_depth and args.window is not None:
+        raise UserError(f"--window {args.window} measures the error on a sub-interval of the "
+                        "refined tokens or features; with --refine time leave it out")
     spec = {"tokens": args.tokens, "features": args.features, "hidden": args.hidden}
     if not refinement.refines_depth:
         if spec[refinement.variable] is not None:
@@ -58,10 +67,30 @@ def _study_spec(args):
                             f"(e.g. {args.discretization.partition(':')[0]!r}); the sizes of the "
                             "refined variable are --levels")
         spec[refinement.variable] = args.discretization or "gauss-legendre"
+        _check_refined(spec[refinement.variable], levels, args.levels)
     for name, text in spec.items():
         if text is not None and (refinement.refines_depth or name != refinement.variable):
             _check_fixed(name, text)
     return spec
+
+
+def _check_refined(name: str, levels: list, text: str) -> None:
+    """Build the refined rule at every level once here (as the study does, on [0, 1]), so that
+    an unknown name or a size the rule cannot take is reported with its option."""
+    from . import discretizations
+
+    known = discretizations.available()
+    if name not in known:
+        close = difflib.get_close_matches(name.lower(), known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UserError(f"--discretization {name!r}: unknown discretization {name!r}{hint}; "
+                        f"known: {', '.join(known)} (see 'ctformer list')")
+    for n in levels:
+        try:
+            discretizations.get(name, n)
+        except (ValueError, TypeError) as exc:
+            raise UserError(f"--levels {text}: level {n} of --discretization {name}: "
+                            f"{' '.join(str(exc).split())}") from None
 
 
 def _check_fixed(name: str, text: str) -> None:
@@ -94,7 +123,7 @@ def _run_study(args) -> int:
     from .studies import convergence
 
     levels = _levels(args.levels, args.reference)
-    spec = _study_spec(args)
+    spec = _study_spec(args, levels)
     scheme = _scheme(args.scheme, args.substep)
     window = _window(args.window)
     out = _out_directory(args.out)
@@ -109,7 +138,7 @@ def _run_study(args) -> int:
         result = convergence(
             model, refine=args.refine, levels=levels, tokens=spec["tokens"],
             features=spec["features"], hidden=spec["hidden"], scheme=scheme,
-            steps_per_layer=args.steps_per_layer, reference=args.reference,
+            steps_per_layer=args.steps_per_layer or 1, reference=args.reference,
             error_norm=args.error_norm, evaluate=args.evaluate, window=window, executor=client,
             store=out / "cases", progress=_progress(args), **fine)
     finally:

@@ -268,9 +268,7 @@ def solution_to_xarray(solution, *, attrs=None):
     coords["depth"] = times
     if "part" in dims:
         coords["part"] = _part_coord()
-    out = common_attrs(solution, "Solution", attrs)
-    for name in ("norm", "model_fingerprint", "padding_mask"):  # what a restart checks (restart_identity)
-        set_attr(out, name, getattr(solution, name, None))
+    out = _identity_attrs(solution, attrs)
     if grids is not None:
         _grid_attrs(out, grids)
     return xr.Dataset(data, coords=coords, attrs=out)
@@ -292,7 +290,15 @@ def _named_solution(xr, solution, states, times, attrs):
     coords = {time: times}
     if "part" in dims:
         coords["part"] = _part_coord()
-    return xr.Dataset(data, coords=coords, attrs=common_attrs(solution, "Solution", attrs))
+    return xr.Dataset(data, coords=coords, attrs=_identity_attrs(solution, attrs))
+
+
+def _identity_attrs(solution, attrs) -> dict:
+    """The common attributes and what a restart checks (restart_identity), for every solve."""
+    out = common_attrs(solution, "Solution", attrs)
+    for name in ("norm", "model_fingerprint", "padding_mask"):
+        set_attr(out, name, getattr(solution, name, None))
+    return out
 
 
 def trajectory_to_xarray(trajectory, *, attrs=None):
@@ -350,8 +356,9 @@ def work_precision_to_xarray(result, *, attrs=None):
     data = {name: (("scheme", "rtol"), values) for name, values in table.items()}
     out = common_attrs(result, "WorkPrecision", attrs)
     out["reference"] = result.reference
-    return xr.Dataset(data, coords={"scheme": np.array(schemes, dtype=str), "rtol": np.array(rtols)},
-                      attrs=out)
+    # variable-length strings (object): zarr 3 has no specification for fixed-width ones
+    return xr.Dataset(data, coords={"scheme": np.array(schemes, dtype=object),
+                                    "rtol": np.array(rtols)}, attrs=out)
 
 
 def convergence_to_xarray(result, *, attrs=None):
@@ -359,9 +366,9 @@ def convergence_to_xarray(result, *, attrs=None):
 
     The reference level's error and the first order are NaN. Attributes: the study's summary
     (``refine``, ``method``, ``reference``, ``norm``, orders, ``consistent_limit`` as 0/1,
-    ``gauss_points`` when set), ``study_parameters_json`` (discretizations, scheme, model
-    identity), ``study_identity`` (SHA-256 of that JSON text) and ``model_identity`` when the
-    study ran with a store.
+    ``gauss_points`` and ``limitation`` when set), ``study_parameters_json``
+    (discretizations, scheme, model identity), ``study_identity`` (SHA-256 of that JSON text)
+    and ``model_identity`` when the study ran with a store.
     """
     xr = _xarray()
     rows = result.table
@@ -376,7 +383,8 @@ def convergence_to_xarray(result, *, attrs=None):
     out = common_attrs(result, "ConvergenceResult", None)
     set_attr(out, "scheme", result.parameters.get("scheme"))
     for name in ("refine", "method", "reference", "norm", "observed_order", "expected_order",
-                 "consistent_limit", "gauss_points", "min_feature_std", "wall_seconds"):
+                 "consistent_limit", "gauss_points", "limitation", "min_feature_std",
+                 "wall_seconds"):
         set_attr(out, name, getattr(result, name))
     parameters = as_json(result.parameters)
     out["study_parameters_json"] = parameters

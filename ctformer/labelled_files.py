@@ -174,7 +174,8 @@ class SavedResult:
     ----------
     kind : str
         The result's class: ``"Solution"``, ``"Trajectory"``, ``"MeanFieldSolution"``,
-        ``"ZonalSolution"``, ``"SphericalSolution"`` or ``"ConvergenceResult"``.
+        ``"ZonalSolution"``, ``"SphericalSolution"``, ``"ConvergenceResult"`` or
+        ``"WorkPrecision"``.
     times : numpy.ndarray or None
         Saved depths or times (None for a study).
     states : numpy.ndarray or None
@@ -249,7 +250,8 @@ class SavedResult:
 
 _STATE = {"Solution": ("state", "depth"), "Trajectory": ("positions", "time"),
           "MeanFieldSolution": ("coefficients", "time"), "ConvergenceResult": (None, None),
-          "ZonalSolution": ("coefficients", "time"), "SphericalSolution": ("coefficients", "time")}
+          "ZonalSolution": ("coefficients", "time"), "SphericalSolution": ("coefficients", "time"),
+          "WorkPrecision": (None, None)}
 
 
 def _decoded_attrs(attrs: dict) -> dict:
@@ -302,16 +304,40 @@ def from_xarray(ds) -> SavedResult:
                        attrs=_decoded_attrs(dict(ds.attrs)), dataset=ds)
 
 
+def _opened(xr, path: Path):
+    """The dataset at ``path`` (lazily), or one line saying why it is not a file of ours."""
+    remedy = "give a netCDF file written by to_netcdf or a zarr store written by to_zarr"
+    if not path.exists():
+        raise FileNotFoundError(f"open_dataset: {str(path)!r} does not exist; {remedy}")
+    if path.is_dir():
+        if not _is_zarr_store(path):
+            raise ValueError(f"open_dataset: {str(path)!r} is a directory but not a zarr store "
+                             f"(no zarr.json, .zgroup or .zattrs in it); {remedy}")
+        return xr.open_zarr(path)
+    try:
+        import h5py
+    except ImportError as exc:
+        raise ImportError(f"open_dataset needs h5netcdf and h5py ({exc}): {INSTALL_HINT}") from None
+    # h5py's own error for another kind of file is "file signature not found"
+    if not h5py.is_hdf5(path):
+        raise ValueError(f"open_dataset: {str(path)!r} is not a netCDF-4 (HDF5) file; {remedy}")
+    return xr.open_dataset(path, engine="h5netcdf")
+
+
 def open_dataset(path) -> SavedResult:
     """Read a netCDF file or a zarr store written by :func:`to_netcdf` / :func:`to_zarr`.
 
     The whole dataset is loaded and the file closed; see :func:`from_xarray`.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        If ``path`` is a directory that is not a zarr store, a file that is not netCDF-4
+        (HDF5), or a dataset that ctformer did not write (:func:`from_xarray`).
     """
     xr, path = _xarray(), Path(path)
-    if path.is_dir():
-        opened = xr.open_zarr(path)
-    else:
-        opened = xr.open_dataset(path, engine="h5netcdf")
-    with opened:
+    with _opened(xr, path) as opened:
         ds = opened.load()
     return from_xarray(ds)
