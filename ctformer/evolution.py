@@ -16,7 +16,7 @@ from ._numerics.threads import fixed_threads
 from .model_inputs import check_padding_mask, check_steps
 from .shared_tensors import check_unchanged
 from .solvers.restart import restart_point
-from .solvers.restart_identity import control_settings, mask_digest, model_fingerprint, recorded, refuse_another
+from .solvers.restart_identity import computation, mask_digest, model_fingerprint, recorded, refuse_another
 from .solvers.runge_kutta import summing
 
 __all__ = ["evolve", "controller_for"]
@@ -86,7 +86,7 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
         padding_mask = check_padding_mask(padding_mask, u)
     mask = mask_digest(padding_mask)  # a restart without the saved mask continues another solve
     if initial is not None:
-        refuse_another(saved, {**_computation(fingerprint, grids, control), "padding_mask": mask})
+        refuse_another(saved, {**computation(fingerprint, control, grids), "padding_mask": mask})
 
     def layered(mask):
         return solvers.Piecewise.layers((block.split_problem(grids, mask) for block in model.blocks),
@@ -108,15 +108,3 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
                                  start=start,
                                  labels={"grids": grids, "model_fingerprint": fingerprint, "padding_mask": mask},
                                  groups=groups)
-
-
-def _computation(fingerprint, grids, control) -> dict:
-    """What this solve is, in the terms of :func:`~ctformer.solvers.restart_identity.recorded`."""
-    now = {"model_fingerprint": fingerprint,
-           **{name: repr(getattr(grids, name)) for name in ("tokens", "features", "head_features", "hidden")}}
-    if isinstance(control, solvers.PIController):
-        now.update(rtol=control.rtol, atol=control.atol, norm=control.norm,
-                   **control_settings(control))
-    else:
-        now["rtol"] = "none (fixed steps)"
-    return now

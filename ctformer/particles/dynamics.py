@@ -334,5 +334,5 @@ class SelfAttentionDynamics(_ParticleChecks):
         solution = evolve_on(self.problem(x), x, t1, scheme=scheme, rtol=rtol, atol=atol, dt=dt,
                              save_at=save_at, events=events, max_steps=max_steps,
                              controller=controller, what="particle", start=start,
-                             axes=("particle", "dimension"))
+                             axes=("particle", "dimension"), system=self, initial=initial)
         return solution

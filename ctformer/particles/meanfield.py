@@ -389,7 +389,7 @@ class CircleMeanField(_CircleStates):
                              dt=dt, save_at=save_at, events=events, max_steps=max_steps,
                              controller=controller, what="mean-field",
                              hint="or the density under-resolved (raise n_modes)", start=start,
-                             axes=("wavenumber",))
+                             axes=("wavenumber",), system=self, initial=initial)
         return solution
 
 

@@ -21,6 +21,7 @@ from .._numerics.threads import fixed_threads
 from ..backend import floating_info
 from ..model_inputs import check_step_count
 from ..solvers import SolveInterrupted
+from ..solvers.restart_identity import computation, recorded, refuse_another, system_fingerprint
 from ..validation import integer, is_real
 from ..labelled_methods import LabelledResult
 
@@ -235,14 +236,14 @@ def _grid_times(solution, t0: float, k: int, h: float, steps_only: bool):
 
 def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, max_steps,
               controller, what: str, hint: str = "or the velocities overflow", start=None,
-              axes=None):
+              axes=None, system=None, initial=None):
     r"""``evolve`` of a particle or mean-field system: one segment :math:`[0, t_1]`, no jump times.
 
     Fixed steps when ``dt`` is given (:func:`time_steps`: :math:`\lceil t_1/\Delta t \rceil`
     equal steps), else the controller of ``rtol``, ``atol``, ``max_steps`` (or ``controller``).
     The norm weighs every particle (or coefficient) alike: weight :math:`1/n` per particle.
-    ``start`` (:func:`restart_of`) continues a saved solve: fixed steps take the remaining steps
-    of the same grid, controlled ones the saved step size and error history.
+    ``start`` (:func:`restart_of`) continues a saved solve ``initial`` (the same grid, or step
+    size and error history) of the same ``system`` and control, else refused by name.
     """
     from ..evolution import controller_for
 
@@ -260,12 +261,15 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
     else:
         control = controller_for(rtol, atol, controller, max_steps)
         t_end = t1
+    fingerprint = None if system is None else system_fingerprint(system)
+    if initial is not None:
+        refuse_another(recorded(initial), computation(fingerprint, control))
     with fixed_threads():
         solution = solvers.integrate(solvers.Piecewise.single(problem, t_end, t0), state, control,
                                      scheme=scheme, save_at=save_at, events=tuple(events),
                                      order=scheme.nominal_order, what=f"the {what} solution", hint=hint,
                                      start=start,
-                                     labels={"axes": axes, "time_axis": "time"})
+                                     labels={"axes": axes, "time_axis": "time", "model_fingerprint": fingerprint})
     if k:
         solution = _grid_times(solution, t0, k, h, save_at is None or save_at.times is None)
     return solution
@@ -307,7 +311,8 @@ def evolve_coefficients(field, rho0, t1, *, scheme, dt, what, axes, size: int, d
         if asked is not None and asked.times is not None:
             options["save_at"] = replace(asked, dense=True)  # the steps to interpolate in
     solution = evolve_on(field.problem(), state, t1, scheme=scheme, dt=dt, what=what, start=start,
-                         hint="or the density under-resolved (raise degree)", axes=axes, **options)
+                         hint="or the density under-resolved (raise degree)", axes=axes,
+                         system=field, initial=initial, **options)
     return solution if clock is None else clock.output(solution, asked)
 
 

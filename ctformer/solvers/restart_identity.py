@@ -7,6 +7,10 @@ controller's settings that choose its step sizes (:data:`CONTROL`), each discret
 ``repr``, and a fingerprint of the model; :func:`refuse_another` compares them with the
 continued solve and names every difference.
 
+A particle system or mean field has no parameters of a model: its fingerprint
+(:func:`system_fingerprint`) digests every public attribute (beta, the head matrices, masks,
+weights, degrees, noise) in full.
+
 The model's fingerprint (:func:`model_fingerprint`) is a BLAKE2 digest of the model's class,
 its number of layers, and each parameter's name, shape, dtype and 16 of its values, spread
 over the array (about 8 ms for the 1118 arrays of a GPT-2 of 124M parameters): a model with
@@ -25,7 +29,8 @@ import numpy as np
 
 from ..backend import to_host
 
-__all__ = ["model_fingerprint", "mask_digest", "recorded", "refuse_another", "CONTROL", "control_settings"]
+__all__ = ["model_fingerprint", "system_fingerprint", "mask_digest", "recorded", "refuse_another", "computation",
+           "CONTROL", "control_settings"]
 
 #: The :class:`~ctformer.solvers.PIController` settings besides the tolerances that choose the
 #: step sizes (``dt0`` does not: a restart takes its first step from the saved solve; nor do
@@ -80,6 +85,29 @@ def model_fingerprint(model) -> str:
 _FINGERPRINTS: dict = {}
 
 
+def system_fingerprint(system) -> str:
+    """A hex digest of ``system``'s class and every public attribute: numbers, strings, flags
+    and arrays (NumPy, torch, CuPy: dtype, shape and every value), also inside tuples and
+    lists. Attributes of other types (a basis, a backend) follow from those and are left out."""
+    digest = hashlib.blake2b(type(system).__qualname__.encode(), digest_size=16)
+    for name, value in sorted(vars(system).items()):
+        if not name.startswith("_"):
+            _digest_value(digest, name, value)
+    return digest.hexdigest()
+
+
+def _digest_value(digest, name, value) -> None:
+    if value is None or isinstance(value, (bool, int, float, complex, str)):
+        digest.update(f"{name}={value!r};".encode())
+    elif isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            _digest_value(digest, f"{name}[{i}]", item)
+    elif hasattr(value, "shape") and hasattr(value, "dtype"):
+        host = np.ascontiguousarray(to_host(value))
+        digest.update(f"{name}:{host.shape}:{host.dtype.str}:".encode())
+        digest.update(host.tobytes())
+
+
 def mask_digest(mask) -> str:
     """``"none"``, or a hex digest of the boolean padding mask ``mask`` (its shape and every
     entry: a mask is small, and one other entry is another computation)."""
@@ -119,6 +147,23 @@ def recorded(initial) -> dict:
     return {key: value for key, value in found.items() if value is not None}
 
 
+def computation(fingerprint, control, grids=None) -> dict:
+    """What a solve is, in the terms of :func:`recorded`: the fingerprint of its model or
+    system, the discretizations' reprs (``grids``, a model's solve), and the tolerances, norm
+    and :data:`CONTROL` settings of a :class:`~ctformer.solvers.PIController` ``control``
+    (anything else: fixed steps)."""
+    from .controller import PIController
+
+    now = {"model_fingerprint": fingerprint}
+    if grids is not None:
+        now.update({name: repr(getattr(grids, name)) for name in _GRID_NAMES})
+    if isinstance(control, PIController):
+        now.update(rtol=control.rtol, atol=control.atol, norm=control.norm, **control_settings(control))
+    else:
+        now["rtol"] = "none (fixed steps)"
+    return now
+
+
 def refuse_another(saved: dict, now: dict) -> None:
     """ValueError naming each entry that ``saved`` (:func:`recorded`) and ``now`` both have
     and that differs: the restart would continue another computation."""
@@ -126,8 +171,9 @@ def refuse_another(saved: dict, now: dict) -> None:
     if differ:
         what = "; ".join(f"{key}: saved {_shown(saved[key])}, now {_shown(now[key])}" for key in differ)
         raise ValueError(f"initial belongs to another computation ({what}): a restart continues "
-                         "the saved solve only with its model, discretizations and control; "
-                         "pass those, or start a new solve from the state with u0=")
+                         "the saved solve only with its model (or particle system, mean field), "
+                         "discretizations and control; pass those, or start a new solve from the "
+                         "state with u0=")
 
 
 def _shown(value) -> str:
