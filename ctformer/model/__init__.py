@@ -43,7 +43,7 @@ from . import block
 from .block import Block, _compose
 from .checks import (_check_parameter_names, _check_parameter_shape, _check_tensor_kinds,
                      _checked_parameter, _checked_parameters, _device)
-from .solving import _Solving
+from .solving import _Solving, _on_state_device
 
 __all__ = ["Block", "ContinuousTransformer", "InconsistentDepthLimitWarning", "PLACEMENTS"]
 
@@ -127,13 +127,12 @@ class ContinuousTransformer(_Solving):
         matrix, a piecewise-constant bias its vector). Structural constants (the inverse
         temperatures :math:`\beta_h`, ``eps``, the activation) are options, not parameters.
 
-        The host arrays are read-only views of the model's own arrays (nothing is copied):
-        an in-place edit such as ``v *= 2`` raises :class:`ValueError` (``output array is
-        read-only``). Change values with :meth:`with_parameters`, which
-        returns a new model; the old one, its cached discretizations and its pickled copies
-        keep agreeing with each other. Tensors handed in by :meth:`with_parameters` are
-        returned as they are (an optimizer updates them in place), NumPy values handed in
-        beside tensors as the tensors they became.
+        The host arrays are read-only views of the model's own arrays (nothing is copied): an
+        in-place edit such as ``v *= 2`` raises :class:`ValueError` (``output array is read-only``).
+        Change values with :meth:`with_parameters`, which returns a new model; the old one, its
+        cached discretizations and its pickled copies keep agreeing with each other. Tensors
+        handed in by :meth:`with_parameters` are returned as they are (an optimizer updates them
+        in place), NumPy values handed in beside tensors as the tensors they became.
         """
         return named_parameters(blocks=self.blocks, final_normalization=self.final_normalization)
 
@@ -167,8 +166,8 @@ class ContinuousTransformer(_Solving):
         KeyError
             For missing or unknown names (listed).
         TypeError
-            For a value that is not a real array (a string, complex numbers, ...), or
-            tensors of different dtypes or devices: the message names the parameter.
+            For a value that is not a real array (a string, complex numbers, a torch ``meta``
+            tensor), or tensors of different dtypes or devices: the message names it.
         ValueError
             For an array of another shape than the parameter's, one holding NaN or inf, or a
             NumPy value beside tensors that overflows their dtype.
@@ -242,9 +241,11 @@ class ContinuousTransformer(_Solving):
         ValueError
             If ``u0`` does not match the grids or is not finite, ``steps_per_layer`` is not a
             positive integer (or the layers would take more than 10**8 steps in all), the
-            scheme is unknown (the message lists the known ones),
-            ``padding_mask`` has the wrong shape, or the state stops being finite during the
-            solve (the message names the layer).
+            scheme is unknown (the message lists the known ones), ``padding_mask`` has the
+            wrong shape, or the state stops being finite during the solve (naming the layer).
+        TypeError
+            If ``u0`` is a torch tensor on the value-less ``meta`` device, or is not in the
+            namespace, device and dtype of tensor parameters (:meth:`with_parameters`).
 
         Warns
         -----
@@ -260,12 +261,12 @@ class ContinuousTransformer(_Solving):
                                           steps_per_layer, trajectory, padding_mask,
                                           context_length, checkpoint, rtol, atol)
         save_at = solvers.SaveAt(layers=validation.boolean(trajectory, "trajectory"))
-        solution = evolve(self, u0, tokens=tokens, features=features, head_features=head_features,
-                          hidden=hidden, scheme=scheme, steps_per_layer=steps_per_layer,
-                          save_at=save_at, padding_mask=padding_mask,
-                          context_length=context_length,
-                          checkpoint=validation.boolean(checkpoint, "checkpoint"))
-        return self._readout(solution, trajectory)
+        with _on_state_device(u0):
+            solution = evolve(self, u0, tokens=tokens, features=features, head_features=head_features,
+                              hidden=hidden, scheme=scheme, steps_per_layer=steps_per_layer,
+                              save_at=save_at, padding_mask=padding_mask, context_length=context_length,
+                              checkpoint=validation.boolean(checkpoint, "checkpoint"))
+            return self._readout(solution, trajectory)
 
     def evolve(self, u0, *, tokens, features, head_features=None, hidden=None, scheme="tsit5",
                rtol=1e-6, atol=1e-9, steps_per_layer=None, save_at=None, events=(),
@@ -320,8 +321,7 @@ class ContinuousTransformer(_Solving):
             or ``SaveAt(layers=True)``), using the step size and error history in its ``stats``;
             a fixed-step one at a layer boundary (:mod:`ctformer.solvers.restart`). A restart
             with another scheme, model, discretization, tolerance or error norm than the saved
-            solve's is refused, naming each difference
-            (:mod:`ctformer.solvers.restart_identity`).
+            solve's is refused, naming each difference (:mod:`ctformer.solvers.restart_identity`).
 
         Returns
         -------
@@ -346,11 +346,12 @@ class ContinuousTransformer(_Solving):
         On torch tensors the solve is differentiable through the accepted steps; step sizes
         and accept/reject decisions are plain floats, not part of the graph (as in diffrax).
         """
-        return evolve(self, u0, tokens=tokens, features=features, head_features=head_features,
-                      hidden=hidden, scheme=scheme, rtol=rtol, atol=atol,
-                      steps_per_layer=steps_per_layer, save_at=save_at, events=events,
-                      max_steps=max_steps, padding_mask=padding_mask,
-                      context_length=context_length, controller=controller, initial=initial)
+        with _on_state_device(u0):
+            return evolve(self, u0, tokens=tokens, features=features, head_features=head_features,
+                          hidden=hidden, scheme=scheme, rtol=rtol, atol=atol,
+                          steps_per_layer=steps_per_layer, save_at=save_at, events=events,
+                          max_steps=max_steps, padding_mask=padding_mask,
+                          context_length=context_length, controller=controller, initial=initial)
 
     def run(self, x, padding_mask=None):
         r"""The discrete network: midpoint grids, ``lie``, one step per layer.
@@ -377,8 +378,8 @@ class ContinuousTransformer(_Solving):
             model's features, masked entries (a masked array), NaN or inf, or ``padding_mask``
             has the wrong shape, values other than 0/1 or a row without real tokens.
         TypeError
-            If ``x`` is not a real array, or is not in the namespace, on the device and in the
-            dtype of tensor parameters (:meth:`with_parameters`).
+            If ``x`` or ``padding_mask`` is a torch tensor on the value-less ``meta`` device, ``x``
+            not a real array or not in the namespace, device and dtype of tensor parameters.
 
         Notes
         -----
@@ -386,7 +387,7 @@ class ContinuousTransformer(_Solving):
         :math:`1/n`, so the kernel matrices are the torch weights, uniform token weights cancel
         in the softmax and one Lie step of size 1 is one block (design notes, section 2).
         """
-        x = self._run_input(x)
+        x = self._run_input(x, padding_mask)
         return self.solve(x, tokens=Midpoint(x.shape[-2]), features=Midpoint(x.shape[-1]),
                           scheme="lie", steps_per_layer=1, padding_mask=padding_mask,
                           context_length=x.shape[-2])

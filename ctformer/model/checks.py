@@ -3,7 +3,7 @@
 :meth:`ctformer.model.ContinuousTransformer.with_parameters` takes a mapping with exactly the
 names of ``parameters()`` (``_check_parameter_names``), turns each value into a read-only
 float64 host copy or keeps it as the tensor it is (``_checked_parameter``: real, finite, of the
-parameter's shape), requires every tensor to share one type, device and dtype
+parameter's shape), requires every tensor to share one namespace, device and dtype
 (``_check_tensor_kinds``) and, when there are tensors, turns the host values into tensors like
 them (``_as_tensors_like``). ``_device`` reads the device of an array of any namespace.
 """
@@ -34,6 +34,7 @@ def _checked_parameter(name: str, value, shape: tuple):
     the tensor itself. Real numbers only, finite, of the parameter's shape."""
     what = f"params[{name!r}]"
     if not is_host(value):   # a tensor of another namespace: kept, so autograd sees it
+        _refuse_meta(value, what)
         xp = array_api_compat.array_namespace(value)
         if not xp.isdtype(value.dtype, "real floating"):
             raise TypeError(f"{what} is a tensor of dtype {value.dtype}; parameters are real: "
@@ -67,13 +68,28 @@ def _device(array):
     return array_api_compat.device(array)
 
 
+def _same_kind(a, b) -> bool:
+    """Whether ``a`` and ``b`` live in one namespace and on one device: a ``torch.nn.Parameter``
+    is a tensor like any other (comparing types refused a Parameter beside a plain tensor)."""
+    return (array_api_compat.array_namespace(a) is array_api_compat.array_namespace(b)
+            and _device(a) == _device(b))
+
+
+def _refuse_meta(array, name: str) -> None:
+    """Refuse a torch tensor on the ``meta`` device by ``name``: it has a shape and a dtype but
+    no values, so a solve has nothing to compute with (torch's own error came from deep inside,
+    "Tensor.item() cannot be called on meta tensors")."""
+    if getattr(array, "is_meta", False):
+        raise TypeError(f"{name} is a torch tensor on the 'meta' device, which holds a shape but no "
+                        "values: pass a tensor with values, on 'cpu' or a GPU")
+
+
 def _check_tensor_kinds(params: dict) -> None:
-    """Tensor parameters must share one type, device and dtype (TypeError naming the odd one)."""
+    """Tensor parameters must share one namespace, device and dtype (TypeError naming the odd one)."""
     tensors = [(name, v) for name, v in params.items() if not is_host(v)]
     for name, value in tensors[1:]:
         first, like = tensors[0]
-        same = type(value) is type(like) and _device(value) == _device(like)
-        if not same or value.dtype != like.dtype:
+        if not _same_kind(value, like) or value.dtype != like.dtype:
             raise TypeError(
                 f"params[{name!r}] is a {type(value).__name__} of dtype {value.dtype} on "
                 f"{_device(value)}, params[{first!r}] one of dtype {like.dtype} "

@@ -6,8 +6,12 @@ the default discretizations of ``_default``) and the check that the state and te
 parameters share a namespace, device and dtype (``_check_namespaces``, over ``_operators``),
 both called by :func:`ctformer.evolution.evolve`; the error-controlled branch of ``solve``
 (``_solve_controlled``) and the result after the final normalization (``_readout``).
+``_on_state_device`` makes a torch state's device torch's default while a solve runs.
 """
 from __future__ import annotations
+
+import contextlib
+import sys
 
 import array_api_compat
 
@@ -17,7 +21,25 @@ from ..evolution import evolve
 from ..kernels import is_host
 from ..model_inputs import as_state_array
 from ..operators.base import has_host_parameters
-from .checks import _device
+from .checks import _device, _refuse_meta, _same_kind
+
+
+def _on_state_device(u0):
+    """While a solve of the torch state ``u0`` runs, torch's default device is ``u0``'s.
+
+    Tensors the solve makes without naming a device (a constant, an index range, a mask from
+    NumPy) then live where the state does. Without it a CPU state under
+    ``torch.set_default_device("cuda")`` met CUDA constants: a device mismatch, or, on a machine
+    without a GPU, "Torch not compiled with CUDA enabled" from inside torch. Nothing is changed
+    (no context's per-operation cost) when the devices agree or ``u0`` is no tensor."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(u0, torch.Tensor):
+        return contextlib.nullcontext()
+    try:
+        same = u0.device == torch.get_default_device()
+    except (AssertionError, RuntimeError):  # a CUDA default on a machine without CUDA
+        same = False
+    return contextlib.nullcontext() if same else torch.device(u0.device)
 
 
 class _Solving:
@@ -40,7 +62,7 @@ class _Solving:
         if not tensors:
             return
         like = tensors[0]
-        if type(u) is not type(like) or _device(u) != _device(like):
+        if not _same_kind(u, like):
             raise TypeError(
                 f"{name} is a {type(u).__module__}.{type(u).__name__} on "
                 f"{_device(u)}, the parameters are {type(like).__module__}."
@@ -71,11 +93,12 @@ class _Solving:
         if validation.boolean(checkpoint, "checkpoint"):
             raise ValueError("checkpoint=True needs fixed steps (steps_per_layer), not rtol/atol")
         save_at = solvers.SaveAt(layers=validation.boolean(trajectory, "trajectory"))
-        solution = evolve(self, u0, tokens=tokens, features=features, head_features=head_features,
-                          hidden=hidden, scheme=scheme,
-                          rtol=1e-6 if rtol is None else rtol, atol=1e-9 if atol is None else atol,
-                          save_at=save_at, padding_mask=padding_mask, context_length=context_length)
-        return self._readout(solution, trajectory)
+        with _on_state_device(u0):
+            solution = evolve(self, u0, tokens=tokens, features=features, head_features=head_features,
+                              hidden=hidden, scheme=scheme,
+                              rtol=1e-6 if rtol is None else rtol, atol=1e-9 if atol is None else atol,
+                              save_at=save_at, padding_mask=padding_mask, context_length=context_length)
+            return self._readout(solution, trajectory)
 
     def _readout(self, solution, trajectory):
         """The final state after the final normalization (or the layer states, the last one so)."""
@@ -89,13 +112,16 @@ class _Solving:
             return states
         return solution.final if final is None else final(solution.final)
 
-    def _run_input(self, x):
+    def _run_input(self, x, padding_mask=None):
         """The input of :meth:`run`: a finite array (N, d) or (B, N, d), N and d >= 1, of the
-        model's width where it has one, in the namespace, device and dtype of tensor parameters.
+        model's width where it has one, in the namespace, device and dtype of tensor parameters;
+        neither ``x`` nor ``padding_mask`` on torch's value-less ``meta`` device.
 
         Checked here, under the name the caller used: the solve it is handed to would name it
         ``u0`` (ValueError or TypeError naming ``x`` instead)."""
         x = as_state_array(x, "x")
+        _refuse_meta(x, "x")
+        _refuse_meta(padding_mask, "padding_mask")
         if x.ndim not in (2, 3) or 0 in tuple(x.shape[-2:]):
             raise ValueError(f"x must have shape (N, d) or (B, N, d) with N >= 1 tokens and d >= 1 "
                              f"features, got shape {tuple(x.shape)}")
@@ -119,6 +145,7 @@ class _Solving:
             grids = self.grids(tokens, features, head_features, hidden, context_length)
             return grids.sample(u0), grids
         u = as_state_array(u0, "u0")
+        _refuse_meta(u, "u0")
         if u.ndim < 2:
             raise ValueError(f"u0 must have shape (..., tokens, features), got shape {tuple(u.shape)}")
         if 0 in tuple(u.shape[-2:]):

@@ -282,7 +282,8 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
         _check_beta(beta)
     km = None
     if key_mask is not None:
-        km = keep_flags(xp.asarray(key_mask), "key_mask")   # booleans, or 0/1 integers
+        # booleans, or 0/1 integers; on q's device (a NumPy mask went to torch's default device)
+        km = keep_flags(xp.asarray(key_mask, device=array_api_compat.device(q)), "key_mask")
         if km.ndim < 1 or km.shape[-1] != m:
             raise ValueError(f"key_mask must be a boolean array of shape (..., {m}), got {tuple(km.shape)}")
     if block is not None:

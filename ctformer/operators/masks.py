@@ -33,6 +33,7 @@ from __future__ import annotations
 import abc
 from typing import ClassVar
 
+import array_api_compat
 import numpy as np
 
 from .. import validation
@@ -356,7 +357,8 @@ def padding_for(u, padding_mask, n_tokens: int):
     """A padding mask handed to :meth:`Attention.__call__`: in ``u``'s namespace, checked,
     its leading axes broadcasting to ``u``'s batch axes (the output keeps ``u``'s shape)."""
     xp = namespace(u)
-    keys = check_padding(xp.asarray(padding_mask), n_tokens)
+    # on u's device: a NumPy mask for a CUDA state went to torch's default device (the CPU)
+    keys = check_padding(xp.asarray(padding_mask, device=array_api_compat.device(u)), n_tokens)
     lead, batch = tuple(keys.shape[:-1]), tuple(u.shape[:-2])
     try:
         fits = np.broadcast_shapes(lead, batch) == batch

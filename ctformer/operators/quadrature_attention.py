@@ -171,7 +171,7 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     if chunk is not None:
         chunk = validation.integer(chunk, "chunk")
     if q.shape[-2] == 0:
-        return xp.zeros((*lead, 0, v.shape[-1]), dtype=q.dtype)
+        return xp.zeros((*lead, 0, v.shape[-1]), dtype=q.dtype, device=array_api_compat.device(q))
     q, beta, k, v, v_scale = _scale_safety.scaled_inputs(xp, q, k, v, beta, amax)
     out = _dense.attend_rows(xp, q, k, v, beta, log_w, keep, isinstance(mask, str), diag_shift, lead, chunk)
     return times_pow2(xp, out, v_scale)
@@ -234,10 +234,11 @@ def _validate(q, k, v, beta, weights, mask, diagonal):
     dtype = q.dtype
     amax = _scale_safety.finite_abs_max(xp, q, k, v)
 
-    beta = _check_beta(xp, beta, dtype, shapes)
-
-    log_w = None if weights is None else _log_weights(xp, weights, dtype, m)
-    keep, diag_shift = _check_mask(xp, mask, diagonal, n, m, shapes)
+    # NumPy beta, weights and masks beside tensors go to the tensors' device, not torch's default
+    device = None if xp is _NUMPY else array_api_compat.device(q)
+    beta = _check_beta(xp, beta, dtype, shapes, device)
+    log_w = None if weights is None else _log_weights(xp, weights, dtype, m, device)
+    keep, diag_shift = _check_mask(xp, mask, diagonal, n, m, shapes, device)
     try:
         lead = tuple(np.broadcast_shapes(*(tuple(s) for _, s in shapes)))
     except ValueError:
@@ -263,7 +264,7 @@ def _namespace_and_dtype_checks(q, k, v):
     return xp
 
 
-def _check_beta(xp, beta, dtype, shapes):
+def _check_beta(xp, beta, dtype, shapes, device=None):
     """A finite Python float, or an array (..., 1, 1) of dtype; appends its shape to ``shapes``."""
     if isinstance(beta, (bool, np.bool_, str, bytes, complex, np.complexfloating)):
         raise TypeError(f"beta must be a real number or an array of them, got {beta!r}")
@@ -271,7 +272,7 @@ def _check_beta(xp, beta, dtype, shapes):
         if not math.isfinite(float(beta)):
             raise ValueError(f"beta must be finite, got {beta!r}")
         return float(beta)
-    arr = _real_array(xp, beta, dtype, "beta must be a real number or an array of them")
+    arr = _real_array(xp, beta, dtype, "beta must be a real number or an array of them", device)
     if not math.isfinite(_scale_safety.global_abs_max(xp, arr)):
         raise ValueError("beta must be finite")
     if arr.ndim == 0:
@@ -280,12 +281,13 @@ def _check_beta(xp, beta, dtype, shapes):
     return arr[..., None, None]
 
 
-def _real_array(xp, value, dtype, expected: str):
-    """``value`` as a real array of ``dtype`` in ``xp``; TypeError ``expected, got ...`` else."""
+def _real_array(xp, value, dtype, expected: str, device=None):
+    """``value`` as a real array of ``dtype`` in ``xp`` (on ``device`` when given); TypeError
+    ``expected, got ...`` else."""
     if xp is _NUMPY and type(value) is np.ndarray and value.dtype.kind == "f":
         return value.astype(dtype, copy=False)
     try:
-        arr = xp.asarray(value)
+        arr = xp.asarray(value) if device is None else xp.asarray(value, device=device)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{expected}, got {value!r}") from exc
     if not (xp.isdtype(arr.dtype, "real floating") or xp.isdtype(arr.dtype, "integral")):
@@ -293,11 +295,11 @@ def _real_array(xp, value, dtype, expected: str):
     return xp.astype(arr, dtype)
 
 
-def _log_weights(xp, weights, dtype, m):
-    """log of positive, finite quadrature weights of shape (m,), in dtype."""
+def _log_weights(xp, weights, dtype, m, device=None):
+    """log of positive, finite quadrature weights of shape (m,), in dtype (on ``device``)."""
     if isinstance(weights, (str, bytes)):
         raise TypeError(f"weights must be an array of positive numbers, got {weights!r}")
-    w = _real_array(xp, weights, dtype, "weights must be an array of positive numbers")
+    w = _real_array(xp, weights, dtype, "weights must be an array of positive numbers", device)
     if w.ndim != 1 or w.shape[0] != m:
         raise ValueError(f"weights must have shape ({m},) (one per key token), got {tuple(w.shape)}")
     lo, hi = float(xp.min(w)), float(xp.max(w))
@@ -308,7 +310,7 @@ def _log_weights(xp, weights, dtype, m):
     return xp.log(w)
 
 
-def _check_mask(xp, mask, diagonal, n, m, shapes):
+def _check_mask(xp, mask, diagonal, n, m, shapes, device=None):
     validation.one_of(diagonal, "diagonal", ("full", "half"))
     if mask is None:
         if diagonal == "half":
@@ -320,7 +322,7 @@ def _check_mask(xp, mask, diagonal, n, m, shapes):
         if n != m:
             raise ValueError(f"mask='causal' needs as many queries as keys, got {n} and {m}")
         return None, (math.log(0.5) if diagonal == "half" else None)
-    keep = xp.asarray(mask)
+    keep = xp.asarray(mask) if device is None else xp.asarray(mask, device=device)
     if keep.dtype != xp.bool:
         raise TypeError(f"mask array must be boolean (True = keep), got dtype {keep.dtype}")
     if keep.ndim < 2 or keep.shape[-1] != m or keep.shape[-2] not in (1, n):
