@@ -18,7 +18,7 @@ from .backend import to_host
 from .validation import is_integer
 from .environment import positive_int
 
-__all__ = ["as_state_array", "check_padding_mask", "check_steps", "check_step_count", "max_steps",
+__all__ = ["as_state_array", "check_padding_mask", "refuse_meta", "check_steps", "check_step_count", "max_steps",
            "MAX_STEPS"]
 
 
@@ -157,6 +157,15 @@ def as_state_array(x, name):
     return arr
 
 
+def refuse_meta(array, name: str) -> None:
+    """Refuse a torch tensor on the ``meta`` device by ``name``: it has a shape and a dtype but
+    no values, so a solve has nothing to compute with (torch's own error came from deep inside,
+    "Tensor.item() cannot be called on meta tensors")."""
+    if getattr(array, "is_meta", False):
+        raise TypeError(f"{name} is a torch tensor on the 'meta' device, which holds a shape but no "
+                        "values: pass a tensor with values, on 'cpu' or a GPU")
+
+
 def check_padding_mask(mask, u):
     """A boolean padding mask of shape ``u.shape[:-1]`` (1 = real token) like ``u``.
 
@@ -181,6 +190,7 @@ def check_padding_mask(mask, u):
         HuggingFace's extended form), values other than 0/1 (the first one, and the conversion
         of an additive mask: ``mask == 0``), or a sequence without real tokens (its index).
     """
+    refuse_meta(mask, "padding_mask")
     xp = array_api_compat.array_namespace(u)
     if not _is_native(mask):
         try:

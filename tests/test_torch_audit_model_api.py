@@ -130,6 +130,10 @@ def test_meta_tensors_are_refused_by_name(torch, model):
     with pytest.raises(TypeError, match=r"^padding_mask is a torch tensor on the 'meta' device"):
         model.run(torch.zeros(2, 6, 8, dtype=torch.float64),
                   padding_mask=torch.ones(2, 6, device="meta", dtype=torch.bool))
+    for solve in (model.solve, model.evolve):  # the mask of a solve: its own check
+        with pytest.raises(TypeError, match=r"^padding_mask is a torch tensor on the 'meta' device"):
+            solve(torch.zeros(2, 6, 8, dtype=torch.float64), tokens="midpoint", features="midpoint",
+                  padding_mask=torch.ones(2, 6, device="meta", dtype=torch.bool))
 
 
 def test_meta_parameters_are_refused_by_name(torch, model):

@@ -15,6 +15,7 @@ import array_api_compat
 import numpy as np
 
 from ..kernels import is_host
+from ..model_inputs import refuse_meta as _refuse_meta
 
 
 def _check_parameter_names(own: dict, params) -> None:
@@ -73,15 +74,6 @@ def _same_kind(a, b) -> bool:
     is a tensor like any other (comparing types refused a Parameter beside a plain tensor)."""
     return (array_api_compat.array_namespace(a) is array_api_compat.array_namespace(b)
             and _device(a) == _device(b))
-
-
-def _refuse_meta(array, name: str) -> None:
-    """Refuse a torch tensor on the ``meta`` device by ``name``: it has a shape and a dtype but
-    no values, so a solve has nothing to compute with (torch's own error came from deep inside,
-    "Tensor.item() cannot be called on meta tensors")."""
-    if getattr(array, "is_meta", False):
-        raise TypeError(f"{name} is a torch tensor on the 'meta' device, which holds a shape but no "
-                        "values: pass a tensor with values, on 'cpu' or a GPU")
 
 
 def _check_tensor_kinds(params: dict) -> None:

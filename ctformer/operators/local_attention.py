@@ -294,7 +294,10 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
     if slopes is not None and pattern is None and km is None and block is None and not fallback_to_self:
         # ALiBi over every key (or the causal ones): the dense engine, its term evaluated by blocks
         term = DistanceTerm(to_host(slopes, np.float64)[..., None, None], p, pk)
-        w = None if w_host is None else xp.asarray(w_host, dtype=q.dtype, device=array_api_compat.device(q))
+        # NumPy: the float64 weights themselves, their logarithm taken in float64 (1e-50 is a
+        # weight whose float32 is 0, whose log made rows of NaN)
+        w = w_host if w_host is None or type(q) is np.ndarray else \
+            xp.asarray(w_host, dtype=q.dtype, device=array_api_compat.device(q))
         return attention_with_terms(q, k, v, beta, w, "causal" if causal else None, diagonal, check,
                                     ScoreTerms(None, term))
     engine = BandedAttention(n, m, pattern=pattern, weights=w_host, bias=bias, positions=(p, pk),

@@ -228,7 +228,7 @@ def _validate(q, k, v, beta, weights, mask, diagonal):
     if m == 0:
         raise ValueError("k and v must hold at least one key token, got 0")
     shapes = [("q", q.shape[:-2]), ("k", k.shape[:-2]), ("v", v.shape[:-2])]
-    if xp is not _NUMPY:
+    if not q.dtype == k.dtype == v.dtype:  # NumPy too: its beta and weights were cast to q's dtype
         dtype = xp.result_type(q, k, v)
         q, k, v = (xp.astype(a, dtype, copy=False) for a in (q, k, v))
     dtype = q.dtype
@@ -299,15 +299,24 @@ def _log_weights(xp, weights, dtype, m, device=None):
     """log of positive, finite quadrature weights of shape (m,), in dtype (on ``device``)."""
     if isinstance(weights, (str, bytes)):
         raise TypeError(f"weights must be an array of positive numbers, got {weights!r}")
-    w = _real_array(xp, weights, dtype, "weights must be an array of positive numbers", device)
+    # host weights beside narrower inputs are checked and logged in float64: 1e-50 is a positive
+    # weight whose float32 is 0 (log -inf: rows of NaN), log(1e-50) = -115.1 an ordinary float32
+    host = type(weights) is np.ndarray or not hasattr(weights, "__dlpack__")  # lists, numbers too
+    wide = host and getattr(dtype, "itemsize", 8) < 8
+    w = _real_array(_NUMPY if wide else xp, weights, np.float64 if wide else dtype,
+                    "weights must be an array of positive numbers", None if wide else device)
     if w.ndim != 1 or w.shape[0] != m:
         raise ValueError(f"weights must have shape ({m},) (one per key token), got {tuple(w.shape)}")
-    lo, hi = float(xp.min(w)), float(xp.max(w))
+    lo, hi = float(_NUMPY.min(w) if wide else xp.min(w)), float(_NUMPY.max(w) if wide else xp.max(w))
     if not (math.isfinite(hi) and math.isfinite(lo)):
         raise ValueError("weights must be finite; they contain NaN or inf")
     if not lo > 0:
         raise ValueError("weights must be positive and finite")
-    return xp.log(w)
+    if not wide:
+        return xp.log(w)
+    log_w = np.log(w)
+    return log_w.astype(dtype) if xp is _NUMPY else \
+        (xp.asarray(log_w, dtype=dtype) if device is None else xp.asarray(log_w, dtype=dtype, device=device))
 
 
 def _check_mask(xp, mask, diagonal, n, m, shapes, device=None):
