@@ -114,6 +114,7 @@ class WithAtoms(Discretization):
 
     def __setstate__(self, state):
         self.__init__(state["base"], state["count"], state["weight"], state["locations"])
+        self.__dict__["_frozen"] = True   # as after construction
 
     def __eq__(self, other) -> bool:
         return (type(other) is WithAtoms and self.base == other.base and self.atoms == other.atoms
@@ -123,7 +124,10 @@ class WithAtoms(Discretization):
         return hash(("with-atoms", self.base, self.atoms, self.weight, self.locations.tobytes()))
 
     def __repr__(self) -> str:
-        return f"WithAtoms({self.base!r}, count={self.atoms}, weight={self.weight!r})"
+        # the locations are part of the value: shown unless they are the default corner
+        default = self._check_locations(None)
+        where = "" if np.array_equal(self.locations, default) else f", locations={self.locations.tolist()!r}"
+        return f"WithAtoms({self.base!r}, count={self.atoms}, weight={self.weight!r}{where})"
 
     @property
     def label(self) -> str:

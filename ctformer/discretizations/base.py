@@ -130,7 +130,16 @@ def as_discretization(spec, n: int | None = None) -> "Discretization":
     raise TypeError(f"expected a Discretization or a name from {available()}, got {type(spec).__name__}")
 
 
-class Discretization(abc.ABC):
+class _Frozen(abc.ABCMeta):
+    """Metaclass that freezes a discretization once its (outermost) ``__init__`` has returned."""
+
+    def __call__(cls, *args, **kwargs):
+        obj = super().__call__(*args, **kwargs)
+        obj.__dict__["_frozen"] = True
+        return obj
+
+
+class Discretization(metaclass=_Frozen):
     r"""A discretization of an interval :math:`[a, b]` by ``n`` values.
 
     Subclasses set the class attributes ``name`` (registry key), ``order`` (expected order of
@@ -165,6 +174,14 @@ class Discretization(abc.ABC):
     ------
     ValueError
         For a domain or ``n`` that breaks these rules; the message names the argument.
+
+    Notes
+    -----
+    A discretization is a frozen value: equal ones (same type, ``n`` and domain) hash alike and
+    compute the same bits, caches key on them, and setting or deleting an attribute after
+    construction raises :class:`AttributeError` (the cached nodes, weights and matrices belong
+    to the values it was built with). Pickling and copying keep only what defines it, and
+    ``eval(repr(d)) == d``.
     """
 
     name: ClassVar[str]
@@ -345,8 +362,19 @@ class Discretization(abc.ABC):
     # -- misc ----------------------------------------------------------------------------
     def __repr__(self) -> str:
         a, b = self.domain
-        dom = "" if (a, b) == (0.0, 1.0) else f", domain=({a:g}, {b:g})"
+        # repr of the floats (shortest round trip), not :g: eval(repr(d)) must give d back
+        dom = "" if (a, b) == (0.0, 1.0) else f", domain=({a!r}, {b!r})"
         return f"{type(self).__name__}({self.n}{dom})"
+
+    def __setattr__(self, name, value):
+        if self.__dict__.get("_frozen", False):
+            raise AttributeError(_frozen_message(self, name))
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        if self.__dict__.get("_frozen", False):
+            raise AttributeError(_frozen_message(self, name))
+        object.__delattr__(self, name)
 
     def __getstate__(self):
         # Only (n, domain) define a discretization; cached matrices and factorizations
@@ -355,12 +383,19 @@ class Discretization(abc.ABC):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.__dict__["_frozen"] = True
 
     def __eq__(self, other) -> bool:
         return type(self) is type(other) and self.n == other.n and self.domain == other.domain
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self.n, self.domain))
+
+
+def _frozen_message(disc, name: str) -> str:
+    return (f"{type(disc).__name__} is immutable (a frozen value that caches key on): cannot set "
+            f"or delete {name!r}; build a new one instead, e.g. {disc!r} with other arguments, "
+            "or .refine(factor)")
 
 
 def _check_factor(factor) -> int:

@@ -99,6 +99,7 @@ class Product(Discretization):
 
     def __setstate__(self, state):
         self.__init__(state["first"], state["second"])
+        self.__dict__["_frozen"] = True   # as after construction
 
     def __eq__(self, other) -> bool:
         return type(other) is Product and self.first == other.first and self.second == other.second

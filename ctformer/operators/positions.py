@@ -65,6 +65,7 @@ from .. import validation
 from .._numerics import compiled as _compiled  # noqa: F401  (positions._compiled.kernels: what rotate reads)
 from ..kernels import _to_host, cell_index
 from .absolute_positions import interpolate_table, sinusoidal_encoding
+from .masks import _same
 # the rotation of RoPE, re-exported here where it was defined before
 from .rope_rotation import LengthFrequencies, _axial_angles, _flat, check_paired_head_features, rotate  # noqa: F401
 
@@ -93,6 +94,24 @@ class PositionEncoding:
 
     needs_positions = True
 
+    def __eq__(self, other):
+        """Equal encodings are the same computation: same type, attributes of the same types
+        and values (arrays: same shape, dtype and entries), as for masks."""
+        return type(self) is type(other) and _same(self.__dict__, other.__dict__)
+
+    def __hash__(self):
+        return hash(type(self))
+
+    def __setattr__(self, name, value):
+        # the library's encodings are frozen once built (a new theta would not reach the
+        # frequencies made from the old one); a user's subclass may opt in the same way
+        _check_unfrozen(self, name)
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        _check_unfrozen(self, name)
+        object.__delattr__(self, name)
+
     def parameters(self) -> dict:
         """Trainable arrays of the encoding: none by default (frequencies and slopes are
         structure, pickled with the model)."""
@@ -116,6 +135,13 @@ class PositionEncoding:
         head) in that namespace and dtype.
         """
         return None
+
+
+def _check_unfrozen(encoding, name: str) -> None:
+    if encoding.__dict__.get("_frozen", False):
+        raise AttributeError(f"{type(encoding).__name__} is immutable: cannot set or delete {name!r}; "
+                             f"build a new encoding instead (e.g. {type(encoding).__name__}(...) with "
+                             "other arguments)")
 
 
 class NoPositions(PositionEncoding):
@@ -142,6 +168,12 @@ class _GeometricFrequencies:
 
     def __init__(self, theta: float):
         self.theta = theta
+
+    def __eq__(self, other):
+        return type(other) is _GeometricFrequencies and self.theta == other.theta
+
+    def __hash__(self):
+        return hash((_GeometricFrequencies, self.theta))
 
     def __call__(self, tau):
         return np.power(self.theta, -np.asarray(tau, dtype=np.float64))
@@ -200,6 +232,7 @@ class RoPE(PositionEncoding):
                                  f"{table.shape}")
             table.setflags(write=False)
             self.frequencies = table
+        self.__dict__["_frozen"] = True
 
     def __repr__(self) -> str:
         if isinstance(self.frequencies, np.ndarray):
@@ -316,6 +349,7 @@ class ALiBi(PositionEncoding):
             arr.setflags(write=False)
             slopes = arr
         self.slopes = slopes
+        self.__dict__["_frozen"] = True
 
     def __repr__(self) -> str:
         return "ALiBi(slopes=default)" if self.slopes is None else f"ALiBi(slopes={self.slopes.tolist()})"

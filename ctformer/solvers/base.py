@@ -209,6 +209,13 @@ class Scheme(abc.ABC):
 
     A scheme declares ``name`` (its registry name) and ``nominal_order``, its order on
     problems whose projections are the identity (pre-norm models, or no normalization).
+
+    A scheme is a value: two of the same type with equal public attributes (its options, e.g.
+    ``substep``) are equal and hash alike; attributes named ``_...`` are per-solve caches (the
+    first-same-as-last stage of a Runge-Kutta pair), left out of equality and reset to
+    ``None`` by pickling and copying. A scheme class made at run time
+    (:func:`~ctformer.solvers.runge_kutta.register_tableau` without a class) pickles by its
+    registered name.
     """
 
     name: ClassVar[str]
@@ -257,3 +264,55 @@ class Scheme(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+    # -- value identity: a scheme is its type and its public options --------------------------
+    def __eq__(self, other) -> bool:
+        if type(self) is not type(other):
+            return False
+        try:
+            return bool(_options(self) == _options(other))
+        except (TypeError, ValueError):  # options that do not compare (arrays): only itself
+            return self is other
+
+    def __hash__(self) -> int:
+        return hash((type(self).__module__, type(self).__qualname__, getattr(self, "name", None)))
+
+    def __getstate__(self):
+        # attributes named "_..." are per-solve caches (the FSAL stage of the last step, which
+        # holds that step's problem and arrays): a copy or a pickle starts without them
+        return {k: (None if k.startswith("_") else v) for k, v in self.__dict__.items()}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def __reduce_ex__(self, protocol):
+        cls = type(self)
+        if _importable(cls):
+            return super().__reduce_ex__(protocol)
+        # a class made at run time (register_tableau without a scheme class) is found again
+        # through the registry, by its registered name
+        return (_registered, (cls.name,), self.__getstate__())
+
+
+def _options(scheme) -> dict:
+    return {k: v for k, v in scheme.__dict__.items() if not k.startswith("_")}
+
+
+def _importable(cls) -> bool:
+    """Whether pickle finds ``cls`` again as ``module.qualname``."""
+    import sys
+
+    found = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is cls
+
+
+def _registered(name: str) -> "Scheme":
+    """An empty instance of the scheme registered as ``name`` (unpickling; state follows)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"cannot unpickle the scheme {name!r}: no scheme of that name is registered "
+                         f"in this process (known: {', '.join(available())}); import the module that "
+                         "registers it (register_tableau) before unpickling")
+    cls = _REGISTRY[name]
+    return cls.__new__(cls)

@@ -15,7 +15,7 @@ step, so that :meth:`Solution.evaluate` gives :math:`u(t)` at any depth of the i
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import array_api_compat
 import numpy as np
@@ -120,7 +120,7 @@ def hermite(u0, u1, f0, f1, h: float, theta: float):
                                      + (theta - 1) * h * f0 + theta * h * f1))
 
 
-@dataclass
+@dataclass(eq=False)
 class Solution(LabelledResult):
     r"""The result of :meth:`ctformer.ContinuousTransformer.evolve` and the particle and
     mean-field ``evolve`` methods.
@@ -213,6 +213,19 @@ class Solution(LabelledResult):
     def __len__(self) -> int:
         return len(self.times)
 
+    def __eq__(self, other) -> bool:
+        """Field by field, arrays by shape, dtype and entries (NaN equal to NaN), so that a
+        pickled or copied solution equals its original; the dense-output records by their
+        steps (``t0``, ``h``, end states, stages), not by the problem objects they refer to."""
+        if type(self) is not type(other):
+            return NotImplemented
+        names = [f.name for f in fields(self) if f.name != "records"]
+        return (all(_same(getattr(self, n), getattr(other, n)) for n in names)
+                and len(self.records) == len(other.records)
+                and all(_same(_step(a), _step(b)) for a, b in zip(self.records, other.records)))
+
+    __hash__ = None   # a mutable result holding arrays
+
     def evaluate(self, t):
         r"""Dense output: :math:`u(t)` at a depth or an array of depths.
 
@@ -271,3 +284,30 @@ class Solution(LabelledResult):
             self.stats["rhs_evaluations"] = self.stats.get("rhs_evaluations", 0) + n
 
         return self.records[i](t, count)
+
+
+def _step(record):
+    """What a dense-output record computes from (its problem is compared by the states)."""
+    return [getattr(record, n, None) for n in ("t0", "h", "u0", "u1", "ks", "tableau", "slopes")]
+
+
+def _same(a, b) -> bool:
+    """Equality of result fields: arrays (any namespace) by shape, dtype and entries."""
+    if a is b:
+        return True
+    if hasattr(a, "shape") and hasattr(a, "dtype"):
+        if not (hasattr(b, "shape") and hasattr(b, "dtype")) or type(a) is not type(b):
+            return False
+        from ..backend import to_host
+
+        x, y = to_host(a), to_host(b)
+        nan = x.dtype.kind in "fc"
+        return x.shape == y.shape and x.dtype == y.dtype and bool(np.array_equal(x, y, equal_nan=nan))
+    if isinstance(a, (tuple, list)) and type(a) is type(b):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):   # objects whose == is not one boolean
+        return False
