@@ -47,8 +47,10 @@ def entry(kind: str, dtype: str, measure, checked: str | None = None, valid=None
     """The stored measurement of ``kind`` for ``dtype`` on this machine (a dict with at least
     ``"provider"``), measured by ``measure(dtype)`` and stored when missing; without torch
     (``needs_torch``: not installed or not importable) ``{"provider": "numpy"}``, unmeasured
-    and not stored. A ``measure`` must not ask for a
-    choice not stored yet (the lock is held). ``checked`` names what the measurement verified
+    and not stored. A ``measure`` may read
+    choices stored already (another thread's plans may have evicted the process's copy of
+    one: it is read again) but must not ask for a choice not stored yet (the lock is held: a
+    RuntimeError names both). ``checked`` names what the measurement verified
     (the shapes of its bit-for-bit check, the candidates it timed): an entry stored with
     another ``checked`` (an older version's, with other bounds) is measured again, never
     reused for bounds it did not check; so is one that ``valid(entry)`` refuses (a damaged
@@ -56,13 +58,20 @@ def entry(kind: str, dtype: str, measure, checked: str | None = None, valid=None
     if needs_torch and _torch_version() is None:
         return {"provider": "numpy"}
     key = f"{kind} {dtype}"
-    if getattr(_MEASURING, "key", None) is not None:  # the lock is this thread's: it would wait forever
+
+    def usable(found):
+        return found is not None and found.get("checked") == checked and (valid is None or valid(found))
+
+    if getattr(_MEASURING, "key", None) is not None:  # this thread holds the locks: read, never measure
+        found = read(cache_file()).get(key)
+        if usable(found):
+            return found
         raise RuntimeError(f"measuring {_MEASURING.key!r} asked for {key!r}, which is not stored yet: "
                            "the measurement's caller must ask for it first")
     with _LOCK, _machine_lock(path := cache_file()):
         stored = read(path)
         entry = stored.get(key)
-        if entry is None or entry.get("checked") != checked or (valid is not None and not valid(entry)):
+        if not usable(entry):
             if needs_torch and _torch() is None:  # installed but not importable: NumPy's BLAS
                 return {"provider": "numpy"}
             _MEASURING.key = key
