@@ -67,7 +67,7 @@ class _Trig:
 def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu", mask=None,
                   diagonal="full", beta=4.0, *, normalization="layernorm", feedforward="mlp",
                   kv_heads=None, positions=None, context_length=None, window=None,
-                  rope_theta=10000.0) -> dict:
+                  rope_theta=10000.0, **unknown) -> dict:
     r"""The layers of a continuous Transformer with smooth random parameters.
 
     :meth:`ctformer.ContinuousTransformer.random_smooth` builds the model from them.
@@ -136,6 +136,8 @@ def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu",
 
     Raises
     ------
+    TypeError
+        For a keyword that is none of these (the message names the closest one).
     ValueError
         For an unknown ``placement``, ``normalization``, ``feedforward`` or ``positions``,
         non-positive ``layers`` or ``heads``, ``positions`` or ``window`` without
@@ -149,6 +151,8 @@ def random_layers(seed=0, layers=2, heads=2, placement="pre", activation="gelu",
     :math:`k \in \{1, 2\}`. Feature variance must stay away from zero for LayerNorm to be
     smooth (design notes, section 1); choose the initial data accordingly.
     """
+    if unknown:  # a TypeError that names the keyword and the one meant, not this function
+        _refuse_keyword(next(iter(unknown)))
     validation.one_of(placement, "placement", PLACEMENTS)
     layers, heads = validation.integer(layers, "layers"), validation.integer(heads, "heads")
     seed = validation.integer(seed, "seed", minimum=0)
@@ -251,3 +255,16 @@ def _random_block(draw: _Draws, heads: int, n_kv: int, attention_options: dict, 
         block["normalization1"], block["normalization2"] = draw.block_norms(placement)
         block["placement"] = "pre" if placement == "pre" else "post"
     return block
+
+
+def _refuse_keyword(name: str):
+    import difflib
+    import inspect
+
+    known = [k for k in inspect.signature(random_layers).parameters if k != "unknown"]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    if name in ("norm", "norm_first"):  # torch's and other libraries' words
+        hint = " (placement= says where the norms sit, normalization= which norm)"
+    raise TypeError(f"random_smooth / random_layers got an unexpected keyword argument {name!r}{hint}; "
+                    f"the keywords are {', '.join(known)}")

@@ -120,3 +120,16 @@ def test_particles_random_model_mean_inner_product_is_the_stated_one():
     means = [float(s.mean_inner_product) for s in continuous_model_clustering((1,))[1].stats]
     assert [round(means[i], 2) for i in (0, 6, 3, 4)] == [first, last, third, fourth], means
     assert means[4] > means[3]             # the fall is not monotone, as the page says
+
+
+@pytest.mark.parametrize("keyword, hint", [("norm", "placement= says where the norms sit"),
+                                           ("activaton", "did you mean 'activation'"),
+                                           ("zzz", "the keywords are seed, layers")])
+def test_random_smooth_names_an_unknown_keyword_and_the_one_meant(keyword, hint):
+    """Before: "random_layers() got an unexpected keyword argument 'norm'", a function the
+    caller never called, and no remedy."""
+    from ctformer import ContinuousTransformer
+
+    with pytest.raises(TypeError, match=rf"^random_smooth / random_layers got an unexpected keyword "
+                                        rf"argument '{keyword}'.*{re.escape(hint)}"):
+        ContinuousTransformer.random_smooth(**{keyword: 1})
