@@ -167,7 +167,7 @@ class PlannedFFT:
             return np.fft.rfft(x, axis=axis)
         entry = self._plan("rfft", x.shape, x.dtype, axis, x.shape[axis])
         if x is given and n is None:  # only unconverted ndarray calls without padding repeat
-            self._remember(call, (entry, axis))
+            self._remember(call, (entry, axis), x.size)
         return self._run_rfft(entry, x, axis)
 
     def _run_rfft(self, entry, x, axis):
@@ -216,7 +216,7 @@ class PlannedFFT:
         shape = x.shape[:axis] + (n,) + x.shape[axis + 1:]
         entry = self._plan("irfft", shape, np.dtype(real), axis, n)
         if fitted is given:  # unconverted ndarray calls of the plan's length repeat
-            self._remember(call, (entry, axis, n))
+            self._remember(call, (entry, axis, n), int(np.prod(shape)))
         return self._run_irfft(entry, fitted, axis, n)
 
     def _run_irfft(self, entry, x, axis, n):
@@ -231,7 +231,9 @@ class PlannedFFT:
             plan.execute()
         return out
 
-    def _remember(self, call, ready):
+    def _remember(self, call, ready, points):
+        if points >= _THREADED_MIN_POINTS:  # its plan depends on the calling context: looked up
+            return                          # by _plan at each call (a few us on a large transform)
         with self._lock:
             if len(self._ready) >= 4 * _MAX_PLANS:
                 self._ready.clear()
@@ -298,7 +300,10 @@ class PlannedFFT:
     def _plan(self, kind, real_shape, real_dtype, axis, n):
         """(plan, its aligned input buffer, its lock) for a transform, made once; the plan is
         None where ``numpy.fft`` runs the transform (the faster engine, or the pinned one)."""
-        key = (kind, real_shape, np.dtype(real_dtype).str, axis, n)
+        # the FFTW threads in the key: inside a worker task a large transform has its own plan
+        # and engine (keyed without them, the first call's context served every later one)
+        threads = self._threads(int(np.prod(real_shape)))
+        key = (kind, real_shape, np.dtype(real_dtype).str, axis, n, threads)
         with self._lock:
             entry = self._plans.get(key)
             if entry is not None:
@@ -308,7 +313,6 @@ class PlannedFFT:
         complex_shape = real_shape[:axis] + (n // 2 + 1,) + real_shape[axis + 1:]
         real = self._empty(real_shape, real_dtype)
         spectrum = self._empty(complex_shape, complex_dtype)
-        threads = self._threads(int(np.prod(real_shape)))
         source, target = (real, spectrum) if kind == "rfft" else (spectrum, real)
         plan = self._fftw(kind, source, target, axis, threads)
         if threads > 1 and not same_bits(plan, self._fftw(kind, self._empty(source.shape, source.dtype),

@@ -79,7 +79,10 @@ def test_inputs_are_preserved_and_outputs_never_aliased(rng, fft):
 def test_repeated_calls_skip_the_checks_and_keep_the_values(rng, fft, monkeypatch):
     """A call seen before (ndarray, shape, dtype, axis, n) goes straight to its plan: the first
     calls' checks are not run again, and the values are those of numpy.fft for inputs of any
-    layout with that shape (strided, misaligned, read-only)."""
+    layout with that shape (strided, misaligned, read-only). Only transforms below the
+    threading threshold take this path: a larger one's plan depends on the calling context
+    (tests/test_fft_plan_context.py), so the fixture's tiny threshold is lifted here."""
+    monkeypatch.setattr("ctformer.fft._THREADED_MIN_POINTS", 1 << 18)
     x = rng.standard_normal((6, 40))
     spectrum = np.fft.rfft(x)
     fft.rfft(x), fft.irfft(spectrum, n=40)
