@@ -27,6 +27,7 @@ from ..backend import to_host
 from ..validation import real
 from ..operators.quadrature_attention import quadrature_attention
 from .dynamics import _check_beta, log_partition
+from .partition import _log_weights
 from .particle_checks import _as_real_floating
 
 __all__ = [
@@ -59,15 +60,17 @@ def _points(x, batch=True):
     return x
 
 
-def _weights(weights, n, xp, dtype):
+def _unit_weights(weights, x):
+    r"""The normalized weights :math:`w_i / \sum_j w_j` like ``x`` (default :math:`1/n`),
+    normalized from their logarithms (:func:`_log_weights`, checked, in the wider precision):
+    float64 weights of 1e-50 are 0 in float32, their normalized values are not."""
+    xp = array_api_compat.array_namespace(x)
+    n = x.shape[-2]
     if weights is None:
-        return xp.full((n,), 1.0 / n, dtype=dtype)
-    w = xp.asarray(weights, dtype=dtype)
-    if w.ndim != 1 or w.shape[0] != n:
-        raise ValueError(f"weights must have shape ({n},), got {tuple(w.shape)}")
-    if not bool(xp.all(w > 0)) or not bool(xp.all(xp.isfinite(w))):
-        raise ValueError("weights must be positive and finite")
-    return w
+        return xp.full((n,), 1.0 / n, dtype=x.dtype, device=array_api_compat.device(x))
+    log_w = _log_weights(xp, weights, n, x)
+    w = xp.exp(log_w - xp.max(log_w))
+    return w / xp.sum(w)
 
 
 def gram(x):
@@ -166,7 +169,9 @@ def energy(x, beta, weights=None, *, log=False):
         Finite and positive.
     weights : array, shape (n,), optional
         Positive weights; default :math:`1/n` (then the maximum over the sphere is
-        :math:`e^\beta / (2\beta)`, at a single cluster).
+        :math:`e^\beta / (2\beta)`, at a single cluster). Their logarithm is taken in the
+        wider of their precision and ``x``'s (float64 weights of 1e-50 with float32 points
+        give :math:`\log E_\beta \approx -230`).
     log : bool
         Return :math:`\log E_\beta` instead, computed by log-sum-exp: finite for any
         finite :math:`\beta`, whereas :math:`E_\beta` itself overflows float64 for
@@ -189,9 +194,9 @@ def energy(x, beta, weights=None, *, log=False):
     if beta <= 0:
         raise ValueError(f"energy needs beta > 0, got {beta}")
     n = x.shape[-2]
-    w = _weights(weights, n, xp, x.dtype)
-    log_z = log_partition(x, x, beta=beta, weights=w)  # log sum_j w_j e^{beta <x_i, x_j>}
-    terms = log_z + xp.log(w)
+    log_w = -math.log(n) if weights is None else _log_weights(xp, weights, n, x)
+    log_z = log_partition(x, x, beta=beta, weights=weights)  # log sum_j w_j e^{beta <x_i, x_j>}
+    terms = log_z + log_w
     top = xp.max(terms, axis=-1)
     log_e = top + xp.log(xp.sum(xp.exp(terms - top[..., None]), axis=-1)) - math.log(2 * beta)
     if log:
@@ -235,8 +240,7 @@ def single_cluster_distance(x, weights=None):
     """
     x = _points(x)
     xp = array_api_compat.array_namespace(x)
-    w = _weights(weights, x.shape[-2], xp, x.dtype)
-    w = w / xp.sum(w)
+    w = _unit_weights(weights, x)
     m = xp.sum(w[:, None] * x, axis=-2)
     norm = xp.sqrt(xp.sum(m * m, axis=-1, keepdims=True))
     first = xp.astype(xp.arange(x.shape[-1]) == 0, x.dtype)  # any unit vector serves when m = 0

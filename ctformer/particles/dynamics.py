@@ -27,8 +27,10 @@ any finite :math:`\beta`). The USA factor :math:`Z_i` is computed as
 :math:`\exp(\log Z_i)` with :math:`\log Z_i` from :func:`log_partition`, which never overflows;
 :math:`Z_i` itself is representable only while :math:`\log Z_i` stays below
 :math:`\log(\text{float max}) \approx 709.8` in float64. On the sphere
-:math:`\log Z_i \le |\beta| \, \|Q_h\|_2 \|K_h\|_2 + \log\sum_j w_j`, so USA is accepted when this
-bound is at most 700 (float64; 80 in float32) and refused with :class:`OverflowError` otherwise.
+:math:`\log Z^h_i \le b_h = |\beta| \, \|Q_h\|_2 \|K_h\|_2 + \log\sum_j w_j` and
+:math:`|\dot x_i| \le \sum_h e^{b_h} \|V_h\|_2`, so USA is accepted when the log of the larger
+of :math:`\max_h e^{b_h}` and that sum is at most 700 (float64; 80 in float32) and refused with
+:class:`OverflowError` otherwise.
 
 Time stepping: the particle system is a :class:`ctformer.solvers.SplitProblem` with one flow
 (the tangent velocity) and one projection (the retraction :math:`x \mapsto x / \|x\|` after
@@ -90,7 +92,9 @@ class SelfAttentionDynamics(_ParticleChecks):
     mask : None, "causal" or bool array (n, n)
         Attention mask; ``"causal"``: token i sees tokens j <= i.
     weights : array (n,), optional
-        Positive token weights :math:`w_j`; default :math:`1/n`.
+        Positive token weights :math:`w_j`; default :math:`1/n`. SA depends on their ratios
+        only, USA on :math:`\log w_j`: both are taken from the float64 values, so weights
+        beyond the state's range (1e-50 or 1e50 with float32 states) count as given.
 
     Raises
     ------
@@ -98,10 +102,13 @@ class SelfAttentionDynamics(_ParticleChecks):
         For a ``beta`` that is not a real number, complex or non-numeric matrices or weights.
     ValueError
         For a non-finite ``beta``, inconsistent Q, K, V shapes, a bad mask or bad weights;
-        for a dimension mismatch with the particles at :meth:`velocity` / :meth:`solve`.
+        for a dimension mismatch with the particles at :meth:`velocity` / :meth:`solve`, and
+        for states other than NumPy arrays (torch, CuPy) whose dtype cannot hold the ratio
+        :math:`\min_j w_j / \max_j w_j` (below its smallest normal number).
     OverflowError
-        USA whose normalizer :math:`Z_i` could exceed the floating-point range (see the module
-        notes: :math:`|\beta|\,\|Q_h\|_2\|K_h\|_2 + \log\sum_j w_j \le 700` in float64).
+        USA whose normalizer :math:`Z_i` or velocity could exceed the floating-point range (see
+        the module notes: :math:`|\beta|\,\|Q_h\|_2\|K_h\|_2 + \log\sum_j w_j`, plus
+        :math:`\log\sum_h \|V_h\|_2` where the values enlarge, at most 700 in float64).
 
     Notes
     -----
@@ -144,8 +151,8 @@ class SelfAttentionDynamics(_ParticleChecks):
         once here (cached per instance by :func:`ctformer.backend.constant`), not per call.
         """
         xp = array_api_compat.array_namespace(like)
-        weights = constant(self, "weights", self.weights, like)
         n = like.shape[-2]
+        weights, log_w = self._weight_terms(like, n)
         mask = self.mask if isinstance(self.mask, str) or self.mask is None else None
         if self._mask_host is not None:
             flag = xp.zeros((1,), dtype=xp.bool, device=array_api_compat.device(like))
@@ -163,7 +170,6 @@ class SelfAttentionDynamics(_ParticleChecks):
         big = float(floating_info(like.dtype).max) / (8.0 * n * like.shape[-1])
         check = not all(abs(beta) * _spectral_norm(self.Q[h]) * _spectral_norm(self.K[h]) < big
                         and _spectral_norm(self.V[h]) < big for h in range(self.heads))
-        log_w = -math.log(n) if weights is None else xp.log(weights)
         chunk = max(1, min(n, _CHUNK_ELEMENTS // max(1, n * (math.prod(like.shape[:-2]) or 1))))
         if self.heads == 1 and all(a is None for a in mats[0]) and mask is None and not check:
             fused = _fused.fused_velocity(like, beta, -math.log(n) if self.weights is None
@@ -184,6 +190,22 @@ class SelfAttentionDynamics(_ParticleChecks):
             return tangent_projection(x, total)
 
         return velocity
+
+    def _weight_terms(self, like, n):
+        r"""The weights as the attention takes them and :math:`\log w_j` for :math:`\log Z_i`.
+
+        SA depends on the ratios :math:`w_j / w_k` only: the attention gets the weights divided
+        by a power of two near the largest (exact), and NumPy states get them in float64, whose
+        logarithm the attention takes in float64. Weights of 1e-50 or 1e50 are 0 or inf in
+        float32 and gave rows of NaN. USA takes :math:`\log w_j` from the host float64 values.
+        """
+        if self.weights is None:
+            return None, -math.log(n)
+        log_w = constant(self, "log_weights", lambda: np.log(self.weights), like)
+        scaled = np.ldexp(self.weights, -int(np.frexp(np.max(self.weights))[1]))  # max in [1/2, 1)
+        if type(like) is np.ndarray:
+            return scaled, log_w
+        return constant(self, "scaled_weights", scaled, like), log_w
 
     def problem(self, like) -> solvers.SplitProblem:
         """The particle system as a split problem for states like ``like``.

@@ -178,11 +178,16 @@ def layer_statistics(states, *, depths=None, bins=40, tol=0.5, threshold=0.9):
     Raises
     ------
     ValueError
-        For states not of shape (L, n >= 2, d) or a ``depths`` of another length than L.
+        For states not of shape (L, n >= 2, d) or not of unit norm (to 1e-6; NaN included),
+        or a ``depths`` of another length than L.
     """
     states = np.asarray(states, dtype=np.float64)
     if states.ndim != 3 or states.shape[1] < 2:
         raise ValueError(f"states must have shape (layers, n >= 2, d), got {states.shape}")
+    gap = float(np.max(np.abs(np.linalg.norm(states, axis=-1) - 1.0)))
+    if not gap <= 1e-6:  # raw states gave inner products of any size, clipped in the histogram
+        raise ValueError(f"states must be unit vectors (max | |x_i| - 1 | = {gap:.3g} > 1e-6); "
+                         "project them first with project_to_sphere(states)")
     depths = list(range(states.shape[0])) if depths is None else list(depths)
     if len(depths) != states.shape[0]:  # zip would drop the extra layers silently
         raise ValueError(f"depths must give one depth per layer: {states.shape[0]} layers, got "
@@ -217,6 +222,8 @@ def minilm_hidden_states(text=None, *, center=False, model=None, tokenizer=None)
     Returns
     -------
     tokens : list of str
+        The tokens kept: a text longer than the model's 512 positions is cut to its first 512
+        tokens (``[CLS]`` and ``[SEP]`` included).
     states : numpy.ndarray, shape (7, n, 384)
         Embedding output (layer 0) and the output of each of the 6 layers, unit norm.
     """

@@ -8,10 +8,12 @@ r"""Checks where data enters the particle dynamics: constructor arguments and pa
   weights and mask, finite entries, and at the start of a solve
   :math:`\max_i |\|x_i\| - 1| \le \sqrt{\varepsilon}` (:func:`sphere_tolerance`).
 * The USA bound: on the sphere
-  :math:`\log Z_i \le |\beta|\, \max_h \|Q_h\|_2 \|K_h\|_2 + \log\sum_j w_j`
-  (``_spectral_norm``: :math:`\|A\|_2`, one for the identity), accepted up to 700 in float64,
-  80 in float32 and 9 in float16 (``_USA_LOG_MAX``), so that :math:`Z_i = \exp(\log Z_i)` and the sums of
-  Runge-Kutta stages stay finite; beyond it, :class:`OverflowError`.
+  :math:`\log Z^h_i \le b_h = |\beta|\, \|Q_h\|_2 \|K_h\|_2 + \log\sum_j w_j` and the
+  velocity is at most :math:`\sum_h e^{b_h} \|V_h\|_2`
+  (``_spectral_norm``: :math:`\|A\|_2`, one for the identity); the log of the larger of
+  :math:`\max_h e^{b_h}` and that sum is accepted up to 700 in float64,
+  80 in float32 and 9 in float16 (``_USA_LOG_MAX``), so that :math:`Z_i = \exp(\log Z_i)`, the
+  velocity and the sums of Runge-Kutta stages stay finite; beyond it, :class:`OverflowError`.
 """
 from __future__ import annotations
 
@@ -131,23 +133,42 @@ class _ParticleChecks:
                     raise ValueError(f"Q[{h}] and K[{h}] must have the same number of rows; one is the identity (d={d}), the other has shape {a.shape}")
         if self.weights is not None and self.weights.shape[0] != n:
             raise ValueError(f"weights has length {self.weights.shape[0]}, but there are n={n} particles")
+        if self.weights is not None and type(x) is not np.ndarray:
+            # other namespaces get the weights in x's dtype, divided by the largest (NumPy
+            # states keep them in float64): a ratio below the dtype's range would become 0
+            spread = float(np.min(self.weights) / np.max(self.weights))
+            tiny = float(floating_info(x.dtype).tiny)
+            if spread < tiny:
+                raise ValueError(
+                    f"weights span a ratio min/max = {spread:.3g}, below the smallest normal "
+                    f"{x.dtype} number {tiny:.3g}: the smallest would count as zero; pass float64 "
+                    "or NumPy states, or drop the negligible tokens")
         if self._mask_host is not None and tuple(self._mask_host.shape) != (n, n):
             raise ValueError(f"mask must have shape ({n}, {n}), got {tuple(self._mask_host.shape)}")
         if self._mask_host is not None and not np.all(np.any(self._mask_host, axis=-1)):
             raise ValueError("the mask removes every token for some particle; each row needs one True")
         if not self.normalized:
-            total_w = 1.0 if self.weights is None else float(np.sum(self.weights))
-            bound = max(
-                abs(self.beta) * _spectral_norm(self.Q[h]) * _spectral_norm(self.K[h]) for h in range(self.heads)
-            ) + math.log(total_w)
-            limit = _usa_log_max(x.dtype)
+            bound, limit = self._usa_log_bound(), _usa_log_max(x.dtype)
             if bound > limit:
                 raise OverflowError(
-                    f"USA (normalized=False) velocities are of size exp(beta <Qx, Kx>) <= exp({bound:.1f}), "
-                    f"beyond the {x.dtype} range (log bound {limit}); use the normalized dynamics (SA), "
-                    "a smaller beta, or rescale time"
+                    f"USA (normalized=False) velocities are of size sum_h Z_h |V_h| with "
+                    f"Z_h <= exp(beta <Q_h x, K_h x>): up to exp({bound:.1f}), beyond the {x.dtype} "
+                    f"range (log bound {limit}); use the normalized dynamics (SA), a smaller beta "
+                    "or smaller V, or rescale time"
                 )
         return xp
+
+    def _usa_log_bound(self) -> float:
+        r"""The log of a bound on each :math:`Z^h_i` and on the USA velocity,
+        :math:`|\dot x_i| \le \sum_h Z^h_i \|V_h\|_2`, with
+        :math:`\log Z^h_i \le |\beta|\,\|Q_h\|_2\|K_h\|_2 + \log\sum_j w_j`."""
+        total_w = 1.0 if self.weights is None else float(np.sum(self.weights))
+        logs = [abs(self.beta) * _spectral_norm(self.Q[h]) * _spectral_norm(self.K[h]) + math.log(total_w)
+                for h in range(self.heads)]
+        top = max(logs)
+        # the velocity: the values scale Z_h, and the heads add up
+        size = sum(math.exp(b - top) * _spectral_norm(v) for b, v in zip(logs, self.V))
+        return max(top, top + math.log(size)) if size > 0 else top
 
     def _checked(self, x, what="x"):
         x = _as_real_floating(x, what)

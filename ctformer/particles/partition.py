@@ -21,7 +21,7 @@ import numpy as np
 
 from .._numerics.blas_limits import single_thread_blas as _single_thread_blas
 
-from .particle_checks import _as_real_floating, _check_beta
+from .particle_checks import _as_real_floating, _check_beta, _host_real
 
 __all__ = ["log_partition"]
 
@@ -45,7 +45,9 @@ def log_partition(q, k, *, beta, weights=None, mask=None, chunk=None):
     beta : float
         Finite inverse temperature.
     weights : array, shape (M,), optional
-        Positive token weights; default :math:`w_j = 1/M`.
+        Positive token weights; default :math:`w_j = 1/M`. Their logarithm is taken in the
+        wider of their precision and ``q``'s, so float64 weights beyond ``q``'s range (1e-50
+        with float32 ``q``) count with their value.
     mask : None, "causal" or bool array broadcasting to (..., N, M)
         Entries kept (``"causal"``: :math:`j \le i`).
     chunk : int, optional
@@ -59,7 +61,7 @@ def log_partition(q, k, *, beta, weights=None, mask=None, chunk=None):
     Raises
     ------
     TypeError
-        For complex or non-numeric ``q`` or ``k`` (integers become float64).
+        For complex or non-numeric ``q``, ``k`` or ``weights`` (integers become float64).
     ValueError
         For a non-finite ``beta``, no keys, bad weights, a mask that is not boolean or
         keeps no key in some row.
@@ -72,15 +74,7 @@ def log_partition(q, k, *, beta, weights=None, mask=None, chunk=None):
     if m == 0:
         raise ValueError(f"k must hold at least one key (shape (..., M >= 1, m)), got shape "
                          f"{tuple(k.shape)}: log Z of an empty sum is -inf")
-    if weights is None:
-        log_w = -math.log(m)
-    else:
-        w = xp.asarray(weights, dtype=q.dtype)
-        if w.ndim != 1 or w.shape[0] != m:
-            raise ValueError(f"weights must have shape ({m},), got {tuple(w.shape)}")
-        if not bool(xp.all(w > 0)) or not bool(xp.all(xp.isfinite(w))):
-            raise ValueError("weights must be positive and finite")
-        log_w = xp.log(w)
+    log_w = -math.log(m) if weights is None else _log_weights(xp, weights, m, q)
     if isinstance(mask, str):
         if mask != "causal" or n != m:
             raise ValueError(f"mask must be None, 'causal' (square) or a boolean array, got {mask!r}")
@@ -96,6 +90,26 @@ def log_partition(q, k, *, beta, weights=None, mask=None, chunk=None):
         batch = math.prod(q.shape[:-2]) or 1
         chunk = max(1, min(n, _CHUNK_ELEMENTS // max(1, m * batch)))
     return _log_partition(xp, q, k, beta, log_w, mask, chunk)
+
+
+def _log_weights(xp, weights, m, like):
+    r""":math:`\log w_j` in the namespace, device and dtype of ``like``, checked (shape (m,),
+    positive, finite) and taken in the wider of the weights' and ``like``'s precisions: float64
+    weights of 1e-50 are 0 in float32, where :math:`\log w = -115.1` is an ordinary number.
+    Weights of ``like``'s namespace stay in it (differentiable); others go through the host."""
+    if (array_api_compat.is_array_api_obj(weights) and array_api_compat.array_namespace(weights) is xp
+            and not xp.isdtype(weights.dtype, "complex floating")):  # complex: refused on the host
+        w = xp.astype(weights, xp.result_type(weights.dtype, like.dtype))
+    else:
+        w = _host_real(weights, "weights")
+    wxp = array_api_compat.array_namespace(w)
+    if w.ndim != 1 or w.shape[0] != m:
+        raise ValueError(f"weights must have shape ({m},), one per key, got {tuple(w.shape)}")
+    if not bool(wxp.all(w > 0)) or not bool(wxp.all(wxp.isfinite(w))):
+        raise ValueError("weights must be positive and finite; drop the tokens of weight zero")
+    if wxp is xp:
+        return xp.astype(xp.log(w), like.dtype)
+    return xp.asarray(np.log(w), dtype=like.dtype, device=array_api_compat.device(like))
 
 
 def _log_partition(xp, q, k, beta, log_w, mask, chunk):
