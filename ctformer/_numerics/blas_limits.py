@@ -72,27 +72,57 @@ class _OneBlasThread:
         self.libraries = libraries
 
     def __enter__(self):
-        with _LIMIT_LOCK:
-            if _LIMIT["blocks"] == 0:
-                changed = []
-                for library in self.libraries:
-                    count = library.num_threads
-                    if count is not None and count != 1:  # None: a library that cannot say, left alone
-                        _set_threads(library, 1)
-                        changed.append((library, count))
-                _LIMIT["restore"] = changed
-            _LIMIT["blocks"] += 1
+        counted = False
+        try:
+            with _LIMIT_LOCK:
+                if _LIMIT["blocks"] == 0:
+                    _limit_all(self.libraries)
+                _LIMIT["blocks"] += 1
+                counted = True  # no call between: an interrupt sees both or neither
+        except BaseException:
+            # an exception here (a signal handler's KeyboardInterrupt) leaves __exit__ uncalled:
+            # the block is undone now, else BLAS kept one thread for the rest of the process
+            self._leave(counted)
+            raise
         return self
 
     def __exit__(self, *exc):
+        self._leave(True)
+
+    @staticmethod
+    def _leave(counted) -> None:
         with _LIMIT_LOCK:
-            if _LIMIT["blocks"] == 0:  # a block entered before a fork, left in the child
-                return
-            _LIMIT["blocks"] -= 1
+            if counted:
+                if _LIMIT["blocks"] == 0:  # a block entered before a fork, left in the child
+                    return
+                _LIMIT["blocks"] -= 1
             if _LIMIT["blocks"] == 0:
-                for library, count in _LIMIT["restore"]:
-                    _set_threads(library, count)
-                _LIMIT["restore"] = ()
+                _restore_all()
+
+
+def _limit_all(libraries) -> None:
+    """Each library at one thread, its count recorded *before* it is changed (under
+    :data:`_LIMIT_LOCK`, no block held): a count recorded by a limit that was interrupted
+    while it restored them is the user's one, not the one it left."""
+    restore = _LIMIT["restore"] = list(_LIMIT["restore"])
+    recorded = {id(library) for library, _ in restore}
+    for library in libraries:
+        count = library.num_threads
+        if count is not None and count != 1:  # None: a library that cannot say, left alone
+            if id(library) not in recorded:  # else restored but not yet forgotten: recorded
+                restore.append((library, count))
+            _set_threads(library, 1)
+
+
+def _restore_all() -> None:
+    """The recorded counts back (under :data:`_LIMIT_LOCK`, no block held), each forgotten only
+    once it is set."""
+    restore = _LIMIT["restore"] = list(_LIMIT["restore"])
+    while restore:
+        library, count = restore[-1]
+        _set_threads(library, count)
+        restore.pop()
+    _LIMIT["restore"] = ()
 
 
 def _set_threads(library, count) -> None:

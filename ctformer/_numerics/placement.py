@@ -29,11 +29,11 @@ from functools import lru_cache
 
 from ..environment import choice
 
-__all__ = ["Placement", "Team", "caller_team", "hold_caller", "hold_worker", "placing", "solve_ended",
-           "solve_started", "solving", "use_team"]
+__all__ = ["Placement", "Team", "caller_team", "hold_caller", "hold_worker", "placing", "release_caller",
+           "solve_ended", "solve_started", "solving", "use_team"]
 
-# a pool worker's .cpus: the set it last put itself on; a caller's .team (its OpenMP Team)
-# and .solving (a solve runs on it)
+# a pool worker's .cpus: the set it last put itself on; a caller's .team (its OpenMP Team),
+# .solving (a solve runs on it) and .held (the set a pass holds it from, until released)
 _LOCAL = threading.local()
 _CPU: list = []  # [the C library's sched_getcpu, or None]
 
@@ -55,8 +55,7 @@ class Placement:
     def release(self) -> None:
         """The caller back on its own CPU set, where it was held."""
         if self.cpus:
-            _set_affinity(self.home)
-            _LOCAL.home = None
+            release_caller()
 
 
 class whole_cpus:
@@ -125,12 +124,30 @@ def hold_caller(threads: int):
     platform has no per-thread affinity."""
     if not hasattr(os, "sched_getaffinity"):
         return None
+    release_caller()  # an earlier pass on this thread stopped before it let go (an interrupt)
     home = os.sched_getaffinity(0)
     cpu = _current_cpu() if placing(threads, len(home)) else None
-    if cpu is None or cpu not in home or not _set_affinity({cpu}):
+    if cpu is None or cpu not in home:
         return Placement(home)
-    _LOCAL.home = home  # the set it is held within (whole_cpus)
-    return Placement(home, _after(cpu, home))
+    placement = Placement(home, _after(cpu, home))
+    # recorded before the hold: release_caller finds it whatever stops the pass after it
+    _LOCAL.held = _LOCAL.home = home  # home: the set it is held within (whole_cpus)
+    if not _set_affinity({cpu}):
+        _LOCAL.held = _LOCAL.home = None
+        return Placement(home)
+    return placement
+
+
+def release_caller() -> None:
+    """The calling thread back on the CPU set a pass held it from (:func:`hold_caller`);
+    nothing where it is not held. Called when a pass ends, whatever ended it, and again
+    before the next pass: an exception raised at any moment of a pass (a signal handler's
+    ``KeyboardInterrupt`` inside :func:`hold_caller`, say) left the caller on one CPU for the
+    rest of the process, and every thread it started later too."""
+    held = getattr(_LOCAL, "held", None)
+    if held is not None:
+        _set_affinity(held)
+        _LOCAL.held = _LOCAL.home = None
 
 
 def hold_worker(placement, index: int) -> None:

@@ -163,17 +163,20 @@ def runs_alone() -> bool:
 def run_workers(worker, tasks: list, threads: int) -> None:
     """Run ``worker(next_task)`` on ``threads`` threads until ``tasks`` are all taken.
 
-    ``next_task()`` returns the next task or None. The calling thread is one of the workers;
-    exceptions of any worker are re-raised after all have stopped. On the main thread a
-    Ctrl-C (SIGINT) stops the handing out of tasks and is raised (``KeyboardInterrupt``) once
-    all workers have finished their current task, a kernel compile among them
-    (:func:`ctformer._numerics.compiled.sigint_deferred`). Called from inside a worker
-    (an activation inside a feed-forward task, say) it runs on that worker's thread alone:
-    nested pools would wait on each other.
+    ``next_task()`` returns the next task or None. The calling thread is one of the workers.
+    An exception in any worker (a ``MemoryError`` in one task, say) stops the handing out of
+    tasks, and once every worker has finished its current task the first exception raised is
+    raised to the caller as it is (its type, message and traceback). On the main thread a
+    Ctrl-C (SIGINT) stops the handing out of tasks too and is raised (``KeyboardInterrupt``)
+    once all workers have finished their current task, a kernel compile among them
+    (:func:`ctformer._numerics.compiled.sigint_deferred`). Either way the pass leaves no
+    worker running and gives back what it changed: the caller's CPU set and torch's thread
+    count for new threads. Called from inside a worker (an activation inside a feed-forward
+    task, say) it runs on that worker's thread alone: nested pools would wait on each other.
     """
     threads = 1 if getattr(_INSIDE, "worker", False) else max(1, min(threads, len(tasks)))
     counter = itertools.count()
-    stop = []  # set on Ctrl-C: no more tasks are handed out
+    stop, failures = [], []  # stop: no more tasks are handed out (Ctrl-C, a failed task)
 
     def next_task():
         if stop:
@@ -188,34 +191,57 @@ def run_workers(worker, tasks: list, threads: int) -> None:
         _INSIDE.worker = True
         try:
             worker(next_task)
+        except BaseException as exc:
+            stop.append(True)  # the other workers take no more tasks: the pass has failed
+            failures.append(exc)  # in the order raised (list.append is atomic)
+            raise
         finally:
             _INSIDE.worker = outer
 
     if threads == 1:
         marked(next_task)
         return
-    # Ctrl-C is held until every worker has stopped: a worker may be compiling a kernel (LLVM),
-    # and a KeyboardInterrupt that overtook it would unwind the program while the compile runs
-    # the caller is held on its CPU for the pass, each worker on another one (module placement)
-    placement = _placement.hold_caller(threads)
+    _parallel_pass(marked, next_task, threads, stop, failures)
+    if failures:  # the first exception of any worker, as it was raised
+        raise failures[0]
+
+
+def _parallel_pass(marked, next_task, threads: int, stop: list, failures: list) -> None:
+    """The pool part of :func:`run_workers`: ``threads - 1`` pool workers and the caller, all
+    waited for, and the caller's CPU set and torch's count for new threads given back whatever
+    is raised (a worker's exception is left in ``failures``)."""
     torch_threads = sys.modules.get(_TORCH_THREADS)  # loaded only where torch is used
     torch_count = None if torch_threads is None else torch_threads.caller_count()
-    with sigint_deferred(on_signal=lambda: stop.append(True)):
-        futures = [_pool(threads).submit(marked, next_task, i, placement) for i in range(threads - 1)]
-        try:
-            marked(next_task)
-        finally:
-            # a worker that has not started by now would find no task: it is not waited for
-            # (a virtual CPU woken from a halt can take milliseconds to run it)
-            for f in futures:
-                if not f.cancel():
-                    f.result()
-            if placement is not None:
-                placement.release()
-            # the pool threads keep one torch thread; torch's count for new threads goes back
-            torch_threads = sys.modules.get(_TORCH_THREADS)
-            if torch_threads is not None:
-                torch_threads.pass_ended(torch_count)
+    futures = []
+    try:
+        # Ctrl-C is held until every worker has stopped: a worker may be compiling a kernel
+        # (LLVM), and a KeyboardInterrupt that overtook it would unwind the program while the
+        # compile runs; held from before the caller is put on its CPU, so that no interrupt
+        # leaves it there
+        with sigint_deferred(on_signal=lambda: stop.append(True)):
+            # the caller is held on its CPU for the pass, each worker on another one (placement)
+            placement = _placement.hold_caller(threads)
+            try:
+                futures = [_pool(threads).submit(marked, next_task, i, placement) for i in range(threads - 1)]
+                marked(next_task)
+            except BaseException as exc:
+                stop.append(True)
+                if all(exc is not f for f in failures):  # raised outside a task (submit)
+                    failures.append(exc)
+            finally:
+                # every started worker is waited for (its exception is in failures already); a
+                # worker that has not started by now would find no task: it is not waited for
+                # (a virtual CPU woken from a halt can take milliseconds to run it)
+                for f in futures:
+                    if not f.cancel():
+                        f.exception()
+    finally:
+        # the caller back on its CPUs, also where the hold was interrupted before it returned
+        _placement.release_caller()
+        # the pool threads keep one torch thread; torch's count for new threads goes back
+        torch_threads = sys.modules.get(_TORCH_THREADS)
+        if torch_threads is not None:
+            torch_threads.pass_ended(torch_count)
 
 
 def run_blas_tasks(worker, tasks: list, parallel: bool) -> None:
