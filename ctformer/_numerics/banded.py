@@ -23,7 +23,8 @@ import math
 import array_api_compat
 import numpy as np
 
-from .dense import attend_trusted, log_in
+from ..discretizations.memory import check_allocation
+from .dense import attend_trusted, check_sizes, log_in
 from .scale_safety import scale_safe_inputs, times_pow2
 from .score_terms import ScoreTerms
 
@@ -71,13 +72,16 @@ class _RowIndex:
         width = np.diff(self.row_starts)
         self.max_row = int(width.max()) if width.size else 0
 
-    def slab(self, a, b):
-        """``(lo, hi, dense)``: the key columns spanned by rows [a, b) and the dense slab."""
+    def slab(self, a, b, check=None):
+        """``(lo, hi, dense)``: the key columns spanned by rows [a, b) and the dense slab;
+        ``check(lo, hi)``, when given, runs before the slab is made (it may refuse it)."""
         s, e = self.row_starts[a], self.row_starts[b]
         c = self.coords[:, s:e]
         if c.shape[1] == 0:
             return 0, 1, np.zeros((*self.shape[:-2], b - a, 1), dtype=bool)
         lo, hi = int(c[-1].min()), int(c[-1].max()) + 1
+        if check is not None:
+            check(lo, hi)
         dense = np.zeros((*self.shape[:-2], b - a, hi - lo), dtype=bool)
         dense[(*c[:-2], c[-2] - a, c[-1] - lo)] = True
         return lo, hi, dense
@@ -144,6 +148,8 @@ class BandedAttention:
     def __call__(self, q, k, v, beta, key_mask=None, check=False):
         xp = array_api_compat.array_namespace(q, k, v)
         block, v_scale = self._block_rows(q, k), None
+        lead = np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
+        check_sizes(lead, self.n, self.m, v.shape[-1], q.dtype)
         if check:
             leading = _leading(xp, beta, q.dtype)
             q, scaled, k, v, v_scale = scale_safe_inputs(xp, q, k, v, leading)
@@ -155,13 +161,17 @@ class BandedAttention:
                             dtype=q.dtype)
         return times_pow2(xp, xp.concat(out, axis=-2) if len(out) > 1 else out[0], v_scale)
 
-    def _keep(self, xp, key_mask, a, b):
-        """``(lo, hi, keep)``: the key columns of rows [a, b) and their kept entries (or None)."""
+    def _keep(self, xp, key_mask, a, b, problems=None):
+        """``(lo, hi, keep)``: the key columns of rows [a, b) and their kept entries (or None);
+        ``problems``: the (batch, head) problems whose scores the block holds, where it is to be
+        checked against the memory budget (None: not checked)."""
         causal = self.causal
         if self.index is not None:
-            lo, hi, keep = self.index.slab(a, b)
+            lo, hi, keep = self.index.slab(a, b, None if problems is None else
+                                           lambda lo, hi: _check_block(a, b, lo, hi, problems))
         else:
             lo, hi, keep = 0, (b if causal else self.m), None
+            _check_block(a, b, lo, hi, problems)
         rows = np.arange(a, b)[:, None]
         cols = np.arange(lo, hi)[None, :]
         if causal and self.index is not None:
@@ -181,7 +191,10 @@ class BandedAttention:
 
     def _rows(self, xp, q, k, v, beta, key_mask, a, b):
         """The attention output of the query rows [a, b)."""
-        lo, hi, keep_x = self._keep(xp, key_mask, a, b)
+        # a block asked for is checked; the default ones hold at most _BLOCK_ELEMENTS scores
+        problems = None if self.block is None else \
+            math.prod(np.broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2])))
+        lo, hi, keep_x = self._keep(xp, key_mask, a, b, problems)
         dtype = q.dtype
         w = None
         if self.weights is not None:  # NumPy: float64 weights, their log taken before the cast (log_in)
@@ -199,6 +212,17 @@ class BandedAttention:
         # blocks of a validated state: the dense engine's unchecked entry (cap and score term included)
         terms = None if self.cap is None and bias is None else ScoreTerms(self.cap, bias)
         return attend_trusted(qb, kb, vb, beta, w, keep_x, "full", terms=terms)
+
+
+def _check_block(a, b, lo, hi, problems):
+    """Refuse a block of query rows [a, b) whose slab of keys [lo, hi) would not fit the memory
+    budget (float64 scores of ``problems`` problems), before it is made. ``problems`` None:
+    no check (the default blocks hold at most ``_BLOCK_ELEMENTS`` scores; a ``block`` asked
+    for may hold more)."""
+    if problems is not None:
+        check_allocation(8.0 * problems * (b - a) * (hi - lo),
+                         f"a block of {b - a} query rows x {hi - lo} keys of scores for {problems} "
+                         "(batch, head) problems", "pass a smaller block (query rows per block), or block=None")
 
 
 def _causal_block(xp, a, b):

@@ -32,6 +32,7 @@ from . import measured_blocks as _measured_blocks
 from . import packed_attention as _packed_attention
 from . import streamed as _numpy_paths
 from .scale_safety import scale_safe_inputs, times_pow2
+from ..discretizations.memory import check_allocation, surely_within
 
 _NUMPY = array_api_compat.array_namespace(np.zeros(0))
 
@@ -92,6 +93,36 @@ def attend(xp, q, k, v, beta, log_w, keep, causal, diag_shift, lead, chunk, term
             chunk = max(1, min(n, target // max(1, m * (math.prod(lead) or 1))))
         out = _stream_generic(xp, qs, k, v, log_w, keep, causal, diag_shift, int(chunk), terms)
     return out
+
+
+def check_sizes(lead, n, m, e, dtype, chunk=None, name="chunk") -> None:
+    r"""Refuse, before anything is allocated, an attention call whose output or whose blocks
+    of scores would exceed the memory budget (``CTFORMER_MEMORY_BUDGET``).
+
+    The output takes :math:`b \prod_\ell L_\ell \, N e` bytes (``b`` the dtype's size, ``L`` the
+    leading axes after broadcasting); a ``chunk`` of query rows asked for meets all :math:`M`
+    keys at once, :math:`b \cdot \min(\mathrm{chunk}, N) \, M` bytes of scores per (batch,
+    head) problem on NumPy, all problems at once elsewhere.
+
+    Raises
+    ------
+    ctformer.discretizations.SizeTooLargeError
+        Naming the output or ``name`` (the argument that set the block), the bytes needed and
+        the budget.
+    """
+    itemsize = getattr(dtype, "itemsize", None) or 8
+    problems = math.prod(lead)
+    rows = 0 if chunk is None else min(int(chunk), n)
+    if surely_within(float(itemsize) * problems * max(n * e, rows * m)):
+        return
+    check_allocation(float(itemsize) * problems * n * e, f"the attention output of shape {(*lead, n, e)}",
+                     "use fewer queries, batch entries or heads (the leading axes of q, k, v, beta "
+                     "and the mask broadcast against each other: check that they do not multiply)")
+    if chunk is not None:
+        per_block = 1 if isinstance(dtype, np.dtype) else problems  # NumPy: one problem a worker
+        check_allocation(float(itemsize) * per_block * rows * m,
+                         f"{name}={chunk}: a block of {rows} x {m} scores",
+                         f"pass a smaller {name}, or {name}=None (blocks of a few MiB)")
 
 
 def batched(n: int, m: int, problems: int) -> bool:
@@ -163,6 +194,10 @@ def admissible_rows(xp, keep):
     empty = ~xp.any(keep, axis=-1)
     if not bool(xp.any(empty)):
         return keep, None
+    # a new mask as large as the caller's: refused by name where it cannot be held
+    check_allocation(float(math.prod(keep.shape)), f"a copy of the mask of shape {tuple(keep.shape)}",
+                     "its rows without keys (output zero) are given every key in a copy: use fewer "
+                     "tokens a call, or a mask whose every query keeps a key")
     return keep | empty[..., None], empty
 
 

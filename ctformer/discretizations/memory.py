@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import os
 
-__all__ = ["SizeTooLargeError", "MEMORY_BUDGET_ENV", "memory_budget", "check_allocation", "check_dense"]
+__all__ = ["SizeTooLargeError", "MEMORY_BUDGET_ENV", "memory_budget", "check_allocation", "check_dense",
+           "surely_within"]
 
 
 class SizeTooLargeError(ValueError, MemoryError):
@@ -75,13 +76,20 @@ def check_allocation(nbytes: float, what: str, remedy: str) -> None:
     Without ``CTFORMER_MEMORY_BUDGET``, sizes up to 64 MiB pass without reading the available
     memory (a tenth of a millisecond, which every solve paid).
     """
-    if nbytes <= _ALWAYS_WITHIN_BUDGET and not os.environ.get(MEMORY_BUDGET_ENV):
+    if surely_within(nbytes):
         return
     budget = memory_budget()
     if nbytes > budget:
         raise SizeTooLargeError(
             f"{what} would need {_format_bytes(nbytes)}, more than the memory budget of "
             f"{_format_bytes(budget)} (half the available memory, or {MEMORY_BUDGET_ENV}); {remedy}")
+
+
+def surely_within(nbytes: float) -> bool:
+    """Whether ``nbytes`` pass :func:`check_allocation` without reading the available memory:
+    at most 64 MiB and no ``CTFORMER_MEMORY_BUDGET`` (callers on hot paths then skip
+    composing their message)."""
+    return nbytes <= _ALWAYS_WITHIN_BUDGET and not os.environ.get(MEMORY_BUDGET_ENV)
 
 
 def check_dense(rows: int, cols: int, what: str, remedy: str = "use fewer points or a smaller n") -> None:

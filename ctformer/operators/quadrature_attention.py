@@ -94,6 +94,11 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
         For mismatched shapes, non-finite entries of ``q``, ``k``, ``v`` or ``weights`` (the
         message names the argument), non-positive weights, non-finite ``beta``, a mask of the
         wrong shape, or a bad ``chunk``.
+    ctformer.discretizations.SizeTooLargeError
+        (a ``ValueError`` and a ``MemoryError``) Before anything is allocated, where the output
+        :math:`(\ldots, N, e)` (its leading axes broadcast) or, with ``chunk``, a block of
+        ``chunk`` x M scores would exceed the memory budget (``CTFORMER_MEMORY_BUDGET``, by
+        default half the available memory).
     TypeError
         For non-floating or complex inputs, a non-boolean mask, or a ``beta`` that is not a
         real number (strings and booleans are refused).
@@ -170,6 +175,7 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     xp, q, k, v, beta, log_w, keep, diag_shift, lead, amax = _validate(q, k, v, beta, weights, mask, diagonal)
     if chunk is not None:
         chunk = validation.integer(chunk, "chunk")
+    _dense.check_sizes(lead, q.shape[-2], k.shape[-2], v.shape[-1], q.dtype, chunk)
     if q.shape[-2] == 0:
         return xp.zeros((*lead, 0, v.shape[-1]), dtype=q.dtype, device=array_api_compat.device(q))
     q, beta, k, v, v_scale = _scale_safety.scaled_inputs(xp, q, k, v, beta, amax)

@@ -4,8 +4,8 @@ A solve on :math:`[0, t_1]` takes :math:`\lceil t_1 / \Delta t \rceil` equal ste
 lands on :math:`t_1`; more than 10**8 steps, or ``CTFORMER_MAX_STEPS``, are refused before the
 first) and keeps the state at :math:`t = 0`, every ``save_every``-th step and the
 end. Before any step, the saved states are checked against the free memory where the state
-lives; during the solve a NaN or inf is reported with the time interval where it appeared, and
-Ctrl-C ends with :class:`SolveInterrupted`, which carries what was computed.
+lives and the memory budget; a NaN or inf met during the solve is reported with its time
+interval, and Ctrl-C ends with :class:`SolveInterrupted`, which carries what was computed.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import numpy as np
 from .. import solvers
 from .._numerics.threads import fixed_threads
 from ..backend import floating_info
+from ..discretizations.memory import MEMORY_BUDGET_ENV, SizeTooLargeError, memory_budget
 from ..model_inputs import check_step_count
 from ..solvers import SolveInterrupted
 from ..solvers.restart_identity import computation, recorded, refuse_another, system_fingerprint
@@ -69,10 +70,7 @@ def saved_count(steps: int, save_every: int) -> int:
 
 
 def available_bytes(like):
-    """Free memory where ``like`` lives (host RAM, or the CUDA device of a CuPy/torch array).
-
-    Returns None when it cannot be told.
-    """
+    """Free memory where ``like`` lives (host RAM, or a CuPy/torch array's CUDA device); None if unknown."""
     try:
         if array_api_compat.is_cupy_array(like):
             import cupy  # already imported: like is a CuPy array
@@ -100,18 +98,21 @@ def available_bytes(like):
 
 
 def check_memory(count: int, like, save_every: int, steps: int) -> None:
-    """Refuse, before any step, to keep ``count`` states like ``like`` when they cannot fit."""
+    """Refuse, before any step, ``count`` states like ``like`` beyond the free memory where it lives or
+    the memory budget (``CTFORMER_MEMORY_BUDGET``; on the host by default half the available memory)."""
     per_state = math.prod(like.shape) * (floating_info(like.dtype).bits // 8)
-    needed = count * per_state
-    free = available_bytes(like)
-    if free is not None and needed > free:
-        fit = max(1, free // per_state - 2)
-        hint = max(1, math.ceil(steps / fit))
-        raise ValueError(
+    needed, free = count * per_state, available_bytes(like)
+    device = getattr(getattr(like, "device", None), "type", "cpu") != "cpu" or array_api_compat.is_cupy_array(like)
+    budget = memory_budget() if not device or os.environ.get(MEMORY_BUDGET_ENV) else None
+    limits = [(b, w) for b, w in ((free, "available"), (budget, "allowed by the memory budget (half the "
+              f"available memory, or {MEMORY_BUDGET_ENV})")) if b is not None and needed > b]
+    if limits:
+        limit, words = min(limits, key=lambda pair: pair[0])
+        hint = max(1, math.ceil(steps / max(1, limit // per_state - 2)))
+        raise SizeTooLargeError(
             f"saving with save_every={save_every} over {steps} steps keeps {count} states of "
-            f"{per_state} bytes: {needed} bytes needed ({needed / 2**30:.3g} GiB), {free} bytes "
-            f"available ({free / 2**30:.3g} GiB); raise save_every (to at least {hint}) or shorten t1"
-        )
+            f"{per_state} bytes: {needed} bytes needed ({needed / 2**30:.3g} GiB), {limit} bytes "
+            f"{words} ({limit / 2**30:.3g} GiB); raise save_every (to at least {hint}) or shorten t1")
 
 
 def _real_number(value, name: str) -> float:
