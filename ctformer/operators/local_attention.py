@@ -251,6 +251,10 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
     TypeError
         For a pattern that is not a boolean pydata ``sparse`` array, or a ``key_mask`` that is
         not boolean.
+    ctformer.discretizations.SizeTooLargeError
+        (a ``ValueError`` and a ``MemoryError``) Where the output (its leading axes broadcast)
+        or a ``block`` of query rows with its slab of keys would exceed the memory budget
+        (``CTFORMER_MEMORY_BUDGET``), before either is allocated.
     """
     if _all_float16(q, k, v):
         # computed in float32 and rounded once, as quadrature_attention does (float16 scores lose most bits)
