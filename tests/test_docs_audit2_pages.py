@@ -38,8 +38,10 @@ def page(name: str) -> str:
 
 @pytest.mark.parametrize("name", ["adaptive_depth.rst", "discretizations.rst", "labelled.rst",
                                   "positions.rst", "design.rst"])
-def test_page_blocks_run_as_written(name):
-    """A reader pastes the blocks in order into one session: every name they use is defined."""
+def test_page_blocks_run_as_written(name, tmp_path, monkeypatch):
+    """A reader pastes the blocks in order into one session: every name they use is defined
+    (in a scratch directory: the blocks write files)."""
+    monkeypatch.chdir(tmp_path)
     blocks = python_blocks(name)
     assert blocks, name
     namespace = {}

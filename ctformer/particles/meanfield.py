@@ -61,6 +61,7 @@ from ..validation import integer
 from .circle_states import _NEGATIVE_TOLERANCE, MeanFieldSolution, ResolutionWarning, _CircleStates, _host_angles
 from .linear_stability import linear_growth_rate, stability_function
 from .particle_checks import _check_beta
+from .sphere_basis import check_size
 from .timegrid import check_memory, evolve_on, march, restart_of, saved_count, time_steps
 
 __all__ = ["CircleMeanField", "MeanFieldSolution", "ResolutionWarning", "linear_growth_rate", "stability_function"]
@@ -118,6 +119,7 @@ class CircleMeanField(_CircleStates):
                 f"n_modes must be >= 4: the 2/3 dealiasing rule keeps |k| <= (n_modes - 1) // 3, "
                 f"which must be at least 1; got n_modes={n_modes}"
             )
+        check_size(circle_bytes, int(n_modes), "n_modes", "CircleMeanField's grid and multipliers", minimum=4)
         self.n_modes = int(n_modes)
         self.max_wavenumber = (self.n_modes - 1) // 3
         self.grid = 2 * math.pi * np.arange(self.n_modes) / self.n_modes
@@ -391,6 +393,11 @@ class CircleMeanField(_CircleStates):
                              hint="or the density under-resolved (raise n_modes)", start=start,
                              axes=("wavenumber",), system=self, initial=initial)
         return solution
+
+
+def circle_bytes(n_modes: int) -> float:
+    """Peak bytes of the constructor: grid 8 N, 64 per retained mode (multipliers, Bessel values)."""
+    return 8.0 * n_modes + 64.0 * ((n_modes - 1) // 3 + 1)
 
 
 def _log_modulus(r):

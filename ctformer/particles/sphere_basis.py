@@ -49,12 +49,13 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
+from ..discretizations.memory import check_allocation, memory_budget, surely_within
 from ..validation import boolean, integer, real
 from .dynamics import _check_beta
 
 __all__ = ["GegenbauerBasis", "sphere_area", "log_sphere_area", "funk_hecke", "kernel_multipliers", "log_ive",
            "gradient_multipliers", "linear_growth_rate", "check_dimension", "check_beta", "check_noise", "laplace_eigenvalues",
-           "kernel_energy"]
+           "kernel_energy", "check_size"]
 
 _IVE_DIRECT = 1e-280  # scipy's ive above this, the log-domain series below (log_ive)
 
@@ -75,6 +76,32 @@ def check_beta(beta) -> float:
 def check_noise(noise) -> float:
     """A finite diffusion coefficient nu >= 0."""
     return real(noise, "noise", nonnegative=True)
+
+
+def check_size(estimate, value: int, argname: str, what: str, minimum: int = 1) -> None:
+    r"""Refuse a size whose constructor would build more than the memory budget, before it does.
+
+    ``estimate(n)`` is the bytes (increasing in :math:`n`) a solver of size :math:`n` builds at
+    its peak; :math:`n` = ``value`` is refused with
+    :class:`~ctformer.discretizations.SizeTooLargeError` when its estimate exceeds
+    :func:`~ctformer.discretizations.memory.memory_budget`. The message names ``argname`` and
+    the largest :math:`n \ge` ``minimum`` that fits (by bisection on ``estimate``).
+    """
+    nbytes = float(estimate(value))
+    if surely_within(nbytes):
+        return
+    budget = memory_budget()
+    if nbytes <= budget:
+        return
+    if estimate(minimum) > budget:
+        remedy = f"even {argname}={minimum} does not fit: raise the budget (CTFORMER_MEMORY_BUDGET)"
+    else:
+        low, high = minimum, value  # estimate(low) fits, estimate(high) does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if estimate(middle) <= budget else (low, middle)
+        remedy = f"use {argname} <= {low} (argument {argname}), or raise CTFORMER_MEMORY_BUDGET"
+    check_allocation(nbytes, f"{what} with {argname}={value}", remedy)
 
 
 def sphere_area(dimension) -> float:

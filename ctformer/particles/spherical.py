@@ -41,10 +41,10 @@ from scipy import fft, special
 from .. import solvers
 from ..backend import to_host
 from ..validation import boolean, integer
-from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning
+from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning, circle_bytes
 from .zonal import _finite_energy
 from .sphere_labelled import SphereLabelled, spherical_dataset
-from .sphere_basis import (check_beta, check_noise, gradient_multipliers, kernel_energy, kernel_multipliers,
+from .sphere_basis import (check_beta, check_noise, check_size, gradient_multipliers, kernel_energy, kernel_multipliers,
                            linear_growth_rate)
 from .timegrid import check_memory, evolve_coefficients, march, saved_count, time_steps
 
@@ -85,6 +85,19 @@ class SphericalSolution(SphereLabelled, MeanFieldSolution):
         return math.sqrt(4 * math.pi) * np.real(np.asarray(self.coefficients)[:, 0])
 
 
+def _grid_shape(degree: int) -> tuple:
+    """Gauss-Legendre colatitudes and longitudes for degree L (the 3/2 rule, see the module notes)."""
+    return (3 * degree + 1) // 2 + 2, fft.next_fast_len(3 * degree + 2)
+
+
+def spherical_bytes(degree: int) -> float:
+    r"""Peak bytes of ``SphericalMeanField(..., degree=L)``: the quadrature weights on the grid
+    (8 per point) and, per pair :math:`(l, m)`, :math:`(L+1)(L+2)/2` of them, the degree and
+    order indices, four multipliers and their temporaries (66, measured by tracemalloc)."""
+    n_theta, n_phi = _grid_shape(degree)
+    return 8.0 * n_theta * n_phi + 66.0 * ((degree + 1) * (degree + 2) // 2) + circle_bytes(3 * degree + 1)
+
+
 class SphericalMeanField:
     r"""Spherical-harmonic solver of the mean-field equation on :math:`S^2` (``ducc0.sht``).
 
@@ -98,6 +111,13 @@ class SphericalMeanField:
         SA (True) or USA (False).
     noise : float
         :math:`\nu \ge 0` (treated exactly by an integrating factor).
+
+    Raises
+    ------
+    SizeTooLargeError
+        (a ValueError) Before anything is built, for a ``degree`` whose grid and coefficient
+        arrays (:math:`\approx 69 L^2` bytes) exceed the memory budget, naming the largest
+        ``degree`` that fits.
     """
 
     def __init__(self, beta, degree, *, normalized=True, noise=0.0):
@@ -106,20 +126,24 @@ class SphericalMeanField:
         self.normalized = boolean(normalized, "normalized")
         self.noise = check_noise(noise)
         L = self.degree
+        check_size(spherical_bytes, L, "degree", "SphericalMeanField's grid and harmonic coefficients")
         # the circle's stable-step analysis for K = L (its constructor checks |beta| <= 700 for USA)
         self._circle = CircleMeanField(self.beta, 3 * L + 1, normalized=self.normalized)
         # at least 3L + 2 longitudes (the 3/2 rule), rounded up to a length whose FFT has only
         # small prime factors: 3L + 2 = 194 (L = 64) is 2 x 97, and a right-hand side took 2.3 ms
         # on it against 0.53 on 196 = 2^2 x 7^2 (AMD EPYC, family 26 model 2)
-        self.n_theta, self.n_phi = (3 * L + 1) // 2 + 2, fft.next_fast_len(3 * L + 2)
+        self.n_theta, self.n_phi = _grid_shape(L)
         x, w = special.roots_legendre(self.n_theta)
         self.colatitude = np.arccos(x[::-1])
         self.longitude = 2 * math.pi * np.arange(self.n_phi) / self.n_phi
         self.weights = np.outer(w[::-1], np.full(self.n_phi, 2 * math.pi / self.n_phi))
         self.l = np.concatenate([np.arange(m, L + 1) for m in range(L + 1)])
         self.m = np.concatenate([np.full(L + 1 - m, m) for m in range(L + 1)])
-        self._lambda = kernel_multipliers(self.l, self.beta, 3, self.normalized)
-        self._gradient = gradient_multipliers(self.l, self.beta, 3, self.normalized)  # lambda_l / beta
+        # per degree, then spread over the (l, m) pairs: log_ive loops over its orders in Python,
+        # so (L + 1)(L + 2)/2 orders took over a minute at L = 3000 for L + 1 distinct values
+        degrees = np.arange(L + 1)
+        self._lambda = kernel_multipliers(degrees, self.beta, 3, self.normalized)[self.l]
+        self._gradient = gradient_multipliers(degrees, self.beta, 3, self.normalized)[self.l]  # lambda_l / beta
         self._root = np.sqrt(self.l * (self.l + 1.0))
         self._diffusion = self.noise * self.l * (self.l + 1.0)
 

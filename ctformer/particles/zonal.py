@@ -57,9 +57,9 @@ import numpy as np
 from .. import solvers
 from ..backend import to_host
 from ..validation import boolean, integer
-from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning
+from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning, circle_bytes
 from .sphere_labelled import SphereLabelled, zonal_dataset
-from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, gradient_multipliers,
+from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, check_size, gradient_multipliers,
                            kernel_energy, kernel_multipliers,
                            laplace_eigenvalues, linear_growth_rate, log_sphere_area, sphere_area)
 from .timegrid import check_memory, evolve_coefficients, march, saved_count, time_steps
@@ -80,6 +80,13 @@ def _finite_energy(beta) -> None:
         raise ValueError("energy needs beta != 0: E = (1/(2 beta)) int int e^(beta <x, y>) dmu dmu is "
                          "infinite at beta = 0 (M^2 / (2 beta) + |int x dmu|^2 / 2 + O(beta)); use "
                          "order_parameter for the beta = 0 dynamics, or a nonzero beta")
+
+
+def zonal_bytes(degree: int) -> float:
+    r"""Peak bytes of ``ZonalMeanField(..., degree=L)``: the recurrence's :math:`\varphi_l, \varphi_l'`
+    and their scaled copies, four :math:`(L + 1) \times M` float64 matrices on the
+    :math:`M = \lfloor (3L + 2)/2 \rfloor` nodes, and the circle's stable-step solver (:math:`3L + 1` modes)."""
+    return 32.0 * (degree + 1) * ((3 * degree + 2) // 2) + circle_bytes(3 * degree + 1)
 
 
 def _solver_dimension(dimension) -> int:
@@ -137,7 +144,10 @@ class ZonalMeanField:
     ------
     TypeError, ValueError
         Naming the argument: ``dimension`` < 2 or > 374, ``degree`` < 1, ``beta`` not finite,
-        ``noise`` negative or not finite.
+        ``noise`` negative or not finite. A ``degree`` whose basis matrices
+        (:math:`\approx 48 (L+1)^2` bytes) exceed the memory budget raises
+        :class:`~ctformer.discretizations.SizeTooLargeError` (a ValueError) before anything is
+        built, naming the largest ``degree`` that fits.
     """
 
     def __init__(self, beta, dimension, degree, *, normalized=True, noise=0.0):
@@ -149,6 +159,7 @@ class ZonalMeanField:
         if not self.normalized and abs(self.beta) > _USA_BETA_MAX:
             raise ValueError(f"USA (normalized=False) needs |beta| <= {_USA_BETA_MAX}: its velocity carries "
                              f"exp(|beta|), beyond the float64 range; got beta={self.beta}")
+        check_size(zonal_bytes, self.degree, "degree", "ZonalMeanField's Gegenbauer basis matrices")
         self.basis = GegenbauerBasis.build(self.dimension, self.degree, (3 * self.degree + 2) // 2)
         l = np.arange(self.degree + 1)
         # SA: lambda_l / lambda_0 (a common factor cancels in grad G / G; lambda_0 alone underflows

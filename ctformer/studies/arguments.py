@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 
 from ..discretizations import Discretization, GaussLegendre, available, get
+from ..discretizations.memory import check_allocation, memory_budget, surely_within
 from ..discretizations.product import at_size
 from ..state import AXES
 from ..validation import is_integer
@@ -18,7 +19,7 @@ from ..validation import is_integer
 __all__ = ["fixed_discretization", "refined_family", "check_levels", "check_window",
            "evaluation_points", "level_discretization", "DEFAULT_FIXED", "DEFAULT_REFINED",
            "check_resolution", "resolving_fine", "UnderResolvedErrorWarning",
-           "MIN_POINTS_PER_WIDTH", "DEFAULT_FINE"]
+           "MIN_POINTS_PER_WIDTH", "DEFAULT_FINE", "check_fine_size"]
 
 DEFAULT_FIXED = {"tokens": ("gauss-legendre", 16), "features": ("gauss-legendre", 12)}
 DEFAULT_REFINED = "gauss-legendre"
@@ -170,6 +171,40 @@ def _composite_points(family, coarsest, fine, window, evaluate):
     return points, np.concatenate([np.ones(atoms), weights])
 
 
+def _evaluation_count(family, largest: int, fine: int):
+    """(evaluation points, values of the ``largest`` level) along a refined axis, unallocated."""
+    if not _is_composite(family):
+        return fine, largest
+    base = family.base if family.atoms else family
+    points = max(2, int(round(math.sqrt(fine)))) ** 2 if base.dimension == 2 else fine
+    return points + family.atoms, at_size(family, largest).n
+
+
+def check_fine_size(variable, family, largest: int, fine: int, evaluate) -> None:
+    r"""Refuse a ``fine`` whose interpolation matrix would exceed the memory budget, before any case.
+
+    Every level's values are interpolated to the :math:`P` evaluation points (``fine``, or its
+    square grid on a product) by a dense :math:`P \times n` float64 matrix; the largest level's
+    :math:`n` values give the largest, :math:`8 P n` bytes, plus :math:`16 P` for the
+    Gauss-Legendre nodes and weights.
+
+    Raises
+    ------
+    SizeTooLargeError
+        (a ValueError) Naming ``fine``, the matrix, and the largest ``fine`` that fits.
+    """
+    if variable not in AXES or evaluate != "interpolate":
+        return
+    points, values = _evaluation_count(family, largest, fine)
+    nbytes = 8.0 * points * values + 16.0 * points
+    if surely_within(nbytes) or nbytes <= memory_budget():
+        return
+    fits = int(memory_budget() // (8.0 * values + 16.0))
+    check_allocation(nbytes, f"fine={fine}: the {points} x {values} matrix interpolating the largest "
+                     f"{variable} level ({largest}) to the evaluation points",
+                     f"use fine <= {fits} (argument fine) or smaller levels, or raise CTFORMER_MEMORY_BUDGET")
+
+
 #: Gauss-Legendre evaluation points of a study that does not give ``fine`` and needs no more.
 DEFAULT_FINE = 200
 
@@ -191,7 +226,7 @@ def _length(family, window):
 
 def resolving_fine(variable, family, measured, window, evaluate) -> int:
     r"""The default ``fine``: :data:`DEFAULT_FINE` points, or more where a measured level
-    needs them, :math:`\lceil 6 L / h_{\min} ceil` (see :func:`check_resolution`)."""
+    needs them, :math:`\lceil 6 L / h_{\min} \rceil` (see :func:`check_resolution`)."""
     widths = _piecewise_widths(variable, family, measured, evaluate)
     if not widths:
         return DEFAULT_FINE

@@ -45,8 +45,8 @@ import numpy as np
 
 from .. import solvers
 from ..backend import to_host
-from .arguments import (DEFAULT_FIXED, check_resolution, fixed_discretization, resolving_fine,
-                        level_discretization)
+from .arguments import (DEFAULT_FIXED, check_fine_size, check_resolution, fixed_discretization,
+                        level_discretization, resolving_fine)
 from .cases import StudyCase, compute_case
 from .execution import case_key, finite_or_none, run_cases
 from .identity import array_identity, describe, model_identity
@@ -145,6 +145,10 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
         ``levels``, Richardson extrapolation of a spectral (infinite-order) method or of an
         expected order 0 (a periodic rule on data that are not, in the maximum norm), or a
         ``reference`` that returns NaN or inf.
+    SizeTooLargeError
+        (a ValueError) Before any case runs, for a ``fine`` whose dense interpolation matrix
+        (``fine`` points x the largest level's values, 8 bytes each) exceeds the memory budget;
+        the message names ``fine`` and the largest that fits.
     TypeError
         For arguments of the wrong type, or a ``store`` with a model or scheme that has no
         stable identity (a lambda, a local function or class, an object that does not
@@ -210,6 +214,8 @@ def _build(model, spec: StudySpec, store):
     fine = spec.fine
     if fine is None:  # enough points for every measured level's error
         fine = resolving_fine(refinement.variable, family, measured, spec.window, spec.evaluate)
+    # refused before any case runs, naming fine (not GaussLegendre's n, nor a later matrix)
+    check_fine_size(refinement.variable, family, levels[-1], fine, spec.evaluate)
     points, weights = refinement.evaluation_points(family, levels[0], fine, spec.window,
                                                    spec.evaluate)
     # warned before anything is computed: a larger fine is the remedy

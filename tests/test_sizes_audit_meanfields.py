@@ -1,0 +1,111 @@
+"""Mean fields of a huge degree or mode count are refused before anything is allocated, naming
+the argument and the largest size that fits; sizes just within the budget still build and give
+the closed-form numbers."""
+from __future__ import annotations
+
+import math
+import tracemalloc
+
+import numpy as np
+import pytest
+from scipy import special
+
+from ctformer.discretizations import SizeTooLargeError
+from ctformer.particles import CircleMeanField, SphericalMeanField, ZonalMeanField
+from ctformer.particles.meanfield import circle_bytes
+from ctformer.particles.spherical import spherical_bytes
+from ctformer.particles.zonal import zonal_bytes
+
+
+def _refused_without_allocating(build):
+    """The refusal, and the peak traced bytes before it (no basis matrix, no grid)."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(SizeTooLargeError) as info:
+            build()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return str(info.value), peak
+
+
+def test_zonal_degree_refused_before_its_basis_is_built(monkeypatch):
+    monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", "1e6")
+    # degree 400 built 7.7 MB of basis matrices under a 1 MB budget; degree 10**5 ran for minutes
+    for degree in (400, 10**5):
+        message, peak = _refused_without_allocating(lambda: ZonalMeanField(1.0, 3, degree))
+        assert peak < 200_000
+        assert message.startswith(f"ZonalMeanField's Gegenbauer basis matrices with degree={degree} would need")
+        assert "use degree <= 142 (argument degree)" in message
+    assert zonal_bytes(142) <= 1e6 < zonal_bytes(143)
+
+
+def test_zonal_degree_just_within_the_budget_builds_the_closed_forms(monkeypatch):
+    degree, d, beta = 40, 3, 2.0
+    monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", str(math.ceil(zonal_bytes(degree))))
+    with pytest.raises(SizeTooLargeError, match=r"with degree=41 would need .*; use degree <= 40 \(argument degree\)"):
+        ZonalMeanField(beta, d, degree + 1)
+    field = ZonalMeanField(beta, d, degree)
+    # the uniform density 1/|S^2| has c_0 = 1/sqrt(4 pi) and no other degree
+    c = field.coefficients_of(np.full(field.grid.shape, 1 / (4 * math.pi)))
+    assert c[0] == pytest.approx(1 / math.sqrt(4 * math.pi), rel=1e-14)
+    assert np.abs(c[1:]).max() < 1e-13  # rounding of the Gauss sum, 1e-14 here
+    # SA on S^2: sigma_l = l (l + 1) I_{l+1/2}(beta) / (beta I_{1/2}(beta))
+    l = np.arange(1, 6)
+    expected = l * (l + 1) * special.iv(l + 0.5, beta) / (beta * special.iv(0.5, beta))
+    np.testing.assert_allclose(field.growth_rate(l), expected, rtol=1e-13)
+
+
+def test_circle_n_modes_refused_before_its_grid_is_built(monkeypatch):
+    monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", "1e6")
+    # 10**6 modes built 29 MB (tracemalloc) under a 1 MB budget
+    message, peak = _refused_without_allocating(lambda: CircleMeanField(1.0, 10**6))
+    assert peak < 200_000
+    assert message.startswith("CircleMeanField's grid and multipliers with n_modes=1000000 would need 28 MiB")
+    assert "use n_modes <= 34089 (argument n_modes)" in message
+    assert circle_bytes(34089) <= 1e6 < circle_bytes(34090)
+
+
+def test_circle_n_modes_just_within_the_budget_gives_the_bessel_velocity(monkeypatch):
+    n, beta, eps = 1000, 1.5, 0.5
+    monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", str(math.ceil(circle_bytes(n))))
+    with pytest.raises(SizeTooLargeError, match=r"with n_modes=1001 would need .*; use n_modes <= 1000"):
+        CircleMeanField(beta, n + 1)
+    field = CircleMeanField(beta, n, normalized=False)
+    rho = (1 + eps * np.cos(field.grid)) / (2 * math.pi)
+    # USA: X = int e^{beta cos psi} sin psi rho(theta + psi) dpsi = -eps I_1(beta) sin(theta) / beta
+    expected = -eps * special.iv(1, beta) * np.sin(field.grid) / beta
+    np.testing.assert_allclose(field.velocity(rho), expected, rtol=0, atol=1e-14)
+
+
+def test_spherical_degree_refused_before_its_grid_is_built(monkeypatch):
+    monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", "1e6")
+    # degree 3000 ran for over a minute (multipliers per (l, m) pair) under a 1 MB budget
+    message, peak = _refused_without_allocating(lambda: SphericalMeanField(1.0, 3000))
+    assert peak < 200_000
+    assert message.startswith("SphericalMeanField's grid and harmonic coefficients with degree=3000 would need")
+    assert "use degree <= 118 (argument degree)" in message
+    assert spherical_bytes(118) <= 1e6 < spherical_bytes(119)
+
+
+def test_spherical_degree_just_within_the_budget_gives_the_funk_hecke_velocity(monkeypatch):
+    degree, beta, eps = 30, 1.0, 0.5
+    monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", str(math.ceil(spherical_bytes(degree))))
+    with pytest.raises(SizeTooLargeError, match=r"with degree=31 would need .*; use degree <= 30"):
+        SphericalMeanField(beta, degree + 1)
+    field = SphericalMeanField(beta, degree, normalized=False)
+    theta = field.colatitude[:, None] * np.ones(field.n_phi)
+    rho = (1 + eps * np.cos(theta)) / (4 * math.pi)
+    # USA: G = lambda_0 / (4 pi) + eps lambda_1 cos(theta) / (4 pi), X = grad G / beta, with
+    # lambda_1 = (2 pi)^{3/2} beta^{-1/2} I_{3/2}(beta) (Funk-Hecke on S^2)
+    lam1 = (2 * math.pi) ** 1.5 * beta ** -0.5 * special.iv(1.5, beta)
+    velocity = field.velocity(rho)
+    np.testing.assert_allclose(velocity[0], -eps * lam1 * np.sin(theta) / (4 * math.pi * beta), rtol=0, atol=1e-14)
+    np.testing.assert_allclose(velocity[1], 0.0, atol=1e-14)
+
+
+def test_spherical_multipliers_per_degree_match_the_bessel_ratios():
+    # the multipliers are formed per degree and spread over the (l, m) pairs (seconds, not minutes)
+    field = SphericalMeanField(2.0, 12)
+    expected = special.iv(field.l + 0.5, 2.0) / special.iv(0.5, 2.0)  # SA: lambda_l / lambda_0
+    np.testing.assert_allclose(field._lambda, expected, rtol=1e-13)
