@@ -13,6 +13,7 @@ from . import solvers
 from ._numerics import sequence_groups as _sequence_groups
 from ._numerics.elementwise import add as threaded_add
 from ._numerics.threads import fixed_threads
+from .discretizations import memory as _memory
 from .model_inputs import check_padding_mask, check_steps
 from .shared_tensors import check_unchanged
 from .solvers.restart import restart_point
@@ -107,4 +108,4 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
                                  checkpoint=checkpoint,
                                  start=start,
                                  labels={"grids": grids, "model_fingerprint": fingerprint, "padding_mask": mask},
-                                 groups=groups)
+                                 groups=groups, memory=_memory)

@@ -115,7 +115,7 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
               events=(), weights=None, order: float | None = None, what: str = "the state",
               layered: bool = False, checkpoint: bool = False, save_every: int = 1, out=None,
               on_save=None, hint: str = "or the parameters too large", start=None,
-              labels=None, groups=None) -> Solution:
+              labels=None, groups=None, memory=None) -> Solution:
     r"""Integrate ``u0`` over ``problem``'s segments with fixed or controlled steps.
 
     Parameters
@@ -159,6 +159,9 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
         batch axis, each advanced by its own problem in worker tasks
         (:class:`ctformer._numerics.sequence_groups.SequenceGroups`); the evaluations of the
         first group are counted.
+    memory : module, optional
+        :mod:`ctformer.discretizations.memory`: refuse the states ``save_at`` keeps beyond its
+        budget (twice their bytes, with ``Solution.states`` stacked from them). None: no check.
 
     Returns
     -------
@@ -170,6 +173,9 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
         Fixed steps: the state stopped being finite (checked at each save and segment end).
     MaxStepsReached, StepSizeTooSmall
         Controlled steps, with the solution so far on the exception.
+    SizeTooLargeError
+        Saved states beyond ``memory``'s budget: before the first step where their count is
+        known, else (every controlled step kept) with the solution so far as ``exc.solution``.
     SolveInterrupted
         On Ctrl-C, with the solution so far.
     """
@@ -179,23 +185,32 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
     if groups is not None:
         first = groups.problems[0]
         groups = groups.with_first(Piecewise(first.boundaries, tuple(counter.wrap(p) for p in first.problems)))
-    saver = Saver(save_at, problem, u0, every=save_every, out=out, on_save=on_save)
+    saver = Saver(save_at, problem, u0, every=save_every, out=out, on_save=on_save, memory=memory)
+    controlled = isinstance(control, PIController)
+    if not controlled:
+        steps, h = _fixed_control(control, problem)
+    saver.plan(None if controlled else steps, "the initial state and the steps asked for"
+               if save_at.steps and not controlled else "the depths asked for")
     # a restart continues a saved solve: no occurrence at its start, the counts go on
     tracker = Tracker(events, getattr(start, "events_before", None), restart=start is not None)
     run = _Run(problem, scheme, saver, counter, tracker, what, layered, hint)
     run.labels = dict(labels or {})
     try:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported by checks
-            if isinstance(control, PIController):
+            if controlled:
                 # a problem with projections lowers the scheme's order (and so its stepper)
                 order = scheme.order(problem.problems) if order is None else order
                 run.adaptive(u0, control, weights, order,
                              start if getattr(start, "h", None) is not None else None)
             else:
-                steps, h = _fixed_control(control, problem)
                 run.fixed(u0, steps, checkpoint, h, groups)
     except KeyboardInterrupt:
+        run.settle(controlled)
         raise SolveInterrupted(run.interrupted_message(), run.solution(control)) from None
+    except MemoryError as exc:
+        if getattr(exc, "solution", False) is None:  # the saver's refusal mid-solve
+            exc.solution = run.solution(control)
+        raise
     return run.solution(control)
 
 
@@ -321,6 +336,12 @@ class _Run:
         run_adaptive(self, u, controller, weights, stepper_for(self.scheme, order), start)
 
     # -- results ----------------------------------------------------------------------------
+    def settle(self, controlled: bool) -> None:
+        """After an interrupt: the history of the steps counted in ``accepted`` only (a controlled
+        step appends to it first, then counts itself with no call, where a signal is handled)."""
+        if controlled:
+            del self.step_times[self.accepted:], self.step_sizes[self.accepted:], self.step_errors[self.accepted:]
+
     def interrupted_message(self) -> str:
         kept = self.saver.finish_interrupted(self.t, self.u)
         where = (f"step {self.done} of {self.total}" if self.total is not None

@@ -72,15 +72,18 @@ def run_adaptive(run, u, controller, weights, stepper, start=None) -> None:
                 continue
             t_new = b if land else run.t + h_try
             record = StepRecord(run.t, t_new - run.t, run.u, u_new, problem, ks, stepper.tableau)
-            run.accepted += 1
-            run.done += 1
-            run.step_times.append(t_new)
-            run.u, run.t, first = u_new, t_new, fsal
             # a sliver clipped to a boundary says little about the step size: carry h over
             h = max(h_next, h) if land and h_try < 0.5 * h else h_next
-            # one entry per accepted step, beside step_times (a terminal event's step too)
+            # one entry per accepted step (a terminal event's step too); the appends come first
+            # and the step counts itself with no call after them (where Ctrl-C is raised), so an
+            # interrupt finds the history of the steps counted in run.accepted, maybe longer
+            # (run.settle trims it)
+            run.step_times.append(t_new)
             run.step_sizes.append(h)
             run.step_errors.append(err)
+            run.u, run.t, first = u_new, t_new, fsal
+            run.done += 1
+            run.accepted += 1
             if run._check_events(record, t_new, u_new):
                 run._stop_at_event(record)
                 return
