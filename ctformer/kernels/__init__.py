@@ -21,6 +21,11 @@ transplanted affinely, :math:`W(y, \eta) = W_{\mathrm{ref}}(s, t) / L_{\mathrm{i
 :math:`s = (y - a_{\mathrm{out}}) / L_{\mathrm{out}}` and :math:`t = (\eta - a_{\mathrm{in}}) /
 L_{\mathrm{in}}`, so that the operator does not depend on the domain length.
 
+A kernel is a frozen value (:class:`Kernel`): its attributes cannot be set after construction,
+and kernels of the same type with the same numbers (arrays compared byte for byte) are equal
+and hash alike, so a pickled or copied kernel equals its original and shares its cached
+matrices. ``model.with_parameters`` is the way to other numbers.
+
 ==========================  ==========================================================
 kernel                      :math:`W_{\mathrm{ref}}(s, t)`
 ==========================  ==========================================================

@@ -14,13 +14,15 @@ checks of that input array, shared by every kernel's :meth:`Kernel.apply`.
 from __future__ import annotations
 
 import abc
+from typing import ClassVar
 
 import array_api_compat
 import numpy as np
 
 from .. import validation
 from ..backend import _cached, constant
-from .parameters import is_host
+from ..discretizations.base import _Frozen
+from .parameters import _BOOKKEEPING, is_host, value_key
 
 
 def _reference_points(disc) -> np.ndarray:
@@ -38,7 +40,7 @@ def _check_discretization(disc, argname: str):
                         "so discretize it by an interval rule, e.g. GaussLegendre(n)")
 
 
-class Kernel(abc.ABC):
+class Kernel(metaclass=_Frozen):
     r"""A kernel :math:`W(y, \eta)` on :math:`[0, 1]^2` that discretizes onto any pair of grids.
 
     Subclasses implement :meth:`evaluate`; they may override :meth:`_build_matrix` (for an
@@ -49,7 +51,70 @@ class Kernel(abc.ABC):
     Host matrices are built once per ``(out, inp)`` pair and device copies once per namespace,
     device and dtype, both in the library's cache (:func:`ctformer.backend.constant`), not on
     the kernel: a kernel is plain data.
+
+    A kernel is a frozen value. Setting or deleting an attribute after construction raises
+    :class:`AttributeError` (build a new kernel, or use ``model.with_parameters``), except the
+    settings in :attr:`_settings`, which choose how it is applied, not what it computes. Two
+    kernels are equal when they have the same type and the same attributes, arrays compared
+    byte for byte (``0.0`` and ``-0.0`` differ); a user's function compares as its class
+    defines (by identity unless it defines ``==`` and a hash). A pickled or deep-copied kernel
+    is therefore equal to its original, hashes alike and shares its cached matrices. A kernel
+    holding tensors (``with_parameters``) is equal only to itself: an optimizer changes them
+    in place. The hash reads at most 64 entries of each array; the full comparison digests
+    every byte once per kernel (BLAKE2b), only when two distinct kernels hash alike.
     """
+
+    #: attributes that may still be set after construction: they choose a route, not values
+    _settings: ClassVar[frozenset] = frozenset()
+
+    def __setattr__(self, name, value):
+        if self.__dict__.get("_frozen", False) and name not in self._settings:
+            raise AttributeError(_frozen_message(self, name))
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        if self.__dict__.get("_frozen", False) and name not in self._settings:
+            raise AttributeError(_frozen_message(self, name))
+        object.__delattr__(self, name)
+
+    def __getstate__(self):
+        # the freeze flag and the cached keys are rebuilt, not carried (copies refreeze)
+        return {k: v for k, v in self.__dict__.items() if k not in _BOOKKEEPING}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.__dict__["_frozen"] = True
+
+    def _replace(self, name: str, value) -> None:
+        """Set the attribute ``name`` of a kernel that no cache has seen: what
+        ``with_parameters`` does to the copy it has just made (a deep copy carries no keys).
+
+        Raises
+        ------
+        AttributeError
+            If the kernel has no attribute ``name`` (a new name is never added).
+        """
+        if name not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r} to replace")
+        object.__setattr__(self, name, value)
+        for cached in _BOOKKEEPING - {"_frozen"}:
+            self.__dict__.pop(cached, None)
+
+    def __eq__(self, other) -> bool:
+        if self is other:   # every cache hit of the kernel itself: no key is read
+            return True
+        if type(other) is not type(self):
+            return NotImplemented
+        short = value_key(self, full=False)
+        return (short is not None and short == value_key(other, full=False)
+                and value_key(self, full=True) == value_key(other, full=True))
+
+    def __hash__(self) -> int:
+        found = self.__dict__.get("_hash")   # read at every cache lookup: kept as an int
+        if found is None:
+            short = value_key(self, full=False)
+            found = self.__dict__["_hash"] = object.__hash__(self) if short is None else hash(short)
+        return found
 
     @abc.abstractmethod
     def evaluate(self, s, t) -> np.ndarray:
@@ -184,6 +249,12 @@ class Kernel(abc.ABC):
         xp, axis = _check_input(u, inp, axis)
         mat_t = constant(self, ("matrix_t", out, inp), transposed, u)
         return xp.moveaxis(xp.moveaxis(u, axis, -1) @ mat_t, -1, axis)
+
+
+def _frozen_message(kernel, name: str) -> str:
+    return (f"{type(kernel).__name__} is immutable (a frozen value that caches key on): cannot set "
+            f"or delete {name!r}; build a new kernel instead, e.g. {kernel!r} with other "
+            "arguments, or change a model's numbers with model.with_parameters({...})")
 
 
 def _as_input(u):

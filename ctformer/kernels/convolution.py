@@ -51,8 +51,10 @@ class Convolution(Kernel):
     #: always uses the FFT. None (the default): this machine's crossover for the array's
     #: dtype, measured once and stored (:func:`ctformer._numerics.convolution_route.dense_below`;
     #: 16-256 points on an AMD EPYC, by dtype and BLAS kernel). Set an int on the class or an
-    #: instance to pin it, e.g. for the same bits on different machines.
+    #: instance to pin it, e.g. for the same bits on different machines. A route, not part of
+    #: the kernel's value: settable on the frozen kernel, not compared by ``==``.
     dense_below: int | None = None
+    _settings = frozenset({"dense_below"})
 
     def __init__(self, profile: Callable):
         if not callable(profile):

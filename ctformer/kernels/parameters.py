@@ -8,6 +8,8 @@ arrays out as read-only views (:func:`read_only`); a user's function adds its ow
 """
 from __future__ import annotations
 
+import hashlib
+
 import array_api_compat
 import numpy as np
 
@@ -61,3 +63,88 @@ def callable_parameters(function) -> dict:
     """
     own = getattr(function, "parameters", None)
     return read_only_parameters(own()) if callable(own) else {}
+
+
+# -- a kernel's value: what equality and hashing read ----------------------------------------
+#: entries of a kernel's ``__dict__`` that are not part of its value (the freeze flag, the
+#: cached hash and keys): never pickled or copied
+_BOOKKEEPING = frozenset({"_frozen", "_hash", "_hash_key", "_full_key"})
+#: array entries read for the hash (evenly spaced, in logical order): O(1) whatever the size
+_SAMPLES = 64
+
+
+class _Same:
+    """An unhashable attribute compared by identity (its own ``==`` cannot be hashed)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+
+def _digest(a: np.ndarray) -> bytes:
+    """BLAKE2b digest of the bytes of ``a`` in C order; a strided or transposed view is read
+    in blocks of about 4 MiB along its first axis, never copied whole."""
+    h = hashlib.blake2b(digest_size=32)
+    if a.ndim == 0 or a.size == 0:
+        h.update(a.tobytes())
+    elif a.flags.c_contiguous:
+        h.update(memoryview(a).cast("B"))
+    else:
+        rows = max(1, (1 << 22) // max(1, a[0].nbytes))
+        for start in range(0, a.shape[0], rows):
+            h.update(np.ascontiguousarray(a[start:start + rows]).tobytes())
+    return h.digest()
+
+
+def _field(value, full: bool):
+    """The part of a kernel's key for one attribute, or None for a tensor (compared by identity).
+
+    Arrays give ``(dtype, shape, bytes)``: the full digest when ``full``, else evenly spaced
+    entries (the hash). Values that hash are compared with ``==`` (numbers, names, a user's
+    function, by identity unless its class defines equality); others by identity."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        a = np.asarray(value)
+        if full:
+            content = _digest(a)
+        else:
+            step = max(1, a.size // _SAMPLES)
+            content = a.reshape(-1)[::step].tobytes() if a.flags.c_contiguous else \
+                a.flat[np.arange(0, a.size, step)].tobytes()
+        return ("array", a.dtype.str, a.shape, content)
+    if not is_host(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        parts = tuple(_field(v, full) for v in value)
+        return None if any(p is None for p in parts) else (type(value).__name__, parts)
+    try:
+        hash(value)
+    except TypeError:
+        return _Same(value)
+    return value
+
+
+def value_key(kernel, full: bool):
+    """``(type, (name, field), ...)`` over the kernel's attributes, or None when it holds
+    tensors (an optimizer updates them in place: such a kernel is only equal to itself).
+
+    ``full=False`` is the hash key (array samples, O(1)); ``full=True`` adds every byte
+    (digests, O(size) once): kernels with equal full keys compute the same bits."""
+    cached = "_full_key" if full else "_hash_key"
+    if cached in kernel.__dict__:
+        return kernel.__dict__[cached]
+    skip = _BOOKKEEPING | getattr(kernel, "_settings", frozenset())
+    key = None
+    if kernel._host():
+        fields = tuple((name, _field(value, full)) for name, value in sorted(kernel.__dict__.items())
+                       if name not in skip)
+        if all(part is not None for _, part in fields):
+            key = (type(kernel).__qualname__, fields)
+    kernel.__dict__[cached] = key
+    return key

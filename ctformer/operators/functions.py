@@ -27,7 +27,8 @@ import array_api_compat
 import numpy as np
 
 from ..discretizations.base import real_host_array
-from ..kernels import Convolution, Smooth, _to_host, callable_parameters, cell_index, is_host, read_only
+from ..kernels import (Convolution, Kernel, Smooth, _to_host, callable_parameters, cell_index, is_host,
+                       read_only)
 
 __all__ = ["FeatureFunction", "as_feature_function", "cell_index", "named_parameters",
            "assign_parameter"]
@@ -226,7 +227,9 @@ def assign_parameter(root, name: str, value) -> None:
     The dotted path walks attributes and list indices; a feature function takes the value as
     its numbers (``"b_O"``), or passes the rest of the path to its parametrized callable
     (``"b_O.phase"``); so do a :class:`~ctformer.kernels.Smooth` kernel (to its function,
-    ``"W.width"``) and a :class:`~ctformer.kernels.Convolution` (to its profile).
+    ``"W.width"``) and a :class:`~ctformer.kernels.Convolution` (to its profile). A kernel is
+    frozen: its own numbers (``"W_1.weight"``) are replaced through its private ``_replace``,
+    which is only right on the fresh copy that ``with_parameters`` has just made.
 
     Raises
     ------
@@ -254,6 +257,8 @@ def assign_parameter(root, name: str, value) -> None:
         obj.spec = value
     elif isinstance(holder, list):
         holder[int(parts[-1])] = value
+    elif isinstance(holder, Kernel):
+        holder._replace(parts[-1], value)   # kernels are frozen: this is the fresh copy's
     else:
         setattr(holder, parts[-1], value)
 
