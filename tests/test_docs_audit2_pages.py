@@ -8,28 +8,13 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from .test_docs_pages import python_blocks
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def python_blocks(page: str) -> list[str]:
-    """The ``.. code-block:: python`` bodies of ``docs/PAGE``, dedented whatever their indent."""
-    lines, out, i = (ROOT / "docs" / page).read_text().splitlines(), [], 0
-    while i < len(lines):
-        if lines[i].strip() == ".. code-block:: python":
-            i += 1
-            body = []
-            while i < len(lines) and (not lines[i].strip() or lines[i].startswith("   ")):
-                body.append(lines[i])
-                i += 1
-            out.append(textwrap.dedent("\n".join(body)))
-        else:
-            i += 1
-    return out
 
 
 def page(name: str) -> str:

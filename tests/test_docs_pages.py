@@ -2,6 +2,7 @@
 speed and reproducibility run, in order, and their asserts (the pages' claims) hold."""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -12,16 +13,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def python_blocks(page: str) -> list[str]:
-    """The bodies of the ``.. code-block:: python`` directives of ``docs/PAGE``, dedented."""
+    """The bodies of the ``.. code-block:: python`` directives of ``docs/PAGE``, dedented
+    whatever their indent (a block inside a list item is indented further)."""
     lines, out, i = (ROOT / "docs" / page).read_text().splitlines(), [], 0
     while i < len(lines):
         if lines[i].strip() == ".. code-block:: python":
             i += 1
             body = []
             while i < len(lines) and (not lines[i].strip() or lines[i].startswith("   ")):
-                body.append(lines[i][3:])
+                body.append(lines[i])
                 i += 1
-            out.append("\n".join(body))
+            out.append(textwrap.dedent("\n".join(body)))
         else:
             i += 1
     return out
