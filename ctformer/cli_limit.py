@@ -44,6 +44,9 @@ def _run_limit(args) -> int:
     return 0
 
 
+_MINILM_POSITIONS = 512  # all-MiniLM-L6-v2's max_position_embeddings
+
+
 def _cluster_lines(study) -> list[str]:
     stats = study.stats
     first, last = stats[0], stats[-1]
@@ -72,6 +75,9 @@ def _cluster_lines(study) -> list[str]:
                  f"layer 0, {last.mean_inner_product:.3f} at layer {last.depth:.0f})")
     lines.append("(clusters: groups of tokens closer than 0.5; six layers are far from the "
                  "long-time limit of one cluster)")
+    if first.tokens >= _MINILM_POSITIONS:  # the tokenizer cuts, silently: say so
+        lines.append(f"note: MiniLM reads at most {_MINILM_POSITIONS} tokens ([CLS] and [SEP] "
+                     f"included); a longer --text was cut to its first {_MINILM_POSITIONS}")
     return lines
 
 

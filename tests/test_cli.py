@@ -479,3 +479,21 @@ def test_limit_for_a_network_class_reports_exactness_and_depth_orders():
     assert 0.6 < float(orders["lie"]) < 1.2          # first order (pre-asymptotic at k = 1)
     bad = run_module("limit", "--model", "gpt2", "--pretrained")
     assert bad.returncode == 2 and "--pretrained applies to --model bert" in bad.stderr
+
+
+def test_cluster_says_when_the_text_was_cut(capsys):
+    """Before: a text of 600 words was reported as "512 tokens" with no word that the rest was
+    left out. The reference is HuggingFace's tokenizer, which counts the whole text."""
+    require("transformers")
+    require("torch")
+    from ctformer.particles.minilm import load_minilm
+
+    text = " ".join(["word"] * 600)
+    _, tokenizer = load_minilm()
+    assert len(tokenizer(text)["input_ids"]) == 602 > 512
+    assert cli.main(["cluster", "--text", text]) == 0
+    out = capsys.readouterr().out
+    assert ": 512 tokens, 6 layers" in out
+    assert "a longer --text was cut to its first 512" in out
+    assert cli.main(["cluster", "--text", "a short text"]) == 0
+    assert "was cut" not in capsys.readouterr().out
