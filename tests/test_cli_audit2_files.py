@@ -15,17 +15,10 @@ from ctformer.discretizations import GaussLegendre
 from ctformer.studies import convergence, work_precision
 
 from .conftest import require
+from .test_cli_audit_errors import STUDY as TOKENS, _one_error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME = ["study", "--refine", "time", "--levels", "1,2,4", "--no-progress"]
-TOKENS = ["study", "--refine", "tokens", "--discretization", "midpoint", "--levels", "4,8,16",
-          "--no-progress"]
-
-
-def _one_error_line(capsys) -> str:
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ctformer: error: "), lines
-    return lines[0]
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -29,15 +29,31 @@ def _refused_without_allocating(build):
     return str(info.value), peak
 
 
-def test_zonal_degree_refused_before_its_basis_is_built(monkeypatch):
+REFUSALS = [  # (build, size asked, what it names, largest that fits, its byte count), budget 1e6
+    # zonal degree 400 built 7.7 MB of basis matrices, 10**5 ran for minutes
+    (lambda n: ZonalMeanField(1.0, 3, n), 400, "ZonalMeanField's Gegenbauer basis matrices with degree",
+     "degree", 142, zonal_bytes),
+    (lambda n: ZonalMeanField(1.0, 3, n), 10**5, "ZonalMeanField's Gegenbauer basis matrices with degree",
+     "degree", 142, zonal_bytes),
+    # 10**6 circle modes built 29 MB
+    (lambda n: CircleMeanField(1.0, n), 10**6, "CircleMeanField's grid and multipliers with n_modes",
+     "n_modes", 34089, circle_bytes),
+    # spherical degree 3000 ran for over a minute (multipliers per (l, m) pair)
+    (lambda n: SphericalMeanField(1.0, n), 3000, "SphericalMeanField's grid and harmonic coefficients with degree",
+     "degree", 118, spherical_bytes),
+]
+
+
+@pytest.mark.parametrize("build, size, what, argument, fits, nbytes", REFUSALS,
+                         ids=["zonal 400", "zonal 1e5", "circle 1e6", "spherical 3000"])
+def test_sizes_beyond_the_budget_are_refused_before_anything_is_built(monkeypatch, build, size, what,
+                                                                       argument, fits, nbytes):
     monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", "1e6")
-    # degree 400 built 7.7 MB of basis matrices under a 1 MB budget; degree 10**5 ran for minutes
-    for degree in (400, 10**5):
-        message, peak = _refused_without_allocating(lambda: ZonalMeanField(1.0, 3, degree))
-        assert peak < 200_000
-        assert message.startswith(f"ZonalMeanField's Gegenbauer basis matrices with degree={degree} would need")
-        assert "use degree <= 142 (argument degree)" in message
-    assert zonal_bytes(142) <= 1e6 < zonal_bytes(143)
+    message, peak = _refused_without_allocating(lambda: build(size))
+    assert peak < 200_000
+    assert message.startswith(f"{what}={size} would need")
+    assert f"use {argument} <= {fits} (argument {argument})" in message
+    assert nbytes(fits) <= 1e6 < nbytes(fits + 1)
 
 
 def test_zonal_degree_just_within_the_budget_builds_the_closed_forms(monkeypatch):
@@ -56,16 +72,6 @@ def test_zonal_degree_just_within_the_budget_builds_the_closed_forms(monkeypatch
     np.testing.assert_allclose(field.growth_rate(l), expected, rtol=1e-13)
 
 
-def test_circle_n_modes_refused_before_its_grid_is_built(monkeypatch):
-    monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", "1e6")
-    # 10**6 modes built 29 MB (tracemalloc) under a 1 MB budget
-    message, peak = _refused_without_allocating(lambda: CircleMeanField(1.0, 10**6))
-    assert peak < 200_000
-    assert message.startswith("CircleMeanField's grid and multipliers with n_modes=1000000 would need 28 MiB")
-    assert "use n_modes <= 34089 (argument n_modes)" in message
-    assert circle_bytes(34089) <= 1e6 < circle_bytes(34090)
-
-
 def test_circle_n_modes_just_within_the_budget_gives_the_bessel_velocity(monkeypatch):
     n, beta, eps = 1000, 1.5, 0.5
     monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", str(math.ceil(circle_bytes(n))))
@@ -76,16 +82,6 @@ def test_circle_n_modes_just_within_the_budget_gives_the_bessel_velocity(monkeyp
     # USA: X = int e^{beta cos psi} sin psi rho(theta + psi) dpsi = -eps I_1(beta) sin(theta) / beta
     expected = -eps * special.iv(1, beta) * np.sin(field.grid) / beta
     np.testing.assert_allclose(field.velocity(rho), expected, rtol=0, atol=1e-14)
-
-
-def test_spherical_degree_refused_before_its_grid_is_built(monkeypatch):
-    monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", "1e6")
-    # degree 3000 ran for over a minute (multipliers per (l, m) pair) under a 1 MB budget
-    message, peak = _refused_without_allocating(lambda: SphericalMeanField(1.0, 3000))
-    assert peak < 200_000
-    assert message.startswith("SphericalMeanField's grid and harmonic coefficients with degree=3000 would need")
-    assert "use degree <= 118 (argument degree)" in message
-    assert spherical_bytes(118) <= 1e6 < spherical_bytes(119)
 
 
 def test_spherical_degree_just_within_the_budget_gives_the_funk_hecke_velocity(monkeypatch):
