@@ -1,11 +1,15 @@
 r"""Which states a solve keeps, as the loop advances (:class:`~ctformer.solvers.solution.SaveAt`).
 
 The kept states are stacked into ``Solution.states`` at the end, so that :math:`n` states of
-:math:`S` bytes need :math:`2 n S` bytes at the peak. Given the memory-budget module
-(:mod:`ctformer.discretizations.memory`), a solve whose count :math:`n` is known before the first
-step (fixed steps, or depths requested with ``SaveAt(times=...)``) is refused then when
-:math:`2 n S` exceeds the budget; one that keeps every controlled step is refused at the first
-state beyond :math:`\lfloor B / 2S \rfloor` (budget :math:`B`), with the states kept so far.
+:math:`S` bytes need :math:`2 n S` bytes at the peak. The dense output (``SaveAt(dense=True)``)
+keeps, per accepted step, the state at its end and the arrays its interpolant reads: an embedded
+pair's stages not shared with the step before (FSAL: :math:`s - 1`), else the two end slopes of
+the cubic Hermite interpolant, made when first evaluated; :math:`r_j S` bytes for step
+:math:`j`. Given the memory-budget module (:mod:`ctformer.discretizations.memory`), a solve
+whose counts are known before the first step (fixed steps, or depths requested with
+``SaveAt(times=...)``) is refused then when :math:`2 n S + \sum_j r_j S` exceeds the budget
+:math:`B`; one that keeps every controlled step, or the dense output of controlled steps, is
+refused at the first state or record beyond :math:`B`, with the states and records kept so far.
 """
 from __future__ import annotations
 
@@ -29,12 +33,17 @@ class Saver:
 
     def __init__(self, save_at, problem, u0, *, every: int = 1, out=None, on_save=None, memory=None):
         self.save_at, self.every, self.out, self.on_save = save_at, every, out, on_save
-        # preallocated storage was checked by its caller; only the final state needs no check
-        self.memory = None if out is not None or save_at.final_only else memory
+        # preallocated storage was checked by its caller and the final state alone needs no
+        # check; the dense output's records are counted wherever they are kept
+        self.count_states = out is None and not save_at.final_only
+        self.memory = memory if self.count_states or save_at.dense else None
         if self.memory is not None and _on_device(u0) and not os.environ.get(memory.MEMORY_BUDGET_ENV):
             self.memory = None  # the budget is host memory: a GPU's states need it set to be checked
         self.state_bytes = 0 if self.memory is None else _nbytes(u0)
-        self.room = None  # how many states may be kept before the budget is looked at again
+        self.watch = False  # states or records looked at as they come (controlled steps)
+        self.allowance = 0  # bytes known to fit: the budget is read only past them
+        self.planned = None if self.count_states else 0  # bytes of the states counted in plan()
+        self.record_bytes = 0  # bytes of the dense records kept so far
         self.boundaries = problem.boundaries
         self.t_end = problem.boundaries[-1]
         self.pending = list(save_at.times or ())
@@ -56,7 +65,7 @@ class Saver:
         return s.times is None and not s.steps and not s.dense
 
     def _keep(self, t: float, u, check: bool = True):
-        if self.room is not None and len(self.times) >= self.room and not self._fits(check, t):
+        if self.watch and self.planned is None and not self._fits(2 * self.state_bytes, check, t):
             return
         if self.on_save is not None and self.times:
             self.on_save(u, self.times[-1], t)
@@ -86,9 +95,13 @@ class Saver:
 
     def step(self, record, t: float, u, *, end: bool, done: int, cut: float | None = None):
         """An accepted step from ``record.t0`` to ``t``; ``cut``: a terminal event at that depth."""
-        self.final = u if cut is None else None
-        if self.save_at.dense:
+        if self.save_at.dense:  # first: a refused record leaves the solution at the step before
+            cost = self._record_cost(record)
+            if self.watch:
+                self._fits(cost, True, t, record=True)
             self.records.append(record)
+            self.record_bytes += cost
+        self.final = u if cut is None else None
         limit = t if cut is None else cut
         scale = 1e-12 * max(1.0, abs(limit))
         last = None
@@ -125,18 +138,41 @@ class Saver:
 
     # -- the memory budget ---------------------------------------------------------------------
     def plan(self, steps: int | None, what: str) -> None:
-        """Refuse before the first step the states this solve will keep beyond the budget.
+        """Refuse before the first step the states and records this solve will keep beyond the
+        budget.
 
-        ``steps``: fixed steps per segment, or None for a controller (whose steps are counted
-        as they are kept, :meth:`_fits`). The count is an upper bound: a requested depth that is
-        a kept step's end is counted twice."""
+        ``steps``: fixed steps per segment, or None for a controller (whose kept steps and dense
+        records are counted as they come, :meth:`_fits`). The count is an upper bound: a
+        requested depth that is a kept step's end is counted twice, and so is a kept step's
+        state that a dense record holds."""
         if self.memory is None:
             return
         s, segments = self.save_at, len(self.boundaries) - 1
+        self.watch = steps is None and (s.steps or s.dense)
+        count = self._count(steps, segments) if self.count_states else 0
+        if count is None:  # every controlled step: looked at as the states come
+            return
+        self.planned = self._need(count)
+        steps_kept = steps * segments if s.dense and steps is not None else 0
+        need = self.planned + 3 * steps_kept * self.state_bytes  # Hermite records: u1 and 2 slopes
+        if not self.memory.surely_within(need):
+            budget = self.memory.memory_budget()
+            if need > budget:
+                dense = (f" and the dense output of {steps_kept} steps (3 states each: the step's "
+                         f"end and the two slopes of its interpolant)" if steps_kept else "")
+                raise self.memory.SizeTooLargeError(
+                    f"save_at={s!r} keeps {count} states of {_bytes(self.state_bytes)} ({what}){dense}, "
+                    f"{_bytes(need)} at the peak while solution.states is stacked from them, more than "
+                    f"the memory budget of {_bytes(budget)} ({self._budget_words()}); "
+                    f"{self._fit(budget)} states fit: {self._remedy(budget)}")
+        self.allowance = need
+
+    def _count(self, steps: int | None, segments: int) -> int | None:
+        """States kept, known before the first step; None: every controlled step is kept."""
+        s = self.save_at
         count = len(self.pending)
         if s.steps and steps is None:
-            self.room = 0  # looked at as the states come
-            return
+            return None
         if s.steps:
             total = steps * segments
             count += 1 + -(-total // self.every)
@@ -144,14 +180,7 @@ class Saver:
                 count += sum(1 for m in range(1, segments) if m * steps % self.every)
         elif s.layers:
             count += segments + 1
-        if not self.memory.surely_within(self._need(count)):
-            budget = self.memory.memory_budget()
-            if self._need(count) > budget:
-                raise self.memory.SizeTooLargeError(
-                    f"save_at={s!r} keeps {count} states of {_bytes(self.state_bytes)} ({what}), "
-                    f"{_bytes(self._need(count))} at the peak while solution.states is stacked from them, more than "
-                    f"the memory budget of {_bytes(budget)} ({self._budget_words()}); "
-                    f"{self._fit(budget)} states fit: {self._remedy(budget)}")
+        return count
 
     def _need(self, count: int) -> int:
         """Peak bytes of ``count`` states: the list and the stacked array."""
@@ -167,31 +196,60 @@ class Saver:
         return (f"keep fewer (SaveAt(times=...) with at most {self._fit(budget)} depths, "
                 f"SaveAt(layers=True) or the final state only) or raise {self.memory.MEMORY_BUDGET_ENV}")
 
-    def _fits(self, check: bool, t: float) -> bool:
-        """Whether one more state fits; raises (``check``) or says no when it does not.
+    def _used(self) -> int:
+        """Bytes kept so far: the states (or those planned) at the peak, and the dense records."""
+        states = self.planned if self.planned is not None else self._need(len(self.times))
+        return states + self.record_bytes
 
-        The budget is read only past what surely fits: the room doubles while it does."""
-        n = len(self.times) + 1
-        room = max(1, 2 * self.room)
-        while room < n:
-            room *= 2
-        if self.memory.surely_within(self._need(room)):
-            self.room = room
+    def _record_cost(self, record) -> int:
+        """Bytes a dense record adds: its end state and the arrays its interpolant reads that
+        the record before does not hold (an FSAL pair's first stage is that one's last)."""
+        if self.memory is None:
+            return 0
+        if record.ks is None or record.tableau is None or record.tableau.dense is None:
+            return 3 * self.state_bytes  # u1 and the Hermite slopes, made when first evaluated
+        prev = self.records[-1] if self.records else None
+        held = set() if prev is None else {id(prev.u1), *(id(k) for k in prev.ks or ())}
+        return self.state_bytes * sum(1 for x in (record.u1, *record.ks) if id(x) not in held)
+
+    def _fits(self, extra: int, check: bool, t: float, record: bool = False) -> bool:
+        """Whether ``extra`` bytes more fit; raises (``check``) or says no when they do not.
+
+        The budget is read only past what surely fits: the allowance doubles while it does."""
+        need = self._used() + extra
+        if need <= self.allowance:
             return True
-        budget = self.memory.memory_budget()
-        self.room = self._fit(budget)
-        if n <= self.room:
+        allowance = max(1, 2 * self.allowance)
+        while allowance < need:
+            allowance *= 2
+        if self.memory.surely_within(allowance):
+            self.allowance = allowance
+            return True
+        budget = self.allowance = self.memory.memory_budget()
+        if need <= budget:
             return True
         if not check:
             return False
-        exc = self.memory.SizeTooLargeError(
+        exc = self.memory.SizeTooLargeError(self._refusal(budget, t, extra) if record else (
             f"save_at={self.save_at!r} keeps a state of {_bytes(self.state_bytes)} at every "
             f"accepted step, and solution.states is stacked from them: the memory budget of "
-            f"{_bytes(budget)} ({self._budget_words()}) holds {self.room}; kept {len(self.times)} "
+            f"{_bytes(budget)} ({self._budget_words()}) holds "
+            f"{self._fit(max(0, budget - self.record_bytes))}; kept {len(self.times)} "
             f"states up to t={self.last_time:.6g}, stopped at t={t:.6g} (the solution so far is "
-            f"exc.solution); {self._remedy(budget)}")
+            f"exc.solution); {self._remedy(budget)}"))
         exc.solution = None  # filled in by the loop, which holds the step history
         raise exc
+
+    def _refusal(self, budget: int, t: float, cost: int) -> str:
+        last = self.records[-1] if self.records else None
+        upto = "" if last is None else f" up to t={last.t0 + last.h:.6g}"
+        return (f"save_at={self.save_at!r} keeps the dense output of every accepted step (for "
+                f"Solution.evaluate: the step's end state and the arrays its interpolant reads, "
+                f"{_bytes(cost)} for the step ending at t={t:.6g}): with {_bytes(self._used())} "
+                f"kept, the memory budget of {_bytes(budget)} ({self._budget_words()}) has no room "
+                f"for it; kept the records of {len(self.records)} steps{upto} (the solution so "
+                f"far, with its dense output, is exc.solution); solve without dense=True "
+                f"(SaveAt(times=...) at the depths you need) or raise {self.memory.MEMORY_BUDGET_ENV}")
 
     def result(self):
         times = np.asarray(self.times, dtype=np.float64)

@@ -43,9 +43,11 @@ class SaveAt:
         Keep the state at every layer boundary :math:`t = 0, 1, \dots, T` (the segment ends of
         the problem: for particles and mean fields the start and the end).
     dense : bool
-        Keep one interpolant per accepted step for :meth:`Solution.evaluate`. Memory: the stages
-        of every step (up to 7 states per step for dopri5 and tsit5, 2 for the others); off by
-        default for that reason.
+        Keep one interpolant per accepted step for :meth:`Solution.evaluate`. Memory: the end
+        state and the stages of every step that the step before does not share (7 states per
+        step for dopri5 and tsit5, 4 for bosh3; 3 for the others: the end state and the two
+        Hermite slopes, made when first evaluated), counted in the memory budget as the kept
+        states are; off by default for that reason.
 
     With none of ``times``, ``steps`` or ``layers``, only the final state is kept (the initial
     state is kept with ``steps`` or ``layers``, and with ``times`` when 0 is among them).
