@@ -244,7 +244,7 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
     Raises
     ------
     ValueError
-        For mismatched shapes, a pattern of the wrong shape, ``slopes`` without
+        For mismatched shapes, no keys (``M = 0``), a pattern of the wrong shape, ``slopes`` without
         ``positions``, negative or non-finite ``slopes`` or ones that do not broadcast against
         the leading axes, non-finite ``q``, ``k``, ``v`` or ``beta`` with ``check=True``, or
         bad options.
@@ -269,6 +269,9 @@ def local_attention(q, k, v, *, beta, pattern=None, weights=None, key_mask=None,
         raise ValueError("diagonal='half' only applies with causal=True and no pattern")
     if (causal or fallback_to_self) and n != m:
         raise ValueError(f"causal=True and fallback_to_self need as many queries as keys, got {n} and {m}")
+    if m == 0:  # as quadrature_attention: no softmax over an empty key set (NumPy's max raised)
+        raise ValueError("k and v must hold at least one key token, got 0: pass keys of shape (..., M, d) "
+                         "with M >= 1")
     if slopes is not None and bias is not None:
         raise ValueError("pass slopes (ALiBi) or bias, not both")
     p = pk = None
