@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from .environment import positive_int
+from .environment import _ENCODED, positive_int
 
-__all__ = ["PLANNER_LOCK", "fft_engine", "fft_threads", "planner_effort", "same_bits", "use_engine_store",
-           "use_wisdom_store", "use_workers"]
+__all__ = ["PLANNER_LOCK", "SETTINGS", "fft_engine", "fft_threads", "planner_effort", "raw_settings", "same_bits",
+           "settings", "use_engine_store", "use_wisdom_store", "use_workers"]
 
 _EFFORTS = ("FFTW_ESTIMATE", "FFTW_MEASURE", "FFTW_PATIENT", "FFTW_EXHAUSTIVE")
 # the planner settings: FFTW's efforts, or "auto" (one-thread plans measured once per machine)
@@ -111,6 +111,44 @@ def use_wisdom_store(with_wisdom) -> None:
 #: Most FFTW threads a plan may ask for: FFTW takes the count as a C ``int`` (pyFFTW raised an
 #: OverflowError from inside the planner for ``CTFORMER_FFT_THREADS=2147483648``).
 MAX_FFT_THREADS = 2**31 - 1
+
+
+#: The environment variables of the FFT settings: read at every call (:func:`raw_settings`)
+#: by a :class:`ctformer.fft.PlannedFFT` that was not given its own.
+SETTINGS = ("CTFORMER_FFT_THREADS", "CTFORMER_FFTW_PLANNER", "CTFORMER_FFT_ENGINE")
+_ENCODED_SETTINGS = tuple(name.encode() for name in SETTINGS)
+
+
+def _settings_reader():
+    """:func:`raw_settings`: on POSIX CPython three lookups in ``os.environ``'s own dict of
+    encoded variables, the names bound once (0.27 us a call on a loaded AMD EPYC)."""
+    if _ENCODED is None:
+        return lambda: tuple(os.environ.get(name) for name in SETTINGS)
+    get, (threads, planner, engine) = _ENCODED.get, _ENCODED_SETTINGS
+
+    def raw_settings() -> tuple:
+        """The raw values of :data:`SETTINGS` (None where unset), cheap enough for every call:
+        what a plan was chosen under, so that a setting changed between two calls takes
+        effect at the next one instead of being hidden behind the plans of the first."""
+        return get(threads), get(planner), get(engine)
+
+    return raw_settings
+
+
+raw_settings = _settings_reader()
+
+
+def settings(threads, effort, engine) -> tuple:
+    """``(threads, effort, engine)``: those given (not None), the others read from their
+    variables and validated (:func:`fft_threads`, :func:`planner_effort`, :func:`fft_engine`).
+
+    Raises
+    ------
+    ValueError
+        If a variable read holds a value it does not take (naming it and those it takes).
+    """
+    return (fft_threads() if threads is None else threads, planner_effort() if effort is None else effort,
+            fft_engine() if engine is None else engine)
 
 
 def fft_threads() -> int | None:

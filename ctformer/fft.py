@@ -5,12 +5,15 @@
 (FFT convolution kernels, the mean-field flux), run cached :class:`pyfftw.FFTW` plans directly:
 
 * one plan per (transform, shape, dtype, axis, n), made once with the planner effort
-  ``CTFORMER_FFTW_PLANNER`` and kept in a small LRU cache. The default, ``auto``, measures
-  (``FFTW_MEASURE``) the plans of transforms of fewer than ``2**18`` points in all, which
-  always run on one thread, once per machine: FFTW's wisdom for them is kept with the
-  library's other measured choices (:func:`ctformer._numerics.store.with_fftw_wisdom`), so
-  later processes plan from it in microseconds, with the same plan and the same bits, and
-  measure only transforms it lacks (0.15-0.4 s each for 64 rows of 256-2048 points). Larger
+  ``CTFORMER_FFTW_PLANNER`` and kept in a small LRU cache. The three settings
+  (``CTFORMER_FFTW_PLANNER``, ``CTFORMER_FFT_ENGINE``, ``CTFORMER_FFT_THREADS``) not given
+  to the constructor are read at every call: a change drops the plans made before it. The
+  default, ``auto``, measures (``FFTW_MEASURE``) the plans of transforms of fewer than
+  ``2**18`` points in all, which always run on one thread, once per machine: FFTW's wisdom
+  for them is kept with the library's other measured choices
+  (:func:`ctformer._numerics.store.with_fftw_wisdom`), so later processes plan from it in
+  microseconds, with the same plan and the same bits, and measure only transforms it lacks
+  (0.15-0.4 s each for 64 rows of 256-2048 points). Larger
   transforms, which FFTW's threads may run, get ``FFTW_ESTIMATE`` plans (below). On an AMD
   EPYC (family 23, model 49) the measured plans made FFT convolutions of 64 rows of 256-2048
   points 0.63-0.71 of ``numpy.fft``'s time, against 0.76-1.05 with estimated ones. An
@@ -74,8 +77,8 @@ import numpy as np
 
 from . import _fftw_shared as _shared
 from ._fftw_shared import (_ENGINES, _FORKS, _PLANNERS, MAX_FFT_THREADS, PLANNER_LOCK, _best_times, _planned,
-                           fft_engine, fft_threads, planner_effort, same_bits, use_engine_store, use_wisdom_store,
-                           use_workers)
+                           fft_engine, fft_threads, planner_effort, raw_settings, same_bits, settings,
+                           use_engine_store, use_wisdom_store, use_workers)
 from .validation import integer, one_of
 
 __all__ = ["PLANNER_LOCK", "PlannedFFT", "fft_engine", "fft_threads", "planner_effort", "use_engine_store",
@@ -101,7 +104,8 @@ class PlannedFFT:
         default ``CTFORMER_FFTW_PLANNER`` (``auto``).
     engine : {"auto", "fftw", "numpy"}, optional
         Who runs ``rfft`` / ``irfft``: the faster of the two, timed once per plan (``auto``),
-        or always FFTW or ``numpy.fft``; default ``CTFORMER_FFT_ENGINE`` (``auto``).
+        or always FFTW or ``numpy.fft``; default ``CTFORMER_FFT_ENGINE`` (``auto``). Variables
+        are read at every call; a change drops the plans made under the old values.
     """
 
     def __init__(self, threads: int | None = None, effort: str | None = None,
@@ -114,10 +118,10 @@ class PlannedFFT:
         pyfftw.interfaces.cache.set_keepalive_time(60.0)
         self._pyfftw = pyfftw
         self._interfaces = pfft
-        # None: the workers' count; 0 or -1 were read as 1 (a C int for FFTW: at most 2**31 - 1)
-        self.threads = fft_threads() if threads is None else integer(threads, "threads", maximum=MAX_FFT_THREADS)
-        self.planner_effort = planner_effort() if effort is None else one_of(effort, "effort", _PLANNERS)
-        self.engine = fft_engine() if engine is None else one_of(engine, "engine", _ENGINES)
+        # None: the variable's, read at every call; threads 0 or -1 were read as 1 (C int: < 2**31)
+        self._given = (None if threads is None else integer(threads, "threads", maximum=MAX_FFT_THREADS),
+                       None if effort is None else one_of(effort, "effort", _PLANNERS),
+                       None if engine is None else one_of(engine, "engine", _ENGINES))
         self._alignment = pyfftw.simd_alignment
         self._forget()
 
@@ -127,8 +131,12 @@ class PlannedFFT:
 
     # -- planned real transforms ---------------------------------------------------------------
     def _forget(self):
-        """Drop every plan (and make new locks): at creation, and in a forked child, where the
-        parent's threaded plans would wait forever for FFTW threads that the fork did not copy."""
+        """Drop every plan (new locks), read the settings not given: at creation, in a forked
+        child (the parent's threaded plans waited forever for FFTW threads the fork did not
+        copy), when a setting changed (the first call's plans served every later call)."""
+        raw = raw_settings()
+        self.threads, self.planner_effort, self.engine = settings(*self._given)
+        self._raw = raw
         self._plans: OrderedDict = OrderedDict()
         self._ready: dict = {}  # (kind, type, shape, dtype, axis, n) of a call -> its plan entry
         self._lock = threading.Lock()
@@ -139,7 +147,7 @@ class PlannedFFT:
 
         float32 and float64 input (of either byte order) gives complex64 and complex128; every
         other real dtype (float16, longdouble, integers) is computed in float64, on every call."""
-        if self._forks != _FORKS[0]:
+        if self._forks != _FORKS[0] or self._raw != raw_settings():
             self._forget()
         # a call seen before (same array kind, shape, dtype, axis, n) skips the checks; the
         # types of axis and n are part of it: 1.0 == 1, but only the int is an axis
@@ -190,7 +198,7 @@ class PlannedFFT:
         """Complex-to-real inverse FFT along ``axis`` (``scipy.fft.irfft`` semantics, 1/n scaling).
 
         complex64 (or float32) input gives float32, every other dtype float64, on every call."""
-        if self._forks != _FORKS[0]:
+        if self._forks != _FORKS[0] or self._raw != raw_settings():
             self._forget()
         ready = self._ready.get(("irfft", type(x), getattr(x, "shape", None), getattr(x, "dtype", None), axis, n,
                                  type(axis), type(n)))
@@ -246,6 +254,8 @@ class PlannedFFT:
         func = getattr(self._interfaces, name)
 
         def call(*args, **kwargs):
+            if self._forks != _FORKS[0] or self._raw != raw_settings():
+                self._forget()
             kwargs.setdefault("workers", 1 if _FORKS[0] else self.threads or 1)
             with PLANNER_LOCK:  # pyFFTW's interfaces may plan, and read the process's wisdom
                 return func(*args, **kwargs)
@@ -303,7 +313,7 @@ class PlannedFFT:
         # the FFTW threads in the key: inside a worker task a large transform has its own plan
         # and engine (keyed without them, the first call's context served every later one)
         threads = self._threads(int(np.prod(real_shape)))
-        key = (kind, real_shape, np.dtype(real_dtype).str, axis, n, threads)
+        key = (kind, real_shape, np.dtype(real_dtype).str, axis, n, threads, self.planner_effort, self.engine)
         with self._lock:
             entry = self._plans.get(key)
             if entry is not None:
@@ -328,7 +338,6 @@ class PlannedFFT:
                 self._plans.popitem(last=False)
                 self._ready.clear()  # calls may point at the evicted plan
         return entry
-
 
     def _threads(self, points: int) -> int:
         """FFTW threads of a plan of ``points`` points in all (module docstring)."""

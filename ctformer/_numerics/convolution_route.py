@@ -26,6 +26,7 @@ run after run and at every thread count.
 """
 from __future__ import annotations
 
+import os
 import time
 from functools import lru_cache
 
@@ -33,9 +34,10 @@ import numpy as np
 
 from . import gemm as _gemm
 from . import store as _store
+from ..environment import _ENCODED
 from .blocks import MARGIN, ROUNDS, WINS, ratios
 
-__all__ = ["CHECKED", "DEFAULT", "ROUNDS", "ROWS", "SIZES", "dense_below", "dense_wins"]
+__all__ = ["CHECKED", "DEFAULT", "ROUNDS", "ROWS", "SIZES", "dense_below", "dense_wins", "route_setting"]
 
 #: Grid sizes timed (powers of two: the grids FFT convolutions are usually run on).
 SIZES = (16, 32, 64, 128, 256, 512, 1024)
@@ -54,6 +56,15 @@ def dense_below(dtype) -> int:
     which raises for a bad setting), else :data:`DEFAULT`."""
     name = _gemm.measured_name(dtype)
     return DEFAULT if name is None else _measured(name)
+
+
+def route_setting():
+    """What :func:`dense_below` reads besides the dtype: ``CTFORMER_GEMM``'s raw value (the
+    measured crossover under ``auto``, :data:`DEFAULT` when pinned), cheap enough for every
+    call (one dictionary lookup). A route cached under one value is not the other's: after
+    ``CTFORMER_GEMM=numpy`` a grid of 100 points kept the ``auto`` crossover's FFT route
+    (measured 64), not the dense product of a fresh process (last bits apart)."""
+    return os.environ.get("CTFORMER_GEMM") if _ENCODED is None else _ENCODED.get(b"CTFORMER_GEMM")
 
 
 @lru_cache(maxsize=None)

@@ -57,11 +57,14 @@ class Kernel(metaclass=_Frozen):
     settings in :attr:`_settings`, which choose how it is applied, not what it computes. Two
     kernels are equal when they have the same type and the same attributes, arrays compared
     byte for byte (``0.0`` and ``-0.0`` differ); a user's function compares as its class
-    defines (by identity unless it defines ``==`` and a hash). A pickled or deep-copied kernel
-    is therefore equal to its original, hashes alike and shares its cached matrices. A kernel
-    holding tensors (``with_parameters``) is equal only to itself: an optimizer changes them
-    in place. The hash reads at most 64 entries of each array; the full comparison digests
-    every byte once per kernel (BLAKE2b), only when two distinct kernels hash alike.
+    defines (by identity unless it defines ``==`` and a hash), together with the numbers of its
+    ``parameters()`` as they were when the kernel was first hashed (a kernel built after the
+    function's arrays were changed in place is another kernel, with its own matrices). A
+    pickled or deep-copied kernel is therefore equal to its original, hashes alike and shares
+    its cached matrices. A kernel holding tensors (``with_parameters``) is equal only to
+    itself: an optimizer changes them in place. The hash reads at most 64 entries of each
+    array (every byte of a function's numbers); the full comparison digests every byte once
+    per kernel (BLAKE2b), only when two distinct kernels hash alike.
     """
 
     #: attributes that may still be set after construction: they choose a route, not values
@@ -207,8 +210,13 @@ class Kernel(metaclass=_Frozen):
         return values * xp.asarray(weights, dtype=values.dtype, device=array_api_compat.device(values))
 
     def device_matrix(self, u, out, inp):
-        """The matrix of :meth:`matrix` on the backend and in the dtype of the array ``u``."""
-        return constant(self, ("matrix", out, inp), lambda: self.matrix(out, inp), u)
+        """The matrix of :meth:`matrix` on the backend and in the dtype of the array ``u``;
+        cached, and read-only where it is a NumPy array, as :meth:`matrix` is."""
+        mat = constant(self, ("matrix", out, inp), lambda: self.matrix(out, inp), u)
+        if type(mat) is np.ndarray and mat.flags.writeable:
+            # the cached float32 copy: an in-place edit of it reached every later call
+            mat.flags.writeable = False
+        return mat
 
     def apply(self, u, out, inp, axis: int = -1):
         r"""Apply the operator: :math:`(W u)(y_i) = \sum_j A_{ij} u_j` along ``axis``.

@@ -15,6 +15,7 @@ import array_api_compat
 import numpy as np
 
 from .._numerics.convolution_route import dense_below as measured_dense_below
+from .._numerics.convolution_route import route_setting
 from ..backend import _cached, backend_of, constant
 from ..validation import is_integer
 from .base import Kernel, _as_input, _check_discretization, _check_input
@@ -141,7 +142,10 @@ class Convolution(Kernel):
         if type(u) is np.ndarray and u.dtype.char in "fd" and axis in (-1, u.ndim - 1):
             # the hot path: one cached lookup says how, no axis moves, no further checks (float32
             # and float64 only: the transforms return float64 for float16 and longdouble rows)
-            route = _cached(self, ("numpy route", out, inp, u.dtype.char, self.dense_below),
+            # keyed by what the route was chosen under: the pinned limit, else CTFORMER_GEMM
+            limit = self.dense_below
+            route = _cached(self, ("numpy route", out, inp, u.dtype.char, limit,
+                                   route_setting() if limit is None else None),
                             lambda: self._numpy_route(out, inp, u.dtype))
             if not route:
                 return super().apply(u, out, inp, axis)

@@ -108,7 +108,8 @@ def _field(value, full: bool):
 
     Arrays give ``(dtype, shape, bytes)``: the full digest when ``full``, else evenly spaced
     entries (the hash). Values that hash are compared with ``==`` (numbers, names, a user's
-    function, by identity unless its class defines equality); others by identity."""
+    function, by identity unless its class defines equality); others by identity. A function
+    with ``parameters()`` adds its numbers (:func:`_with_own_numbers`)."""
     if isinstance(value, (np.ndarray, np.generic)):
         a = np.asarray(value)
         if full:
@@ -123,11 +124,31 @@ def _field(value, full: bool):
     if isinstance(value, (list, tuple)):
         parts = tuple(_field(v, full) for v in value)
         return None if any(p is None for p in parts) else (type(value).__name__, parts)
+    parametrized = not isinstance(value, type) and callable(getattr(value, "parameters", None))
     try:
         hash(value)
+        key = value
     except TypeError:
-        return _Same(value)
-    return value
+        key = _Same(value)
+    return _with_own_numbers(value, key) if parametrized else key
+
+
+def _with_own_numbers(function, key):
+    """The key of a parametrized function (one with ``parameters()``): ``key`` (the function,
+    by its own equality, or by identity where it does not hash) and the full digests of its
+    numbers as they are now; None where they are tensors.
+
+    Its numbers are the kernel's, yet the user's object holds them writable: without them a
+    kernel built after ``f.a[0] = 2`` was equal to one built before (the same ``f``) and
+    shared its matrix. Full digests even in the hash key, since the full key is read only on
+    a hash collision, possibly after the change it must tell apart."""
+    numbers = []
+    for name, number in dict(function.parameters()).items():
+        part = _field(number, True)
+        if part is None:
+            return None
+        numbers.append((name, part))
+    return ("parametrized", key, tuple(numbers))
 
 
 def value_key(kernel, full: bool):
