@@ -84,7 +84,7 @@ class Weights:
 
     def __init__(self, state, label: str, transposed: bool = False):
         self.state, self.label, self.transposed = state, label, transposed
-        self.shared: dict = {}  # id -> (name, tensor): the tensors whose memory the model shares
+        self.shared: dict = {}  # id -> (name, _Sampled): the tensors whose memory the model shares
         self._converted: dict = {}  # memory key -> array: a tensor under two names converts once
 
     def __call__(self, name: str, optional: bool = False):
@@ -104,8 +104,33 @@ class Weights:
             if key is not None:
                 self._converted[key] = array
         if _shares_memory(tensor):
-            self.shared.setdefault(id(tensor), (name, tensor))
+            self.shared.setdefault(id(tensor), (name, _Sampled(tensor, array)))
         return array.T if self.transposed and array.ndim == 2 else array
+
+
+class _Sampled:
+    """A shared tensor as the staleness check (:func:`~ctformer.shared_tensors.watch`) reads it:
+    its version counter together with up to 64 of its values, evenly spaced.
+
+    ``p.data`` is a new tensor over ``p``'s memory with a counter of its own, so a write through
+    it (``p.data.add_``, a LoRA merge ``weight.data += B @ A``) changes the shared memory without
+    counting a version of ``p``: the model then ran on, neither network. The sample catches a
+    write that reaches any of its entries, in about 1 us per tensor."""
+
+    __slots__ = ("tensor", "_sample", "_index")
+
+    def __init__(self, tensor, array: np.ndarray):
+        self.tensor, self._index = tensor, None
+        step = max(1, -(-array.size // 64))  # at most 64 entries, evenly spaced
+        if array.flags.c_contiguous:  # a strided view of the memory: read in place, never copied
+            self._sample = array.reshape(-1)[::step]
+        else:
+            self._sample, self._index = array, np.unravel_index(np.arange(0, array.size, step), array.shape)
+
+    @property
+    def _version(self):
+        values = self._sample if self._index is None else self._sample[self._index]
+        return self.tensor._version, values.tobytes()
 
 
 def _memory_key(tensor):

@@ -102,9 +102,10 @@ def from_hf(model):
         An instance of a registered class (:func:`~ctformer.bridges.supported`), or of a
         subclass of one, with float16, bfloat16, float32 or float64 weights. The converted
         model holds each weight once in float64: a float64 model's tensors are shared
-        (read-only views of their memory; once one is changed in place, a solve of the
-        converted model raises :class:`~ctformer.shared_tensors.StaleConversionError`:
-        convert again after training),
+        (read-only views of their memory; once one is changed in place, through ``p.data``
+        too where the write reaches one of up to 64 sampled entries, a solve of the converted
+        model raises :class:`~ctformer.shared_tensors.StaleConversionError`: convert again
+        after training),
         other dtypes are converted exactly (every half-precision number is a float64), so a
         bfloat16 model converts to the network of its bfloat16 weights computed in float64;
         RoPE frequencies come from the configuration in float64.
