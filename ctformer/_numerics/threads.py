@@ -27,17 +27,19 @@ part of the output.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
+import queue
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from .. import fft as _fft
 from ..environment import positive_int
 from . import placement as _placement
+from . import worker_pool as _worker_pool
 # the BLAS limit of a parallel pass (its own module), its names importable from here as before;
 # streamed and the tests read single_thread_blas here, and tests replace it here
 from .blas_limits import (_BLAS, _CONTROLLER, _LIMIT, _blas_libraries, _limit_after_fork, _OneBlasThread,
@@ -48,7 +50,6 @@ _MAX_THREADS = 2**31 - 1  # a C int: the thread counts of FFTW and OpenBLAS
 
 __all__ = ["num_threads", "fixed_threads", "single_thread_blas", "run_workers", "run_blas_tasks", "by_row_blocks"]
 
-_LOCK = threading.Lock()
 # by_row_blocks: inputs with fewer rows take the map as it is (threaded BLAS splits the
 # columns of a short product better), but for the shorter inputs below; blocks have at least
 # _BLOCK_ROWS rows (BLAS efficiency), and a call has at most _MAX_BLOCKS of them.
@@ -82,19 +83,12 @@ class _Fixed(threading.local):
 
 
 _INSIDE, _FIXED = _Inside(), _Fixed()
-_POOL: dict = {}
 _TORCH_THREADS = __name__.rsplit(".", 1)[0] + ".torch_threads"  # torch's counts (pass end)
 
 
-def _pool(threads: int) -> ThreadPoolExecutor:
-    """A shared worker pool of ``threads - 1`` threads, rebuilt after a fork."""
-    key = (os.getpid(), threads)
-    with _LOCK:
-        if key not in _POOL:
-            _POOL.clear()
-            _POOL[key] = ThreadPoolExecutor(max_workers=max(1, threads - 1),
-                                            thread_name_prefix="ctformer-attention")
-        return _POOL[key]
+def _pool(threads: int):
+    """The shared worker pool, with at least ``threads - 1`` threads (module worker_pool)."""
+    return _worker_pool.pool(threads)
 
 
 def num_threads() -> int:
@@ -169,10 +163,15 @@ def run_workers(worker, tasks: list, threads: int) -> None:
     raised to the caller as it is (its type, message and traceback). On the main thread a
     Ctrl-C (SIGINT) stops the handing out of tasks too and is raised (``KeyboardInterrupt``)
     once all workers have finished their current task, a kernel compile among them
-    (:func:`ctformer._numerics.compiled.sigint_deferred`). Either way the pass leaves no
-    worker running and gives back what it changed: the caller's CPU set and torch's thread
-    count for new threads. Called from inside a worker (an activation inside a feed-forward
-    task, say) it runs on that worker's thread alone: nested pools would wait on each other.
+    (:func:`ctformer._numerics.compiled.sigint_deferred`); where the program's SIGINT handler
+    returns instead of raising, the remaining tasks are handed out again and all are done. An
+    exception raised by another signal handler on the calling thread (``KeyboardInterrupt``
+    from a ``SIGALRM`` handler, say) stops the pass the same way and is raised once the
+    workers have stopped; the pool takes no lock that such an exception could leave held.
+    Either way the pass leaves no worker running and gives back what it changed: the caller's
+    CPU set and torch's thread count for new threads. Called from inside a worker (an
+    activation inside a feed-forward task, say) it runs on that worker's thread alone: nested
+    pools would wait on each other.
     """
     threads = 1 if getattr(_INSIDE, "worker", False) else max(1, min(threads, len(tasks)))
     counter = itertools.count()
@@ -202,6 +201,9 @@ def run_workers(worker, tasks: list, threads: int) -> None:
         marked(next_task)
         return
     _parallel_pass(marked, next_task, threads, stop, failures)
+    while stop and not failures:  # a SIGINT handler returned without raising: the rest is done
+        stop.clear()
+        _parallel_pass(marked, next_task, threads, stop, failures)
     if failures:  # the first exception of any worker, as it was raised
         raise failures[0]
 
@@ -212,7 +214,7 @@ def _parallel_pass(marked, next_task, threads: int, stop: list, failures: list) 
     is raised (a worker's exception is left in ``failures``)."""
     torch_threads = sys.modules.get(_TORCH_THREADS)  # loaded only where torch is used
     torch_count = None if torch_threads is None else torch_threads.caller_count()
-    futures = []
+    jobs, done = [], queue.SimpleQueue()
     try:
         # Ctrl-C is held until every worker has stopped: a worker may be compiling a kernel
         # (LLVM), and a KeyboardInterrupt that overtook it would unwind the program while the
@@ -222,19 +224,26 @@ def _parallel_pass(marked, next_task, threads: int, stop: list, failures: list) 
             # the caller is held on its CPU for the pass, each worker on another one (placement)
             placement = _placement.hold_caller(threads)
             try:
-                futures = [_pool(threads).submit(marked, next_task, i, placement) for i in range(threads - 1)]
+                pool = _pool(threads)
+                for i in range(threads - 1):
+                    # recorded before it is queued: settle then finds every queued job
+                    jobs.append(_worker_pool.Job(functools.partial(marked, next_task, i, placement), done))
+                    pool.put(jobs[-1])
                 marked(next_task)
             except BaseException as exc:
-                stop.append(True)
-                if all(exc is not f for f in failures):  # raised outside a task (submit)
-                    failures.append(exc)
+                _failed(exc, stop, failures)
             finally:
                 # every started worker is waited for (its exception is in failures already); a
-                # worker that has not started by now would find no task: it is not waited for
-                # (a virtual CPU woken from a halt can take milliseconds to run it)
-                for f in futures:
-                    if not f.cancel():
-                        f.exception()
+                # worker that has not started by now would find no task: it is withdrawn
+                # (a virtual CPU woken from a halt can take milliseconds to run it). Another
+                # signal handler's exception meanwhile (a SIGALRM's KeyboardInterrupt, say)
+                # stops the pass and is raised once the wait is over.
+                while True:
+                    try:
+                        _worker_pool.settle(jobs, done)
+                        break
+                    except BaseException as exc:
+                        _failed(exc, stop, failures)
     finally:
         # the caller back on its CPUs, also where the hold was interrupted before it returned
         _placement.release_caller()
@@ -242,6 +251,13 @@ def _parallel_pass(marked, next_task, threads: int, stop: list, failures: list) 
         torch_threads = sys.modules.get(_TORCH_THREADS)
         if torch_threads is not None:
             torch_threads.pass_ended(torch_count)
+
+
+def _failed(exc, stop: list, failures: list) -> None:
+    """A pass stopped by ``exc`` raised outside a task (by a signal handler, say)."""
+    stop.append(True)
+    if all(exc is not f for f in failures):
+        failures.append(exc)
 
 
 def run_blas_tasks(worker, tasks: list, parallel: bool) -> None:
