@@ -26,13 +26,13 @@ import abc
 from functools import cached_property
 from typing import Callable, ClassVar
 
-import array_api_compat
 import numpy as np
 
 from .. import validation
 from ..backend import constant
 from .checks import (MIN_DOMAIN_ULPS, MIN_NODE_GAP_ULPS, _MAX_ENDPOINT, as_values,  # noqa: F401
-                     check_domain, check_node_gaps, check_values, is_native_array, real_host_array)
+                     check_domain, check_node_gaps, check_values, host_points, is_native_array,
+                     real_host_array)
 from .matrices import apply_along_first, apply_matrix, barycentric_matrix, linear_matrix  # noqa: F401
 from .memory import (MEMORY_BUDGET_ENV, _ALWAYS_WITHIN_BUDGET, SizeTooLargeError,  # noqa: F401
                      _format_bytes, check_allocation, check_dense, memory_budget)
@@ -290,10 +290,7 @@ class Discretization(metaclass=_Frozen):
 
     def _check_points(self, points) -> np.ndarray:
         self._check_resolution()
-        try:
-            pts = np.asarray(points, dtype=np.float64)
-        except TypeError:  # device arrays: bring the (small) point set to the host
-            pts = np.asarray(array_api_compat.to_device(points, "cpu"), dtype=np.float64)
+        pts = host_points(points)
         if pts.ndim != 1:
             raise ValueError(f"points must be a 1-D array, got shape {pts.shape}")
         if not np.all(np.isfinite(pts)):

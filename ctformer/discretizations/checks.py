@@ -17,7 +17,9 @@ import math
 import array_api_compat
 import numpy as np
 
-__all__ = ["real_host_array", "as_values", "check_values", "MIN_DOMAIN_ULPS", "MIN_NODE_GAP_ULPS",
+from ..backend import to_host
+
+__all__ = ["real_host_array", "host_points", "as_values", "check_values", "MIN_DOMAIN_ULPS", "MIN_NODE_GAP_ULPS",
            "check_domain", "check_node_gaps", "is_native_array", "is_half", "through_float32"]
 
 
@@ -40,6 +42,14 @@ def real_host_array(values, argname: str = "values") -> np.ndarray:
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"{argname} must be an array of real numbers, got dtype {arr.dtype}")
     return arr.astype(np.float64, copy=False)
+
+
+def host_points(points, argname: str = "points") -> np.ndarray:
+    """Evaluation points (a host or device array of any namespace, or a list) as a host float64
+    array: complex points are refused, never cut to their real part (:func:`real_host_array`)."""
+    if array_api_compat.is_array_api_obj(points) and not isinstance(points, np.ndarray):
+        points = to_host(points)  # device arrays and torch bfloat16, which NumPy cannot read
+    return real_host_array(points, argname)
 
 
 def as_values(values, n: int, axis: int, argname: str = "values", allow_complex: bool = False):

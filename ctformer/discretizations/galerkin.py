@@ -150,8 +150,9 @@ class _LagrangeElements(Discretization):
 
     def interpolation_matrix(self, points) -> np.ndarray:
         """Dense ``(P, n)`` matrix evaluating the FE function at ``points``."""
-        check_dense(np.size(points), self.n, "the finite-element interpolation matrix")
-        return self.basis_matrix(points).toarray()
+        pts = self._check_points(points)
+        check_dense(pts.size, self.n, "the finite-element interpolation matrix")
+        return self.basis_matrix(pts).toarray()
 
     def interpolate(self, values, points, axis: int = -1):
         """Evaluate :math:`f_h = \\sum_j c_j \\phi_j` at ``points`` (sparse for NumPy/CuPy)."""

@@ -25,11 +25,10 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Callable
 
-import array_api_compat
 import numpy as np
 
 from ..backend import constant
-from .base import (Discretization, as_values, check_allocation, check_dense, get,
+from .base import (Discretization, as_values, check_allocation, check_dense, get, host_points,
                    real_host_array)
 
 __all__ = ["Product"]
@@ -181,8 +180,9 @@ class Product(Discretization):
     # -- factor-wise linear maps ----------------------------------------------------------
     def _factorwise(self, values, axis, n1, n2, first_map, second_map):
         """Apply ``first_map`` along x1 and ``second_map`` along x2 of the raster axis."""
-        xp = array_api_compat.array_namespace(values)
-        axis %= values.ndim
+        # checked here as every other method checks its values: a list, a scalar, an axis out
+        # of range or a raster of another length would otherwise fail inside the reshape
+        values, xp, axis = as_values(values, n1 * n2, axis)
         v = xp.moveaxis(values, axis, -1)
         v = xp.reshape(v, (*v.shape[:-1], n1, n2))
         v = second_map(first_map(v, -2), -1)
@@ -210,10 +210,7 @@ class Product(Discretization):
 
     # -- the contract ---------------------------------------------------------------------
     def _check_points(self, points) -> np.ndarray:
-        try:
-            pts = np.asarray(points, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise TypeError(f"points must be an array of shape (m, 2), got {type(points).__name__}") from None
+        pts = host_points(points)
         if pts.ndim != 2 or pts.shape[1] != 2:
             raise ValueError(f"points on a product domain must have shape (m, 2) (one row (x1, x2) "
                              f"per point), got shape {pts.shape}")

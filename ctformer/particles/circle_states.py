@@ -95,6 +95,9 @@ class _CircleStates:
             raise TypeError(f"rho0 must be real (a density), got a complex array of dtype {values.dtype}")
         if not (xp0.isdtype(values.dtype, "real floating") or xp0.isdtype(values.dtype, "integral")):
             raise TypeError(f"rho0 must be a real numeric array, got dtype {values.dtype}")
+        if not array_api_compat.is_cupy_array(values):
+            # torch and other namespaces through the host: NumPy reads no torch bfloat16
+            values = to_host(values)
         rho = backend.asarray(values, dtype=np.float64)
         if tuple(rho.shape) != (self.n_modes,):
             raise ValueError(f"rho0 must give {self.n_modes} values (one per grid angle), got shape {tuple(rho.shape)}")

@@ -60,7 +60,7 @@ from ..operators.quadrature_attention import quadrature_attention
 from .._numerics import particles as _fused
 from .partition import _CHUNK_ELEMENTS, _log_partition, log_partition
 from .particle_checks import _ParticleChecks, _as_heads, _check_beta, _host_real, _spectral_norm
-from .sphere_geometry import _unit_rows, retract, sphere_tolerance, tangent_projection
+from .sphere_geometry import _tangent_rows, _unit_rows, retract, sphere_tolerance, tangent_projection
 # Moved to partition, particle_checks and sphere_geometry; importable from here as before.
 from .particle_checks import _USA_LOG_MAX, _as_real_floating  # noqa: F401
 from .sphere_geometry import _row_norms, _row_scale  # noqa: F401
@@ -187,7 +187,7 @@ class SelfAttentionDynamics(_ParticleChecks):
                 if usa:
                     a = xp.exp(_log_partition(xp, q, k, beta, log_w, mask, chunk))[..., None] * a
                 total = a if total is None else total + a
-            return tangent_projection(x, total)
+            return _tangent_rows(x, total)
 
         return velocity
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..backend import floating_info, to_host
 from ..validation import is_real
-from .sphere_geometry import _row_norms, _unit_rows, sphere_tolerance
+from .sphere_geometry import _as_real_floating, _row_norms, _unit_rows, sphere_tolerance  # noqa: F401
 
 # Largest log Z accepted for USA, by dtype size in bytes: exp(log Z) and the sums of RK stages
 # stay finite (log of the largest number: 709.8, 88.7, 11.1).
@@ -87,21 +87,6 @@ def _as_heads(Q, K, V):
         if v is not None and v.shape[0] != v.shape[1]:
             raise ValueError(f"V[{h}] must be square (d, d), got shape {v.shape}")
     return out
-
-
-def _as_real_floating(x, what: str):
-    """``x`` as a real floating array of its own namespace (lists and integers become float64)."""
-    if not array_api_compat.is_array_api_obj(x):
-        x = np.asarray(x)
-    xp = array_api_compat.array_namespace(x)
-    if xp.isdtype(x.dtype, "complex floating"):
-        raise TypeError(f"{what} must be real; got a complex array (dtype {x.dtype}): the particles "
-                        "live on the real sphere, pass the real part explicitly if that is meant")
-    if xp.isdtype(x.dtype, "real floating"):
-        return x
-    if xp.isdtype(x.dtype, "integral"):
-        return xp.astype(x, xp.float64)
-    raise TypeError(f"{what} must be a real floating or integer array, got dtype {x.dtype}")
 
 
 def _spectral_norm(a) -> float:

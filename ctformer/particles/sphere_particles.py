@@ -25,20 +25,41 @@ from scipy import special
 
 from ..backend import to_host
 from .sphere_basis import sphere_area
+from .sphere_geometry import sphere_tolerance
 
 __all__ = ["empirical_density", "s_distance", "zonal_cdf", "sample_zonal"]
 
 
+def _host_reals(values, what: str) -> np.ndarray:
+    """``values`` (any array or array-like of real numbers) as a host NumPy array, dtype kept.
+
+    A complex array is refused: its imaginary part would be dropped, with a NumPy warning only.
+    """
+    host = np.asarray(to_host(values) if array_api_compat.is_array_api_obj(values) else values)
+    if np.iscomplexobj(host):
+        raise TypeError(f"{what} must be real, got complex values (dtype {host.dtype}); pass the "
+                        "real part explicitly if that is meant")
+    if host.dtype.kind not in "biuf":
+        raise TypeError(f"{what} must be an array of real numbers, got dtype {host.dtype}")
+    return host
+
+
 def _positions(positions, dimension=None) -> np.ndarray:
-    x = to_host(positions) if array_api_compat.is_array_api_obj(positions) else np.asarray(positions)
+    x = _host_reals(positions, "positions")
+    # data normalized in its own precision is accepted: float16 rows are ~1e-3 off the sphere
+    # (the dtype asked before the host copy: a torch bfloat16 tensor arrives as float32)
+    tol = 1e-6
+    if x.dtype.kind == "f":
+        tol = max(tol, sphere_tolerance(getattr(positions, "dtype", x.dtype)))
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or (dimension is not None and x.shape[1] != dimension):
         want = f"(n, {dimension})" if dimension is not None else "(n, d)"
         raise ValueError(f"positions must have shape {want}, got {x.shape}")
     if not np.all(np.isfinite(x)):
         raise ValueError("positions have NaN or infinite values")
-    if np.max(np.abs(np.linalg.norm(x, axis=1) - 1)) > 1e-6:
-        raise ValueError("positions must lie on the unit sphere (|x_i| = 1 to 1e-6); normalize them first")
+    if np.max(np.abs(np.linalg.norm(x, axis=1) - 1)) > tol:
+        raise ValueError(f"positions must lie on the unit sphere (|x_i| = 1 to {tol:.2g}, the larger of "
+                         "1e-6 and sqrt(eps) of their dtype); normalize them first")
     return x
 
 
@@ -72,10 +93,20 @@ def empirical_density(positions, solver, *, axis=None, weights=None):
     numpy.ndarray
         :math:`c_l` (shape (L+1,)) or :math:`a_{lm}` (complex, healpy order); ``solver``'s
         ``energy``, ``order_parameter`` and ``dominant_mode`` accept them.
+
+    Raises
+    ------
+    TypeError
+        For complex or non-numeric ``positions`` or ``weights`` (read in float64 on the host
+        from any library otherwise).
+    ValueError
+        For a wrong shape, NaN or inf, or points off the sphere by more than the larger of
+        1e-6 and :math:`\sqrt{\varepsilon}` of their dtype.
     """
     d = getattr(solver, "dimension", 3)
     x = _positions(positions, d)
-    w = np.full(x.shape[0], 1.0 / x.shape[0]) if weights is None else np.asarray(weights, dtype=np.float64)
+    w = (np.full(x.shape[0], 1.0 / x.shape[0]) if weights is None
+         else np.asarray(_host_reals(weights, "weights"), dtype=np.float64))
     if w.shape != (x.shape[0],) or not np.all(np.isfinite(w)) or np.any(w < 0):
         raise ValueError(f"weights must be {x.shape[0]} finite numbers >= 0 (a measure), got "
                          f"shape {w.shape} and values from {np.min(w, initial=np.inf):.6g}")
