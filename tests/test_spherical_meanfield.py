@@ -251,7 +251,7 @@ def test_longitudes_are_a_fast_fft_length_and_keep_the_quadrature_exact(L):
     assert abs(np.sum(field.weights * points[..., 2] ** 2) - 4 * math.pi / 3) < 1e-13
     alm = field.coefficients_of(lambda x: np.exp(2.0 * x[..., 2]) * (1 + 0.1 * x[..., 0]))
     plain = SphericalMeanField(5.0, L)
-    plain.n_phi = least
+    object.__setattr__(plain, "n_phi", least)  # past the fixed construction: transport reads n_phi alone
     ours, reference = field.transport(alm), plain.transport(alm)
     assert np.abs(ours - reference).max() < 1e-13 * np.abs(reference).max()
     assert np.abs(reference).max() > 0.1

@@ -139,7 +139,25 @@ class _Frozen(abc.ABCMeta):
         return obj
 
 
-class Discretization(metaclass=_Frozen):
+class _Fixed(metaclass=_Frozen):
+    """A value whose attributes are neither set nor deleted once its ``__init__`` has returned;
+    the refusal's words are its ``_refusal(name)``."""
+
+    def __setattr__(self, name, value):
+        if self.__dict__.get("_frozen", False):
+            raise AttributeError(self._refusal(name))
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        if self.__dict__.get("_frozen", False):
+            raise AttributeError(self._refusal(name))
+        object.__delattr__(self, name)
+
+    def _refusal(self, name: str) -> str:
+        return f"{type(self).__name__} is immutable: cannot set or delete {name!r}"
+
+
+class Discretization(_Fixed):
     r"""A discretization of an interval :math:`[a, b]` by ``n`` values.
 
     Subclasses set the class attributes ``name`` (registry key), ``order`` (expected order of
@@ -363,15 +381,8 @@ class Discretization(metaclass=_Frozen):
         dom = "" if (a, b) == (0.0, 1.0) else f", domain=({a!r}, {b!r})"
         return f"{type(self).__name__}({self.n}{dom})"
 
-    def __setattr__(self, name, value):
-        if self.__dict__.get("_frozen", False):
-            raise AttributeError(_frozen_message(self, name))
-        object.__setattr__(self, name, value)
-
-    def __delattr__(self, name):
-        if self.__dict__.get("_frozen", False):
-            raise AttributeError(_frozen_message(self, name))
-        object.__delattr__(self, name)
+    def _refusal(self, name: str) -> str:
+        return _frozen_message(self, name)
 
     def __getstate__(self):
         # Only (n, domain) define a discretization; cached matrices and factorizations

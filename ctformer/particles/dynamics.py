@@ -59,7 +59,7 @@ from .timegrid import (SolveInterrupted, Trajectory, check_memory, evolve_on, ma
 from ..operators.quadrature_attention import quadrature_attention
 from .._numerics import particles as _fused
 from .partition import _CHUNK_ELEMENTS, _log_partition, log_partition
-from .particle_checks import _ParticleChecks, _as_heads, _check_beta, _host_real, _spectral_norm
+from .particle_checks import _FixedSystem, _ParticleChecks, _as_heads, _check_beta, _host_real, _spectral_norm
 from .sphere_geometry import _tangent_rows, _unit_rows, retract, sphere_tolerance, tangent_projection
 # Moved to partition, particle_checks and sphere_geometry; importable from here as before.
 from .particle_checks import _USA_LOG_MAX, _as_real_floating  # noqa: F401
@@ -69,7 +69,7 @@ __all__ = ["SelfAttentionDynamics", "Trajectory", "SolveInterrupted", "log_parti
            "tangent_projection", "retract", "sphere_tolerance"]
 
 
-class SelfAttentionDynamics(_ParticleChecks):
+class SelfAttentionDynamics(_ParticleChecks, _FixedSystem):
     r"""Self-attention dynamics of tokens on the unit sphere, (SA) or (USA).
 
     .. math::
@@ -127,10 +127,11 @@ class SelfAttentionDynamics(_ParticleChecks):
             if mask != "causal":
                 raise ValueError(f"mask must be None, 'causal' or a boolean (n, n) array, got {mask!r}")
         elif mask is not None:
-            host = to_host(mask) if array_api_compat.is_array_api_obj(mask) else np.asarray(mask)
+            host = np.array(to_host(mask) if array_api_compat.is_array_api_obj(mask) else mask)
             if host.dtype != bool or host.ndim != 2:
                 raise ValueError("a mask array must be a boolean (n, n) array")
-            self._mask_host = host
+            host.setflags(write=False)  # a copy: the caller's later edits do not reach it
+            self._mask_host = mask = host
         self.mask = mask
         if weights is not None:
             w = _host_real(weights, "weights")

@@ -60,7 +60,7 @@ from ..backend import backend_of, constant, to_host
 from ..validation import integer
 from .circle_states import _NEGATIVE_TOLERANCE, MeanFieldSolution, ResolutionWarning, _CircleStates, _host_angles
 from .linear_stability import linear_growth_rate, stability_function
-from .particle_checks import _check_beta
+from .particle_checks import _FixedSystem, _check_beta
 from .sphere_basis import check_size
 from .timegrid import check_memory, evolve_on, march, restart_of, saved_count, time_steps
 
@@ -69,7 +69,7 @@ __all__ = ["CircleMeanField", "MeanFieldSolution", "ResolutionWarning", "linear_
 _USA_BETA_MAX = 700.0
 
 
-class CircleMeanField(_CircleStates):
+class CircleMeanField(_CircleStates, _FixedSystem):
     r"""Fourier spectral solver of the mean-field continuity equation on the circle.
 
     .. math::

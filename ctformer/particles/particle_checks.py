@@ -3,6 +3,9 @@ r"""Checks where data enters the particle dynamics: constructor arguments and pa
 * ``_check_beta``: a finite real :math:`\beta` (``True``, strings and complex numbers refused);
   ``_as_heads``: Q, K, V as equal-length lists of host float64 matrices, one per head (``None``
   the identity); ``_host_real``, ``_as_real_floating``: real numeric arrays.
+* ``_FixedSystem``: particle systems and mean fields are values fixed at construction: what
+  they compute from their parameters (multipliers, converted matrices) is cached, so setting
+  an attribute afterwards is refused, and the arrays they take are copied.
 * ``_ParticleChecks``: the checks of :class:`~ctformer.particles.SelfAttentionDynamics` on the
   particles :math:`x \in \mathbb{R}^{(\text{batch},)\, n \times d}`, shapes against the heads,
   weights and mask, finite entries, and at the start of a solve
@@ -23,6 +26,7 @@ import array_api_compat
 import numpy as np
 
 from ..backend import floating_info, to_host
+from ..discretizations.base import _Fixed
 from ..validation import is_real
 from .sphere_geometry import _as_real_floating, _row_norms, _unit_rows, sphere_tolerance  # noqa: F401
 
@@ -47,14 +51,28 @@ def _check_beta(beta) -> float:
     return float(beta)
 
 
+class _FixedSystem(_Fixed):
+    """A particle system or mean field: no attribute is set once ``__init__`` has returned."""
+
+    def _refusal(self, name: str) -> str:
+        kind = type(self).__name__
+        return (f"{kind}.{name} cannot be set: a {kind} is fixed at construction (what it computes "
+                f"from its parameters is kept, and would no longer match); build a new {kind} with "
+                f"the {name} you want")
+
+
 def _host_real(a, what: str) -> np.ndarray:
-    """A host float64 copy of a matrix or vector argument; complex or non-numeric is refused."""
+    """A host float64 copy of a matrix or vector argument, read-only (a later edit of the
+    caller's array must not reach a system that caches what it computed from it); complex or
+    non-numeric is refused."""
     host = to_host(a) if array_api_compat.is_array_api_obj(a) else np.asarray(a)
     if np.iscomplexobj(host):
         raise TypeError(f"{what} must be real, got a complex array")
     if host.dtype == bool or not (np.issubdtype(host.dtype, np.floating) or np.issubdtype(host.dtype, np.integer)):
         raise TypeError(f"{what} must be a real numeric array, got dtype {host.dtype}")
-    return np.asarray(host, dtype=np.float64)
+    copy = np.array(host, dtype=np.float64)
+    copy.setflags(write=False)
+    return copy
 
 
 def _as_heads(Q, K, V):

@@ -42,6 +42,7 @@ from .. import solvers
 from ..backend import to_host
 from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning, circle_bytes
+from .particle_checks import _FixedSystem
 from .zonal import _finite_energy
 from .sphere_labelled import SphereLabelled, spherical_dataset
 from .sphere_basis import (check_beta, check_noise, check_size, gradient_multipliers, kernel_energy, kernel_multipliers,
@@ -98,7 +99,7 @@ def spherical_bytes(degree: int) -> float:
     return 8.0 * n_theta * n_phi + 66.0 * ((degree + 1) * (degree + 2) // 2) + circle_bytes(3 * degree + 1)
 
 
-class SphericalMeanField:
+class SphericalMeanField(_FixedSystem):
     r"""Spherical-harmonic solver of the mean-field equation on :math:`S^2` (``ducc0.sht``).
 
     Parameters

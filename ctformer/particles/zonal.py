@@ -58,6 +58,7 @@ from .. import solvers
 from ..backend import to_host
 from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning, circle_bytes
+from .particle_checks import _FixedSystem
 from .sphere_labelled import SphereLabelled, zonal_dataset
 from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, check_size, gradient_multipliers,
                            kernel_energy, kernel_multipliers,
@@ -120,7 +121,7 @@ class ZonalSolution(SphereLabelled, MeanFieldSolution):
         return np.asarray(self.density) @ self.weights
 
 
-class ZonalMeanField:
+class ZonalMeanField(_FixedSystem):
     r"""Gegenbauer-Galerkin solver of the mean-field equation for zonal densities on :math:`S^{d-1}`.
 
     Parameters
