@@ -38,7 +38,8 @@ from typing import Callable
 import numpy as np
 
 from . import solvers
-from .model_inputs import as_state_array, check_steps
+from .model_inputs import as_state_array, check_padding_mask, check_steps
+from .shared_tensors import check_unchanged
 from .validation import boolean, one_of
 
 __all__ = ["gradient"]
@@ -226,7 +227,8 @@ def _check_finite(torch, gradients, what: str, cause: str):
 
 def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None, hidden=None,
              scheme="lie", steps_per_layer: int = 1, route: str = "adjoint",
-             parameters: bool = False, rtol=None, atol=None):
+             parameters: bool = False, rtol=None, atol=None, padding_mask=None,
+             context_length=None):
     r"""The gradient of ``loss(u(T))`` with respect to ``u0`` (and the model's parameters).
 
     Parameters
@@ -243,8 +245,8 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     loss : callable
         ``loss(u_T) -> scalar torch tensor``, differentiable by torch. It always receives a
         torch tensor (also for a NumPy ``u0``).
-    tokens, features, head_features, hidden : Discretization
-        As in :meth:`ContinuousTransformer.solve`.
+    tokens, features, head_features, hidden : Discretization or str
+        As in :meth:`ContinuousTransformer.solve` (a name takes ``n`` from ``u0``'s shape).
     scheme : str
         Any name of :func:`ctformer.solvers.available`; default ``"lie"``, the default of
         :meth:`~ctformer.ContinuousTransformer.solve` (with ``steps_per_layer=1`` it is the
@@ -267,13 +269,21 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
         A scheme of order :math:`p` takes about :math:`\mathrm{rtol}^{-1/p}` steps: the
         default ``"lie"`` (:math:`p = 1`) ten times more per decade; below ``rtol=1e-3``
         prefer ``"rk4"`` or ``"tsit5"``.
+    padding_mask : bool array of shape (..., N), optional
+        As in :meth:`~ctformer.ContinuousTransformer.solve` (1 for a real token): attention
+        reads only real tokens, on both routes.
+    context_length : float, optional
+        As in :meth:`~ctformer.ContinuousTransformer.solve`: the reference length :math:`L`
+        of positions, which a converted RoPE or ALiBi network needs (``N`` for the network
+        on ``N`` tokens, as in :meth:`~ctformer.ContinuousTransformer.run`).
 
     Returns
     -------
     torch.Tensor or (torch.Tensor, dict)
         :math:`\partial J / \partial u_0` (the shape of ``u0``); with ``parameters=True``
-        also a dict name -> gradient (the shapes of the parameters). NumPy arrays instead of
-        tensors when ``u0`` was NumPy.
+        also a dict name -> gradient (the shapes of the parameters). Names that alias one
+        weight (layers sharing it, as in ALBERT) each get that weight's whole gradient, the
+        sum over the layers that use it. NumPy arrays instead of tensors when ``u0`` was NumPy.
 
     Raises
     ------
@@ -286,6 +296,9 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
         integer, a post-norm model on the adjoint route (its projections have no adjoint
         flow), a loss that is not a finite scalar depending on ``u(T)``, or a gradient with a
         NaN or inf entry (a loss not differentiable at ``u(T)``, or an overflowing solve).
+    StaleConversionError
+        If ``model`` was converted from a module whose tensors changed in place since (as
+        :meth:`~ctformer.ContinuousTransformer.solve` raises): convert the module again.
 
     Notes
     -----
@@ -301,13 +314,18 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     steps_per_layer = check_steps(steps_per_layer, len(model.blocks))
     integrator = solvers.get(scheme)
     u0, numpy_in = _as_tensor(torch, u0)
+    # the copy below shares nothing with a converted module, so it could not see a change
+    check_unchanged(model)
     names = sorted(model.parameters())
     tensors = {n: torch.tensor(model.parameters()[n], dtype=u0.dtype, device=u0.device)
                .detach().clone().requires_grad_(parameters) for n in names}
     model = model.with_parameters(tensors)
-    params = [tensors[n] for n in names] if parameters else []
+    # names that alias one weight all hold the tensor assigned last: differentiate that one
+    used = model.parameters()
+    params = list({id(used[n]): used[n] for n in names}.values()) if parameters else []
     kw = dict(tokens=tokens, features=features, head_features=head_features, hidden=hidden,
-              scheme=integrator, steps_per_layer=steps_per_layer)
+              scheme=integrator, steps_per_layer=steps_per_layer, padding_mask=padding_mask,
+              context_length=context_length)
     control = _control(steps_per_layer, rtol, atol)
     if not isinstance(control, int):
         kw.update(rtol=control.rtol, atol=control.atol)
@@ -316,10 +334,11 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
         u0_grad, grads = _loss_gradients(torch, loss, x, model.solve(x, **kw), params)
         cause = "the solve overflowed or is not differentiable at this state"
     else:
-        u0_grad, grads = _adjoint_route(torch, model, u0, loss, params, control, integrator,
-                                        model.grids(tokens, features, head_features, hidden))
+        u0_grad, grads = _adjoint_route(torch, model, u0, loss, params, control, integrator, kw)
         cause = ("the backward solve overflowed: take more steps_per_layer, or give rtol/atol "
                  "for error control")
+    position = {id(p): i for i, p in enumerate(params)}
+    grads = [grads[position[id(used[n])]] for n in names] if parameters else []
     _check_finite(torch, {"u0": u0_grad, **dict(zip(names, grads))}, f"route={route!r}", cause)
     return _result(u0_grad, names, grads, parameters, numpy_in)
 
@@ -335,14 +354,23 @@ def _control(steps_per_layer: int, rtol, atol):
                                 atol=1e-9 if atol is None else atol)
 
 
-def _adjoint_route(torch, model, u0, loss, params, control, integrator, grids):
+def _adjoint_route(torch, model, u0, loss, params, control, integrator, kw):
     r"""Forward solve without a tape, then the augmented state :math:`(u, \lambda, g)` from
-    :math:`T` back to 0: the gradients with respect to ``u0`` and to each of ``params``."""
-    problems = [block.split_problem(grids) for block in model.blocks]
+    :math:`T` back to 0: the gradients with respect to ``u0`` and to each of ``params``.
+    ``kw``: the keywords of the equivalent :meth:`ContinuousTransformer.solve`."""
+    # as solve reads them: names of discretizations, context_length, the padding mask
+    u0, grids = model._initial_state(u0, kw["tokens"], kw["features"], kw["head_features"],
+                                     kw["hidden"], kw["context_length"])
+    mask = kw["padding_mask"]
+    if mask is not None:
+        if not grids.is_nodal:
+            raise ValueError("padding_mask needs nodal token and feature discretizations, "
+                             "got a Galerkin one")
+        mask = check_padding_mask(mask, u0)
+    problems = [block.split_problem(grids, mask) for block in model.blocks]
     if solvers.projects(problems):
         raise ValueError("route='adjoint' needs a model without projections after sub-steps "
                          "(pre-norm or no normalization); use route='autograd' for post-norm")
-    grids.validate(u0, "u0")
     with torch.no_grad():   # the forward solve keeps no tape: only u(T) is needed
         # the grid weights of evolve's "l2" norm: with rtol/atol the same steps as solve/evolve
         u_t = solvers.integrate(solvers.Piecewise.layers(problems), u0.detach(), control,
