@@ -19,7 +19,7 @@ import numpy as np
 from .. import solvers
 from .._numerics.threads import fixed_threads
 from ..backend import floating_info
-from ..discretizations.memory import MEMORY_BUDGET_ENV, SizeTooLargeError, memory_budget
+from ..discretizations import memory as _memory
 from ..model_inputs import check_step_count
 from ..solvers import SolveInterrupted
 from ..solvers.restart_identity import computation, recorded, refuse_another, system_fingerprint
@@ -103,13 +103,13 @@ def check_memory(count: int, like, save_every: int, steps: int) -> None:
     per_state = math.prod(like.shape) * (floating_info(like.dtype).bits // 8)
     needed, free = count * per_state, available_bytes(like)
     device = getattr(getattr(like, "device", None), "type", "cpu") != "cpu" or array_api_compat.is_cupy_array(like)
-    budget = memory_budget() if not device or os.environ.get(MEMORY_BUDGET_ENV) else None
+    budget = _memory.memory_budget() if not device or os.environ.get(_memory.MEMORY_BUDGET_ENV) else None
     limits = [(b, w) for b, w in ((free, "available"), (budget, "allowed by the memory budget (half the "
-              f"available memory, or {MEMORY_BUDGET_ENV})")) if b is not None and needed > b]
+              f"available memory, or {_memory.MEMORY_BUDGET_ENV})")) if b is not None and needed > b]
     if limits:
         limit, words = min(limits, key=lambda pair: pair[0])
         hint = max(1, math.ceil(steps / max(1, limit // per_state - 2)))
-        raise SizeTooLargeError(
+        raise _memory.SizeTooLargeError(
             f"saving with save_every={save_every} over {steps} steps keeps {count} states of "
             f"{per_state} bytes: {needed} bytes needed ({needed / 2**30:.3g} GiB), {limit} bytes "
             f"{words} ({limit / 2**30:.3g} GiB); raise save_every (to at least {hint}) or shorten t1")
@@ -269,7 +269,7 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
         solution = solvers.integrate(solvers.Piecewise.single(problem, t_end, t0), state, control,
                                      scheme=scheme, save_at=save_at, events=tuple(events),
                                      order=scheme.nominal_order, what=f"the {what} solution", hint=hint,
-                                     start=start,
+                                     start=start, memory=_memory,  # saved states and dense records
                                      labels={"axes": axes, "time_axis": "time", "model_fingerprint": fingerprint})
     if k:
         solution = _grid_times(solution, t0, k, h, save_at is None or save_at.times is None)

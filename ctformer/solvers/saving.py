@@ -247,7 +247,8 @@ class Saver:
                 f"Solution.evaluate: the step's end state and the arrays its interpolant reads, "
                 f"{_bytes(cost)} for the step ending at t={t:.6g}): with {_bytes(self._used())} "
                 f"kept, the memory budget of {_bytes(budget)} ({self._budget_words()}) has no room "
-                f"for it; kept the records of {len(self.records)} steps{upto} (the solution so "
+                f"for it; kept the records of {len(self.records)} "
+                f"step{'' if len(self.records) == 1 else 's'}{upto} (the solution so "
                 f"far, with its dense output, is exc.solution); solve without dense=True "
                 f"(SaveAt(times=...) at the depths you need) or raise {self.memory.MEMORY_BUDGET_ENV}")
 
