@@ -9,10 +9,13 @@ segment ends are those jump times, with either ``steps_per_layer`` fixed steps o
 """
 from __future__ import annotations
 
+import numpy as np
+
 from . import solvers
 from ._numerics import sequence_groups as _sequence_groups
 from ._numerics.elementwise import add as threaded_add
 from ._numerics.threads import fixed_threads
+from .backend import to_host
 from .discretizations import memory as _memory
 from .model_inputs import check_padding_mask, check_steps
 from .shared_tensors import check_unchanged
@@ -40,6 +43,38 @@ def controller_for(rtol, atol, controller, max_steps):
     return controller
 
 
+def _fixed_steps(model, steps_per_layer, rtol, atol, controller, max_steps) -> int:
+    """The checked ``steps_per_layer`` of a fixed-step solve, which has no error control: a
+    tolerance, controller or ``max_steps`` beside it would be ignored, so it is refused by name
+    (as :meth:`~ctformer.ContinuousTransformer.solve` refuses ``rtol`` beside ``steps_per_layer``)."""
+    given = [f"{name}={value!r}" for name, value, default in
+             (("rtol", rtol, 1e-6), ("atol", atol, 1e-9), ("max_steps", max_steps, 100_000))
+             if value != default] + (["controller"] if controller is not None else [])
+    if given:
+        raise ValueError(f"steps_per_layer={steps_per_layer!r} and {', '.join(given)} both given: "
+                         "fixed steps take no error control; choose fixed steps (drop "
+                         f"{', '.join(g.split('=')[0] for g in given)}) or error control (drop "
+                         "steps_per_layer)")
+    steps = check_steps(steps_per_layer, len(model.blocks))
+    if steps > 1 and model.warns_inconsistent_depth:
+        solvers.warn_inconsistent_depth("steps_per_layer > 1 on a post-norm model whose "
+                                        "normalization is not a projection", stacklevel=4)
+    return steps
+
+
+def _real_token_weights(weights, padding_mask):
+    r"""The grids' token weights :math:`w^x_i` with the padded tokens of each sequence at zero and
+    the real ones scaled so that every sequence keeps the total :math:`\sum_i w^x_i`.
+
+    The error norm then reads only the tokens a user keeps (a padded token's state is never read
+    by a real one), and a padded sequence is measured as that sequence alone on midpoint grids.
+    """
+    w_x, w_y = weights
+    real = np.asarray(to_host(padding_mask), dtype=bool)
+    w = w_x * real
+    return w * (w_x.sum() / w.sum(axis=-1, keepdims=True)), w_y
+
+
 def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, scheme="tsit5",
            rtol=1e-6, atol=1e-9, steps_per_layer=None, save_at=None, events=(),
            max_steps=100_000, padding_mask=None, context_length=None, controller=None,
@@ -47,10 +82,7 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
     """:meth:`ctformer.ContinuousTransformer.evolve` (see there)."""
     integrator = solvers.get(scheme)
     if steps_per_layer is not None:
-        control = check_steps(steps_per_layer, len(model.blocks))
-        if control > 1 and model.warns_inconsistent_depth:
-            solvers.warn_inconsistent_depth("steps_per_layer > 1 on a post-norm model whose "
-                                            "normalization is not a projection", stacklevel=3)
+        control = _fixed_steps(model, steps_per_layer, rtol, atol, controller, max_steps)
     else:
         control = controller_for(rtol, atol, controller, max_steps)
         if model.warns_inconsistent_depth:
@@ -97,6 +129,8 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
     # fixed steps of a NumPy batch: groups of whole sequences advanced side by side
     groups = None if steps_per_layer is None else _sequence_groups.plan(u, padding_mask, problem, layered)
     weights = solvers.grid_weights(grids) if u.ndim >= 2 else None
+    if padding_mask is not None and weights is not None:
+        weights = _real_token_weights(weights, padding_mask)
     # the order serves step doubling only: fixed steps skip its walk over the blocks
     # the thread count read once, not at every product of every step; the residual sums of
     # large NumPy states on torch's threads, where its products run (the same bits)

@@ -37,8 +37,7 @@ from ..model_inputs import as_state_array, check_padding_mask, check_steps
 from ..random_models import random_layers
 from ..solvers import InconsistentDepthLimitWarning
 from ..state import Grids
-# Block, the parameter checks and the steps of a solve around its time loop have modules of
-# their own; every name this module had before stays importable from here.
+# Block, parameter checks and a solve's steps have modules of their own; old names stay importable.
 from . import block
 from .block import Block, _compose
 from .checks import (_check_parameter_names, _check_parameter_shape, _check_tensor_kinds,
@@ -211,9 +210,10 @@ class ContinuousTransformer(_Solving):
             Discretizations of :math:`\sigma` and :math:`r`. Default: the model's own, else
             ``features``.
         scheme : str or ctformer.solvers.Scheme
-            Time integrator, e.g. ``"lie"`` (the discrete Transformer) or ``"euler"``.
+            Time integrator, e.g. ``"lie"`` (the discrete Transformer, the default, also with
+            ``rtol``/``atol``, unlike :meth:`evolve`'s ``"tsit5"``) or ``"euler"``.
         steps_per_layer : int
-            Steps :math:`k \ge 1` per layer; :math:`\Delta t = 1/k`.
+            Steps :math:`k \ge 1` per layer; :math:`\Delta t = 1/k` (``None`` is refused).
         trajectory : bool
             Return the states at the layer boundaries :math:`t = 0, 1, \dots, T` instead of
             only the final state. The final normalization (if any) is applied to the last entry.
@@ -226,9 +226,9 @@ class ContinuousTransformer(_Solving):
             the layer's steps in the backward pass (memory :math:`O(T)`, not
             :math:`O(T k)`).
         rtol, atol : float, optional
-            Error control instead of fixed steps: the result is ``evolve(u0, ..., rtol=rtol,
-            atol=atol).final`` (after the final normalization); ``steps_per_layer`` must then
-            stay 1 (its default).
+            Error control: ``evolve(u0, ..., scheme=scheme, rtol=rtol, atol=atol).final``, then
+            normalized, with this method's scheme (``"lie"``, order 1, takes about
+            :math:`\mathrm{rtol}^{-1}` steps: below 1e-3 pass ``scheme="tsit5"``); ``steps_per_layer`` stays 1.
 
         Returns
         -------
@@ -263,7 +263,8 @@ class ContinuousTransformer(_Solving):
         save_at = solvers.SaveAt(layers=validation.boolean(trajectory, "trajectory"))
         with _on_state_device(u0):
             solution = evolve(self, u0, tokens=tokens, features=features, head_features=head_features,
-                              hidden=hidden, scheme=scheme, steps_per_layer=steps_per_layer,
+                              hidden=hidden, scheme=scheme,  # None below would mean error control
+                              steps_per_layer=check_steps(steps_per_layer, self.layers),
                               save_at=save_at, padding_mask=padding_mask, context_length=context_length,
                               checkpoint=validation.boolean(checkpoint, "checkpoint"))
             return self._readout(solution, trajectory)
@@ -283,7 +284,8 @@ class ContinuousTransformer(_Solving):
                    \Bigr)^{1/2}
 
         (a discrete :math:`L^2(X \times Y)` norm, so a tolerance means the same at every
-        resolution), and a step is accepted when :math:`\|e\| \le 1`.
+        resolution; padded tokens weigh 0, each sequence's real ones its total weight), and a
+        step is accepted when :math:`\|e\| \le 1`.
 
         Parameters
         ----------
@@ -299,7 +301,7 @@ class ContinuousTransformer(_Solving):
             Relative and absolute tolerances (:class:`ctformer.solvers.PIController`).
         steps_per_layer : int, optional
             Fixed steps instead of error control: ``k`` steps of :math:`1/k` per layer (the
-            same states as :meth:`solve`).
+            same states as :meth:`solve`); then rtol, atol, max_steps, controller are refused.
         save_at : ctformer.SaveAt, optional
             Which states to keep (default: the final one); ``SaveAt(dense=True)`` keeps the
             interpolants for :meth:`Solution.evaluate`.
@@ -334,10 +336,9 @@ class ContinuousTransformer(_Solving):
         Raises
         ------
         ValueError
-            For a bad tolerance (negative, NaN, both zero: the message names it), a
-            ``controller`` that contradicts ``rtol``/``atol``, tolerances on a post-norm model
-            without a continuous-depth limit (:attr:`warns_inconsistent_depth`), and the
-            input errors of :meth:`solve`.
+            For a bad tolerance (negative, NaN, both zero: the message names it), a ``controller``
+            that contradicts ``rtol``/``atol``, tolerances on a post-norm model without a
+            continuous-depth limit (:attr:`warns_inconsistent_depth`), and :meth:`solve`'s input errors.
         ctformer.solvers.MaxStepsReached, ctformer.solvers.StepSizeTooSmall
             With the solution so far as ``exc.solution``.
 

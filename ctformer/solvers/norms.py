@@ -33,13 +33,16 @@ import numpy as np
 __all__ = ["weighted_rms", "rms", "grid_weights"]
 
 
-def _axis_weights(w, length: int, name: str):
+def _axis_weights(w, length: int, name: str, lead: tuple = ()):
+    """Host weights of one axis, of shape ``(length,)`` or, for tokens, ``lead + (length,)``
+    (one weight per token of each sequence: a padding mask's zeros)."""
     if w is None:
         return None
     w = np.asarray(w, dtype=np.float64)
-    if w.shape != (length,):
-        raise ValueError(f"weights: the {name} weights must have shape ({length},) to match the "
-                         f"error's {name} axis, got shape {w.shape}")
+    if w.shape != (length,) and not (lead and w.shape == tuple(lead) + (length,)):
+        per_sequence = f" or {tuple(lead) + (length,)}" if lead else ""
+        raise ValueError(f"weights: the {name} weights must have shape ({length},){per_sequence} "
+                         f"to match the error's {name} axis, got shape {w.shape}")
     if not np.all(np.isfinite(w)) or np.any(w < 0) or not w.sum() > 0:
         raise ValueError(f"weights: the {name} weights must be finite, non-negative and not all "
                          f"zero, got {w!r}")
@@ -66,6 +69,8 @@ def weighted_rms(e, u, u_new, rtol: float, atol: float, weights=None) -> float:
         Token weights of shape ``(n_x,)`` and feature weights of shape ``(n_y,)``, host
         arrays, non-negative; either may be ``None`` (uniform on that axis). ``None``: all
         weights 1, which is :func:`rms`. Build them from grids with :func:`grid_weights`.
+        The token weights may also have the shape ``e.shape[:-1]``, one weight per token of
+        each sequence (:math:`w^x_{bi}` in the formula: zero for padded tokens).
 
     Returns
     -------
@@ -90,7 +95,8 @@ def weighted_rms(e, u, u_new, rtol: float, atol: float, weights=None) -> float:
     if (w_x is not None or w_y is not None) and e.ndim < 2:
         raise ValueError(f"weights need an error with a token and a feature axis (..., n_x, n_y), "
                          f"got shape {tuple(e.shape)}")
-    w_x = _axis_weights(w_x, e.shape[-2] if e.ndim >= 2 else 0, "token")
+    w_x = _axis_weights(w_x, e.shape[-2] if e.ndim >= 2 else 0, "token",
+                        tuple(e.shape[:-2]) if e.ndim > 2 else ())
     w_y = _axis_weights(w_y, e.shape[-1] if e.ndim >= 1 else 0, "feature")
     scale = atol + rtol * xp.maximum(xp.abs(u), xp.abs(u_new))
     if atol == 0:  # an exact zero error where the state is zero is resolved (not 0/0 = NaN)
@@ -104,7 +110,7 @@ def weighted_rms(e, u, u_new, rtol: float, atol: float, weights=None) -> float:
         s2 = s2 * xp.asarray(np.array(w_y), dtype=s2.dtype, device=device)
         total *= float(w_y.sum()) / w_y.size
     if w_x is not None:
-        s2 = s2 * xp.asarray(np.array(w_x), dtype=s2.dtype, device=device)[:, None]
+        s2 = s2 * xp.asarray(np.array(w_x), dtype=s2.dtype, device=device)[..., None]
         total *= float(w_x.sum()) / w_x.size
     return math.sqrt(float(xp.sum(s2)) / total)
 
