@@ -40,7 +40,7 @@ from ..state import Grids
 # Block, parameter checks and a solve's steps have modules of their own; old names stay importable.
 from . import block
 from .block import Block, _compose
-from .checks import (_check_parameter_names, _check_parameter_shape, _check_tensor_kinds,
+from .checks import (_check_shared, _check_parameter_names, _check_parameter_shape, _check_tensor_kinds,
                      _checked_parameter, _checked_parameters, _device)
 from .solving import _Solving, _on_state_device
 
@@ -168,16 +168,16 @@ class ContinuousTransformer(_Solving):
             For a value that is not a real array (a string, complex numbers, a torch ``meta``
             tensor), or tensors of different dtypes or devices: the message names it.
         ValueError
-            For an array of another shape than the parameter's, one holding NaN or inf, or a
-            NumPy value beside tensors that overflows their dtype.
+            For an array of another shape, one holding NaN or inf, a NumPy value beside tensors
+            that overflows their dtype, or names of one weight shared by layers given two values.
         """
         import copy
 
-        checked = _checked_parameters(self.parameters(), params)
+        checked = _checked_parameters(self, params)
         model = copy.deepcopy(self)
         for name, value in checked.items():
             assign_parameter(model, name, value)
-        return model
+        return _check_shared(model, checked)
 
     # -- grids ---------------------------------------------------------------------------
     def grids(self, tokens, features, head_features=None, hidden=None, context_length=None) -> Grids:

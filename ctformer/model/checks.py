@@ -16,6 +16,7 @@ import numpy as np
 
 from ..kernels import is_host
 from ..model_inputs import refuse_meta as _refuse_meta
+from ..shared_tensors import check_unchanged
 
 
 def _check_parameter_names(own: dict, params) -> None:
@@ -115,11 +116,42 @@ def _as_tensors_like(params: dict) -> dict:
     return out
 
 
-def _checked_parameters(own: dict, params) -> dict:
-    """``params`` checked against the model's own parameters ``own`` (names, shapes, values,
-    one tensor dtype and device), NumPy values beside tensors made tensors like them."""
+def _checked_parameters(model, params) -> dict:
+    """``params`` checked against the parameters of ``model`` (names, shapes, values, one
+    tensor dtype and device), NumPy values beside tensors made tensors like them. A converted
+    model whose module changed in place is refused first: the copy made with the new values
+    would no longer be watched, and would keep what was computed from the old ones."""
+    check_unchanged(model)
+    own = model.parameters()
     _check_parameter_names(own, params)
     checked = {name: _checked_parameter(name, value, np.shape(own[name]))
                for name, value in params.items()}
     _check_tensor_kinds(checked)
     return _as_tensors_like(checked)
+
+
+def _check_shared(model, given: dict):
+    """``model`` (parameters just assigned from ``given``), checked: names that hold one weight
+    after the assignment (layers sharing it, as ALBERT's) were given equal values. The model
+    keeps one value per shared weight, the last assigned: a different earlier one was dropped
+    silently."""
+    held: dict = {}
+    for name, value in model.parameters().items():
+        held.setdefault(id(value), []).append(name)
+    for names in held.values():
+        first = given[names[0]]
+        for other in names[1:]:
+            if not _equal(first, given[other]):
+                raise ValueError(f"params[{names[0]!r}] and params[{other!r}] set one weight of this "
+                                 f"model (its layers share it) to different values: the model keeps "
+                                 f"one of them; give every name of a shared weight the same value")
+    return model
+
+
+def _equal(a, b) -> bool:
+    if a is b:
+        return True
+    if is_host(a) and is_host(b):
+        return np.array_equal(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
+    xp = array_api_compat.array_namespace(a, b)
+    return a.shape == b.shape and bool(xp.all(a == b))
