@@ -23,7 +23,7 @@ from .solvers.restart import restart_point
 from .solvers.restart_identity import computation, mask_digest, model_fingerprint, recorded, refuse_another
 from .solvers.runge_kutta import summing
 
-__all__ = ["evolve", "controller_for"]
+__all__ = ["evolve", "controller_for", "refuse_error_control"]
 
 
 def controller_for(rtol, atol, controller, max_steps):
@@ -43,18 +43,23 @@ def controller_for(rtol, atol, controller, max_steps):
     return controller
 
 
-def _fixed_steps(model, steps_per_layer, rtol, atol, controller, max_steps) -> int:
-    """The checked ``steps_per_layer`` of a fixed-step solve, which has no error control: a
-    tolerance, controller or ``max_steps`` beside it would be ignored, so it is refused by name
-    (as :meth:`~ctformer.ContinuousTransformer.solve` refuses ``rtol`` beside ``steps_per_layer``)."""
+def refuse_error_control(fixed: str, rtol, atol, controller, max_steps) -> None:
+    """Refuse by name a tolerance, controller or ``max_steps`` (other than the defaults) beside
+    the option ``fixed`` (``"steps_per_layer=2"``, ``"dt=0.1"``) that asks for fixed steps,
+    which have no error control: they would be ignored."""
     given = [f"{name}={value!r}" for name, value, default in
              (("rtol", rtol, 1e-6), ("atol", atol, 1e-9), ("max_steps", max_steps, 100_000))
              if value != default] + (["controller"] if controller is not None else [])
     if given:
-        raise ValueError(f"steps_per_layer={steps_per_layer!r} and {', '.join(given)} both given: "
-                         "fixed steps take no error control; choose fixed steps (drop "
-                         f"{', '.join(g.split('=')[0] for g in given)}) or error control (drop "
-                         "steps_per_layer)")
+        raise ValueError(f"{fixed} and {', '.join(given)} both given: fixed steps take no error "
+                         f"control; choose fixed steps (drop {', '.join(g.split('=')[0] for g in given)}) "
+                         f"or error control (drop {fixed.split('=')[0]})")
+
+
+def _fixed_steps(model, steps_per_layer, rtol, atol, controller, max_steps) -> int:
+    """The checked ``steps_per_layer`` of a fixed-step solve (:func:`refuse_error_control`; as
+    :meth:`~ctformer.ContinuousTransformer.solve` refuses ``rtol`` beside ``steps_per_layer``)."""
+    refuse_error_control(f"steps_per_layer={steps_per_layer!r}", rtol, atol, controller, max_steps)
     steps = check_steps(steps_per_layer, len(model.blocks))
     if steps > 1 and model.warns_inconsistent_depth:
         solvers.warn_inconsistent_depth("steps_per_layer > 1 on a post-norm model whose "

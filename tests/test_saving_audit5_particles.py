@@ -51,3 +51,17 @@ def test_mean_field_steps_beyond_the_budget_are_refused(monkeypatch):
     kept = info.value.solution.states
     assert 0 < kept.shape[0] <= count // 2
     np.testing.assert_array_equal(kept, whole.states[:kept.shape[0]])
+
+
+@pytest.mark.parametrize("option", [dict(rtol=1e-3), dict(atol=1e-4), dict(max_steps=10),
+                                    dict(controller=solvers.PIController(rtol=1e-3))],
+                         ids=["rtol", "atol", "max_steps", "controller"])
+def test_fixed_step_evolve_refuses_error_control_settings(option):
+    # before: ignored beside dt (the result of dt alone, bit for bit)
+    name = next(iter(option))
+    with pytest.raises(ValueError, match=rf"dt=0\.1 and {name}.* both given: fixed steps take no error control"):
+        SelfAttentionDynamics(1.0).evolve(_points(8), 1.0, dt=0.1, **option)
+    with pytest.raises(ValueError, match=rf"dt=0\.1 and {name}"):
+        CircleMeanField(2.0, 64).evolve(lambda t: 1.0 + 0.5 * np.cos(t), 1.0, dt=0.1, **option)
+    fixed = SelfAttentionDynamics(1.0).evolve(_points(8), 1.0, dt=0.1)
+    assert fixed.stats["accepted"] == 10

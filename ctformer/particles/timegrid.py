@@ -246,8 +246,7 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
     ``start`` (:func:`restart_of`) continues a saved solve ``initial`` (the same grid, or step
     size and error history) of the same ``system`` and control, else refused by name.
     """
-    from ..evolution import controller_for
-
+    from ..evolution import controller_for, refuse_error_control
     scheme = solvers.get(scheme)
     t1 = _real_number(t1, "t1")
     if not (math.isfinite(t1) and t1 > 0):
@@ -255,6 +254,7 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
     t0 = 0.0 if start is None else start.t0
     k = 0
     if dt is not None:
+        refuse_error_control(f"dt={dt!r}", rtol, atol, controller, max_steps)
         steps, h = time_steps(t1, dt, 1)
         k = round(t0 / h)  # on the grid: restart_of checked it
         control = (steps - k, h)
