@@ -9,8 +9,14 @@ quadrature weights :math:`w_j` (summing to 1):
     \mathrm{out}_j = \frac{u_j - \mu}{\sqrt{\sigma^2 + \varepsilon}}\, g_j + c_j,
 
 LayerNorm with ``centre`` and RMSNorm / the sphere projection without it. Sums accumulate in
-float64 (for float32 rows too). The kernel refuses (returns False) a row it cannot do without
-rescaling, and the caller then takes the scale-safe path, which also names a degenerate token:
+float64 (for float32 rows too). With ``centre``, a row whose :math:`\sigma^2` is at most
+:math:`(\mathrm{noise} \cdot \mu)^2` (where the rounding of :math:`\mu` may be all of it)
+has its mean corrected once, :math:`\mu \leftarrow \mu + \sum_j w_j (u_j - \mu)`, and
+:math:`\sigma^2` summed again: the rounding of :math:`\mu` alone made a constant row of
+:math:`10^{30}` normalize to :math:`\pm 1` with :math:`\varepsilon > 0`; now to exactly
+:math:`c_j`. Other rows pay one comparison. The kernel refuses (returns False) a row it
+cannot do without rescaling, and the caller then takes the scale-safe path, which also names a
+degenerate token:
 
 * with :math:`\varepsilon = 0`, a row whose largest entry is too large to square or too small
   to keep its variance, or whose variance is not clearly above rounding noise (relative to
@@ -52,6 +58,14 @@ def _weighted_square_sum(row, w, mean):
     return total
 
 
+@_sum_jit
+def _weighted_centred_sum(row, w, mean):
+    total = 0.0
+    for j in range(row.size):
+        total += (np.float64(row[j]) - mean) * w[j]
+    return total
+
+
 @jit
 def normalize_rows(u, w, eps, centre, gain, shift, largest, noise, smallest, out):
     """out[r] = the normalized row u[r] (``gain`` / ``shift`` of size 0: none); False, with
@@ -70,6 +84,9 @@ def normalize_rows(u, w, eps, centre, gain, shift, largest, noise, smallest, out
                 return False
         mean = _weighted_sum(row, w) if centre else 0.0
         var = _weighted_square_sum(row, w, mean)
+        if centre and var <= (noise * mean) ** 2:  # the mean's rounding may be all of var: corrected once
+            mean += _weighted_centred_sum(row, w, mean)
+            var = _weighted_square_sum(row, w, mean)
         if exact:
             if not var > (noise * peak) ** 2:
                 return False

@@ -39,7 +39,11 @@ each element being computed alone). On NumPy:
   float32: 2.2e-6 on :math:`[-6, -3]`, 7.9e-6 on :math:`[-13, -10]` (the compiled loop: 1.3e-6
   and 4.2e-6, and 0 for results below about :math:`10^{-37}`, :math:`z < -13.1`);
 * ``gelu_tanh`` and ``silu`` use the logistic forms above: one ``exp`` and no ``tanh``, and
-  relatively accurate in both tails (the tanh form cancels for large negative ``z``).
+  relatively accurate in both tails (the tanh form cancels for large negative ``z``) until
+  :math:`e^{-z}` (:math:`e^{-s}`) overflows to inf and the result is :math:`-0`: SiLU below
+  :math:`z = -88.72` in float32 (:math:`-709.78` in float64), where the exact value is at most
+  2.6e-37 (3.9e-306) in magnitude, and the tanh GELU below :math:`z = -10.06` (:math:`-21.16`),
+  where it is at most 3.0e-38 (1.2e-307); at :math:`z = -10^{30}` both give :math:`-0`.
 
 Where Numba is installed (``CTFORMER_LOOP_ENGINE``, :mod:`ctformer._numerics.compiled`) the
 same formulas run as one compiled pass per element, with a vectorized ``exp``: ``gelu_tanh``
@@ -56,7 +60,9 @@ bits, and one array of the hidden width less in every layer.
 Non-finite entries: NaN stays NaN. On NumPy arrays (both engines) ``gelu`` gives 0 at
 :math:`-\infty` and :math:`\infty` at :math:`\infty`, its limits; ``gelu_tanh`` and ``silu``
 give NaN at :math:`-\infty` (:math:`-\infty / \infty`), as torch's functions do. Torch
-tensors get torch's own values (its float32 ``gelu`` is NaN at :math:`\pm\infty`).
+tensors get torch's own values (its float32 ``gelu`` is NaN at :math:`\pm\infty`, and its
+vectorized CPU loop gives inf for finite :math:`z` above :math:`1.70 \cdot 10^{38}`, half
+float32's largest number, where the NumPy paths give :math:`z`).
 
 Every activation returns an array of its input's dtype. NumPy float16 arrays are evaluated in
 float32 by the paths above and rounded once to float16: over all 63488 finite float16 inputs

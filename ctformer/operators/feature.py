@@ -25,8 +25,11 @@ The activations :math:`\phi` (:data:`ACTIVATIONS`: relu, gelu, gelu_tanh, silu) 
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ..backend import namespace
 from ..kernels import Kernel
 from .activations import ACTIVATIONS, gelu, gelu_tanh, get_activation, is_built_in, loop_kind, one_block, overwrite, \
     relu, silu
@@ -177,13 +180,41 @@ def _set_components(op, kernels: dict, biases: dict, activation) -> None:
     op.activation_name, op.phi = _activation(activation)
 
 
+class _Refusing(Operator):
+    """An operator whose public call refuses a result that overflows its dtype (a solve
+    evaluates the discretized map and checks its own state, so that path pays nothing)."""
+
+    def __call__(self, u, grids: Grids, **kwargs):
+        """Apply the operator (:meth:`Operator.__call__`), refusing a non-finite result.
+
+        Raises
+        ------
+        FloatingPointError
+            If the result is not finite although ``u`` is: an intermediate or the result
+            exceeds the largest number of ``u``'s dtype (float32: 3.4e38), so the exact value
+            is not representable there; the message gives ``max |u|`` and the remedy.
+        """
+        with np.errstate(over="ignore", invalid="ignore"):  # the exception below says it once
+            out = super().__call__(u, grids, **kwargs)
+        xp = namespace(out)
+        if not bool(xp.all(xp.isfinite(out))):
+            scale = float(xp.max(xp.abs(u))) if math.prod(u.shape) else 0.0
+            dtype = str(u.dtype).removeprefix("torch.")
+            wider = "" if dtype == "float64" else " or pass u as float64"
+            raise FloatingPointError(
+                f"{type(self).__name__} of u overflows {dtype}: with max |u| = {scale:.3g} an "
+                f"intermediate or the result exceeds the largest {dtype} number, so it is not "
+                f"representable; scale u (or the weights) down{wider}")
+        return out
+
+
 def _check_kernel(kernel, name):
     if not isinstance(kernel, Kernel):
         raise TypeError(f"{name} must be a ctformer.kernels.Kernel, got {type(kernel).__name__}")
     return kernel
 
 
-class FeatureMap(Operator):
+class FeatureMap(_Refusing):
     r"""The feature integral operator :math:`u \mapsto \int_Y W(y, \eta) u(x, \eta) d\eta + b(y)`.
 
     Parameters
@@ -211,7 +242,7 @@ class FeatureMap(Operator):
         return _affine(self.kernel, self.bias, grids.features, grids.features)
 
 
-class FeedForward(Operator):
+class FeedForward(_Refusing):
     r"""The feed-forward operator :math:`F(u) = W_2\, \phi(W_1 u + b_1) + b_2` through :math:`R`.
 
     Parameters
@@ -276,7 +307,7 @@ class FeedForward(Operator):
         return SmallPlans(general, plan)
 
 
-class GatedFeedForward(Operator):
+class GatedFeedForward(_Refusing):
     r"""The gated feed-forward operator :math:`F(u) = W_2\,\big(\phi(W_g u + b_g) \odot (W_u u + b_u)\big) + b_2`.
 
     Parameters

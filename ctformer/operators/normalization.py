@@ -45,10 +45,12 @@ stays finite and a tiny token keeps its relative accuracy (in float32 with
 Dtypes. The result has the dtype of :math:`u`. The compiled pass sums float32 tokens in float64
 with the float64 feature weights (weights rounded to float32 sum to :math:`1 + O(10^{-7})`: a
 constant float32 token with :math:`\varepsilon = 10^{-12}` then normalized to about
-:math:`\pm 0.3` instead of 0). A NumPy float16 state is normalized in float32
-and rounded once to float16 (within half an ulp of float16; float16 sums of squares would lose
-most of the variance's bits), and a result beyond float16's largest number 65504 (a large gain)
-raises :class:`OverflowError` rather than becoming inf.
+:math:`\pm 0.3` instead of 0). With :math:`\varepsilon > 0` a feature-constant token gives
+exactly :math:`c(y)`: a mean whose rounding is all of the variance is corrected once. A NumPy
+float16 state is normalized in float32 and rounded once to float16 (within half an ulp of
+float16; float16 sums of squares would lose most of the variance's bits), and a result beyond
+float16's largest number 65504 (a large gain) raises :class:`OverflowError` rather than
+becoming inf.
 """
 from __future__ import annotations
 
@@ -92,13 +94,16 @@ def _plain_centred(u, w, eps: float, centre: bool, w64=None):
     top = float(np.abs(u).max(initial=0.0))
     if not 1.0 / largest <= top <= largest:
         return None
-    if centre and u.dtype == np.float32:  # the mean in float64 (float32 weights sum to 1 + O(1e-7))
-        c = u - (u @ w64).astype(np.float32)[..., None]
-    else:
-        c = u - (u @ w)[..., None] if centre else u
+    wm = w64 if u.dtype == np.float32 else w  # a float32 mean in float64 (float32 weights sum to 1 + O(1e-7))
+    mean = u @ wm if centre else None
+    c = u - mean.astype(u.dtype, copy=False)[..., None] if centre else u
     var = ((c * c) @ w)[..., None]
-    if eps == 0.0 and not float(var.min(initial=np.inf)) > (noise * top) ** 2:
-        return None
+    if not float(var.min(initial=np.inf)) > (noise * top) ** 2:
+        if eps == 0.0:
+            return None
+        if centre:  # the mean's rounding is all of var (a constant token gave +-1, not 0): corrected once
+            c = u - (mean + c @ wm).astype(u.dtype, copy=False)[..., None]
+            var = ((c * c) @ w)[..., None]
     return c, var
 
 
@@ -163,7 +168,10 @@ def _eps_normalized(xp, x, square, eps: float, s):
         return x / xp.sqrt(square + eps / s / s)
     safe = xp.maximum(s, xp.asarray(2.0 ** math.ceil(math.log2(floor)), dtype=s.dtype))
     ratio = s / safe
-    return (x * ratio) / xp.sqrt(square * ratio * ratio + eps / safe / safe)
+    # eps / safe^2 may underflow to 0 (float32, s = 2^99): a constant token then has x = 0 and
+    # square = 0, and 0 / tiny = 0 where 0 / 0 was NaN
+    root = xp.sqrt(square * ratio * ratio + eps / safe / safe)
+    return (x * ratio) / xp.maximum(root, xp.asarray(float(xp.finfo(x.dtype).tiny), dtype=root.dtype))
 
 
 def _check_eps(eps) -> float:
@@ -261,9 +269,9 @@ class LayerNormProjection(Normalization):
                 return centred
             xp = array_api_compat.array_namespace(u)
             v, s, peak = _rescaled(xp, u)
-            centred = v - (v @ w)[..., None]             # quadrature of the mean: one product
-            if u.dtype == xp.float32:  # a second pass: float32 weights sum to 1 + O(1e-7)
-                centred = centred - (centred @ w)[..., None]
+            mean = v @ w                                 # quadrature of the mean: one product
+            # corrected once (float32 weights sum to 1 + O(1e-7); a constant token then centres to 0)
+            centred = v - (mean + (v - mean[..., None]) @ w)[..., None]
             var = ((centred * centred) @ w)[..., None]
             if eps == 0.0:
                 # rounding noise of the variance of v
