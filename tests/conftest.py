@@ -49,7 +49,7 @@ def require(module: str, attribute: str | None = None):
             mod.set_num_threads(1)
         return mod
     except ImportError as exc:
-        pytest.fail(f"{module} is missing ({exc}): pip install -e '.[test]' installs every test "
+        pytest.fail(f"{module} is missing ({exc}): pip install -e \".[test]\" installs every test "
                     "dependency (or select tests that do not need it)")
 
 

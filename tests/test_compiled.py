@@ -202,7 +202,7 @@ def test_engine_switch_is_validated(monkeypatch):
     # the import is tried once per process: this test looks again, past the cache
     monkeypatch.setattr(compiled, "_numba_installed", compiled._numba_installed.__wrapped__)
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "numba")
-    with pytest.raises(ImportError, match=r"needs Numba: pip install 'ctformer\[fast\]'"):
+    with pytest.raises(ImportError, match=r'needs Numba: pip install "ctformer\[fast\]"'):
         compiled.loop_engine()
     monkeypatch.setenv("CTFORMER_LOOP_ENGINE", "auto")
     assert compiled.loop_engine() == "numpy"

@@ -10,7 +10,7 @@ def test_missing_module_fails_naming_the_remedy():
     with pytest.raises(pytest.fail.Exception) as info:
         conftest.require("ctformer_no_such_module")
     assert "ctformer_no_such_module" in str(info.value)
-    assert "pip install -e '.[test]'" in str(info.value)
+    assert 'pip install -e ".[test]"' in str(info.value)
 
 
 def test_missing_attribute_is_missing_too():

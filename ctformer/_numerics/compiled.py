@@ -62,7 +62,7 @@ def loop_engine() -> str:
     if _numba_installed():
         return "numba"
     if engine == "numba":
-        raise ImportError("CTFORMER_LOOP_ENGINE=numba needs Numba: pip install 'ctformer[fast]'")
+        raise ImportError('CTFORMER_LOOP_ENGINE=numba needs Numba: pip install "ctformer[fast]"')
     return "numpy"
 
 

@@ -8,8 +8,10 @@ the CPU model, the BLAS kernel, the versions and the settings that choose the ma
 libraries run (:data:`KERNEL_SETTINGS`), written atomically; every later process on
 the machine reads it, so a machine gives the same bits run after run. Processes that start
 together (test workers, a Dask cluster) measure one at a time under a file lock, and the later
-ones read the first one's result. Where the directory cannot be written a choice holds for
-the process that measured it.
+ones read the first one's result. Where the file cannot be written (a read-only home, a
+full disk) a warning says so once and a choice holds for the whole process that measured it;
+a damaged file (truncated, not JSON) is measured again and rewritten, with a warning; the
+entries of a newer version (providers this one does not know) are kept, never used.
 """
 from __future__ import annotations
 
@@ -47,7 +49,9 @@ def entry(kind: str, dtype: str, measure, checked: str | None = None, valid=None
     """The stored measurement of ``kind`` for ``dtype`` on this machine (a dict with at least
     ``"provider"``), measured by ``measure(dtype)`` and stored when missing; without torch
     (``needs_torch``: not installed or not importable) ``{"provider": "numpy"}``, unmeasured
-    and not stored. A ``measure`` may read
+    and not stored, and a stored entry that chose torch for anything (measured while torch
+    imported) is read as ``{"provider": "numpy"}`` too, never handed to callers that would
+    call a torch that is not there. A ``measure`` may read
     choices stored already (another thread's plans may have evicted the process's copy of
     one: it is read again) but must not ask for a choice not stored yet (the lock is held: a
     RuntimeError names both). ``checked`` names what the measurement verified
@@ -59,13 +63,14 @@ def entry(kind: str, dtype: str, measure, checked: str | None = None, valid=None
         return {"provider": "numpy"}
     key = f"{kind} {dtype}"
 
-    def usable(found):
-        return found is not None and found.get("checked") == checked and (valid is None or valid(found))
+    def usable(found):  # a provider this version knows, measured for these bounds
+        return found is not None and found.get("provider") in _PROVIDERS and found.get("checked") == checked \
+            and (valid is None or valid(found))
 
     if getattr(_MEASURING, "key", None) is not None:  # this thread holds the locks: read, never measure
         found = read(cache_file()).get(key)
         if usable(found):
-            return found
+            return _without_missing_torch(found, needs_torch)
         raise RuntimeError(f"measuring {_MEASURING.key!r} asked for {key!r}, which is not stored yet: "
                            "the measurement's caller must ask for it first")
     with _LOCK, _machine_lock(path := cache_file()):
@@ -83,7 +88,16 @@ def entry(kind: str, dtype: str, measure, checked: str | None = None, valid=None
                 entry["checked"] = checked
             _add_wisdom(stored)  # plans the measurement made (with_fftw_wisdom)
             write(path, stored)
-        return entry
+        return _without_missing_torch(entry, needs_torch)
+
+
+def _without_missing_torch(found: dict, needs_torch: bool) -> dict:
+    """``found``, or ``{"provider": "numpy"}`` where it chose torch for something (its
+    provider, or one of its products) and torch does not import in this process (installed,
+    so the metadata named it, but broken): the store's view and the library's agree."""
+    if needs_torch and "torch" in found.values() and _torch() is None:
+        return {"provider": "numpy"}
+    return found
 
 
 def fft_engine(signature: str, dtype: str, time_it) -> str:
@@ -227,16 +241,32 @@ def _machine_lock(path):
 
 def cache_file() -> Path | None:
     """This machine's file of measured choices, named by what the choice depends on: the CPU
-    model, the BLAS libraries (version and kernel), the versions of NumPy, torch and Numba, and
-    the :data:`KERNEL_SETTINGS` that are set."""
+    model, the BLAS libraries (version and kernel), the versions of NumPy, torch and Numba, the
+    :data:`KERNEL_SETTINGS` that are set, and ``CTFORMER_LOOP_ENGINE=numpy`` (the compiled
+    loops off: a verdict measured without them, such as the few-row kernel's "off", is not
+    one measured with them)."""
     controller = blas_controller()
     blas = sorted({(str(i.get("internal_api")), str(i.get("version")), str(i.get("architecture")))
                    for i in (controller.info() if controller is not None else []) if i.get("user_api") == "blas"})
     settings = {name: os.environ[name] for name in KERNEL_SETTINGS if os.environ.get(name)}
+    if _loops_off():  # the "numpy" kernels timed are then NumPy passes, not the compiled loops
+        settings["CTFORMER_LOOP_ENGINE"] = "numpy"
     key = json.dumps([cpu_model(), np.__version__, _torch_version(), blas, _numba_version(), settings],
                      sort_keys=True)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "ctformer" / f"gemm-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _loops_off() -> bool:
+    """Whether ``CTFORMER_LOOP_ENGINE=numpy`` turns the compiled loops off (Numba missing
+    counts through :func:`_numba_version`; a bad value is reported where the loops run)."""
+    from ..environment import choice
+    from .compiled import _ENGINES
+
+    try:
+        return choice("CTFORMER_LOOP_ENGINE", _ENGINES) == "numpy"
+    except ValueError:
+        return False
 
 
 def _numba_version() -> str | None:
@@ -244,23 +274,53 @@ def _numba_version() -> str | None:
     return installed_version("numba")
 
 
+_PROVIDERS = ("numpy", "torch", "compiled", "fftw")
+_KEPT: dict = {}  # path -> the choices this process measured that it could not write there
+_WARNED: set = set()  # (path, what) warned about once per process
+
+
 def read(path) -> dict:
+    """The choices stored in ``path`` (a dict of dicts), with those this process measured but
+    could not write there (:func:`write`). A file that is not such a dict (truncated,
+    overwritten) reads as empty, with a warning: its choices are measured again and it is
+    rewritten. Entries of providers this version does not know (a newer version's) are kept,
+    so that writing back does not drop them, and never used (:func:`entry`)."""
     try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    ok = isinstance(stored, dict) and all(
-        isinstance(v, dict) and v.get("provider") in ("numpy", "torch", "compiled", "fftw") for v in stored.values())
-    return stored if ok else {}
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError):  # none yet (an unwritable one: write warns)
+        stored = {}
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        _warn_once(path, "read", f"cannot read the store of measured choices {str(path)!r} ({exc}): its "
+                   "choices are measured again and the file is rewritten")
+        stored = {}
+    if not isinstance(stored, dict) or not all(isinstance(v, dict) for v in stored.values()):
+        _warn_once(path, "read", f"the store of measured choices {str(path)!r} is damaged (not a JSON object "
+                   "of entries): its choices are measured again and the file is rewritten")
+        stored = {}
+    return {**stored, **_KEPT.get(str(path), {})}
 
 
 def write(path, stored) -> None:
+    """Write ``stored`` to ``path`` atomically; where that fails (a read-only home, a full
+    disk) keep it for this process (:func:`read` returns it: a choice then holds for the whole
+    process, never measured twice) and warn once."""
     from ..atomic import write_atomic
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(stored, indent=1, sort_keys=True))
-    except OSError:  # a read-only home: the choice holds for this process only
-        pass
+    except OSError as exc:
+        _KEPT[str(path)] = dict(stored)
+        _warn_once(path, "write", f"cannot write the store of measured choices {str(path)!r} ({exc}): the "
+                   "choices measured now hold for this process only, and the next process measures them "
+                   "again (and may choose other kernels); set XDG_CACHE_HOME to a writable directory")
+
+
+def _warn_once(path, what: str, message: str) -> None:
+    import warnings
+
+    if (str(path), what) not in _WARNED:
+        _WARNED.add((str(path), what))
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 

@@ -24,7 +24,7 @@ from ..kernels import PiecewiseConstant
 from ..operators import Attention, FeedForward, GatedFeedForward, LayerNormProjection, RMSNorm
 
 #: What to install for the bridges (the README explains the CPU-only torch wheel).
-INSTALL_HINT = "pip install -e '.[demo]' (install torch==2.13.0 first, see the README)"
+INSTALL_HINT = 'pip install "ctformer[demo]" (install torch==2.13.0 first, see the README)'
 
 
 def optional_import(module: str, caller: str):

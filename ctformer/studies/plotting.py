@@ -28,6 +28,8 @@ from .orders import effective_order
 
 __all__ = ["plot_convergence", "save_figure"]
 
+INSTALL_MATPLOTLIB = 'pip install matplotlib (or pip install "ctformer[demo]")'
+
 
 def save_figure(fig, path, *, dpi: int = 120) -> Path:
     """Save ``fig`` to ``path`` atomically (format from the suffix, e.g. ``.png``).
@@ -103,10 +105,16 @@ def plot_convergence(results, path=None, *, ax=None, title=None, slopes=True):
 
     Raises
     ------
+    ImportError
+        If matplotlib is not installed (the message names the ``pip install`` command).
     ValueError
         If a study has no positive errors to draw.
     """
-    import matplotlib.pyplot as plt
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # matplotlib is optional: say how to get it, not just its name
+        raise ImportError(f"plotting a convergence study needs matplotlib, which is not installed ({exc}): "
+                          f"{INSTALL_MATPLOTLIB}") from exc
 
     if not isinstance(results, (list, tuple)):
         results = [results]
