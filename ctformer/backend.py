@@ -344,13 +344,17 @@ def get_backend(name: str = "auto") -> Backend:
     Returns
     -------
     Backend
+        The same object for every call with that library, from any thread (threads asking
+        first at once included), so that all share its FFT plans.
     """
     one_of(name, "backend name", ("auto", "numpy", "cupy"))
     if name == "auto":
         name = "cupy" if cupy_available() else "numpy"
-    if name not in _BACKENDS:
-        _BACKENDS[name] = Backend(name)
-    return _BACKENDS[name]
+    found = _BACKENDS.get(name)
+    if found is None:
+        # setdefault, not a store: threads asking first at once all get the one kept
+        found = _BACKENDS.setdefault(name, Backend(name))
+    return found
 
 
 def backend_of(*arrays) -> Backend:

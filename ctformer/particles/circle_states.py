@@ -31,6 +31,7 @@ import numpy as np
 
 from ..backend import backend_of, get_backend, to_host
 from ..labelled_methods import LabelledResult
+from ..solvers.solution import same_fields
 
 __all__ = ["MeanFieldSolution", "ResolutionWarning"]
 
@@ -47,7 +48,7 @@ class ResolutionWarning(UserWarning):
     """
 
 
-@dataclass
+@dataclass(eq=False)
 class MeanFieldSolution(LabelledResult):
     r"""Saved states of :meth:`CircleMeanField.solve`.
 
@@ -71,6 +72,9 @@ class MeanFieldSolution(LabelledResult):
     density: object
     coefficients: object
     tracers: object = None
+
+    # field by field, arrays by entries (a pickled or copied solution equals its original)
+    __eq__, __hash__ = same_fields, None
 
     @property
     def mass(self):

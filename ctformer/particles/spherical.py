@@ -63,7 +63,7 @@ def _sht():
     return sht
 
 
-@dataclass
+@dataclass(eq=False)   # MeanFieldSolution's equality, by entries
 class SphericalSolution(SphereLabelled, MeanFieldSolution):
     r"""Saved states of :meth:`SphericalMeanField.solve` (a :class:`MeanFieldSolution`).
 

@@ -30,7 +30,7 @@ __all__ = ["SolveInterrupted", "Trajectory", "check_finite", "saved_count", "ava
            "check_memory", "time_steps", "march"]
 
 
-@dataclass
+@dataclass(eq=False)
 class Trajectory(LabelledResult):
     r"""Saved states of a particle simulation.
 
@@ -44,6 +44,9 @@ class Trajectory(LabelledResult):
 
     times: np.ndarray
     positions: object
+
+    # field by field, arrays by entries (a pickled or copied trajectory equals its original)
+    __eq__, __hash__ = solvers.solution.same_fields, None
 
     @property
     def final(self):
@@ -379,6 +382,10 @@ class _ClockRecord:
 
     def __call__(self, t, count=None):
         return self.clock.interpolate(self.record, t, count)
+
+    def settle(self, count=None) -> None:
+        """The wrapped record's slopes, which :meth:`_NoiseClock.interpolate` reads."""
+        self.record.settle(count)
 
 
 def _saved_state(field, u0, size: int, dtype):

@@ -101,7 +101,7 @@ def _solver_dimension(dimension) -> int:
     return d
 
 
-@dataclass
+@dataclass(eq=False)   # MeanFieldSolution's equality, by entries
 class ZonalSolution(SphereLabelled, MeanFieldSolution):
     r"""Saved states of :meth:`ZonalMeanField.solve` (a :class:`MeanFieldSolution`).
 

@@ -18,6 +18,11 @@ class SolveInterrupted(KeyboardInterrupt):
         super().__init__(message)
         self.result = result
 
+    def __reduce__(self):
+        # the default rebuilds from ``args`` (the message) alone, and __init__ needs the result:
+        # a process pool or Dask worker sends the exception back pickled
+        return type(self), (str(self), self.result), self.__dict__
+
 
 class SolveFailed(RuntimeError):
     """An error-controlled solve that cannot go on; ``exc.solution`` is the :class:`Solution` so far."""
@@ -25,6 +30,10 @@ class SolveFailed(RuntimeError):
     def __init__(self, message: str, solution):
         super().__init__(message)
         self.solution = solution
+
+    def __reduce__(self):
+        # as SolveInterrupted: the message and the solution so far both cross the process boundary
+        return type(self), (str(self), self.solution), self.__dict__
 
 
 class MaxStepsReached(SolveFailed):

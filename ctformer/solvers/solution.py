@@ -11,6 +11,11 @@ step, so that :meth:`Solution.evaluate` gives :math:`u(t)` at any depth of the i
   uses the cubic Hermite interpolant through :math:`u_n, u_{n+1}` and the right-hand sides
   :math:`F(u_n), F(u_{n+1})` (local error :math:`O(h^4)`), evaluated when first asked for (two
   right-hand sides per interpolated step, counted once in the statistics).
+
+A solution pickles and copies with its dense output: the interpolants keep no right-hand side
+(the solve's problem stays in the process that solved), so the Hermite slopes not yet evaluated
+are evaluated then, counted as :meth:`Solution.evaluate` counts them, and the copy evaluates the
+same bits in any process.
 """
 from __future__ import annotations
 
@@ -99,13 +104,27 @@ class StepRecord:
             return self.u1
         if theta == 0.0:
             return self.u0
-        if self.ks is not None and self.tableau is not None and self.tableau.dense is not None:
+        if self._has_stages():
             return self.tableau.interpolate(self.u0, self.ks, self.h, theta)
-        if self.slopes is None:
+        self.settle(count)
+        return hermite(self.u0, self.u1, *self.slopes, self.h, theta)
+
+    def _has_stages(self) -> bool:
+        return self.ks is not None and self.tableau is not None and self.tableau.dense is not None
+
+    def settle(self, count=None) -> None:
+        """Evaluate the Hermite slopes :math:`F(u_0), F(u_1)` if this step interpolates with
+        them and has not yet (``count(2)`` counts the two right-hand sides)."""
+        if self.slopes is None and not self._has_stages():
             self.slopes = (self.problem.rhs(self.u0), self.problem.rhs(self.u1))
             if count is not None:
                 count(2)
-        return hermite(self.u0, self.u1, *self.slopes, self.h, theta)
+
+    def __getstate__(self):
+        # the problem is this process's closures over the discretized operators: it neither
+        # pickles nor is needed once the slopes are known, so a copy carries those instead
+        self.settle()
+        return {**self.__dict__, "problem": None}
 
 
 def hermite(u0, u1, f0, f1, h: float, theta: float):
@@ -228,6 +247,17 @@ class Solution(LabelledResult):
 
     __hash__ = None   # a mutable result holding arrays
 
+    def __getstate__(self):
+        # a pickle or a copy keeps no right-hand side (the solve's problem stays in this
+        # process): the Hermite slopes not yet evaluated are evaluated here, counted in
+        # stats["rhs_evaluations"] as evaluate() counts them, so that copy and original agree
+        for record in self.records:
+            record.settle(self._count)
+        return dict(self.__dict__)
+
+    def _count(self, n: int) -> None:
+        self.stats["rhs_evaluations"] = self.stats.get("rhs_evaluations", 0) + n
+
     def evaluate(self, t):
         r"""Dense output: :math:`u(t)` at a depth or an array of depths.
 
@@ -266,7 +296,9 @@ class Solution(LabelledResult):
         values = [self._at(float(s)) for s in ts.reshape(-1)]
         if ts.ndim == 0:
             return values[0]
-        like = self.records[0].u0
+        # a state as this solution gives them (a record that wraps its steps, as the noise
+        # clock of the sphere's mean fields does, has no u0 of its own)
+        like = values[0] if values else self.records[0](self.t0)
         xp = array_api_compat.array_namespace(like)
         if not values:  # no depths: an empty stack, as for any other array of depths
             return xp.empty((*ts.shape, *like.shape), dtype=like.dtype,
@@ -282,10 +314,16 @@ class Solution(LabelledResult):
         else:
             i = min(bisect.bisect_left([-e for e in ends], -t), len(self.records) - 1)
 
-        def count(n):
-            self.stats["rhs_evaluations"] = self.stats.get("rhs_evaluations", 0) + n
+        return self.records[i](t, self._count)
 
-        return self.records[i](t, count)
+
+def same_fields(a, b):
+    """``a == b`` for result dataclasses holding arrays: the same type and every field equal,
+    arrays (any namespace) by shape, dtype and entries, NaN equal to NaN (NotImplemented for
+    another type)."""
+    if type(a) is not type(b):
+        return NotImplemented
+    return all(_same(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
 
 
 def _step(record):
