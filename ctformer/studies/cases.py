@@ -19,7 +19,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from ..backend import to_host
+from ..backend import floating_info, to_host
 from ..solvers import InconsistentDepthLimitWarning
 from ..state import AXES, Grids
 from .execution import add_note
@@ -36,7 +36,8 @@ class StudyCase:
     ``fixed`` maps each of ``tokens``, ``features``, ``head_features``, ``hidden`` to its fixed
     discretization (``None`` for the refined one, or for the model's default); ``family`` is the
     (name, domain) of the refined discretization; ``points`` and ``point_weights`` are the
-    evaluation points along a refined token or feature axis.
+    evaluation points along a refined token or feature axis; ``context_length`` the reference
+    length of positions (``None``: the model's own).
     """
 
     model: object
@@ -48,6 +49,12 @@ class StudyCase:
     steps_per_layer: int
     points: np.ndarray | None = None
     point_weights: np.ndarray | None = None
+    context_length: object = None
+
+    def _length(self) -> dict:
+        """``context_length`` for the model, only when the study gives one (a model with just
+        ``solve`` need not take the keyword)."""
+        return {} if self.context_length is None else {"context_length": self.context_length}
 
     def discretizations(self, level: int) -> dict:
         """The four discretizations of ``level`` (``None``: the model's default)."""
@@ -71,8 +78,10 @@ class StudyCase:
         chosen = self.discretizations(level)
         build = getattr(self.model, "grids", None)
         if callable(build):
-            return build(chosen["tokens"], chosen["features"], chosen["head_features"], chosen["hidden"])
-        return Grids(chosen["tokens"], chosen["features"], chosen["head_features"], chosen["hidden"])
+            return build(chosen["tokens"], chosen["features"], chosen["head_features"],
+                         chosen["hidden"], **self._length())
+        return Grids(chosen["tokens"], chosen["features"], chosen["head_features"], chosen["hidden"],
+                     **self._length())
 
     def evaluate(self, u, grids: Grids) -> np.ndarray:
         """Values of the stored state ``u`` on the evaluation grid (host float64)."""
@@ -128,7 +137,17 @@ def compute_case(study: StudyCase, level: int) -> dict:
     if not np.all(np.isfinite(values)):
         raise FloatingPointError(f"the solution at {study.refine} level {level} is not finite "
                                  "on the evaluation grid")
-    return {"level": level, "values": values, "seconds": seconds, "min_feature_std": min_std}
+    return {"level": level, "values": values, "seconds": seconds, "min_feature_std": min_std,
+            "eps": _unit_roundoff(states[-1])}
+
+
+def _unit_roundoff(u) -> float:
+    """The unit roundoff of the solved state's dtype (float64's for one without a float dtype):
+    a float32 study's errors stall near its rounding, not at float64's."""
+    try:
+        return float(floating_info(getattr(u, "dtype", None)).eps)
+    except TypeError:
+        return float(np.finfo(np.float64).eps)
 
 
 def _solve(study: StudyCase, level: int) -> tuple:
@@ -141,7 +160,7 @@ def _solve(study: StudyCase, level: int) -> tuple:
         states = study.model.solve(study.u0, tokens=chosen["tokens"], features=chosen["features"],
                                    head_features=chosen["head_features"], hidden=chosen["hidden"],
                                    scheme=study.scheme, steps_per_layer=study.steps(level),
-                                   trajectory=True)
+                                   trajectory=True, **study._length())
         return states, time.perf_counter() - start
 
 

@@ -63,7 +63,7 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
                 reference="finest", error_norm: str | None = None, fine: int | None = None, window=None,
                 evaluate: str = "interpolate", expected_order=None,
                 fit_levels: int | None = None, executor=None, store=None,
-                progress: bool = True) -> ConvergenceResult:
+                progress: bool = True, context_length=None) -> ConvergenceResult:
     r"""Refine one variable of ``model`` and measure the error and the observed order.
 
     Parameters
@@ -132,6 +132,12 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
         when it is exactly the same computation (:mod:`ctformer.studies.identity`).
     progress : bool, optional
         Show a progress bar.
+    context_length : float or tuple of float, optional
+        The reference length :math:`L` of positions :math:`p(x) = L x - 1/2`, as for
+        :meth:`~ctformer.ContinuousTransformer.solve`; default the model's own
+        ``context_length``. A model whose operators read positions (a converted GPT-2, Llama,
+        any RoPE or ALiBi network) needs one: ``N`` for a network run on ``N`` tokens, kept
+        fixed while the tokens are refined.
 
     Returns
     -------
@@ -174,7 +180,8 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
         refine=refine, levels=levels, tokens=tokens, features=features,
         head_features=head_features, hidden=hidden, scheme=scheme, steps_per_layer=steps_per_layer,
         u0=u0, reference=reference, error_norm=error_norm, fine=fine, window=window,
-        evaluate=evaluate, expected_order=expected_order, fit_levels=fit_levels)
+        evaluate=evaluate, expected_order=expected_order, fit_levels=fit_levels,
+        context_length=context_length)
     study, keys, summary = _build(model, spec, store)
     start = time.perf_counter()
     records = run_cases(compute_case, study, keys, executor=executor, store=store,
@@ -222,7 +229,7 @@ def _build(model, spec: StudySpec, store):
     check_resolution(refinement.variable, family, measured, fine, spec.window, spec.evaluate,
                      stacklevel=3)
     study = StudyCase(model, spec.u0, spec.scheme, refinement, family, fixed, spec.steps_per_layer,
-                      points, weights)
+                      points, weights, spec.context_length)
     identified = store is not None
     shared = {
         "model": model_identity(model) if identified else None, "refine": refinement.variable,
@@ -235,6 +242,8 @@ def _build(model, spec: StudySpec, store):
         "window": None if spec.window is None else list(spec.window), "evaluate": spec.evaluate,
         "points": None if points is None else array_identity(points),
     }
+    if spec.context_length is not None:  # absent otherwise: the keys of earlier studies hold
+        shared["context_length"] = describe(spec.context_length, "context_length")
     keys = [(case_key({**shared, "level": n,
                        "u0": study.initial_identity(n) if identified else None}), n)
             for n in levels]
@@ -292,7 +301,10 @@ def _measure(study, keys, records, spec, summary, wall) -> ConvergenceResult:
 
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is named below, by level
         errors = [None if i == skip else measure(v - ref) for i, v in enumerate(values)]
-        floor = 1e-12 * max(1.0, measure(ref))
+        # float64's 1e-12, or 100 units of roundoff of a lower precision (float32 errors
+        # stall near 5e-6 = 44 eps after 256 rk4 steps, and the fit read their plateau)
+        eps = max(float(records[key].get("eps", np.finfo(np.float64).eps)) for key, _ in keys)
+        floor = max(1e-12, 100.0 * eps) * max(1.0, measure(ref))
     _refuse_overflow(errors, levels, values, spec.refinement.variable)
     orders = neighbour_orders(h, errors)
     table = [Row(level=i, n=n, h=float(h[i]), error=finite_or_none(errors[i]),
@@ -305,7 +317,7 @@ def _measure(study, keys, records, spec, summary, wall) -> ConvergenceResult:
         min_feature_std=min(float(records[key]["min_feature_std"]) for key, _ in keys),
         wall_seconds=wall, parameters=summary["parameters"],
         consistent_limit=summary["consistent"], gauss_points=summary["gauss_points"],
-        limitation=summary["limitation"])
+        limitation=summary["limitation"], floor=floor, rounding=eps)
 
 
 def _refuse_overflow(errors, levels, values, variable):

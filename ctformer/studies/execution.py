@@ -60,6 +60,9 @@ class StudyInterrupted(KeyboardInterrupt):
         self.kept = tuple(kept)
         super().__init__(str(self))
 
+    def __reduce__(self):  # pickled with its counts (a process pool, a Dask client), not its text
+        return type(self), (self.stored, self.total, self.directory, self.kept)
+
     def __str__(self) -> str:
         if self.directory is None:
             return (f"interrupted: {self.stored} of {self.total} cases were finished but nothing "
@@ -79,6 +82,9 @@ class WorkerLost(RuntimeError):
         self.stored, self.total, self.directory = int(stored), int(total), directory
         self.detail, self.kept = detail, tuple(kept)
         super().__init__(str(self))
+
+    def __reduce__(self):
+        return type(self), (self.stored, self.total, self.directory, self.detail, self.kept)
 
     def __str__(self) -> str:
         where = ("nothing was kept (no store)" if self.directory is None

@@ -9,7 +9,8 @@ and :attr:`ConvergenceResult.observed_order` is the least-squares slope of
 :math:`\log e_i` against :math:`\log h_i` over the *asymptotic levels*: the levels whose error
 lies above the rounding floor :math:`10^{-12} \max(1, \|u_{\text{ref}}\|)` (below it the
 error is rounding noise, e.g. a spectral method that has converged), optionally restricted to
-the ``fit_levels`` finest of them.
+the ``fit_levels`` finest of them. For states of a lower precision than float64 the floor is
+:math:`100\,\epsilon \max(1, \|u_{\text{ref}}\|)` (:math:`1.2 \cdot 10^{-5}` in float32).
 
 With ``reference="finest"`` the measured error is :math:`e_h - e_{\text{ref}}`; a reference only
 one refinement (ratio :math:`r`) finer than the last measured level biases the last
@@ -115,6 +116,11 @@ class ConvergenceResult(LabelledResult):
     limitation : str or None
         Why ``expected_order`` is below the refined rule's own order (:func:`order_limits`),
         else None.
+    floor : float or None
+        The rounding floor: errors at or below it are left out of ``observed_order``.
+    rounding : float or None
+        The unit roundoff of the solved states (``2**-23`` for float32); the summary names
+        the floor when it is above float64's.
     """
 
     table: list
@@ -130,6 +136,8 @@ class ConvergenceResult(LabelledResult):
     consistent_limit: bool = True
     gauss_points: int | None = None
     limitation: str | None = None
+    floor: float | None = None
+    rounding: float | None = None
 
     # -- views ------------------------------------------------------------------------
     @property

@@ -59,6 +59,8 @@ class StudySpec:
     expected_order : float or None
         Given by the user; ``None`` to take the refined method's order on the model.
     fit_levels : int or None
+    context_length : float, tuple or None
+        The reference length of positions; ``None``: the model's own.
     """
 
     refinement: Refinement
@@ -77,12 +79,14 @@ class StudySpec:
     evaluate: str = "interpolate"
     expected_order: float | None = None
     fit_levels: int | None = None
+    context_length: object = None
 
     @classmethod
     def checked(cls, *, refine, levels, tokens=None, features=None, head_features=None,
                 hidden=None, scheme="lie", steps_per_layer=1, u0: Callable | None = None,
                 reference="finest", error_norm=None, fine=None, window=None,
-                evaluate="interpolate", expected_order=None, fit_levels=None) -> "StudySpec":
+                evaluate="interpolate", expected_order=None, fit_levels=None,
+                context_length=None) -> "StudySpec":
         """Check every argument of a study once; raise naming the argument otherwise.
 
         Raises
@@ -111,7 +115,7 @@ class StudySpec:
             expected_order = real(expected_order, "expected_order", positive=True)
         return cls(refinement, levels, tokens, features, head_features, hidden, scheme,
                    steps_per_layer, u0, reference, error_norm, fine, window, evaluate,
-                   expected_order, fit_levels)
+                   expected_order, fit_levels, context_length)
 
     @property
     def specs(self) -> dict:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import solvers
-from ..backend import to_host
+from ..backend import floating_info, namespace, to_host
+from ..evolution import _real_token_weights
 from ..labelled_methods import LabelledResult
 from ..validation import real
 from .orders import fit_order
@@ -52,10 +53,15 @@ class WorkPrecision(LabelledResult):
     levels : tuple of ToleranceLevel
     reference : str
         How :math:`u^\\star(T)` was computed.
+    floor : float
+        Errors at or below it are the states' rounding, not the controller's, and are left out
+        of :meth:`slope`: ``1e-13`` for float64 states, ten units of roundoff of a lower
+        precision (``10 * 2**-23 = 1.19e-6`` for float32, whose errors stall near ``3e-7``).
     """
 
     levels: tuple
     reference: str
+    floor: float = 1e-13
 
     @property
     def schemes(self) -> list[str]:
@@ -65,10 +71,12 @@ class WorkPrecision(LabelledResult):
         """The levels of one scheme, in the order of the tolerances."""
         return [level for level in self.levels if level.scheme == scheme]
 
-    def slope(self, scheme: str, floor: float = 1e-13) -> float:
+    def slope(self, scheme: str, floor: float | None = None) -> float:
         r"""The fitted slope of :math:`\log \varepsilon` against :math:`\log \mathrm{rtol}`
-        (1 for tolerance proportionality); errors at or below ``floor`` are left out."""
+        (1 for tolerance proportionality); errors at or below ``floor`` (default
+        :attr:`floor`, the states' rounding) are left out, NaN when fewer than two remain."""
         levels = self.of(scheme)
+        floor = self.floor if floor is None else floor
         return fit_order([lv.rtol for lv in levels], [lv.error for lv in levels], floor=floor)
 
     def table(self) -> str:
@@ -79,7 +87,8 @@ class WorkPrecision(LabelledResult):
             lines.append(f"{lv.scheme:>8} {lv.rtol:8.0e} {lv.error:10.3e} {lv.error / lv.rtol:9.3g} "
                          f"{lv.rhs_evaluations:7.0f} {lv.accepted:6d} {lv.rejected:8d}")
         for scheme in self.schemes:
-            lines.append(f"{scheme}: slope of log error against log rtol {self.slope(scheme):.3f}")
+            lines.append(f"{scheme}: slope of log error against log rtol {self.slope(scheme):.3f} "
+                         f"(errors <= {self.floor:.2g}, the states' rounding, left out)")
         return "\n".join(lines)
 
 
@@ -89,10 +98,50 @@ def _relative_l2(u, reference, weights) -> float:
         raise ValueError(f"reference has shape {reference.shape}, the solutions on these grids "
                          f"{u.shape}; pass u*(T) on the same tokens and features (or leave "
                          "reference=None to compute it)")
-    w = np.outer(*weights) if weights is not None else np.ones(u.shape[-2:])
+    # per-sequence token weights (..., n_x) of a padding mask broadcast over the features
+    w = weights[0][..., :, None] * weights[1] if weights is not None else np.ones(u.shape[-2:])
     diff = float(np.sum(w * np.abs(u - reference) ** 2))
     size = float(np.sum(w * np.abs(reference) ** 2))
     return math.sqrt(diff / size) if size > 0 else math.sqrt(diff)
+
+
+def _measured_weights(grids, padding_mask):
+    """The controller's weights: the grids', with a padding mask's padded tokens at zero and
+    each sequence's real tokens keeping its total weight (a padded token is never read)."""
+    weights = solvers.grid_weights(grids)
+    return weights if padding_mask is None else _real_token_weights(weights, padding_mask)
+
+
+def _state_eps(u0) -> float:
+    """Unit roundoff of a floating array ``u0``; float64's for a callable or other data."""
+    dtype = getattr(u0, "dtype", None)
+    try:
+        return float(floating_info(dtype).eps)
+    except TypeError:  # a callable sampled in float64, or integers the model converts
+        return float(np.finfo(np.float64).eps)
+
+
+def _rounding_floor(u0) -> float:
+    """Errors at or below this are the states' rounding: 1e-13 in float64, else 10 eps."""
+    eps = _state_eps(u0)
+    return 1e-13 if eps <= np.finfo(np.float64).eps else 10.0 * eps
+
+
+def _reference(model, u0, reference, grids, options):
+    """u*(T) and how it was computed: dopri5 at rtol=1e-13 in float64 (a float32 solve at that
+    tolerance cannot take a step above its rounding: a million steps, then MaxStepsReached)."""
+    if reference is not None:
+        if not np.all(np.isfinite(to_host(reference))):  # every error would be NaN
+            raise ValueError("reference holds NaN or inf; pass a finite u*(T) (or leave "
+                             "reference=None to compute it)")
+        return reference, "given by the caller"
+    exact = solvers.PIController(rtol=1e-13, atol=1e-16, max_steps=1_000_000)
+    described = "dopri5 at rtol=1e-13, atol=1e-16"
+    if _state_eps(u0) > np.finfo(np.float64).eps:
+        xp = namespace(u0)
+        wide = xp.complex128 if xp.isdtype(u0.dtype, "complex floating") else xp.float64
+        u0, described = xp.astype(u0, wide), described + " in float64"
+    return model.evolve(u0, scheme="dopri5", controller=exact, **grids, **options).final, described
 
 
 def work_precision(model, u0, *, tokens, features, schemes=("bosh3", "dopri5", "tsit5"),
@@ -113,15 +162,22 @@ def work_precision(model, u0, *, tokens, features, schemes=("bosh3", "dopri5", "
         Relative tolerances; ``atol = atol_ratio * rtol``.
     reference : array, optional
         :math:`u^\star(T)` on the same grids; default: ``dopri5`` at ``rtol = 1e-13``,
-        ``atol = 1e-16`` (its own error is near the float64 rounding of the solve).
+        ``atol = 1e-16`` (its own error is near the float64 rounding of the solve), from
+        ``u0`` converted to float64 when it is a lower precision (float32, float16, ...), in
+        its own namespace and device.
     norm : {"l2", "rms"}
         The controller's norm (the achieved error is always measured in the grids' norm).
     **options
-        Passed to ``evolve`` (``head_features``, ``hidden``, ``padding_mask``, ...).
+        Passed to ``evolve`` (``head_features``, ``hidden``, ``padding_mask``, ...). With a
+        ``padding_mask`` the error reads the real tokens only, with the controller's weights
+        (padded tokens 0, each sequence's real tokens its total weight): a padded sequence
+        is measured as that sequence alone.
 
     Returns
     -------
     WorkPrecision
+        Its ``floor`` (left out of the slopes) is the states' rounding: ``1e-13`` in
+        float64, ``10 * eps`` of a lower precision.
 
     Raises
     ------
@@ -130,15 +186,7 @@ def work_precision(model, u0, *, tokens, features, schemes=("bosh3", "dopri5", "
     """
     grids = dict(tokens=tokens, features=features)
     ratio = real(atol_ratio, "atol_ratio", nonnegative=True)
-    if reference is None:
-        exact = solvers.PIController(rtol=1e-13, atol=1e-16, max_steps=1_000_000)
-        ref_solution = model.evolve(u0, scheme="dopri5", controller=exact, **grids, **options)
-        reference, described = ref_solution.final, "dopri5 at rtol=1e-13, atol=1e-16"
-    else:
-        described, ref_solution = "given by the caller", None
-        if not np.all(np.isfinite(to_host(reference))):  # every error would be NaN
-            raise ValueError("reference holds NaN or inf; pass a finite u*(T) (or leave "
-                             "reference=None to compute it)")
+    reference, described = _reference(model, u0, reference, grids, options)
     weights = None
     levels = []
     for name in schemes:
@@ -149,11 +197,11 @@ def work_precision(model, u0, *, tokens, features, schemes=("bosh3", "dopri5", "
             sol = model.evolve(u0, scheme=name, controller=controller, **grids, **options)
             seconds = time.perf_counter() - start
             if weights is None and sol.grids is not None:
-                weights = solvers.grid_weights(sol.grids)
+                weights = _measured_weights(sol.grids, options.get("padding_mask"))
             levels.append(ToleranceLevel(
                 scheme=solvers.get(name).label, rtol=rtol, atol=ratio * rtol,
                 error=_relative_l2(sol.final, reference, weights),
                 rhs_evaluations=float(sol.stats["rhs_evaluations"]),
                 accepted=int(sol.stats["accepted"]), rejected=int(sol.stats["rejected"]),
                 seconds=seconds))
-    return WorkPrecision(levels=tuple(levels), reference=described)
+    return WorkPrecision(levels=tuple(levels), reference=described, floor=_rounding_floor(u0))

@@ -57,6 +57,9 @@ def table_text(result) -> str:
         lines.append(f"{r.level:>5} {r.n:>6} {r.h:>10.3e} {err:>10} {_fmt(r.order, '6.2f'):>6} "
                      f"{r.seconds:>8.3f}")
     lines.append(headline(result))
+    if result.rounding is not None and result.rounding > 2.0 ** -52:  # float64: no line
+        lines.append(f"errors <= {result.floor:.2g} (100 eps of these states' precision, "
+                     f"eps = {result.rounding:.3g}) are rounding and left out of the fit")
     lines.append(f"min feature std {_fmt(result.min_feature_std, '.3g')}; "
                  f"wall time {result.wall_seconds:.2f} s")
     return "\n".join(lines)
