@@ -56,12 +56,18 @@ def test_sizes_beyond_the_budget_are_refused_before_anything_is_built(monkeypatc
     assert nbytes(fits) <= 1e6 < nbytes(fits + 1)
 
 
+def _largest_within_budget(monkeypatch, build, size: int, bytes_of, name: str):
+    """``build(size)`` under a budget of exactly its bytes, after ``build(size + 1)`` is
+    refused naming ``name`` and the largest size that fits."""
+    monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", str(math.ceil(bytes_of(size))))
+    with pytest.raises(SizeTooLargeError, match=rf"with {name}={size + 1} would need .*; use {name} <= {size}"):
+        build(size + 1)
+    return build(size)
+
+
 def test_zonal_degree_just_within_the_budget_builds_the_closed_forms(monkeypatch):
     degree, d, beta = 40, 3, 2.0
-    monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", str(math.ceil(zonal_bytes(degree))))
-    with pytest.raises(SizeTooLargeError, match=r"with degree=41 would need .*; use degree <= 40 \(argument degree\)"):
-        ZonalMeanField(beta, d, degree + 1)
-    field = ZonalMeanField(beta, d, degree)
+    field = _largest_within_budget(monkeypatch, lambda g: ZonalMeanField(beta, d, g), degree, zonal_bytes, "degree")
     # the uniform density 1/|S^2| has c_0 = 1/sqrt(4 pi) and no other degree
     c = field.coefficients_of(np.full(field.grid.shape, 1 / (4 * math.pi)))
     assert c[0] == pytest.approx(1 / math.sqrt(4 * math.pi), rel=1e-14)
@@ -74,10 +80,8 @@ def test_zonal_degree_just_within_the_budget_builds_the_closed_forms(monkeypatch
 
 def test_circle_n_modes_just_within_the_budget_gives_the_bessel_velocity(monkeypatch):
     n, beta, eps = 1000, 1.5, 0.5
-    monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", str(math.ceil(circle_bytes(n))))
-    with pytest.raises(SizeTooLargeError, match=r"with n_modes=1001 would need .*; use n_modes <= 1000"):
-        CircleMeanField(beta, n + 1)
-    field = CircleMeanField(beta, n, normalized=False)
+    field = _largest_within_budget(monkeypatch, lambda m: CircleMeanField(beta, m, normalized=False), n,
+                                   circle_bytes, "n_modes")
     rho = (1 + eps * np.cos(field.grid)) / (2 * math.pi)
     # USA: X = int e^{beta cos psi} sin psi rho(theta + psi) dpsi = -eps I_1(beta) sin(theta) / beta
     expected = -eps * special.iv(1, beta) * np.sin(field.grid) / beta
@@ -86,10 +90,8 @@ def test_circle_n_modes_just_within_the_budget_gives_the_bessel_velocity(monkeyp
 
 def test_spherical_degree_just_within_the_budget_gives_the_funk_hecke_velocity(monkeypatch):
     degree, beta, eps = 30, 1.0, 0.5
-    monkeypatch.setenv("CTFORMER_MEMORY_BUDGET", str(math.ceil(spherical_bytes(degree))))
-    with pytest.raises(SizeTooLargeError, match=r"with degree=31 would need .*; use degree <= 30"):
-        SphericalMeanField(beta, degree + 1)
-    field = SphericalMeanField(beta, degree, normalized=False)
+    field = _largest_within_budget(monkeypatch, lambda g: SphericalMeanField(beta, g, normalized=False), degree,
+                                   spherical_bytes, "degree")
     theta = field.colatitude[:, None] * np.ones(field.n_phi)
     rho = (1 + eps * np.cos(theta)) / (4 * math.pi)
     # USA: G = lambda_0 / (4 pi) + eps lambda_1 cos(theta) / (4 pi), X = grad G / beta, with
