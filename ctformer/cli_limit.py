@@ -27,6 +27,12 @@ def _run_limit(args) -> int:
     model = args.model
     if args.pretrained and model not in (None, "bert"):
         raise UserError(f"--pretrained applies to --model bert (MiniLM), not to --model {model}")
+    if args.seed is not None and (model is None or args.pretrained):
+        # the pretrained check has no random weights: refuse rather than ignore the seed
+        raise UserError(f"--seed {args.seed} seeds the random weights of --model NAME; the MiniLM "
+                        "check (no --model, or --pretrained) runs the pretrained weights: leave "
+                        "--seed out")
+    seed = 0 if args.seed is None else args.seed
     if model is None or args.pretrained:
         _require(MINILM_PACKAGES, "the MiniLM discrete-limit check")
     else:
@@ -38,7 +44,7 @@ def _run_limit(args) -> int:
         print(discrete_limit_report())
         return 0
     try:
-        print(limit_report(model, pretrained=args.pretrained, seed=args.seed))
+        print(limit_report(model, pretrained=args.pretrained, seed=seed))
     except ValueError as exc:
         raise UserError(str(exc)) from None
     return 0
@@ -107,6 +113,9 @@ def _cluster_figure(study, path):
 
 
 def _run_cluster(args) -> int:
+    if args.text is not None and not args.text.strip():  # before torch and the weights load
+        raise UserError("--text is empty; give the text to encode, or leave --text out for the "
+                        "built-in paragraph")
     if args.plot is not None:
         target = Path(args.plot)
         if target.is_dir():

@@ -16,9 +16,36 @@ from pathlib import Path
 
 from .cli_common import INSTALL_DASK, INSTALL_DEMO, UserError
 
+#: Options removed in a release: (command, option) -> (the option that replaced it, release). A
+#: command line written for the older release is refused naming the new option, not with a bare
+#: "unrecognized arguments".
+RENAMED_OPTIONS = {("study", "--norm"): ("--placement", "0.2")}
+
+
+def _renamed_hint(command, extras: list) -> str:
+    """The note for removed options of ``command`` among the unrecognized ``extras``."""
+    notes = []
+    for i, word in enumerate(extras):
+        old, _, value = word.partition("=")
+        if (command, old) in RENAMED_OPTIONS:
+            new, release = RENAMED_OPTIONS[command, old]
+            if not value and i + 1 < len(extras) and not extras[i + 1].startswith("-"):
+                value = extras[i + 1]
+            notes.append(f"{old} was renamed {new} in {release}: use {new} {value}".rstrip())
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, no usage block
         raise UserError(message)
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, with the new name of a removed option in the error."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}"
+                       f"{_renamed_hint(getattr(namespace, 'command', None), extras)}")
+        return namespace
 
     def _check_value(self, action, value):
         """An unknown choice names the accepted ones and the closest of them (difflib)."""
@@ -279,7 +306,8 @@ def _add_others(sub) -> None:
                        help="network class (default: the pretrained MiniLM check)")
     limit.add_argument("--pretrained", action="store_true",
                        help="with --model bert: the pretrained MiniLM instead of random weights")
-    limit.add_argument("--seed", type=_SEED, default=0, help="seed of the random weights")
+    limit.add_argument("--seed", type=_SEED, default=None,
+                       help="with --model: seed of the random weights (default 0)")
     cluster = sub.add_parser("cluster", formatter_class=_Help,
                              help="token clustering through the layers of MiniLM on a text (needs the "
                              "demo extra)",
@@ -315,4 +343,5 @@ def _add_others(sub) -> None:
 
 #: Options read by code that several commands share (``demo`` runs ``limit``), as a command
 #: without the option sees them: the same values as the options' own defaults.
-SHARED_DEFAULTS = {"no_progress": False, "model": None, "pretrained": False, "seed": 0, "out": None}
+SHARED_DEFAULTS = {"no_progress": False, "model": None, "pretrained": False, "seed": None,
+                   "out": None}

@@ -59,6 +59,14 @@ def _study_spec(args, levels):
     if refinement.refines_depth and args.window is not None:
         raise UserError(f"--window {args.window} measures the error on a sub-interval of the "
                         "refined tokens or features; with --refine time leave it out")
+    if args.fine is not None and (refinement.refines_depth or refinement.variable not in
+                                  ("tokens", "features") or args.evaluate != "interpolate"):
+        # the library reads fine only for a refined token or feature axis that it interpolates
+        where = (f"--evaluate {args.evaluate}" if not refinement.refines_depth and
+                 refinement.variable in ("tokens", "features") else f"--refine {args.refine}")
+        raise UserError(f"--fine {args.fine} sets the evaluation grid of a refined token or "
+                        f"feature axis with --evaluate interpolate; with {where} it would be "
+                        "ignored (leave --fine out)")
     spec = {"tokens": args.tokens, "features": args.features, "hidden": args.hidden}
     if not refinement.refines_depth:
         if spec[refinement.variable] is not None:

@@ -198,11 +198,10 @@ def check_padding_mask(mask, u):
         except ValueError as exc:  # ragged nested lists
             raise ValueError(f"padding_mask must be a rectangular array of shape {tuple(u.shape[:-1])} "
                              f"(batch, tokens): {exc}") from None
-        if mask.dtype == object:
-            kinds = sorted({type(v).__name__ for v in mask.flat}) if mask.size else ["an empty object array"]
-            raise TypeError(f"padding_mask must be an array of booleans or 0/1, got {', '.join(kinds)}")
     elif type(mask) is not type(u):  # a mask from another namespace (e.g. NumPy for torch)
         mask = to_host(mask)
+    if isinstance(mask, np.ndarray) and mask.dtype == object:
+        mask = _object_flags(mask)
     if isinstance(mask, np.ndarray) and mask.dtype.kind in "cUS" or getattr(mask, "is_complex", bool)():
         raise TypeError(f"padding_mask must be an array of booleans or 0/1, got dtype {mask.dtype}")
     _check_mask_shape(mask, u)
@@ -214,6 +213,18 @@ def check_padding_mask(mask, u):
         # on u's device even when the mask is already of u's kind (a CPU mask for a GPU state)
         return xp.asarray(mask, device=array_api_compat.device(u))
     return xp.asarray(mask)
+
+
+def _object_flags(mask):
+    """A NumPy object array of Python or NumPy booleans and real numbers (a column read with
+    pandas, say) as a float array; any other element refused by its type, never by a
+    conversion failing inside NumPy."""
+    kinds = {type(v) for v in mask.flat}
+    if mask.size and all(issubclass(k, (bool, int, float, np.bool_, np.integer, np.floating)) for k in kinds):
+        return mask.astype(np.float64)
+    names = sorted(k.__name__ for k in kinds) if mask.size else ["an empty object array"]
+    raise TypeError(f"padding_mask must be an array of booleans or 0/1, got {', '.join(names)}: "
+                    "pass a boolean array (1 or True for a real token)")
 
 
 def _check_mask_shape(mask, u) -> None:

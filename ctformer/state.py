@@ -26,6 +26,7 @@ discretization.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -73,6 +74,31 @@ def _sampled(values) -> np.ndarray:
         raise TypeError(f"u0(x, y) must return real numbers, an array that broadcasts to the grid, "
                         f"got {type(values).__name__}{hint}")
     return np.asarray(g, dtype=np.float64)
+
+
+def _check_arity(u0, tokens) -> None:
+    """Refuse a ``u0`` that cannot take the arguments of this token domain, before calling it.
+
+    A two-argument ``u0(x, y)`` on a square (or ``u0(x1, x2, y)`` on an interval) would
+    otherwise fail inside the call with Python's own message, which names neither the token
+    domain nor the convention. Callables without a readable signature are left to the call.
+    """
+    count = 3 if tokens.dimension == 2 else 2
+    try:
+        signature = inspect.signature(u0)
+    except (TypeError, ValueError):  # builtins, some C extensions
+        return
+    try:
+        signature.bind(*range(count))
+    except TypeError:
+        name = getattr(u0, "__qualname__", type(u0).__name__)
+        if count == 3:
+            raise TypeError(f"u0 is called as u0(x1, x2, y) on the two-dimensional token domain "
+                            f"{tokens!r}; {name}{signature} cannot take three arguments: give "
+                            f"a function of (x1, x2, y)") from None
+        raise TypeError(f"u0 is called as u0(x, y) on the token interval {tokens!r}; "
+                        f"{name}{signature} cannot take two arguments: give a function of "
+                        f"(x, y) (u0(x1, x2, y) is for a Product of two intervals)") from None
 
 
 def _positive(value) -> bool:
@@ -231,11 +257,13 @@ class Grids:
         Raises
         ------
         TypeError
-            If ``u0`` returns anything but real numbers (None, strings, complex values, a
+            If ``u0`` cannot take the arguments of the token domain (two, or three on a
+            product), or returns anything but real numbers (None, strings, complex values, a
             ragged list); booleans are read as 0 and 1 (an indicator function).
         ValueError
             If the values do not broadcast to the grid or are not finite.
         """
+        _check_arity(u0, self.tokens)
         nodes = np.asarray(self.tokens.quadrature_nodes)
         y = np.asarray(self.features.quadrature_nodes)[None, :]
         if nodes.ndim == 2:  # a token domain in two dimensions

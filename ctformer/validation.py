@@ -8,17 +8,19 @@ Python, and ``steps=True`` is always a mistake).
 - :func:`integer`: an integer, ``>= minimum`` (``minimum=1``: a positive integer);
 - :func:`real`: a finite real number, optionally ``> 0`` or ``>= 0``;
 - :func:`boolean`: ``True`` or ``False`` (NumPy booleans included);
-- :func:`one_of`: one of a set of choices (a string option).
+- :func:`one_of`: one of a set of choices (a string option);
+- :func:`renamed`: a decorator refusing the keywords renamed in 0.2 with their new names.
 """
 from __future__ import annotations
 
+import functools
 import math
 from numbers import Integral, Real
 from typing import Iterable
 
 import numpy as np
 
-__all__ = ["integer", "real", "boolean", "one_of", "is_integer", "is_real"]
+__all__ = ["integer", "real", "boolean", "one_of", "is_integer", "is_real", "renamed"]
 
 
 def is_integer(value) -> bool:
@@ -117,3 +119,23 @@ def _same(value, choice) -> bool:
         return bool(value is choice or (type(value) is type(choice) and value == choice))
     except (TypeError, ValueError):  # an array compared elementwise is not a choice
         return False
+
+
+def renamed(**names: str):
+    """Refuse the keywords ``old=new`` that 0.2 renamed, naming the new keyword.
+
+    Without it a removed keyword meets Python's own "unexpected keyword argument", which
+    never says what replaced it. The wrapped function keeps its signature and behaviour.
+    """
+    def decorate(function):
+        @functools.wraps(function)
+        def checked(*args, **kwargs):
+            if kwargs:
+                for old, new in names.items():
+                    if old in kwargs:
+                        where = function.__qualname__.replace(".__init__", "")
+                        raise TypeError(f"{where}({old}=) was renamed {new}= in 0.2; "
+                                        f"pass {new}=... instead")
+            return function(*args, **kwargs)
+        return checked
+    return decorate

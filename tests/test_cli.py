@@ -157,7 +157,8 @@ def test_removed_norm_option_is_refused_in_one_line(tmp_path, capsys):
     assert cli.main(["study", "--refine", "time", "--norm", "pre", "--levels", "1,2,8", *SMALL,
                      "--out", str(tmp_path / "old")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == ["ctformer: error: unrecognized arguments: --norm pre"]
+    assert lines == ["ctformer: error: unrecognized arguments: --norm pre (--norm was renamed "
+                     "--placement in 0.2: use --placement pre)"]
     assert not (tmp_path / "old").exists()
 
 

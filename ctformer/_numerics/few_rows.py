@@ -91,12 +91,15 @@ class FewRowsMatrix:
     the compiled kernel (module docstring) in tiles of four rows by ``columns`` columns (4 or 3),
     for rows of the matrix's dtype."""
 
-    __slots__ = ("matrix_t", "bias", "dtype", "inner", "width", "columns", "_weight", "_bias")
+    __slots__ = ("matrix_t", "bias", "dtype", "inner", "width", "columns", "_weight", "_bias", "_loops")
 
     def __init__(self, matrix_t, bias, columns=4):
         if columns not in _TILES:
             raise ValueError(f"columns: the width of the kernel's tiles, one of {tuple(_TILES)}, got {columns!r}")
         self.matrix_t, self.bias, self.columns, self.dtype = matrix_t, bias, columns, matrix_t.dtype
+        # the kernels it was prepared with: a product kept in a cache keeps working after the
+        # process's choices are forgotten under CTFORMER_LOOP_ENGINE=numpy
+        self._loops = _kernels()
         self.inner, self.width = matrix_t.shape
         # the rows of W; a matrix stored the other way is copied, once, at its first use
         self._weight = matrix_t.T if matrix_t.T.flags.c_contiguous else None
@@ -124,7 +127,7 @@ class FewRowsMatrix:
             if self.bias is not None:
                 out += self.bias
             if activation >= 0:
-                _compiled.kernels().activation_over(activation, out.reshape(-1))
+                _compiled._build().activation_over(activation, out.reshape(-1))
         return out.reshape(*a.shape[:-1], self.width)
 
     def then(self, activation: int):
@@ -135,7 +138,7 @@ class FewRowsMatrix:
     def _multiply(self, rows, out, threads, activation=-1) -> bool:
         if self._weight is None:
             self._weight = np.ascontiguousarray(self.matrix_t.T)
-        return _product(_kernels(), self.columns, rows, self._weight, self._bias, out, threads,
+        return _product(self._loops or _kernels(), self.columns, rows, self._weight, self._bias, out, threads,
                         activation) is not None
 
 
@@ -226,10 +229,12 @@ def _product(kernels, columns, rows, weight, bias, out, threads, activation=-1):
     it, then activation loop ``activation`` over it (-1: none); returns ``out``, or None
     (nothing done) where OpenMP's threads cannot run here."""
     n = out.shape[1]
+    # the activation by the compiled loops, as the product: kernels() is None once
+    # CTFORMER_LOOP_ENGINE=numpy is set, and a product prepared before must keep its bits
     if threads <= 1:
         kernels[_TILES[columns]](rows, weight, bias, out, 0, n)
         if activation >= 0:
-            _compiled.kernels().activation_over(activation, out.reshape(-1))
+            _compiled._build().activation_over(activation, out.reshape(-1))
         return out
     block = -(-n // (columns * threads)) * columns  # one block per thread, a whole number of tiles
     run = kernels["columns_parallel"]

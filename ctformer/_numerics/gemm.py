@@ -243,11 +243,26 @@ def attention_products(dtype) -> tuple:
 
 
 def forget_choices() -> None:
-    """Forget the choices this process has read (they are read again from the store: a test
-    that switches stores)."""
+    """Forget every measured choice this process has read, and what it decided while reading
+    them: the next call reads the store again, and measures what it lacks (a test that
+    switches stores, or a setting such as ``CTFORMER_LOOP_ENGINE`` changed in the process).
+
+    Forgotten together: the products', softmax's, packed and few-row choices, which dtypes had
+    their rows' own product decided first, whether the compiled few-row kernel is on, and the
+    attention blocks' and convolution route's choices."""
     _measured.cache_clear()
     _products_entry.cache_clear()
     few_rows_columns.cache_clear()
+    # a kept "decided" would let the few-row measurement ask for an unstored products choice
+    # under the store's lock (a RuntimeError), and kept kernels would time the loops of the old
+    # CTFORMER_LOOP_ENGINE into the new setting's store
+    _PEERS_DECIDED.clear()
+    _few_rows._kernels.cache_clear()
+    # these modules import this one, so they are reached where loaded, not imported (a cycle)
+    for module in ("measured_blocks", "convolution_route"):
+        loaded = sys.modules.get(f"{__package__}.{module}")
+        if loaded is not None:
+            loaded._measured.cache_clear()
 
 
 @lru_cache(maxsize=None)

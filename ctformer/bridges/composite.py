@@ -17,6 +17,7 @@ from ..discretizations import Midpoint
 from ..model import ContinuousTransformer
 from ..operators.base import Operator, check_normalization
 from ..operators.functions import named_parameters
+from ..validation import renamed
 
 __all__ = ["OutputNormalized", "EulerNetwork"]
 
@@ -65,6 +66,7 @@ class EulerNetwork(ContinuousTransformer):
     """A :class:`~ctformer.ContinuousTransformer` whose discrete network is one explicit Euler
     step per layer (parallel residual): :meth:`run` solves with ``scheme="euler"``."""
 
+    @renamed(mask="padding_mask")
     def run(self, x, padding_mask=None):
         """The discrete network: midpoint grids, ``euler``, one step per layer (see
         :meth:`ContinuousTransformer.run` for the arguments)."""

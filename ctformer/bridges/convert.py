@@ -166,7 +166,8 @@ def _check_config(spec, cfg):
     for refusal in spec.refusals:
         value = config_value(cfg, refusal.key)
         if refusal.refused(value):
-            raise ValueError(f"{spec.hf_class}: {refusal.key}={value!r} is not modelled ({refusal.why})")
+            hint = f"; supported: {refusal.supported}" if refusal.supported else ""
+            raise ValueError(f"{spec.hf_class}: {refusal.key}={value!r} is not modelled ({refusal.why}){hint}")
     keys = spec.names.activation
     if callable(keys):  # the class decides which key its installed code reads (Gemma)
         key, act = keys(cfg)

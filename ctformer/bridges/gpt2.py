@@ -48,7 +48,8 @@ GPT2 = register(ArchitectureSpec(
     final="ln_f", causal=True, beta=_beta,
     names=ConfigNames(hidden="n_embd", heads="n_head", kv_heads="n_head", head_dim=None, eps="layer_norm_epsilon",
                       activation=("activation_function",), layers="n_layer"),
-    refusals=(Refusal("add_cross_attention", truthy, "cross-attention layers"),),
+    refusals=(Refusal("add_cross_attention", truthy, "cross-attention layers",
+                      "self-attention blocks only, add_cross_attention=False"),),
     small=_small))
 
 

@@ -45,8 +45,10 @@ BERT = register(ArchitectureSpec(
     up="intermediate.dense", down="output.dense", norm_kind="layer", norm1="attention.output.LayerNorm",
     norm2="output.LayerNorm", placement="post", names=ENCODER_NAMES,
     refusals=(relative_refusal("transformers.models.bert.modeling_bert"),
-              Refusal("is_decoder", truthy, "decoder layers are not supported"),
-              Refusal("add_cross_attention", truthy, "cross-attention layers are not supported")),
+              Refusal("is_decoder", truthy, "decoder layers are not supported",
+                      "the bidirectional encoder, is_decoder=False"),
+              Refusal("add_cross_attention", truthy, "cross-attention layers are not supported",
+                      "self-attention blocks only, add_cross_attention=False")),
     small=_small))
 #: ``BertEncoder`` alone: the same layers without the ``encoder.`` prefix.
 BERT_ENCODER = register(replace(BERT, hf_class="BertEncoder", prefix="", small=None))
@@ -137,7 +139,9 @@ def _load_safetensors(path: Path, config):
     if path.is_dir():
         path = path / "model.safetensors"
     if not path.is_file():
-        raise ValueError(f"no safetensors file at {path}")
+        raise ValueError(f"from_hf_bert: no safetensors file at {path}; pass a local .safetensors file or a "
+                         "directory holding model.safetensors (nothing is downloaded: for a Hub name, load the "
+                         "model with transformers and pass the BertModel)")
     if path.suffix != ".safetensors":
         raise ValueError(f"from_hf_bert reads only .safetensors files (never pickles), got {path.name}")
     if config is None:

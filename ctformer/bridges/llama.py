@@ -60,7 +60,8 @@ LLAMA = register(ArchitectureSpec(
     value="self_attn.v_proj", output="self_attn.o_proj", gate="mlp.gate_proj", up="mlp.up_proj",
     down="mlp.down_proj", norm_kind="rms", norm1="input_layernorm", norm2="post_attention_layernorm",
     final="norm", causal=True, rope=True, names=ConfigNames(eps="rms_norm_eps"),
-    refusals=(Refusal("num_local_experts", bool, "mixture-of-experts layers"),), small=_small))
+    refusals=(Refusal("num_local_experts", bool, "mixture-of-experts layers",
+                      "one dense gated feed-forward per layer, num_local_experts None or 0"),), small=_small))
 #: Mistral: Llama with a sliding window on every layer (HuggingFace ignores ``layer_types`` there).
 MISTRAL = register(replace(LLAMA, hf_class="MistralModel", windows="uniform", small=None))
 #: Qwen2: Llama with q, k, v biases and sliding layers (``layer_types``).

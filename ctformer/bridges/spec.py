@@ -80,12 +80,15 @@ ENCODER_NAMES = ConfigNames(kv_heads="num_attention_heads", head_dim=None)
 class Refusal:
     """A configuration option that is not modelled: refused when ``refused(value)`` is true.
 
-    The message is ``"{HF class}: {key}={value!r} is not modelled ({why})"``.
+    The message is ``"{HF class}: {key}={value!r} is not modelled ({why}); supported:
+    {supported}"``: ``supported`` says which values of the option the continuous model
+    implements (the message names the remedy, not only the fault).
     """
 
     key: str
     refused: Callable
     why: str
+    supported: str = ""
 
 
 def truthy(value) -> bool:

@@ -39,15 +39,12 @@ from ..solvers import InconsistentDepthLimitWarning
 from ..state import Grids
 # Block, parameter checks and a solve's steps have modules of their own; old names stay importable.
 from . import block
-from .block import Block, _compose
+from .block import PLACEMENTS, Block, _compose
 from .checks import (_check_shared, _check_parameter_names, _check_parameter_shape, _check_tensor_kinds,
                      _checked_parameter, _checked_parameters, _device)
 from .solving import _Solving, _on_state_device
 
 __all__ = ["Block", "ContinuousTransformer", "InconsistentDepthLimitWarning", "PLACEMENTS"]
-
-#: Where the normalizations of a block act.
-PLACEMENTS = block.PLACEMENTS
 
 
 class ContinuousTransformer(_Solving):
@@ -78,6 +75,7 @@ class ContinuousTransformer(_Solving):
     with token and feature discretizations. See :mod:`ctformer.model` for the equations.
     """
 
+    @validation.renamed(final_norm="final_normalization")
     def __init__(self, blocks: Sequence[Block], final_normalization=None, head_features=None,
                  hidden=None, features=None, *, context_length=None):
         blocks = list(blocks)
@@ -191,6 +189,7 @@ class ContinuousTransformer(_Solving):
                      context_length=length)
 
     # -- evolution -----------------------------------------------------------------------
+    @validation.renamed(key_mask="padding_mask")
     def solve(self, u0, *, tokens, features, head_features=None, hidden=None, scheme="lie",
               steps_per_layer=1, trajectory=False, padding_mask=None, context_length=None,
               checkpoint=False, rtol=None, atol=None):
@@ -354,6 +353,7 @@ class ContinuousTransformer(_Solving):
                           max_steps=max_steps, padding_mask=padding_mask,
                           context_length=context_length, controller=controller, initial=initial)
 
+    @validation.renamed(mask="padding_mask")
     def run(self, x, padding_mask=None):
         r"""The discrete network: midpoint grids, ``lie``, one step per layer.
 

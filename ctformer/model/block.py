@@ -55,6 +55,7 @@ class Block:
         naming the argument.
     """
 
+    @validation.renamed(norm1="normalization1", norm2="normalization2")
     def __init__(self, attention=None, feedforward=None, normalization1=None, normalization2=None,
                  placement="pre"):
         validation.one_of(placement, "placement", PLACEMENTS)

@@ -21,6 +21,7 @@ from ..evolution import evolve
 from ..kernels import is_host
 from ..model_inputs import as_state_array
 from ..operators.base import has_host_parameters
+from ..shared_tensors import StaleConversionError, check_unchanged
 from .checks import _device, _refuse_meta, _same_kind
 
 
@@ -46,6 +47,23 @@ class _Solving:
     """The steps of ``solve`` and ``evolve`` around the time loop, for
     :class:`ContinuousTransformer` (reads its ``blocks``, ``final_normalization``, ``grids()``
     and ``parameters()``)."""
+
+    def __getstate__(self):
+        """The model's attributes, for ``pickle`` and ``copy``. A converted model whose module
+        changed in place after the conversion is refused, as its solves are: the copy would
+        hold the module's new values beside arrays derived from the old ones (norm gains,
+        packed projections), so it would compute neither network, and nothing would watch it.
+
+        Raises
+        ------
+        ctformer.bridges.StaleConversionError
+            Naming the changed weights; the remedy is to convert the module again.
+        """
+        try:
+            check_unchanged(self)
+        except StaleConversionError as error:
+            raise StaleConversionError(f"cannot pickle or copy this converted model: {error}") from None
+        return self.__dict__.copy()
 
     def _operators(self):
         """Every operator of the model (None where a block has none)."""

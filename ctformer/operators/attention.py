@@ -40,6 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import validation
+from ..validation import renamed
 from ..kernels import is_host
 from .attention_arguments import _compose_mask, _kernel_list, _position
 # the assembly helpers, re-exported here where they were defined before
@@ -217,6 +218,7 @@ class Attention(Operator):
             extra += f", positions={self.positions!r}"
         return f"Attention(heads={self.heads}, beta={self.beta.tolist()}, mask={self.mask!r}{extra})"
 
+    @renamed(key_mask="padding_mask")
     def __call__(self, u, grids: Grids, padding_mask=None):
         r"""Apply the operator to point values ``u`` on ``grids``: validated, scale-safe.
 

@@ -26,6 +26,7 @@ import array_api_compat
 import numpy as np
 
 from ..backend import namespace
+from ..environment import setting
 from .local_attention import BandedAttention, mask_pattern
 from .masks import Intersection
 from .positions import rotate
@@ -222,11 +223,12 @@ class DiscretizedAttention:
     operator.
     """
 
-    __slots__ = ("constants", "layout", "rotation", "engine", "_project_qkv", "_project_out", "_small")
+    __slots__ = ("constants", "layout", "rotation", "engine", "_project_qkv", "_project_out", "_small", "_gemm")
 
     def __init__(self, constants, layout: Layout, rotation: bool, engine):
         self.constants, self.layout, self.rotation, self.engine = constants, layout, rotation, engine
-        self._small = {}  # (shape, dtype) -> _SmallPlan or None (the general path)
+        self._small = {}  # (shape, dtype) -> _SmallPlan or None (the general path), made under
+        self._gemm = None  # this CTFORMER_GEMM: a plan holds the products that setting chose
         # the two projections are token-wise: large NumPy states run them by row blocks
         self._project_qkv = by_row_blocks(
             lambda v: rows_product(v, constants("QKV_t", v), constants("b_QKV", v),
@@ -250,6 +252,9 @@ class DiscretizedAttention:
 
     def _attend(self, u, check):
         if not check and type(u) is np.ndarray and u.flags.c_contiguous and not getattr(_INSIDE, "worker", False):
+            if (gemm := setting("CTFORMER_GEMM")) != self._gemm:  # another setting: plans made again
+                self._small.clear()
+                self._gemm = gemm
             plan = self._small.get((u.shape, u.dtype), self)
             if plan is self:
                 plan = self._small_plan(u)
@@ -312,7 +317,7 @@ class DiscretizedAttention:
 
     def _small_plan(self, u):
         """The :class:`_SmallPlan` of the NumPy state ``u`` (trusted, C order), or None when
-        ``u`` takes the general path; remembered per shape and dtype."""
+        ``u`` takes the general path; remembered per shape and dtype (:meth:`_attend`: under one CTFORMER_GEMM)."""
         if len(self._small) >= _SMALL_SHAPES:
             self._small.clear()
         plan = self._small[(u.shape, u.dtype)] = _SmallPlan.of(self, u)

@@ -87,7 +87,7 @@ class _CircleStates:
     """Density values in, saved states out, for :class:`CircleMeanField` (reads its ``grid``,
     ``n_modes``, ``max_wavenumber`` and ``_backend_name``)."""
 
-    def _density_values(self, rho0):
+    def _density_values(self, rho0, name="rho0"):
         if callable(rho0):
             backend = get_backend(self._backend_name or "numpy")
             values = np.asarray(rho0(self.grid))
@@ -96,20 +96,21 @@ class _CircleStates:
             values = rho0 if array_api_compat.is_array_api_obj(rho0) else np.asarray(rho0)
         xp0 = array_api_compat.array_namespace(values)
         if xp0.isdtype(values.dtype, "complex floating"):
-            raise TypeError(f"rho0 must be real (a density), got a complex array of dtype {values.dtype}")
+            raise TypeError(f"{name} must be real (a density), got a complex array of dtype {values.dtype}")
         if not (xp0.isdtype(values.dtype, "real floating") or xp0.isdtype(values.dtype, "integral")):
-            raise TypeError(f"rho0 must be a real numeric array, got dtype {values.dtype}")
+            raise TypeError(f"{name} must be a real numeric array, got dtype {values.dtype}")
         if not array_api_compat.is_cupy_array(values):
             # torch and other namespaces through the host: NumPy reads no torch bfloat16
             values = to_host(values)
         rho = backend.asarray(values, dtype=np.float64)
         if tuple(rho.shape) != (self.n_modes,):
-            raise ValueError(f"rho0 must give {self.n_modes} values (one per grid angle), got shape {tuple(rho.shape)}")
+            raise ValueError(f"{name} must give {self.n_modes} values (one per grid angle), "
+                             f"got shape {tuple(rho.shape)}")
         xp = backend.xp
         if not bool(xp.all(xp.isfinite(rho))):
-            raise ValueError("rho0 has NaN or infinite values")
+            raise ValueError(f"{name} has NaN or infinite values")
         if float(xp.min(rho)) < 0 or float(xp.sum(rho)) <= 0:
-            raise ValueError("rho0 must be a nonnegative density with positive mass")
+            raise ValueError(f"{name} must be a nonnegative density with positive mass")
         return backend, rho
 
     def _restart_coefficients(self, u0):

@@ -31,13 +31,23 @@ __all__ = ["linear_growth_rate", "stability_function"]
 _LOG_FLOAT_MAX = math.log(np.finfo(np.float64).max)
 
 
-def linear_growth_rate(k, beta, normalized=True):
+def _plain_circle(dimension, noise) -> bool:
+    """d = 2 without noise: the circle's own formula (anything else, bad input included, goes on)."""
+    plain = (isinstance(dimension, (int, np.integer)) and not isinstance(dimension, bool) and dimension == 2)
+    return plain and isinstance(noise, (int, float, np.integer, np.floating)) and noise == 0
+
+
+def linear_growth_rate(k, beta, normalized=True, dimension=2, noise=0.0):
     r"""Growth rate of the mode :math:`\cos(k\theta)` of the linearization about the uniform density.
 
     .. math::
 
         \lambda_k = \frac{k^2 I_k(\beta)}{\beta I_0(\beta)} \;\text{(SA)}, \qquad
         \lambda_k = \frac{k^2 I_k(\beta)}{\beta} \;\text{(USA, mass one)}.
+
+    With ``dimension=d`` or ``noise=nu``: degree-:math:`l` harmonics on :math:`S^{d-1}` under
+    :math:`\nu\Delta_S` (:func:`ctformer.particles.zonal.linear_growth_rate`), for SA
+    :math:`\sigma_l = l(l+d-2)\big(I_{l+d/2-1}(\beta)/(\beta I_{d/2-1}(\beta)) - \nu\big)`.
 
     Parameters
     ----------
@@ -49,6 +59,10 @@ def linear_growth_rate(k, beta, normalized=True):
         velocity :math:`\int \sin(\varphi - \theta)\rho\,d\varphi` moves only the first mode).
     normalized : bool
         SA (True) or USA (False).
+    dimension : int
+        :math:`d \ge 2`, tokens on :math:`S^{d-1}`; 2 is the circle.
+    noise : float
+        :math:`\nu \ge 0`, the coefficient of the diffusion :math:`\nu\Delta_S`.
 
     Returns
     -------
@@ -57,11 +71,17 @@ def linear_growth_rate(k, beta, normalized=True):
     Raises
     ------
     ValueError
-        For a ``beta`` that is not finite, or wavenumbers that are not non-negative integers.
+        For a ``beta`` that is not finite, wavenumbers that are not non-negative integers, a
+        ``dimension`` below 2 or a negative ``noise``; for USA with :math:`|\beta| > 700`
+        where ``dimension`` or ``noise`` is given.
     OverflowError
-        USA with :math:`|\beta|` above :func:`math.log` of the largest float64 (about 709.8),
-        where :math:`e^{|\beta|}` overflows.
+        USA on the circle without noise with :math:`|\beta|` above :func:`math.log` of the
+        largest float64 (about 709.8), where :math:`e^{|\beta|}` overflows.
     """
+    if not _plain_circle(dimension, noise):
+        # every other sphere, or noise: the general formula (equal on the circle to rounding)
+        from .sphere_basis import linear_growth_rate as on_the_sphere
+        return on_the_sphere(k, beta, normalized, dimension, noise)
     beta = _check_beta(beta)
     if not normalized and abs(beta) >= _LOG_FLOAT_MAX:
         raise OverflowError(f"USA (normalized=False) growth rates carry exp(|beta|) = exp({abs(beta)}), "

@@ -204,7 +204,7 @@ class CircleMeanField(_CircleStates, _FixedSystem):
         -------
         array, shape (n_modes,)
         """
-        backend, rho = self._density_values(rho)
+        backend, rho = self._density_values(rho, "rho")
         c = backend.fft.rfft(rho)[: self.max_wavenumber + 1]
         return self._coefficient_flow(backend, c)[1](c)
 

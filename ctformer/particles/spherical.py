@@ -43,7 +43,7 @@ from ..backend import to_host
 from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning, circle_bytes
 from .particle_checks import _FixedSystem
-from .zonal import _finite_energy
+from .zonal import _finite_energy, noise_clause, noise_step
 from .sphere_labelled import SphereLabelled, spherical_dataset
 from .sphere_basis import (check_beta, check_noise, check_size, gradient_multipliers, kernel_energy, kernel_multipliers,
                            linear_growth_rate)
@@ -242,27 +242,30 @@ class SphericalMeanField(_FixedSystem):
         return 1 + np.argmax(self._power(alm)[..., 1:], axis=-1)
 
     # -- input -----------------------------------------------------------------------------------
-    def coefficients_of(self, rho):
-        """Coefficients of a density: grid values (n_theta, n_phi) or a callable of points (..., 3)."""
+    def coefficients_of(self, rho, *, name="rho"):
+        """Coefficients of a density: grid values (n_theta, n_phi) or a callable of points (..., 3).
+
+        ``name`` is the argument named in the error messages (``solve`` passes ``"rho0"``).
+        """
         values = rho(self.points()) if callable(rho) else rho
         values = to_host(values) if array_api_compat.is_array_api_obj(values) else np.asarray(values)
         if np.iscomplexobj(values) or not (np.issubdtype(values.dtype, np.floating)
                                            or np.issubdtype(values.dtype, np.integer)):
-            raise TypeError(f"rho0 must be a real density, got dtype {values.dtype}")
+            raise TypeError(f"{name} must be a real density, got dtype {values.dtype}")
         if values.shape != self.weights.shape:
-            raise ValueError(f"rho0 must give values on the {self.weights.shape} grid (colatitude, longitude), "
+            raise ValueError(f"{name} must give values on the {self.weights.shape} grid (colatitude, longitude), "
                              f"got shape {values.shape}")
         if not np.all(np.isfinite(values)):
-            raise ValueError("rho0 has NaN or infinite values: it is not an integrable density")
+            raise ValueError(f"{name} has NaN or infinite values: it is not an integrable density")
         mass = float(np.sum(values * self.weights))
         if values.min() < 0 or mass <= 0:
-            raise ValueError(f"rho0 must be a nonnegative density with positive mass (min {values.min():.3g}, "
+            raise ValueError(f"{name} must be a nonnegative density with positive mass (min {values.min():.3g}, "
                              f"mass {mass:.3g})")
         return self.analysis(values)
 
     def stable_step(self, t1, scheme="rk4", mass: float = 1.0) -> float:
-        """The circle's stable step for K = L (the noise does not enter)."""
-        return self._circle.stable_step(t1, scheme, mass)
+        """The circle's stable step for K = L, at most :func:`~ctformer.particles.zonal.noise_step` with noise."""
+        return min(self._circle.stable_step(t1, scheme, mass), noise_step(self._diffusion))
 
     def solve(self, rho0, t1, dt, save_every=1, scheme="rk4"):
         r"""Evolve the density from :math:`t = 0` to ``t1`` (arguments as :meth:`ZonalMeanField.solve`).
@@ -272,13 +275,14 @@ class SphericalMeanField(_FixedSystem):
         SphericalSolution
         """
         scheme = solvers.get(scheme)
-        alm = self.coefficients_of(rho0)
+        alm = self.coefficients_of(rho0, name="rho0")
         steps, h = time_steps(t1, dt, save_every)
         mass = float(alm[0].real * math.sqrt(4 * math.pi))
         bound = self.stable_step(t1, scheme, mass)
         if steps and h > bound:
             raise ValueError(f"dt={h:.6g} is above the stable step {bound:.4g} of scheme {scheme.name!r} for "
-                             f"t1={float(t1):.6g} with degree={self.degree}; use dt <= {bound:.4g} or a lower degree")
+                             f"t1={float(t1):.6g} with degree={self.degree}{noise_clause(self)}; use dt <= {bound:.4g} "
+                             "or a lower degree")
         state = np.concatenate([alm, [0.0]]) if self.noise else alm
         count = saved_count(steps, save_every)
         check_memory(count, state, save_every, steps)

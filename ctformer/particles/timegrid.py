@@ -283,7 +283,7 @@ def evolve_coefficients(field, rho0, t1, *, scheme, dt, what, axes, size: int, d
     scheme = solvers.get(scheme)
     start = restart_of(initial, t1, dt, scheme)
     if start is None:
-        c = field.coefficients_of(rho0)
+        c = field.coefficients_of(rho0, name="rho0")
         state = np.concatenate([c, [0.0]]) if field.noise else c
     else:
         if rho0 is not None:

@@ -37,8 +37,10 @@ Discretization:
   :math:`(v, \tau)` with :math:`c = e^{-\nu\Lambda\tau} v`, :math:`\Lambda = \operatorname{diag}(l(l+d-2))`,
   :math:`\dot v = e^{\nu\Lambda\tau} F(e^{-\nu\Lambda\tau} v)`, :math:`\dot\tau = 1`, and the
   split problem's projection resets :math:`(v, \tau) \to (c, 0)` after every step. A
-  Runge-Kutta scheme then keeps its order, the diffusion does not limit the step, and each
-  diffusing mode decays by exactly :math:`e^{-\nu l(l+d-2)\Delta t}` per step.
+  Runge-Kutta scheme then keeps its order, the diffusion does not limit the step for
+  stability, and each diffusing mode decays by exactly :math:`e^{-\nu l(l+d-2)\Delta t}` per
+  step; the factor itself must stay inside float64, so the step is at most
+  :math:`700/(\nu L(L+d-2))` (:func:`noise_step`, part of :meth:`ZonalMeanField.stable_step`).
 
 The stable step is the circle's (:meth:`CircleMeanField.stable_step`) for the :math:`L`
 retained degrees and the same velocity bound (1 for SA): in the angle
@@ -68,11 +70,28 @@ from .timegrid import check_memory, evolve_coefficients, march, saved_count, tim
 __all__ = ["ZonalMeanField", "ZonalSolution", "linear_growth_rate"]
 
 _USA_BETA_MAX = 700.0
+_FACTOR_LOG_MAX = 700.0  # e^{700} = 1e304: the integrating factor leaves 1e4 of float64 for the flux
 _NEGATIVE_TOLERANCE = 1e-6  # below -this times the uniform density: not resolved
 _TAIL_TOLERANCE = 1e-6  # the top quarter of the degrees holding more of ||rho||^2: not resolved
 # densities are taken against the surface measure: the uniform one, 1/|S^{d-1}|, and the squares
 # of the coefficients (~ 1/|S^{d-1}| times a cluster's concentration) must stay far inside float64
 _MAX_DIMENSION = max(d for d in range(2, 1100) if log_sphere_area(d) >= math.log(1e-250))  # 374
+
+
+def noise_step(diffusion) -> float:
+    r"""The largest step whose integrating factor stays inside float64: :math:`700 / \max_l \nu l(l+d-2)`.
+
+    A stage at :math:`\tau` multiplies the flux by :math:`e^{\nu l(l+d-2)\tau}` (inf beyond :math:`e^{709.8}`).
+    """
+    top = float(np.max(diffusion)) if np.size(diffusion) else 0.0
+    return _FACTOR_LOG_MAX / top if top > 0 else math.inf
+
+
+def noise_clause(field) -> str:
+    """The part of a step refusal that names the noise's bound (empty without noise)."""
+    step = noise_step(field._diffusion)
+    return (f"; noise={field.noise:g} needs nu*L*(L+d-2)*dt <= {_FACTOR_LOG_MAX:g} (dt <= {step:.4g}) for its "
+            "integrating factor to stay inside float64") if math.isfinite(step) else ""
 
 
 def _finite_energy(beta) -> None:
@@ -254,8 +273,10 @@ class ZonalMeanField(_FixedSystem):
         return 1 + np.argmax(np.abs(c[..., 1:]), axis=-1)
 
     # -- input ---------------------------------------------------------------------------------
-    def coefficients_of(self, rho):
+    def coefficients_of(self, rho, *, name="rho"):
         r"""Gegenbauer coefficients of a density: values at :attr:`grid` or a vectorized callable of s.
+
+        ``name`` is the argument named in the error messages (``solve`` passes ``"rho0"``).
 
         Raises
         ------
@@ -267,17 +288,17 @@ class ZonalMeanField(_FixedSystem):
         values = rho(self.grid) if callable(rho) else rho
         values = to_host(values) if array_api_compat.is_array_api_obj(values) else np.asarray(values)
         if np.iscomplexobj(values):
-            raise TypeError(f"rho0 must be real (a density), got a complex array of dtype {values.dtype}")
+            raise TypeError(f"{name} must be real (a density), got a complex array of dtype {values.dtype}")
         if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.integer)):
-            raise TypeError(f"rho0 must be a real numeric array, got dtype {values.dtype}")
+            raise TypeError(f"{name} must be a real numeric array, got dtype {values.dtype}")
         values = np.broadcast_to(np.asarray(values, dtype=np.float64), np.shape(values))
         if values.shape != self.grid.shape:
-            raise ValueError(f"rho0 must give {self.grid.shape[0]} values (one per node s_j of grid), "
+            raise ValueError(f"{name} must give {self.grid.shape[0]} values (one per node s_j of grid), "
                              f"got shape {values.shape}")
         if not np.all(np.isfinite(values)):
-            raise ValueError("rho0 has NaN or infinite values: it is not an integrable density")
+            raise ValueError(f"{name} has NaN or infinite values: it is not an integrable density")
         if values.min() < 0 or values @ self.basis.weights <= 0:
-            raise ValueError("rho0 must be a nonnegative density with positive mass "
+            raise ValueError(f"{name} must be a nonnegative density with positive mass "
                              f"(min {values.min():.3g}, mass {values @ self.basis.weights:.3g})")
         return self.basis.project(values)
 
@@ -285,9 +306,10 @@ class ZonalMeanField(_FixedSystem):
     def stable_step(self, t1, scheme="rk4", mass: float = 1.0) -> float:
         r"""The largest stable step for a solve to ``t1``: :meth:`CircleMeanField.stable_step` with :math:`K = L`.
 
-        The noise does not enter (it is integrated exactly).
+        The noise is integrated exactly and enters only through the float64 range of its
+        integrating factor: the step is at most :func:`noise_step`, :math:`700/(\nu L(L+d-2))`.
         """
-        return self._circle.stable_step(t1, scheme, mass)
+        return min(self._circle.stable_step(t1, scheme, mass), noise_step(self._diffusion))
 
     # -- time stepping ---------------------------------------------------------------------------
     def solve(self, rho0, t1, dt, save_every=1, scheme="rk4"):
@@ -313,7 +335,7 @@ class ZonalMeanField(_FixedSystem):
             of the degrees holds more than :math:`10^{-6}` of :math:`\|\rho\|^2`.
         """
         scheme = solvers.get(scheme)
-        c = self.coefficients_of(rho0)
+        c = self.coefficients_of(rho0, name="rho0")
         steps, h = time_steps(t1, dt, save_every)
         mass = float(c[0] * math.sqrt(sphere_area(self.dimension)))
         bound = self.stable_step(t1, scheme, mass)
@@ -321,7 +343,8 @@ class ZonalMeanField(_FixedSystem):
             raise ValueError(
                 f"dt={h:.6g} is above the stable step {bound:.4g} of scheme {scheme.name!r} for t1={float(t1):.6g} "
                 f"with degree={self.degree} (transport at up to L*V = {self.degree}*"
-                f"{self._circle.velocity_bound(mass):.4g}); use dt <= {bound:.4g} or a lower degree")
+                f"{self._circle.velocity_bound(mass):.4g}{noise_clause(self)}); use dt <= {bound:.4g} or a "
+                "lower degree")
         state = np.concatenate([c, [0.0]]) if self.noise else c
         count = saved_count(steps, save_every)
         check_memory(count, state, save_every, steps)

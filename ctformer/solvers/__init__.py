@@ -36,3 +36,12 @@ __all__ = ["Scheme", "SplitProblem", "available", "get", "register", "integrate"
            "PIController", "ControllerState", "weighted_rms", "rms", "grid_weights",
            "SaveAt", "Solution", "Event", "Piecewise", "MaxStepsReached", "StepSizeTooSmall",
            "SolveFailed", "SolveInterrupted"]
+
+_RENAMED = {"ClassicalRK4": "RK4"}  # 0.2 renamed these; the old name says where to go
+
+
+def __getattr__(name):
+    if name in _RENAMED:
+        raise AttributeError(f"ctformer.solvers.{name} was renamed ctformer.solvers.{_RENAMED[name]} "
+                             f"in 0.2; use {_RENAMED[name]}")
+    raise AttributeError(f"module 'ctformer.solvers' has no attribute {name!r}")

@@ -2,11 +2,17 @@ r"""Events: depths where a scalar function of the state changes sign.
 
 An :class:`Event` with condition :math:`g(t, u)` fires inside an accepted step from
 :math:`t_n` to :math:`t_{n+1}` when :math:`g` changes sign between the step's ends (in the
-chosen direction). The crossing is located on the step's dense output :math:`\tilde u(t)`
-(:mod:`ctformer.solvers.solution`) by Brent's method on :math:`t \mapsto g(t, \tilde u(t))`
-(``scipy.optimize.brentq``) to :math:`10^{-12}\max(1, |t|)` in :math:`t`; the located depth is
-then as accurate as the interpolant, i.e. within the controller's tolerance. As in
-``scipy.integrate.solve_ivp``, a solve that starts where :math:`g = 0` fires at its start when
+chosen direction). Only that sign change is looked at: a root pair inside one step, where
+:math:`g` touches or crosses zero and returns to its sign before the step ends (a double
+root; two crossings closer than a step), is missed without a word, as in ``solve_ivp``. With
+``samples=m`` the condition is also evaluated at :math:`m` equally spaced depths inside each
+step, on its dense output, and a sign change between any two neighbouring points counts: a
+pair of crossings farther apart than :math:`h/(m+1)` is then found. The crossing is located
+on the step's dense output :math:`\tilde u(t)` (:mod:`ctformer.solvers.solution`) by Brent's
+method on :math:`t \mapsto g(t, \tilde u(t))` (``scipy.optimize.brentq``) to
+:math:`10^{-12}\max(1, |t|)` in :math:`t`; the located depth is then as accurate as the
+interpolant, i.e. within the controller's tolerance. As in ``scipy.integrate.solve_ivp``, a
+solve that starts where :math:`g = 0` fires at its start when
 the first step leaves zero in the event's direction (a restart, which continues a saved solve,
 does not: that solve saw the zero already), and a terminal event ends the solve at its first
 occurrence, or at its ``n``-th with ``terminal=n``. :class:`Tracker` keeps every occurrence.
@@ -45,6 +51,13 @@ class Event:
         two; a zero at the very start of a solve is one when the first step moves :math:`g`
         in the event's direction (:math:`g \ge 0` after it for 1, :math:`g \le 0` for -1, as
         ``solve_ivp``).
+    samples : int
+        Depths inside each accepted step, :math:`t_n + k h/(m+1)` for :math:`k = 1..m`, where
+        :math:`g` is also evaluated on the step's dense output (default 0: the step's ends
+        only). A sign change is needed between two neighbouring points for an occurrence, so
+        two crossings within :math:`h/(m+1)` of each other (a double root) can still be missed.
+        Each sample costs one call of ``condition`` and one interpolation (with fixed steps and
+        the schemes without stages, the step's two Hermite slopes: two right-hand sides, once).
 
     Examples
     --------
@@ -59,6 +72,7 @@ class Event:
     condition: Callable
     terminal: bool | int = True
     direction: int = 0
+    samples: int = 0
 
     def __post_init__(self):
         if not callable(self.condition):
@@ -79,6 +93,11 @@ class Event:
             terminal = bool(terminal)
         object.__setattr__(self, "terminal", terminal)
         validation.one_of(self.direction, "direction", (0, 1, -1))
+        if not validation.is_integer(self.samples) or self.samples < 0:
+            raise ValueError(f"Event: samples must be a count m >= 0 of depths inside each step "
+                             f"where the condition is also evaluated, got {self.samples!r}; pass "
+                             f"0 to look at the step ends only")
+        object.__setattr__(self, "samples", int(self.samples))
 
     @property
     def limit(self) -> float:
@@ -132,6 +151,15 @@ def locate(event: Event, index: int, interpolant: Callable, t0: float, t1: float
     return brentq(g, a, b, xtol=1e-12 * max(1.0, abs(t0), abs(t1)), rtol=4 * np.finfo(float).eps)
 
 
+def _points(event: Event, index: int, record, t_new: float, g0: float, g1: float, count):
+    """``(t, g)`` at the step's start, at ``event.samples`` equally spaced depths inside it (on
+    the dense output ``record``) and at its end ``t_new``."""
+    t0, m = record.t0, event.samples
+    inside = [t0 + (t_new - t0) * k / (m + 1) for k in range(1, m + 1)]
+    sampled = [(t, evaluate_condition(event, t, record(t, count), index)) for t in inside]
+    return [(t0, g0)] + sampled + [(t_new, g1)]
+
+
 class Tracker:
     """Every occurrence of ``events`` in one solve, and whether a terminal one ends it.
 
@@ -166,11 +194,14 @@ class Tracker:
         g_new = [evaluate_condition(e, t_new, u_new, i) for i, e in enumerate(self.events)]
         found = []
         for i, (e, g0, g1) in enumerate(zip(self.events, self.g, g_new)):
-            if self.fresh and g0 == 0.0 and leaves_zero(e, g1):
-                found.append((0.0, i, record.t0))
-            elif crossed(e, g0, g1):
-                tc = locate(e, i, lambda s: record(s, count), record.t0, t_new, g0, g1)
-                found.append((abs(tc - record.t0), i, tc))
+            points = _points(e, i, record, t_new, g0, g1, count)
+            for k, ((ta, ga), (tb, gb)) in enumerate(zip(points, points[1:])):
+                if k == 0 and self.fresh and ga == 0.0:
+                    if leaves_zero(e, gb):
+                        found.append((0.0, i, record.t0))
+                elif crossed(e, ga, gb):
+                    tc = locate(e, i, lambda s: record(s, count), ta, tb, ga, gb)
+                    found.append((abs(tc - record.t0), i, tc))
         self.g, self.fresh = g_new, False
         for _, i, tc in sorted(found):  # in the order they happen (ties: by index)
             state = record(tc, count)

@@ -144,3 +144,10 @@ HEUN_TABLEAU = register_tableau(ButcherTableau("heun", a=((), (1.0,)), b=(0.5, 0
 RK4_TABLEAU = register_tableau(ButcherTableau(
     "rk4", a=((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)),
     b=(1.0 / 6.0, 1.0 / 3.0, 1.0 / 3.0, 1.0 / 6.0), order=4.0), RK4)
+
+
+def __getattr__(name):
+    if name in ("EULER", "HEUN"):  # 0.2 named the tableaus as tableaus
+        raise AttributeError(f"ctformer.solvers.runge_kutta.{name} was renamed {name}_TABLEAU in 0.2 "
+                             f"(RK4 is the scheme class; its tableau is RK4_TABLEAU)")
+    raise AttributeError(f"module 'ctformer.solvers.runge_kutta' has no attribute {name!r}")

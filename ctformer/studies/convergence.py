@@ -45,6 +45,7 @@ import numpy as np
 
 from .. import solvers
 from ..backend import to_host
+from ..validation import renamed
 from .arguments import (DEFAULT_FIXED, check_fine_size, check_resolution, fixed_discretization,
                         level_discretization, resolving_fine)
 from .cases import StudyCase, compute_case
@@ -58,6 +59,7 @@ from .spec import NORMS, StudySpec, smooth_initial_state
 __all__ = ["convergence", "smooth_initial_state", "VARIABLES", "NORMS"]
 
 
+@renamed(norm="error_norm")
 def convergence(model, *, refine: str, levels, tokens=None, features=None, head_features=None,
                 hidden=None, scheme="lie", steps_per_layer: int = 1, u0: Callable | None = None,
                 reference="finest", error_norm: str | None = None, fine: int | None = None, window=None,
@@ -93,8 +95,9 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
         Fixed steps per layer when not refining time.
     u0 : callable, optional
         Initial state :math:`u_0(x, y)`, sampled on every grid; default
-        :func:`smooth_initial_state`. An array is accepted for ``refine`` in
-        ``("hidden", "time")`` (the token and feature grids are fixed then).
+        :func:`smooth_initial_state`. An array of shape (tokens, features) is accepted for
+        ``refine`` in ``("hidden", "time")`` (the token and feature grids are fixed then); a
+        batch of states is refused (one study measures one solution).
     reference : {"finest", "richardson"} or callable, optional
         The finest level (it gets no error), the Richardson extrapolation of the two finest
         levels with the expected order, or the exact :math:`u(T, x, y)` (broadcasting; it
@@ -148,7 +151,8 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
     ------
     ValueError
         For an unknown ``refine``, ``error_norm``, ``reference`` or discretization name, bad
-        ``levels``, Richardson extrapolation of a spectral (infinite-order) method or of an
+        ``levels``, an array ``u0`` that is not one (tokens, features) state, Richardson
+        extrapolation of a spectral (infinite-order) method or of an
         expected order 0 (a periodic rule on data that are not, in the maximum norm), or a
         ``reference`` that returns NaN or inf.
     SizeTooLargeError
@@ -186,7 +190,8 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
     start = time.perf_counter()
     records = run_cases(compute_case, study, keys, executor=executor, store=store,
                         progress=progress, description=f"{spec.refinement.variable} study",
-                        costs=[spec.refinement.cost(level) for _, level in keys])
+                        costs=[spec.refinement.cost(level) for _, level in keys],
+                        required=_READ_FIELDS)
     return _measure(study, keys, records, spec, summary, time.perf_counter() - start)
 
 
@@ -252,6 +257,11 @@ def _build(model, spec: StudySpec, store):
                "method": refinement.method(spec.scheme, family),
                "parameters": dict(shared, scheme_order=spec.scheme.order(scheme_problem(model)))}
     return study, keys, summary
+
+
+#: The record fields :func:`_measure` reads: a stored record without them (consistent in
+#: itself, checksum included) is reported and recomputed, not read.
+_READ_FIELDS = {"values": "array", "seconds": "number", "min_feature_std": "number"}
 
 
 def _described(obj, identified: bool):

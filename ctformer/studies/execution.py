@@ -141,7 +141,7 @@ def _worker_lost_errors() -> tuple:
 
 def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *, executor=None,
               store=None, progress: bool = True, description: str = "cases",
-              costs: Sequence[float] | None = None) -> dict:
+              costs: Sequence[float] | None = None, required: dict | None = None) -> dict:
     """Run ``task(context, case)`` for every ``(key, case)`` not already in ``store``.
 
     Parameters
@@ -165,6 +165,11 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
     costs : sequence of float, optional
         The relative work of each case: the bar then shows the percentage of the work done
         (the finest level of a study, often its reference, is most of it), not of the cases.
+    required : dict, optional
+        The fields the caller reads from every record, name to kind (``"array"``,
+        ``"number"``, ...) or to ``(kind, trailing shape)``: a stored record that lacks one,
+        or declares another kind or shape, is reported as corrupt and its case recomputed
+        (instead of a ``KeyError`` or a broadcast of the wrong shape afterwards).
 
     Returns
     -------
@@ -199,7 +204,7 @@ def run_cases(task: Callable, context: Any, cases: Sequence[tuple[str, Any]], *,
                         f"dask.distributed.Client, got {type(executor).__name__}")
     cases = _checked_cases(cases)
     case_store = store if isinstance(store, CaseStore) else (None if store is None else CaseStore(store))
-    records, pending = _stored_records(case_store, cases)
+    records, pending = _stored_records(case_store, cases, required)
     directory = None if case_store is None else str(case_store.directory)
     stored = [len(records)]  # records in the store, for the interrupt message
 
@@ -301,11 +306,11 @@ def _checked_cases(cases) -> list:
     return cases
 
 
-def _stored_records(case_store, cases) -> tuple[dict, list]:
+def _stored_records(case_store, cases, required=None) -> tuple[dict, list]:
     """Trustworthy stored records, and the cases still to compute (store checked writable)."""
     records, pending = {}, []
     for key, case in cases:
-        record = case_store.load(key) if case_store is not None else None
+        record = case_store.load(key, required) if case_store is not None else None
         if record is None:
             pending.append((key, case))
         else:

@@ -24,14 +24,28 @@ REFERENCES = ("finest", "richardson")
 EVALUATIONS = ("interpolate", "coarsest-nodes")
 
 
-def smooth_initial_state(x, y):
-    r"""The default initial state of studies (design notes, section 1).
+def smooth_initial_state(x, *coordinates):
+    r"""The default initial state of studies: ``u0(x, y)``, or ``u0(x1, x2, y)`` on a square.
 
-    .. math::  u_0(x, y) = \cos\big(4 y + 1.5 \sin(\pi x + 0.5)\big) + 0.3 \sin(\pi x y).
+    .. math::  u_0(x, y) = \cos\big(4 y + 1.5 \sin(\pi x + 0.5)\big) + 0.3 \sin(\pi x y),
 
-    Its feature variance is bounded below uniformly in :math:`x`, so LayerNorm stays smooth.
+    and on a two-dimensional token domain (a :class:`~ctformer.discretizations.Product`)
+
+    .. math::  u_0(x_1, x_2, y) = \cos\big(4 y + 1.5 \sin(\pi x_1 + 0.5) \cos(\pi x_2)\big)
+               + 0.3 \sin(\pi x_1 y),
+
+    whose slice :math:`x_2 = 0` is the interval's state. Its feature variance is bounded below
+    uniformly in the tokens, so LayerNorm stays smooth.
     """
-    return np.cos(4.0 * y + 1.5 * np.sin(np.pi * x + 0.5)) + 0.3 * np.sin(np.pi * x * y)
+    if len(coordinates) == 1:
+        (y,) = coordinates
+        return np.cos(4.0 * y + 1.5 * np.sin(np.pi * x + 0.5)) + 0.3 * np.sin(np.pi * x * y)
+    if len(coordinates) == 2:
+        x2, y = coordinates
+        return (np.cos(4.0 * y + 1.5 * np.sin(np.pi * x + 0.5) * np.cos(np.pi * x2))
+                + 0.3 * np.sin(np.pi * x * y))
+    raise TypeError(f"smooth_initial_state takes (x, y) or (x1, x2, y), got "
+                    f"{1 + len(coordinates)} arguments")
 
 
 @dataclass(frozen=True)
@@ -111,6 +125,10 @@ class StudySpec:
         if not callable(u0) and refinement.variable in ("tokens", "features"):
             raise ValueError("u0 must be a callable u0(x, y) when refining tokens or features "
                              "(it is sampled on every grid)")
+        shape = None if callable(u0) else tuple(getattr(u0, "shape", None) or np.shape(u0))
+        if shape is not None and len(shape) != 2:  # the error norm integrates over (x, y) only
+            raise ValueError(f"u0 must be one state of shape (tokens, features), got shape {shape}: "
+                             "a study measures the error of one solution; run one study per state")
         if expected_order is not None:
             expected_order = real(expected_order, "expected_order", positive=True)
         return cls(refinement, levels, tokens, features, head_features, hidden, scheme,

@@ -46,6 +46,9 @@ RECORD_SCHEMA = 2
 #: No separators, no dots: a key is a file name inside the store, never a path.
 _KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
+#: The largest integer float64 holds (a larger one in a record reads as inf).
+_LARGEST_INTEGER = int(np.finfo(np.float64).max)
+
 #: Fields that :meth:`CaseStore.save` adds to every record (not result fields).
 _META = ("schema", "fields", "checksum", "key", "case")
 
@@ -101,14 +104,25 @@ def _field_kind(value):
     if isinstance(value, str):
         return ["str", None]
     if isinstance(value, list):
-        try:
-            arr = np.asarray(value, dtype=np.float64)
-        except (TypeError, ValueError):
-            return ["json", None]
-        if arr.dtype == object:  # pragma: no cover - float64 conversion never gives object
-            return ["json", None]
-        return ["array", list(arr.shape)]
+        shape = _number_array_shape(value)
+        return ["json", None] if shape is None else ["array", list(shape)]
     return ["json", None]
+
+
+def _number_array_shape(value):
+    """The shape of ``value`` when it is a regular nesting of lists of JSON numbers (no
+    booleans, strings or nulls), else ``None``. NumPy's float64 conversion is not the test: it
+    turns ``null`` into NaN, ``true`` into 1 and the string ``"0.5"`` into 0.5."""
+    if not isinstance(value, list):
+        return () if type(value) in (int, float) else None
+    if not value:
+        return (0,)
+    if not isinstance(value[0], list):  # the innermost axis: one pass (a bool is not an int here)
+        return (len(value),) if all(type(v) in (int, float) for v in value) else None
+    inner = _number_array_shape(value[0])
+    if inner is None or any(_number_array_shape(v) != inner for v in value[1:]):
+        return None
+    return (len(value), *inner)
 
 
 def _nonfinite(value) -> bool:
@@ -116,6 +130,8 @@ def _nonfinite(value) -> bool:
         return False
     if isinstance(value, float):
         return not math.isfinite(value)
+    if isinstance(value, int):  # an integer beyond float64's range reads as inf
+        return abs(value) > _LARGEST_INTEGER
     if isinstance(value, list):
         return any(_nonfinite(v) for v in value)
     if isinstance(value, dict):
@@ -128,6 +144,9 @@ def _check_field(name, value, kind) -> str | None:
     if not (isinstance(kind, list) and len(kind) == 2 and isinstance(kind[0], str)):
         return f"field {name!r} has an invalid declaration {kind!r}"
     tag, shape = kind
+    if tag == "array" and not (isinstance(shape, list) and all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape)):
+        return f"field {name!r} has an invalid declaration {kind!r}"
     if tag == "null":
         ok = value is None
     elif tag == "bool":
@@ -139,12 +158,11 @@ def _check_field(name, value, kind) -> str | None:
     elif tag == "array":
         if not isinstance(value, list):
             return f"field {name!r} must be an array of shape {tuple(shape)}, got {type(value).__name__}"
-        try:
-            arr = np.asarray(value, dtype=np.float64)
-        except (TypeError, ValueError):
+        found = _number_array_shape(value)
+        if found is None:  # ragged, or a null, boolean or string among the numbers
             return f"field {name!r} must be an array of numbers of shape {tuple(shape)}"
-        if list(arr.shape) != list(shape):
-            return f"field {name!r} has shape {arr.shape}, declared {tuple(shape)}"
+        if list(found) != list(shape):
+            return f"field {name!r} has shape {found}, declared {tuple(shape)}"
         ok = True
     elif tag == "json":
         ok = True
@@ -153,16 +171,17 @@ def _check_field(name, value, kind) -> str | None:
     if not ok:
         return f"field {name!r} must be of kind {tag}, got {json.dumps(value)[:40]}"
     if _nonfinite(value):
-        return f"field {name!r} holds NaN or inf"
+        return f"field {name!r} holds NaN or inf (or an integer beyond float64's range)"
     return None
 
 
-def record_problem(record, key: str) -> str | None:
+def record_problem(record, key: str, required=None) -> str | None:
     """Why a parsed record cannot be trusted for case ``key``, or ``None`` when it can.
 
     Checks, in this order: a JSON object, the schema version, the key, the checksum, that
-    every declared field is present with its declared kind and shape, and that no number is
-    NaN or inf.
+    every declared field is present with its declared kind and shape, that no number is
+    NaN or inf, and that the fields the caller reads (``required``: name to kind, or to
+    ``(kind, trailing shape)`` for an array) are declared so.
     """
     if not isinstance(record, dict):
         return f"it is not a JSON object but {type(record).__name__}"
@@ -186,6 +205,22 @@ def record_problem(record, key: str) -> str | None:
     undeclared = sorted(set(record) - set(fields) - set(_META))
     if undeclared:
         return f"undeclared fields {undeclared}"
+    return _required_problem(fields, required or {})
+
+
+def _required_problem(fields: dict, required: dict) -> str | None:
+    """Why the declared ``fields`` lack what the caller reads (a record consistent in itself,
+    checksum included, can still miss a field or hold another shape: it is not this case's)."""
+    for name, need in required.items():
+        tag, tail = need if isinstance(need, tuple) else (need, None)
+        if name not in fields:
+            return f"field {name!r} is missing"
+        kind = fields[name]
+        if kind[0] != tag:
+            return f"field {name!r} must be of kind {tag}, declared {kind[0]}"
+        shape = list(kind[1] or [])
+        if tail is not None and shape[max(0, len(shape) - len(tail)):] != list(tail):
+            return f"field {name!r} has shape {tuple(shape)}, this case needs (..., {', '.join(map(str, tail))})"
     return None
 
 
@@ -262,8 +297,9 @@ class CaseStore:
                 f"({exc.strerror or exc}); nothing was computed. Choose a writable directory "
                 "for store= (or fix its permissions)") from None
 
-    def load(self, key: str) -> dict | None:
-        """The stored record of ``key``, or ``None`` when absent or not trustworthy.
+    def load(self, key: str, required=None) -> dict | None:
+        """The stored record of ``key``, or ``None`` when absent or not trustworthy
+        (``required``: the fields the caller reads, see :func:`record_problem`).
 
         A record that cannot be trusted (see :func:`record_problem`) is reported with a
         :class:`CorruptRecordWarning` naming its file, and ``None`` is returned so that the
@@ -279,10 +315,13 @@ class CaseStore:
             return None
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            problem = f"unreadable JSON ({exc})"
+        except (OSError, ValueError, RecursionError) as exc:  # nested too deeply: RecursionError
+            problem = f"unreadable JSON ({type(exc).__name__}: {exc})"
         else:
-            problem = record_problem(record, key)
+            try:
+                problem = record_problem(record, key, required)
+            except RecursionError:
+                problem = "its fields are nested too deeply to be checked"
         if problem is not None:
             warnings.warn(f"study record {path} is corrupt: {problem}; the case is recomputed "
                           "and the record rewritten", CorruptRecordWarning, stacklevel=3)
