@@ -38,8 +38,10 @@ from typing import Callable
 import numpy as np
 
 from . import solvers
+from .evolution import _real_token_weights
 from .model_inputs import as_state_array, check_padding_mask, check_steps
-from .shared_tensors import check_unchanged
+from .shared_tensors import check_unchanged, tied_copies
+from .solvers.controller import DEFAULT_STEPS_PER_LAYER, is_default
 from .validation import boolean, one_of
 
 __all__ = ["gradient"]
@@ -101,10 +103,11 @@ def _backward_problem(torch, problem: solvers.SplitProblem, params) -> solvers.S
     return solvers.SplitProblem([reversed_flow(f) for f in reversed(problem.flows)])
 
 
-def _controlled_backward(torch, problems, params, state, controller, integrator, grids):
+def _controlled_backward(torch, problems, params, state, controller, integrator, weights):
     r"""The backward solve with ``controller``: the augmented state packed into one row.
 
-    The step sizes control :math:`(u, \lambda)` in the grids' norm (the forward solve's) and
+    The step sizes control :math:`(u, \lambda)` in the forward solve's norm (``weights``: the
+    grids' token and feature weights, the tokens' per sequence for a padded batch) and
     leave the parameter gradient :math:`g` out of it (a seminorm): :math:`g` is a quadrature
     of :math:`\lambda \cdot \partial f/\partial \theta` and feeds nothing back, so steps that
     resolve :math:`(u, \lambda)` resolve its integrand. In the norm, each entry of :math:`g`
@@ -113,9 +116,9 @@ def _controlled_backward(torch, problems, params, state, controller, integrator,
     fell to :math:`\mathrm{atol}/\mathrm{rtol}`.
     """
     shape, n_g = state.z.shape, state.g.numel()
-    w_x, w_y = solvers.grid_weights(grids)
-    # the row's weights: the grids' cell weights on every entry of (u, lambda), zero on g
-    cells = np.outer(np.ones(1) if w_x is None else w_x, np.ones(1) if w_y is None else w_y)
+    # the row's weights: the cell weights on every entry of (u, lambda) (token weights of
+    # shape (..., N), padded tokens 0, are each sequence's own), zero on g
+    cells = np.asarray(weights[0], dtype=np.float64)[..., :, None] * np.asarray(weights[1])
     cells = np.broadcast_to(cells, shape).reshape(-1)
     weights = (np.ones(1), np.concatenate([cells, np.zeros(n_g)]))
 
@@ -226,7 +229,7 @@ def _check_finite(torch, gradients, what: str, cause: str):
 
 
 def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None, hidden=None,
-             scheme="lie", steps_per_layer: int = 1, route: str = "adjoint",
+             scheme="lie", steps_per_layer: int = DEFAULT_STEPS_PER_LAYER, route: str = "adjoint",
              parameters: bool = False, rtol=None, atol=None, padding_mask=None,
              context_length=None):
     r"""The gradient of ``loss(u(T))`` with respect to ``u0`` (and the model's parameters).
@@ -263,7 +266,7 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
         :meth:`~ctformer.ContinuousTransformer.evolve` with these tolerances, and on the adjoint
         route the backward solve of the augmented state :math:`(u, \lambda, g)` is
         error-controlled too, layer by layer from :math:`T` to 0, with the same controller and
-        the forward solve's norm (the grids' weighted RMS) over :math:`(u, \lambda)`. The
+        evolve's norm (the grids' weighted RMS, padded tokens at 0) over :math:`(u, \lambda)`. The
         parameter gradient :math:`g` is left out of the norm (a seminorm): it is a quadrature
         that feeds nothing back, so ``parameters=True`` takes the same steps as ``False``.
         A scheme of order :math:`p` takes about :math:`\mathrm{rtol}^{-1/p}` steps: the
@@ -282,8 +285,9 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     torch.Tensor or (torch.Tensor, dict)
         :math:`\partial J / \partial u_0` (the shape of ``u0``); with ``parameters=True``
         also a dict name -> gradient (the shapes of the parameters). Names that alias one
-        weight (layers sharing it, as in ALBERT) each get that weight's whole gradient, the
-        sum over the layers that use it. NumPy arrays instead of tensors when ``u0`` was NumPy.
+        weight (layers sharing it, as in ALBERT, or given one tensor by ``with_parameters``)
+        each get that weight's whole gradient, the sum over the layers that use it, as torch's
+        autograd of the model gives. NumPy arrays instead of tensors when ``u0`` was NumPy.
 
     Raises
     ------
@@ -311,24 +315,25 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     if not callable(loss):
         raise TypeError(f"loss must be a callable loss(u_T) -> scalar torch tensor, got "
                         f"{type(loss).__name__}")
+    given = not is_default(steps_per_layer)  # before check_steps, which makes it a plain int
     steps_per_layer = check_steps(steps_per_layer, len(model.blocks))
     integrator = solvers.get(scheme)
     u0, numpy_in = _as_tensor(torch, u0)
     # the copy below shares nothing with a converted module, so it could not see a change
     check_unchanged(model)
-    names = sorted(model.parameters())
-    tensors = {n: torch.tensor(model.parameters()[n], dtype=u0.dtype, device=u0.device)
-               .detach().clone().requires_grad_(parameters) for n in names}
-    model = model.with_parameters(tensors)
+    values = model.parameters()
+    names = sorted(values)
+    model = model.with_parameters(tied_copies(values, u0, parameters))
     # names that alias one weight all hold the tensor assigned last: differentiate that one
     used = model.parameters()
     params = list({id(used[n]): used[n] for n in names}.values()) if parameters else []
     kw = dict(tokens=tokens, features=features, head_features=head_features, hidden=hidden,
               scheme=integrator, steps_per_layer=steps_per_layer, padding_mask=padding_mask,
               context_length=context_length)
-    control = _control(steps_per_layer, rtol, atol)
+    control = _control(steps_per_layer, rtol, atol, given)
     if not isinstance(control, int):
         kw.update(rtol=control.rtol, atol=control.atol)
+        del kw["steps_per_layer"]  # error control: solve's own default
     if route == "autograd":
         x = u0.detach().requires_grad_(True)
         u0_grad, grads = _loss_gradients(torch, loss, x, model.solve(x, **kw), params)
@@ -340,14 +345,17 @@ def gradient(model, u0, loss: Callable, *, tokens, features, head_features=None,
     position = {id(p): i for i, p in enumerate(params)}
     grads = [grads[position[id(used[n])]] for n in names] if parameters else []
     _check_finite(torch, {"u0": u0_grad, **dict(zip(names, grads))}, f"route={route!r}", cause)
-    return _result(u0_grad, names, grads, parameters, numpy_in)
+    convert = (lambda t: t.detach().cpu().numpy()) if numpy_in else (lambda t: t)
+    return (convert(u0_grad), {n: convert(g) for n, g in zip(names, grads)}) if parameters \
+        else convert(u0_grad)
 
 
-def _control(steps_per_layer: int, rtol, atol):
-    """``steps_per_layer`` (fixed steps) or a :class:`~ctformer.solvers.PIController`."""
+def _control(steps_per_layer: int, rtol, atol, given: bool):
+    """``steps_per_layer`` (fixed steps) or a :class:`~ctformer.solvers.PIController`;
+    ``given``: the caller passed ``steps_per_layer`` (an explicit 1 beside rtol is refused)."""
     if rtol is None and atol is None:
         return steps_per_layer
-    if steps_per_layer != 1:
+    if given:
         raise ValueError(f"steps_per_layer={steps_per_layer!r} and rtol/atol both given: "
                          "choose fixed steps or error control, not both")
     return solvers.PIController(rtol=1e-6 if rtol is None else rtol,
@@ -367,14 +375,16 @@ def _adjoint_route(torch, model, u0, loss, params, control, integrator, kw):
             raise ValueError("padding_mask needs nodal token and feature discretizations, "
                              "got a Galerkin one")
         mask = check_padding_mask(mask, u0)
+    # evolve's norm (padded tokens weigh 0): with rtol/atol the steps of solve/evolve
+    weights = solvers.grid_weights(grids)
+    weights = weights if mask is None else _real_token_weights(weights, mask)
     problems = [block.split_problem(grids, mask) for block in model.blocks]
     if solvers.projects(problems):
         raise ValueError("route='adjoint' needs a model without projections after sub-steps "
                          "(pre-norm or no normalization); use route='autograd' for post-norm")
     with torch.no_grad():   # the forward solve keeps no tape: only u(T) is needed
-        # the grid weights of evolve's "l2" norm: with rtol/atol the same steps as solve/evolve
         u_t = solvers.integrate(solvers.Piecewise.layers(problems), u0.detach(), control,
-                                scheme=integrator, weights=solvers.grid_weights(grids),
+                                scheme=integrator, weights=weights,
                                 order=integrator.order(model), layered=True).final
     final = model.final_normalization
     final = grids.lift(final.discretize(grids)) if final is not None else (lambda v: v)
@@ -390,13 +400,7 @@ def _adjoint_route(torch, model, u0, loss, params, control, integrator, kw):
             for _ in range(control):
                 state = integrator.step(backward, state, dt)
     else:
-        state = _controlled_backward(torch, problems, params, state, control, integrator, grids)
+        state = _controlled_backward(torch, problems, params, state, control, integrator, weights)
     chunks = torch.split(state.g, [p.numel() for p in params]) if params else []
     return state.z[1], [c.reshape(p.shape) for c, p in zip(chunks, params)]
 
-
-def _result(u0_grad, names, grads, parameters, numpy_out=False):
-    convert = (lambda t: t.detach().cpu().numpy()) if numpy_out else (lambda t: t)
-    if not parameters:
-        return convert(u0_grad)
-    return convert(u0_grad), {n: convert(g) for n, g in zip(names, grads)}

@@ -59,6 +59,11 @@ def _study_spec(args, levels):
     if refinement.refines_depth and args.window is not None:
         raise UserError(f"--window {args.window} measures the error on a sub-interval of the "
                         "refined tokens or features; with --refine time leave it out")
+    if args.evaluate != "interpolate" and (refinement.refines_depth or
+                                           refinement.variable not in ("tokens", "features")):
+        raise UserError(f"--evaluate {args.evaluate} chooses where a refined token or feature "
+                        f"axis is compared; with --refine {args.refine} it would be ignored "
+                        "(leave --evaluate out)")
     if args.fine is not None and (refinement.refines_depth or refinement.variable not in
                                   ("tokens", "features") or args.evaluate != "interpolate"):
         # the library reads fine only for a refined token or feature axis that it interpolates

@@ -19,6 +19,7 @@ from .backend import to_host
 from .discretizations import memory as _memory
 from .model_inputs import check_padding_mask, check_steps
 from .shared_tensors import check_unchanged
+from .solvers.controller import DEFAULT_ATOL, DEFAULT_MAX_STEPS, DEFAULT_RTOL, is_default
 from .solvers.restart import restart_point
 from .solvers.restart_identity import computation, mask_digest, model_fingerprint, recorded, refuse_another
 from .solvers.runge_kutta import summing
@@ -26,9 +27,17 @@ from .solvers.runge_kutta import summing
 __all__ = ["evolve", "controller_for", "refuse_error_control"]
 
 
-def controller_for(rtol, atol, controller, max_steps):
+def _passed(value, default, marked: bool) -> bool:
+    """Whether a caller passed ``value`` for a keyword whose default is ``default``: any object but
+    the marked default (:data:`~ctformer.solvers.controller.DEFAULT_RTOL`, an explicit ``1e-6``
+    included) when the signature has ``marked`` defaults, else any other value."""
+    return not is_default(value) and (marked or value != default)
+
+
+def controller_for(rtol, atol, controller, max_steps, *, marked=False):
     """The :class:`~ctformer.solvers.PIController` of ``rtol``, ``atol`` and ``max_steps``, or
-    ``controller`` itself (whose settings must then not contradict them)."""
+    ``controller`` itself, whose settings must then not contradict those passed (``marked``:
+    the caller's defaults are the marked objects, so an explicit default value counts)."""
     if controller is None:
         return solvers.PIController(rtol=rtol, atol=atol, max_steps=max_steps)
     if not isinstance(controller, solvers.PIController):
@@ -36,20 +45,22 @@ def controller_for(rtol, atol, controller, max_steps):
                         f"{type(controller).__name__}")
     given = {"rtol": (rtol, 1e-6), "atol": (atol, 1e-9), "max_steps": (max_steps, 100_000)}
     clash = [f"{name}={value!r}" for name, (value, default) in given.items()
-             if value != default and value != getattr(controller, name)]
+             if _passed(value, default, marked) and value != getattr(controller, name)]
     if clash:
         raise ValueError(f"{', '.join(clash)} contradict{'s' if len(clash) == 1 else ''} the "
                          f"controller's ({controller!r}); set them on the controller only")
     return controller
 
 
-def refuse_error_control(fixed: str, rtol, atol, controller, max_steps) -> None:
-    """Refuse by name a tolerance, controller or ``max_steps`` (other than the defaults) beside
-    the option ``fixed`` (``"steps_per_layer=2"``, ``"dt=0.1"``) that asks for fixed steps,
-    which have no error control: they would be ignored."""
+def refuse_error_control(fixed: str, rtol, atol, controller, max_steps, *, marked=False) -> None:
+    """Refuse by name a tolerance, controller or ``max_steps`` beside the option ``fixed``
+    (``"steps_per_layer=2"``, ``"dt=0.1"``) that asks for fixed steps, which have no error
+    control: they would be ignored. With ``marked`` defaults (the signature's are
+    :data:`~ctformer.solvers.controller.DEFAULT_RTOL` and its kin) every value passed is refused,
+    one equal to the default included; without, values other than the defaults."""
     given = [f"{name}={value!r}" for name, value, default in
              (("rtol", rtol, 1e-6), ("atol", atol, 1e-9), ("max_steps", max_steps, 100_000))
-             if value != default] + (["controller"] if controller is not None else [])
+             if _passed(value, default, marked)] + (["controller"] if controller is not None else [])
     if given:
         raise ValueError(f"{fixed} and {', '.join(given)} both given: fixed steps take no error "
                          f"control; choose fixed steps (drop {', '.join(g.split('=')[0] for g in given)}) "
@@ -59,7 +70,8 @@ def refuse_error_control(fixed: str, rtol, atol, controller, max_steps) -> None:
 def _fixed_steps(model, steps_per_layer, rtol, atol, controller, max_steps) -> int:
     """The checked ``steps_per_layer`` of a fixed-step solve (:func:`refuse_error_control`; as
     :meth:`~ctformer.ContinuousTransformer.solve` refuses ``rtol`` beside ``steps_per_layer``)."""
-    refuse_error_control(f"steps_per_layer={steps_per_layer!r}", rtol, atol, controller, max_steps)
+    refuse_error_control(f"steps_per_layer={steps_per_layer!r}", rtol, atol, controller, max_steps,
+                         marked=True)
     steps = check_steps(steps_per_layer, len(model.blocks))
     if steps > 1 and model.warns_inconsistent_depth:
         solvers.warn_inconsistent_depth("steps_per_layer > 1 on a post-norm model whose "
@@ -81,15 +93,15 @@ def _real_token_weights(weights, padding_mask):
 
 
 def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, scheme="tsit5",
-           rtol=1e-6, atol=1e-9, steps_per_layer=None, save_at=None, events=(),
-           max_steps=100_000, padding_mask=None, context_length=None, controller=None,
+           rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL, steps_per_layer=None, save_at=None, events=(),
+           max_steps=DEFAULT_MAX_STEPS, padding_mask=None, context_length=None, controller=None,
            checkpoint=False, initial=None):
     """:meth:`ctformer.ContinuousTransformer.evolve` (see there)."""
     integrator = solvers.get(scheme)
     if steps_per_layer is not None:
         control = _fixed_steps(model, steps_per_layer, rtol, atol, controller, max_steps)
     else:
-        control = controller_for(rtol, atol, controller, max_steps)
+        control = controller_for(rtol, atol, controller, max_steps, marked=True)
         if model.warns_inconsistent_depth:
             raise ValueError(
                 "rtol/atol: error control needs a continuous-depth limit, and this post-norm "

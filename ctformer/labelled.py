@@ -30,13 +30,13 @@ class of the result's method resolution order that has one.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 
 import numpy as np
 
 from . import labelled_methods
-from .labelled_attrs import as_json, common_attrs, legal_attrs, set_attr
+from .labelled_attrs import (as_json, common_attrs, convergence_to_xarray, legal_attrs, set_attr,
+                             work_precision_to_xarray)
 from .backend import to_host
 from .labelled_files import (ARRAY_ATTRS, INSTALL_HINT, PART, SavedResult, _xarray, from_xarray,
                              join_parts, open_dataset, split_parts, to_netcdf, to_zarr)
@@ -81,11 +81,17 @@ def _load_builtins() -> None:
     if _BUILTINS_LOADED[0]:
         return
     from .particles.meanfield import MeanFieldSolution
+    from .particles.spherical import SphericalSolution
     from .particles.timegrid import Trajectory
+    from .particles.zonal import ZonalSolution
     from .studies.results import ConvergenceResult
     from .studies.tolerance import WorkPrecision
 
-    for cls, fn in ((Trajectory, trajectory_to_xarray), (MeanFieldSolution, mean_field_to_xarray),
+    # the sphere's solutions are MeanFieldSolutions with their own layout: registered first,
+    # or the circle's converter (its 2 pi / N weights, rfft coefficients) took them
+    for cls, fn in ((Trajectory, trajectory_to_xarray), (ZonalSolution, _sphere_to_xarray),
+                    (SphericalSolution, _sphere_to_xarray),
+                    (MeanFieldSolution, mean_field_to_xarray),
                     (ConvergenceResult, convergence_to_xarray),
                     (WorkPrecision, work_precision_to_xarray)):
         _CONVERTERS.setdefault(cls, fn)
@@ -112,20 +118,24 @@ def to_xarray(result, **options):
     result : Solution, Trajectory, MeanFieldSolution or ConvergenceResult
         Or any object whose class (or a base class) was :func:`register`-ed.
     **options
-        Passed to the converter; every converter takes ``attrs`` (a dict of extra
-        attributes, made netCDF-legal as the others).
+        Passed to the converter, except ``attrs``: a dict of extra attributes, made
+        netCDF-legal as the others and added to the converter's.
 
     Raises
     ------
     TypeError
         If no converter is registered for the result's class (the message lists those that are).
+    ValueError
+        If ``attrs`` names an attribute that the result writes itself (``rtol``, ``scheme``...).
     ImportError
         If xarray is not installed (one line with the install command).
     """
     _load_builtins()
+    extra = legal_attrs(options.pop("attrs", None))
     for cls in type(result).__mro__:
         if cls in _CONVERTERS:
             ds = _CONVERTERS[cls](result, **options)
+            _add_extra(ds.attrs, extra)
             arrays = sorted(k for k, v in ds.attrs.items() if isinstance(v, np.ndarray))
             if arrays:  # netCDF reads a 1-D attribute of one value back as a number
                 ds.attrs[ARRAY_ATTRS] = as_json(arrays)
@@ -133,6 +143,17 @@ def to_xarray(result, **options):
     known = ", ".join(sorted(c.__name__ for c in _CONVERTERS))
     raise TypeError(f"to_xarray: no converter for {type(result).__name__}; results with one: "
                     f"{known} (add one with ctformer.labelled.register)")
+
+
+def _add_extra(attrs: dict, extra: dict) -> None:
+    """The caller's attributes, unless one names an attribute of the result: a restart reads
+    ``rtol``, ``scheme``, ``norm`` ... from the file, and the solve's own must stay there."""
+    clash = sorted(name for name in extra if name in attrs)
+    if clash:
+        shown = ", ".join(f"{name} (the result's: {attrs[name]!r})" for name in clash)
+        raise ValueError(f"to_xarray: attrs names attributes that the result writes itself: "
+                         f"{shown}; give your attributes other names (e.g. 'run_{clash[0]}')")
+    attrs.update(extra)
 
 
 def _grid_attrs(attrs: dict, grids) -> None:
@@ -298,6 +319,11 @@ def _identity_attrs(solution, attrs) -> dict:
     out = common_attrs(solution, "Solution", attrs)
     for name in ("norm", "model_fingerprint", "padding_mask"):
         set_attr(out, name, getattr(solution, name, None))
+    # the file holds NumPy values; a torch solve's rounding differs from NumPy's (as_solved)
+    values = solution.final if solution.states is None else solution.states
+    if values is not None:
+        out["array_namespace"] = type(values).__module__.partition(".")[0]
+        out["device"] = str(getattr(values, "device", "cpu"))
     return out
 
 
@@ -341,58 +367,9 @@ def mean_field_to_xarray(solution, *, attrs=None):
     return xr.Dataset(data, coords=coords, attrs=out)
 
 
-def work_precision_to_xarray(result, *, attrs=None):
-    """A work-precision study: ``error, rhs_evaluations, accepted, rejected, seconds`` on
-    ``(scheme, rtol)`` (NaN where a scheme lacks a tolerance); attribute ``reference``."""
-    xr = _xarray()
-    schemes = result.schemes
-    rtols = sorted({lv.rtol for lv in result.levels}, reverse=True)
-    names = ("error", "rhs_evaluations", "accepted", "rejected", "seconds", "atol")
-    table = {name: np.full((len(schemes), len(rtols)), np.nan) for name in names}
-    for lv in result.levels:
-        i, j = schemes.index(lv.scheme), rtols.index(lv.rtol)
-        for name in names:
-            table[name][i, j] = getattr(lv, name)
-    data = {name: (("scheme", "rtol"), values) for name, values in table.items()}
-    out = common_attrs(result, "WorkPrecision", attrs)
-    out["reference"] = result.reference
-    # variable-length strings (object): zarr 3 has no specification for fixed-width ones
-    return xr.Dataset(data, coords={"scheme": np.array(schemes, dtype=object),
-                                    "rtol": np.array(rtols)}, attrs=out)
-
-
-def convergence_to_xarray(result, *, attrs=None):
-    """A study: ``n, h`` (coordinates), ``error, order, seconds`` along ``level``.
-
-    The reference level's error and the first order are NaN. Attributes: the study's summary
-    (``refine``, ``method``, ``reference``, ``norm``, orders, ``consistent_limit`` as 0/1,
-    ``gauss_points`` and ``limitation`` when set), ``study_parameters_json``
-    (discretizations, scheme, model identity), ``study_identity`` (SHA-256 of that JSON text)
-    and ``model_identity`` when the study ran with a store.
-    """
-    xr = _xarray()
-    rows = result.table
-
-    def column(name, dtype=np.float64):
-        return np.array([np.nan if getattr(r, name) is None else getattr(r, name) for r in rows], dtype=dtype)
-
-    data = {"error": (("level",), column("error")), "order": (("level",), column("order")),
-            "seconds": (("level",), column("seconds"))}
-    coords = {"level": column("level", np.int64), "n": (("level",), column("n", np.int64)),
-              "h": (("level",), column("h"))}
-    out = common_attrs(result, "ConvergenceResult", None)
-    set_attr(out, "scheme", result.parameters.get("scheme"))
-    for name in ("refine", "method", "reference", "norm", "observed_order", "expected_order",
-                 "consistent_limit", "gauss_points", "limitation", "min_feature_std",
-                 "wall_seconds"):
-        set_attr(out, name, getattr(result, name))
-    parameters = as_json(result.parameters)
-    out["study_parameters_json"] = parameters
-    out["study_identity"] = hashlib.sha256(parameters.encode()).hexdigest()
-    set_attr(out, "model_identity", result.parameters.get("model"))
-    for key, value in (attrs or {}).items():
-        set_attr(out, str(key), value)
-    return xr.Dataset(data, coords=coords, attrs=out)
+def _sphere_to_xarray(solution, *, attrs=None):
+    """Zonal and :math:`S^2` mean fields: their own layout (:mod:`ctformer.particles.sphere_labelled`)."""
+    return type(solution)._dataset(solution, attrs)
 
 
 labelled_methods.install(to_xarray=to_xarray, to_netcdf=to_netcdf, to_zarr=to_zarr,

@@ -273,6 +273,29 @@ class SavedResult:
         """:attr:`ctformer.Solution.y_events`: each event's states (solver layout, bit for bit)."""
         return self._per_event("occurrence_state")
 
+    def as_solved(self, values):
+        """``values`` (this file's NumPy arrays, e.g. :attr:`states`) in the array library and
+        on the device of the solve that wrote it (attributes ``array_namespace``, ``device``),
+        the same bits: a torch solve continues in torch, whose rounding is not NumPy's.
+
+        Raises
+        ------
+        ImportError
+            If the solve's library (torch, CuPy) is not installed here.
+        """
+        library = self.attrs.get("array_namespace", "numpy")
+        if library == "numpy" or values is None:
+            return values
+        try:
+            module = importlib.import_module(library)
+        except ImportError:
+            raise ImportError(f"as_solved: the result was solved in {library}, which is not "
+                              f"installed here; install it, or use the NumPy values as they "
+                              f"are") from None
+        if library == "torch":
+            return module.as_tensor(values, device=self.attrs.get("device", "cpu"))
+        return module.asarray(values)
+
     def _per_event(self, name):
         if self.events_before is None or name not in self.arrays:
             return None
@@ -332,6 +355,10 @@ def from_xarray(ds) -> SavedResult:
             arrays[key] = _state_values(ds[key])
     states = None if name is None else _state_values(ds[name])
     times = None if axis is None else np.asarray(ds[axis].values)
+    for short, named in (("n", "size_name"), ("h", "step_name")):  # a time study: steps, dt
+        other = ds.attrs.get(named)
+        if isinstance(other, str) and short in arrays:
+            arrays.setdefault(other, arrays[short])
     return SavedResult(kind=kind, times=times, states=states, arrays=arrays,
                        attrs=_decoded_attrs(dict(ds.attrs)), dataset=ds)
 

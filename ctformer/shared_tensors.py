@@ -15,12 +15,15 @@ stops the solve with :class:`StaleConversionError`, naming the weight; the remed
 conversion of the changed module. Models built any other way share nothing and check
 nothing; so do copies of a converted model (``copy.deepcopy``, pickling,
 ``with_parameters``), which hold arrays of their own.
+
+:func:`tied_copies` copies a model's parameters for differentiation, one copy per tensor, so
+layers given one tensor stay tied to one copy.
 """
 from __future__ import annotations
 
 import weakref
 
-__all__ = ["StaleConversionError", "check_unchanged", "watch"]
+__all__ = ["StaleConversionError", "check_unchanged", "tied_copies", "watch"]
 
 _WATCHED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> _Shared
 
@@ -71,3 +74,36 @@ def check_unchanged(model) -> None:
     shared = _WATCHED.get(model)
     if shared is not None:
         shared.check()
+
+
+def tied_copies(values, like, requires_grad: bool = False) -> dict:
+    """New torch tensors of ``like``'s dtype and device for the arrays ``values`` (name -> NumPy
+    array or tensor), one per tensor: names given one tensor (layers tied by
+    ``with_parameters``) share its copy, so a gradient reaches it as the sum over those layers.
+
+    Parameters
+    ----------
+    values : dict
+        Name -> NumPy array or torch tensor (e.g. ``model.parameters()``).
+    like : torch.Tensor
+        Supplies the dtype and device of the copies.
+    requires_grad : bool
+        Whether the copies are leaves that record gradients.
+
+    Returns
+    -------
+    dict
+        Name -> tensor; NumPy values get a copy each, tensors one copy per distinct tensor.
+    """
+    import torch
+
+    seen = {}
+
+    def copy(value):
+        if not isinstance(value, torch.Tensor):
+            return torch.tensor(value, dtype=like.dtype, device=like.device).requires_grad_(requires_grad)
+        if id(value) not in seen:  # detach().clone(), not torch.tensor(tensor), which warns
+            seen[id(value)] = value.detach().to(like.device, like.dtype).clone().requires_grad_(requires_grad)
+        return seen[id(value)]
+
+    return {name: copy(value) for name, value in values.items()}

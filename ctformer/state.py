@@ -137,7 +137,9 @@ class Grids:
     Raises
     ------
     TypeError
-        If a field is not a discretization.
+        If a field is not a discretization, or ``features``, ``head_features`` or ``hidden``
+        is not one of an interval (a :class:`~ctformer.discretizations.Product` is a token
+        domain only).
 
     Notes
     -----
@@ -160,6 +162,12 @@ class Grids:
             if not isinstance(getattr(self, name), Discretization):
                 raise TypeError(f"Grids.{name} must be a Discretization, got "
                                 f"{type(getattr(self, name)).__name__}")
+            if name != "tokens" and getattr(self, name).dimension != 1:
+                # only tokens may live on a square; a norm read (N, 2) nodes and failed in NumPy
+                raise TypeError(f"Grids.{name} must discretize an interval, got {getattr(self, name)!r} "
+                                f"of dimension {getattr(self, name).dimension}: a product of two "
+                                "intervals is a token domain (an image); pass an interval rule here, "
+                                "e.g. GaussLegendre(n)")
         object.__setattr__(self, "context_length", _check_length(self.context_length, self.tokens))
 
     # -- shapes ------------------------------------------------------------------------------

@@ -149,17 +149,35 @@ def test_fine_is_refused_where_the_study_would_ignore_it(tmp_path, capsys, extra
     """Issue 11, item 9 (CLI rough edges; the CLI refuses ``--window`` and ``--steps-per-layer``
     where the study would ignore them): ``--fine 300`` with ``--refine time``, ``--refine
     hidden`` or ``--evaluate coarsest-nodes`` ran with exit 0 and the very errors of a study
-    without it. The reference is the library itself: there ``fine`` leaves every error bit for
-    bit (shown for time). Now one line naming both options, status 2, no directory made."""
+    without it. The library refuses it too (it left every error bit for bit). Now one line
+    naming both options, status 2, no directory made."""
     model = ContinuousTransformer.random_smooth(seed=0, layers=2)
-    plain, fine = (convergence(model, refine="time", levels=[1, 2, 4], tokens="gauss-legendre:4",
-                               features="gauss-legendre:4", progress=False, **kw)
-                   for kw in ({}, {"fine": 300}))
-    assert [float(e).hex() for e in plain.errors] == [float(e).hex() for e in fine.errors]
+    with pytest.raises(ValueError, match=r"fine=300 sets the evaluation points .* refine='time'"):
+        convergence(model, refine="time", levels=[1, 2, 4], tokens="gauss-legendre:4",
+                    features="gauss-legendre:4", progress=False, fine=300)
     out = tmp_path / "out"
     assert cli.main(["study", *extra, "--features", "gauss-legendre:4", "--fine", "300",
                      "--out", str(out)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "ctformer: error: --fine 300 sets the evaluation grid of a refined token or feature axis "
         f"with --evaluate interpolate; with {where} it would be ignored (leave --fine out)"]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("refine, levels", [("time", "1,2,4"), ("hidden", "4,8,16")])
+def test_evaluate_is_refused_where_the_study_would_ignore_it(tmp_path, capsys, refine, levels):
+    """``--evaluate coarsest-nodes`` with ``--refine time`` or ``hidden`` (which the library
+    refuses: it compares no refined token or feature axis) is refused as ``--fine`` is: one
+    line naming the option, status 2, no directory made."""
+    model = ContinuousTransformer.random_smooth(seed=0, layers=1)
+    with pytest.raises(ValueError, match="evaluate='coarsest-nodes'"):
+        convergence(model, refine=refine, levels=[int(v) for v in levels.split(",")],
+                    tokens="gauss-legendre:4", features="gauss-legendre:4", progress=False,
+                    evaluate="coarsest-nodes")
+    out = tmp_path / "out"
+    assert cli.main(["study", "--refine", refine, "--levels", levels, "--evaluate", "coarsest-nodes",
+                     "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"ctformer: error: --evaluate coarsest-nodes chooses where a refined token or feature axis "
+        f"is compared; with --refine {refine} it would be ignored (leave --evaluate out)"]
     assert not out.exists()

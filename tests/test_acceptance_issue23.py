@@ -202,15 +202,19 @@ def test_noise_step_keeps_the_integrating_factor_in_float64(make):
     """Issue 23: "Noise: ... treated exactly (an integrating factor ...) so it does not limit the step" and
     "an unstable dt: clear errors naming the argument". With nu L(L+d-2) dt past log(float max) = 709.8 the
     factor e^{nu L(L+d-2) tau} overflowed: a dt that stable_step accepted (0.27 at nu = 10, L = 32) ended in
-    NaN. stable_step is now at most 700/(nu L(L+d-2)) and a larger dt is refused, naming noise."""
+    NaN. The Runge-Kutta schemes now take the noise in Lawson form (only decaying factors): their step is
+    the transport's, 0.28 here, and dt = 0.07 (nu L(L+d-2) dt = 739) is finite and keeps the mass. The
+    splitting schemes step the integrating-factor form: for them stable_step is at most 700/(nu L(L+d-2))
+    and a larger dt is refused, naming noise."""
     nu, lap_max = 10.0, 32 * 33
     field = make(nu)
     t1 = 0.28
-    bound = field.stable_step(t1)
+    bound = field.stable_step(t1, "lie")
     assert bound == pytest.approx(700.0 / (nu * lap_max), rel=1e-15)
-    assert make(0.0).stable_step(t1) > 0.07 > bound  # the transport alone allows dt = 0.07 (0.27)
+    assert field.stable_step(t1) == make(0.0).stable_step(t1) > 0.07 > bound  # rk4: the transport's step
     rho0 = (lambda s: np.exp(3 * s)) if isinstance(field, ZonalMeanField) else (lambda x: np.exp(3 * x[..., 2]))
     with pytest.raises(ValueError, match=r"noise=10 needs nu\*L\*\(L\+d-2\)\*dt <= 700"):
-        field.solve(rho0, t1, 0.07)  # nu L(L+d-2) dt = 739: inf, then NaN, before
-    sol = field.solve(rho0, t1, bound)  # at the bound: finite, mass kept
-    assert np.all(np.isfinite(sol.density)) and np.allclose(sol.mass, sol.mass[0], rtol=1e-13, atol=0)
+        field.solve(rho0, t1, 0.07, scheme="lie")  # nu L(L+d-2) dt = 739: inf, then NaN, before
+    for dt, scheme in ((bound, "lie"), (0.07, "rk4")):  # at the bound, and past it in Lawson form
+        sol = field.solve(rho0, t1, dt, scheme=scheme)
+        assert np.all(np.isfinite(sol.density)) and np.allclose(sol.mass, sol.mass[0], rtol=1e-13, atol=0)

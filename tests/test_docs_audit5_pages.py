@@ -123,13 +123,13 @@ def test_dense_record_sizes_are_the_stated_ones(record_sizes):
 
 
 def test_fixed_steps_refuse_error_control_other_than_the_defaults():
-    """The page had said every ``rtol``/``atol``/``max_steps`` beside fixed steps is refused;
-    ``steps_per_layer=2, rtol=1e-6`` ran (1e-6 is the default, not told apart from no value).
-    The defaults stated are PIController's, the refusals name the argument."""
+    """Every ``rtol``/``atol``/``max_steps`` passed beside fixed steps is refused, a value equal
+    to the default included (``steps_per_layer=2, rtol=1e-6`` had run, 1e-6 not told apart from
+    no value). The defaults stated are PIController's, the refusals name the argument."""
     from ctformer.particles import CircleMeanField, SelfAttentionDynamics
     from ctformer.solvers import PIController
 
-    rtol, atol, max_steps = stated(r"other than their defaults \(:math:`10\^\{(-\d+)\}`, "
+    rtol, atol, max_steps = stated(r"a value equal to its default \(:math:`10\^\{(-\d+)\}`, "
                                    r":math:`10\^\{(-\d+)\}`, ([\d ]+)\)", page("adaptive_depth.rst"))
     control = PIController()
     assert (control.rtol, control.atol, control.max_steps) == (
@@ -145,6 +145,9 @@ def test_fixed_steps_refuse_error_control_other_than_the_defaults():
                                                      rtol=1e-3)
     with pytest.raises(ValueError, match="steps_per_layer=2 and rtol/atol both given"):
         model.solve(u0, **grids, steps_per_layer=2, rtol=1e-6)
-    fixed = model.evolve(u0, **grids, steps_per_layer=2)
-    same = model.evolve(u0, **grids, steps_per_layer=2, rtol=1e-6, atol=1e-9, max_steps=100_000)
-    assert np.array_equal(fixed.final, same.final)          # the defaults: ignored, as stated
+    # a value equal to its default, passed, is refused too (it had been ignored silently)
+    for name, value in (("rtol", 1e-6), ("atol", 1e-9), ("max_steps", 100_000)):
+        with pytest.raises(ValueError, match=f"steps_per_layer=2 and {name}={value!r} both given"):
+            model.evolve(u0, **grids, steps_per_layer=2, **{name: value})
+    fixed = model.evolve(u0, **grids, steps_per_layer=2)    # the defaults left out: fixed steps
+    assert fixed.stats["accepted"] == 2 * model.layers

@@ -314,7 +314,7 @@ def trusted(q, k, v, beta, weights, mask, diagonal):
         lead = np.broadcast_shapes(lead, k.shape[:-2], v.shape[:-2])
     if isinstance(beta, (int, float)):
         beta = float(beta)
-    elif beta.ndim == 0:
+    elif beta.ndim == 0 and not getattr(beta, "requires_grad", False):  # a learnable one stays
         beta = float(beta)
     else:
         if len(beta.shape) > len(lead) or lead[len(lead) - len(beta.shape):] != beta.shape:

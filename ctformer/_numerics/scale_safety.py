@@ -88,13 +88,14 @@ def scaled_inputs(xp, q, k, v, beta, amax):
         qs = q * beta
     else:
         eq, ek = _exponent(_abs_max(xp, q)), _exponent(_abs_max(xp, k))
-        beta_np = np.asarray(_to_numpy(beta), dtype=np.float64)
+        learnable = bool(getattr(beta, "requires_grad", False))
+        beta_np = np.asarray(_to_numpy(beta.detach() if learnable else beta), dtype=np.float64)
         beta_np = beta_np[..., 0, 0] if beta_np.ndim else beta_np
         # c = beta 2^(eq + ek), clamped where it would exceed finfo.max / (8 d)
         with np.errstate(over="ignore"):
             c = np.ldexp(np.abs(beta_np), eq + ek)
         c = np.copysign(np.minimum(c, big / d), beta_np)
-        qs = _pow2(xp, q, -eq) * _lead_array(xp, c, q)
+        qs = _pow2(xp, q, -eq) * (_learnable(xp, beta, beta_np, c, q) if learnable else _lead_array(xp, c, q))
         k = _pow2(xp, k, -ek)
     v_scale = None
     if not sum_ok:
@@ -102,6 +103,17 @@ def scaled_inputs(xp, q, k, v, beta, amax):
         v = _pow2(xp, v, -ev)
         v_scale = ev  # the output is scaled back by 2^ev
     return qs, 1.0, k, v, v_scale
+
+
+def _learnable(xp, beta, beta_np, c, like):
+    """c as beta * (c / beta), so that a torch beta in autograd keeps its gradient."""
+    with np.errstate(all="ignore"):
+        ratio = np.where(beta_np != 0, c / np.where(beta_np != 0, beta_np, 1.0), 0.0)
+    if not np.all(np.isfinite(ratio)):
+        raise FloatingPointError("beta requires a gradient, but q and k are so large that the "
+                                 "rescaled scores cannot carry it; scale q and k down (e.g. "
+                                 "normalize them) or detach beta")
+    return beta * _lead_array(xp, ratio, like)
 
 
 def _to_numpy(a):

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..operators import RoPE
 from ..operators.positions import LengthFrequencies
+from ..validation import is_real
 from .common import to_numpy
 from .rope_scaling import DynamicNTK, LongRoPE, RopeScaling, rope_from_config, rope_parameters
 
@@ -36,14 +37,15 @@ __all__ = ["rope_scaling_of", "rope_positions", "partial_rotary_order", "partial
 
 
 def rope_scaling_of(cfg, family: str = "llama", partial: bool = False) -> RopeScaling:
-    """The configuration's float64 RoPE; a ``partial_rotary_factor`` below 1 is refused unless
-    ``partial`` (HuggingFace's Llama family rotates every head feature)."""
-    scaling = rope_from_config(cfg)
-    if scaling.rotary_dim != scaling.head_dim and not partial:
-        factor = rope_parameters(cfg).get("partial_rotary_factor")
+    """The configuration's float64 RoPE; a ``partial_rotary_factor`` other than 1 is refused unless
+    ``partial`` (HuggingFace's Llama family rotates every head feature), naming the family
+    whatever rotated width the factor gives."""
+    factor = rope_parameters(cfg).get("partial_rotary_factor")
+    # refused before the rotated width is derived: its checks (an odd width) would name another cause
+    if not partial and is_real(factor) and float(factor) != 1.0:
         raise ValueError(f"partial_rotary_factor={factor!r} is not modelled for the {family.capitalize()} family: "
                          "HuggingFace rotates every head feature there (apply_rotary_pos_emb); set it to 1.0")
-    return scaling
+    return rope_from_config(cfg)  # any other factor value is refused there, by name
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,8 @@ class Convolution(Kernel):
         if type(u) is np.ndarray and n <= self._dense_limit(u.dtype):
             return super().apply(u, out, inp, axis)
         xp, axis = _check_input(u, inp, axis)
+        if not all(u.shape):  # an empty batch: torch's MKL FFT raised "inconsistent configuration"
+            return xp.zeros_like(u)
         moved = xp.moveaxis(u, axis, -1)
         # pyFFTW / cupyx for NumPy and CuPy, the namespace's own fft (torch.fft, ...) otherwise
         if array_api_compat.is_numpy_array(u) or array_api_compat.is_cupy_array(u):

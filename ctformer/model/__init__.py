@@ -32,7 +32,7 @@ from ..discretizations import Discretization, Midpoint, as_discretization
 from ..kernels import is_host
 from ..operators.base import check_normalization, has_host_parameters
 from ..operators.functions import assign_parameter, named_parameters
-from ..evolution import evolve
+from ..evolution import DEFAULT_ATOL as _ATOL, DEFAULT_MAX_STEPS as _MAX_STEPS, DEFAULT_RTOL as _RTOL, evolve
 from ..model_inputs import as_state_array, check_padding_mask, check_steps
 from ..random_models import random_layers
 from ..solvers import InconsistentDepthLimitWarning
@@ -42,7 +42,7 @@ from . import block
 from .block import PLACEMENTS, Block, _compose
 from .checks import (_check_shared, _check_parameter_names, _check_parameter_shape, _check_tensor_kinds,
                      _checked_parameter, _checked_parameters, _device)
-from .solving import _Solving, _on_state_device
+from .solving import DEFAULT_STEPS_PER_LAYER as _ONE_STEP, _Solving, _on_state_device
 
 __all__ = ["Block", "ContinuousTransformer", "InconsistentDepthLimitWarning", "PLACEMENTS"]
 
@@ -191,7 +191,7 @@ class ContinuousTransformer(_Solving):
     # -- evolution -----------------------------------------------------------------------
     @validation.renamed(key_mask="padding_mask")
     def solve(self, u0, *, tokens, features, head_features=None, hidden=None, scheme="lie",
-              steps_per_layer=1, trajectory=False, padding_mask=None, context_length=None,
+              steps_per_layer=_ONE_STEP, trajectory=False, padding_mask=None, context_length=None,
               checkpoint=False, rtol=None, atol=None):
         r"""Evolve :math:`u_0` from :math:`t = 0` to :math:`t = T`.
 
@@ -269,8 +269,8 @@ class ContinuousTransformer(_Solving):
             return self._readout(solution, trajectory)
 
     def evolve(self, u0, *, tokens, features, head_features=None, hidden=None, scheme="tsit5",
-               rtol=1e-6, atol=1e-9, steps_per_layer=None, save_at=None, events=(),
-               max_steps=100_000, padding_mask=None, context_length=None, controller=None,
+               rtol=_RTOL, atol=_ATOL, steps_per_layer=None, save_at=None, events=(),
+               max_steps=_MAX_STEPS, padding_mask=None, context_length=None, controller=None,
                initial=None):
         r"""Evolve :math:`u_0` in depth with error control (or fixed steps), keeping a :class:`Solution`.
 
@@ -300,7 +300,8 @@ class ContinuousTransformer(_Solving):
             Relative and absolute tolerances (:class:`ctformer.solvers.PIController`).
         steps_per_layer : int, optional
             Fixed steps instead of error control: ``k`` steps of :math:`1/k` per layer (the
-            same states as :meth:`solve`); then rtol, atol, max_steps, controller are refused.
+            same states as :meth:`solve`); rtol, atol, max_steps, controller passed beside it
+            are refused, a value equal to the default too.
         save_at : ctformer.SaveAt, optional
             Which states to keep (default: the final one); ``SaveAt(dense=True)`` keeps the
             interpolants for :meth:`Solution.evaluate`.
@@ -312,8 +313,7 @@ class ContinuousTransformer(_Solving):
         controller : ctformer.solvers.PIController, optional
             Full control of the step rule (PI coefficients, safety, bounds, ``dt0``,
             ``norm="rms"`` for the unweighted norm of scipy, diffrax and torchdiffeq). Its
-            tolerances are used; ``rtol``/``atol``/``max_steps`` must then be left at their
-            defaults or agree with it.
+            tolerances are used; ``rtol``/``atol``/``max_steps`` passed must agree with it.
         initial : ctformer.Solution, saved result or xarray.Dataset, optional
             Restart: continue from the last saved state of an earlier solve (``u0`` must then be
             None), read back with :func:`ctformer.labelled.open_dataset` or given as it is. The
@@ -321,8 +321,8 @@ class ContinuousTransformer(_Solving):
             error-controlled solve restarts at any accepted step's end (``SaveAt(steps=True)``
             or ``SaveAt(layers=True)``), using the step size and error history in its ``stats``;
             a fixed-step one at a layer boundary (:mod:`ctformer.solvers.restart`). A restart
-            with another scheme, model, discretization, tolerance or error norm than the saved
-            solve's is refused, naming each difference (:mod:`ctformer.solvers.restart_identity`).
+            with another scheme, model, discretization, context length, tolerance, error norm or
+            padding mask than the saved solve's is refused, naming each (:mod:`~ctformer.solvers.restart_identity`).
 
         Returns
         -------

@@ -22,6 +22,7 @@ from ..kernels import is_host
 from ..model_inputs import as_state_array
 from ..operators.base import has_host_parameters
 from ..shared_tensors import StaleConversionError, check_unchanged
+from ..solvers.controller import DEFAULT_STEPS_PER_LAYER, is_default  # noqa: F401 (the model's default)
 from .checks import _device, _refuse_meta, _same_kind
 
 
@@ -105,7 +106,7 @@ class _Solving:
     def _solve_controlled(self, u0, tokens, features, head_features, hidden, scheme,
                           steps_per_layer, trajectory, padding_mask, context_length, checkpoint,
                           rtol, atol):
-        if steps_per_layer != 1:
+        if not is_default(steps_per_layer):  # an explicit 1 beside rtol is refused too
             raise ValueError(f"steps_per_layer={steps_per_layer!r} and rtol/atol both given: "
                              "choose fixed steps or error control, not both")
         if validation.boolean(checkpoint, "checkpoint"):

@@ -378,9 +378,10 @@ class Attention(Operator):
         Parameters
         ----------
         grids : Grids
-        padding_mask : bool or 0/1 integer array ``(..., N)``, or Padding, optional
+        padding_mask : bool or 0/1 integer array ``(..., N)`` (NumPy, torch, a nested list), or Padding, optional
             The real tokens of a padded batch (True or 1 = a real token, kept as a key), combined
-            here with the operator's mask: the returned callable builds no mask per call.
+            here with the operator's mask: the returned callable builds no mask per call, and
+            takes states of any array library beside it.
 
         Returns
         -------
@@ -399,6 +400,8 @@ class Attention(Operator):
         flow = super().discretize(grids)
         if padding_mask is None:
             return flow
+        if isinstance(padding_mask, (list, tuple)):  # as __call__ takes them (array_api_compat refused lists)
+            padding_mask = np.asarray(padding_mask)
         padding = padding_mask if isinstance(padding_mask, Padding) else Padding(padding_mask)
         combined = padding if self.mask is None else Intersection(self.mask, padding)
         return flow.with_padding(check_padding(combined.keys(), grids.shape[0]))

@@ -25,7 +25,7 @@ import math
 import array_api_compat
 import numpy as np
 
-from ..backend import namespace
+from ..backend import namespace, to_host
 from ..environment import setting
 from .local_attention import BandedAttention, mask_pattern
 from .masks import Intersection
@@ -139,6 +139,20 @@ def _grouped(bias, layout):
     return grouped
 
 
+def _like(converted, name, value, a):
+    """``value`` (a pattern, padding keys) in the namespace and on the device of ``a``, converted once
+    into ``converted`` (NumPy keys beside a torch state, or the reverse, had failed inside torch)."""
+    if type(a) is np.ndarray and type(value) is np.ndarray:
+        return value
+    device = array_api_compat.device(a)
+    key = (name, type(a), str(device))
+    found = converted.get(key)
+    if found is None:
+        found = converted[key] = (to_host(value) if type(a) is np.ndarray
+                                  else namespace(a).asarray(value, device=device))
+    return found
+
+
 class _DenseEngine:
     """quadrature_attention with the causal flag, an explicit pattern and/or padding keys, and
     the scores' terms ``terms`` (a :class:`~ctformer._numerics.score_terms.ScoreTerms`: soft
@@ -152,17 +166,6 @@ class _DenseEngine:
         self.per_sequence = keep is None  # treats every sequence alike: no padding keys
         self._converted = {}   # (array type, device) -> the pattern there
 
-    def _pattern_like(self, a):
-        """The explicit pattern in the namespace and on the device of ``a`` (converted once)."""
-        if type(a) is np.ndarray:
-            return self.pattern
-        device = array_api_compat.device(a)
-        key = (type(a), str(device))
-        found = self._converted.get(key)
-        if found is None:
-            found = self._converted[key] = namespace(a).asarray(self.pattern, device=device)
-        return found
-
     def with_keys(self, real):
         """The engine with the padding keys ``real`` (..., N) combined into one boolean mask (a
         causal mask of a large NumPy batch: the banded engine with the keys alone)."""
@@ -172,7 +175,7 @@ class _DenseEngine:
             return self.streamed.with_keys(real)  # no (..., N, N) mask: blocks of query rows
         keep = real[..., None, None, :]
         if self.pattern is not None:
-            keep = keep & self._pattern_like(real)
+            keep = keep & _like(self._converted, "pattern", self.pattern, real)
         elif self.causal:
             rows = xp.arange(n, device=array_api_compat.device(real))
             keep = keep & (rows[None, :] <= rows[:, None])
@@ -184,9 +187,9 @@ class _DenseEngine:
 
     def __call__(self, q, k, v, beta, weights, check):
         if self.keep is not None:
-            mask, diagonal = self.keep, "full"
+            mask, diagonal = _like(self._converted, "keep", self.keep, q), "full"
         elif self.pattern is not None:
-            mask, diagonal = self._pattern_like(q), "full"
+            mask, diagonal = _like(self._converted, "pattern", self.pattern, q), "full"
         else:
             mask, diagonal = ("causal" if self.causal else None), self.diagonal
         if self.terms is not None:
@@ -200,7 +203,7 @@ class _BandedEngine:
     """BandedAttention with padding keys laid out against the head axes."""
 
     def __init__(self, engine, layout, keys=None):
-        self.engine, self.layout, self.keys = engine, layout, keys
+        self.engine, self.layout, self.keys, self._converted = engine, layout, keys, {}
         self.per_sequence = keys is None  # treats every sequence alike: no padding keys
 
     def with_keys(self, real):
@@ -211,7 +214,8 @@ class _BandedEngine:
         return _BandedEngine(self.engine, self.layout, keys)
 
     def __call__(self, q, k, v, beta, weights, check):
-        return in_float32(self.engine, q, k, v, beta, key_mask=self.keys, check=check)
+        keys = None if self.keys is None else _like(self._converted, "keys", self.keys, q)
+        return in_float32(self.engine, q, k, v, beta, key_mask=keys, check=check)
 
 
 class DiscretizedAttention:

@@ -28,6 +28,7 @@ import array_api_compat
 import numpy as np
 
 from .. import validation
+from ..backend import to_host
 from .activation_blocks import is_half, widened
 from .._numerics import dense as _dense
 from .._numerics import scale_safety as _scale_safety
@@ -55,9 +56,11 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     v : array_like, shape (..., M, e)
         Values at the M key nodes.
     beta : float or array
-        Inverse temperature; a scalar or an array broadcasting against the leading (batch,
-        head) axes, e.g. shape ``(H,)`` for one value per head when ``q`` is ``(B, H, N, d)``.
-        Must be finite and real.
+        Inverse temperature; a scalar or an array broadcasting to the leading (batch, head)
+        axes of ``q``, ``k``, ``v`` and the mask, e.g. shape ``(H,)`` for one value per head
+        when ``q`` is ``(B, H, N, d)``. Must be finite and real. A ``beta`` whose shape would
+        enlarge those axes (``(3, 1, 1)`` beside a ``q`` of shape ``(3, N, d)``) is refused.
+        A tensor ``beta`` that requires grad (0-d included) keeps its gradient.
     weights : array_like, shape (M,), optional
         Positive quadrature weights of the key nodes. Default: uniform (plain softmax).
     mask : None, "causal" or bool array broadcasting to (..., N, M), optional
@@ -79,7 +82,9 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
         floating dtype, finite and of moderate size (no rescaling is done), ``beta`` finite,
         ``weights`` positive and a mask valid; nothing of this is verified. ``beta`` and
         ``weights`` are brought to the inputs' dtype, as with ``check=True``: a NumPy float64
-        ``beta`` leaves float32 inputs float32.
+        ``beta`` leaves float32 inputs float32; ``beta``, ``weights`` and a mask given as
+        NumPy arrays or lists beside tensors (or as tensors beside NumPy inputs) are
+        converted to the inputs' kind and device first.
 
     Returns
     -------
@@ -92,8 +97,8 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
     ------
     ValueError
         For mismatched shapes, non-finite entries of ``q``, ``k``, ``v`` or ``weights`` (the
-        message names the argument), non-positive weights, non-finite ``beta``, a mask of the
-        wrong shape, or a bad ``chunk``.
+        message names the argument), non-positive weights, non-finite ``beta`` or one whose
+        shape enlarges the leading axes, a mask of the wrong shape, or a bad ``chunk``.
     ctformer.discretizations.SizeTooLargeError
         (a ``ValueError`` and a ``MemoryError``) Before anything is allocated, where the output
         :math:`(\ldots, N, e)` (its leading axes broadcast) or, with ``chunk``, a block of
@@ -171,6 +176,7 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
         return in_float32(quadrature_attention, q, k, v, beta=beta, weights=weights, mask=mask,
                           diagonal=diagonal, chunk=chunk, check=check)
     if not check:
+        beta, weights, mask = _beside(q, beta), _beside(q, weights), _beside(q, mask)
         return _dense.attend_trusted(q, k, v, beta, weights, mask, diagonal, chunk)
     xp, q, k, v, beta, log_w, keep, diag_shift, lead, amax = _validate(q, k, v, beta, weights, mask, diagonal)
     if chunk is not None:
@@ -199,6 +205,20 @@ def in_float32(attend, q, k, v, *args, **options):
         return out.astype(q.dtype)
     xp = array_api_compat.array_namespace(out)
     return xp.astype(out, q.dtype)
+
+
+def _beside(q, a):
+    """``a`` (a beta, weights or a mask of an unchecked call) as an array of ``q``'s kind and
+    device: NumPy arrays or lists beside tensors (and tensors beside NumPy) had failed inside
+    the kernels (``'numpy.ndarray' object has no attribute 'to'``). Numbers, strings, None and
+    arrays of ``q``'s type pass as they are (the hot path of a solve)."""
+    if a is None or type(a) is type(q) or isinstance(a, (str, int, float)):
+        return a
+    if type(q) is np.ndarray:
+        return to_host(a)
+    if isinstance(a, (list, tuple)):
+        a = np.asarray(a)  # Python floats are float64 (torch's asarray would read them as float32)
+    return array_api_compat.array_namespace(q).asarray(a, device=array_api_compat.device(q))
 
 
 # -- validation -----------------------------------------------------------------------------------
@@ -250,7 +270,24 @@ def _validate(q, k, v, beta, weights, mask, diagonal):
     except ValueError:
         listed = ", ".join(f"{name} {tuple(s)}" for name, s in shapes)
         raise ValueError(f"leading (batch, head) axes do not broadcast: {listed}") from None
+    _check_beta_fits(shapes, lead)
     return xp, q, k, v, beta, log_w, keep, diag_shift, lead, amax
+
+
+def _check_beta_fits(shapes, lead):
+    """ValueError where beta's shape enlarges the leading axes set by q, k, v and the mask: one
+    temperature per (batch, head) problem, never a new batch of outputs (almost surely a misuse,
+    such as ``beta[:, None, None]`` where the heads are the first axis of q)."""
+    others = [tuple(s) for name, s in shapes if name != "beta"]
+    own = tuple(np.broadcast_shapes(*others))
+    if own != lead:
+        beta_shape = next(tuple(s) for name, s in shapes if name == "beta")
+        raise ValueError(
+            f"beta of shape {beta_shape} would enlarge the output's leading (batch, head) axes "
+            f"from {own} (those of q, k, v and the mask) to {lead}; beta must broadcast to {own}, "
+            + (f"e.g. shape ({own[-1]},) for one value per head on the last leading axis" if own
+               else "i.e. a scalar, as q, k and v have no leading axes")
+        )
 
 
 def _namespace_and_dtype_checks(q, k, v):
@@ -281,8 +318,8 @@ def _check_beta(xp, beta, dtype, shapes, device=None):
     arr = _real_array(xp, beta, dtype, "beta must be a real number or an array of them", device)
     if not math.isfinite(_scale_safety.global_abs_max(xp, arr)):
         raise ValueError("beta must be finite")
-    if arr.ndim == 0:
-        return float(arr)
+    if arr.ndim == 0:  # a learnable temperature keeps its graph (float() cut it from autograd)
+        return arr[..., None, None] if getattr(arr, "requires_grad", False) else float(arr)
     shapes.append(("beta", arr.shape))
     return arr[..., None, None]
 
@@ -292,8 +329,18 @@ def _real_array(xp, value, dtype, expected: str, device=None):
     ``expected, got ...`` else."""
     if xp is _NUMPY and type(value) is np.ndarray and value.dtype.kind == "f":
         return value.astype(dtype, copy=False)
+    learnable = getattr(value, "requires_grad", False)  # a tensor in autograd: keep its graph
+    if learnable and xp is _NUMPY:
+        raise TypeError(f"{expected}, got a torch tensor that requires grad beside NumPy inputs, "
+                        "through which no gradient flows: pass q, k and v as torch tensors, or "
+                        "detach it")
     try:
-        arr = xp.asarray(value) if device is None else xp.asarray(value, device=device)
+        if isinstance(value, (list, tuple)):
+            value = np.asarray(value)  # Python floats as float64: torch's asarray rounded them to float32
+        if learnable:
+            arr = value if device is None else value.to(device)
+        else:
+            arr = xp.asarray(value) if device is None else xp.asarray(value, device=device)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{expected}, got {value!r}") from exc
     if not (xp.isdtype(arr.dtype, "real floating") or xp.isdtype(arr.dtype, "integral")):

@@ -64,6 +64,7 @@ from .sphere_geometry import _tangent_rows, _unit_rows, retract, sphere_toleranc
 # Moved to partition, particle_checks and sphere_geometry; importable from here as before.
 from .particle_checks import _USA_LOG_MAX, _as_real_floating  # noqa: F401
 from .sphere_geometry import _row_norms, _row_scale  # noqa: F401
+from ..solvers.controller import DEFAULT_ATOL, DEFAULT_MAX_STEPS, DEFAULT_RTOL
 
 __all__ = ["SelfAttentionDynamics", "Trajectory", "SolveInterrupted", "log_partition",
            "tangent_projection", "retract", "sphere_tolerance"]
@@ -312,8 +313,9 @@ class SelfAttentionDynamics(_ParticleChecks, _FixedSystem):
         return march(scheme, self.problem(x), x, steps, h, save_every, positions, what="particle",
                      build=lambda times, kept: Trajectory(times=np.asarray(times), positions=kept))
 
-    def evolve(self, x0, t1, *, scheme="tsit5", rtol=1e-6, atol=1e-9, dt=None, save_at=None,
-               events=(), max_steps=100_000, controller=None, normalize=False, initial=None):
+    def evolve(self, x0, t1, *, scheme="tsit5", rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL, dt=None,
+               save_at=None, events=(), max_steps=DEFAULT_MAX_STEPS, controller=None, normalize=False,
+               initial=None):
         r"""Integrate from :math:`t = 0` to ``t1`` with error control; return a :class:`ctformer.Solution`.
 
         The embedded pairs (``bosh3``, ``dopri5``, ``tsit5``) estimate the local error
@@ -353,7 +355,8 @@ class SelfAttentionDynamics(_ParticleChecks, _FixedSystem):
                 raise ValueError("x0 and initial both given: a restart takes its state from "
                                  "initial; pass x0=None")
             x0 = start.u0
-        _, x = self._initial(x0, normalize)
+        # a restart continues from the saved state as it is: normalizing it again moves its bits
+        _, x = self._initial(x0, normalize and start is None)
         solution = evolve_on(self.problem(x), x, t1, scheme=scheme, rtol=rtol, atol=atol, dt=dt,
                              save_at=save_at, events=events, max_steps=max_steps,
                              controller=controller, what="particle", start=start,

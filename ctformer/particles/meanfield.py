@@ -62,7 +62,7 @@ from .circle_states import _NEGATIVE_TOLERANCE, MeanFieldSolution, ResolutionWar
 from .linear_stability import linear_growth_rate, stability_function
 from .particle_checks import _FixedSystem, _check_beta
 from .sphere_basis import check_size
-from .timegrid import check_memory, evolve_on, march, restart_of, saved_count, time_steps
+from .timegrid import DEFAULT_ATOL, DEFAULT_MAX_STEPS, DEFAULT_RTOL, check_memory, evolve_on, march, restart_of, saved_count, time_steps
 
 __all__ = ["CircleMeanField", "MeanFieldSolution", "ResolutionWarning", "linear_growth_rate", "stability_function"]
 
@@ -348,8 +348,8 @@ class CircleMeanField(_CircleStates, _FixedSystem):
                      build=lambda times, kept_states: self._solution(backend, times, kept_states, m),
                      hint="or the density under-resolved (raise n_modes)", on_save=on_save)
 
-    def evolve(self, rho0, t1, *, scheme="tsit5", rtol=1e-6, atol=1e-9, dt=None, save_at=None,
-               events=(), max_steps=100_000, controller=None, initial=None):
+    def evolve(self, rho0, t1, *, scheme="tsit5", rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL, dt=None,
+               save_at=None, events=(), max_steps=DEFAULT_MAX_STEPS, controller=None, initial=None):
         r"""Evolve the density to ``t1`` with error control; return a :class:`ctformer.Solution`.
 
         The state is the complex vector of the retained ``rfft`` coefficients

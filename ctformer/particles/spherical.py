@@ -43,11 +43,13 @@ from ..backend import to_host
 from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning, circle_bytes
 from .particle_checks import _FixedSystem
-from .zonal import _finite_energy, noise_clause, noise_step
+from .zonal import _finite_energy, noise_bound, noise_clause
+from .lawson import lawson_scheme
 from .sphere_labelled import SphereLabelled, spherical_dataset
 from .sphere_basis import (check_beta, check_noise, check_size, gradient_multipliers, kernel_energy, kernel_multipliers,
                            linear_growth_rate)
 from .timegrid import check_memory, evolve_coefficients, march, saved_count, time_steps
+from ..solvers.controller import DEFAULT_ATOL, DEFAULT_MAX_STEPS, DEFAULT_RTOL
 
 __all__ = ["SphericalMeanField", "SphericalSolution"]
 
@@ -264,8 +266,9 @@ class SphericalMeanField(_FixedSystem):
         return self.analysis(values)
 
     def stable_step(self, t1, scheme="rk4", mass: float = 1.0) -> float:
-        """The circle's stable step for K = L, at most :func:`~ctformer.particles.zonal.noise_step` with noise."""
-        return min(self._circle.stable_step(t1, scheme, mass), noise_step(self._diffusion))
+        """The circle's stable step for K = L (splitting schemes with noise: at most
+        :func:`~ctformer.particles.zonal.noise_step`; Runge-Kutta schemes take the noise exactly)."""
+        return min(self._circle.stable_step(t1, scheme, mass), noise_bound(self._diffusion, scheme))
 
     def solve(self, rho0, t1, dt, save_every=1, scheme="rk4"):
         r"""Evolve the density from :math:`t = 0` to ``t1`` (arguments as :meth:`ZonalMeanField.solve`).
@@ -281,8 +284,8 @@ class SphericalMeanField(_FixedSystem):
         bound = self.stable_step(t1, scheme, mass)
         if steps and h > bound:
             raise ValueError(f"dt={h:.6g} is above the stable step {bound:.4g} of scheme {scheme.name!r} for "
-                             f"t1={float(t1):.6g} with degree={self.degree}{noise_clause(self)}; use dt <= {bound:.4g} "
-                             "or a lower degree")
+                             f"t1={float(t1):.6g} with degree={self.degree}{noise_clause(self, scheme)}; "
+                             f"use dt <= {bound:.4g} or a lower degree")
         state = np.concatenate([alm, [0.0]]) if self.noise else alm
         count = saved_count(steps, save_every)
         check_memory(count, state, save_every, steps)
@@ -306,11 +309,11 @@ class SphericalMeanField(_FixedSystem):
                               f"than degree {self.degree} resolves; raise degree or shorten t1",
                               ResolutionWarning, stacklevel=4)
 
-        return march(scheme, self.problem(), state, steps, h, save_every, states, what="spherical mean-field",
+        return march(*lawson_scheme(self, scheme), state, steps, h, save_every, states, what="spherical mean-field",
                      build=self._solution, hint="or the density under-resolved (raise degree)", on_save=on_save)
 
-    def evolve(self, rho0, t1, *, scheme="tsit5", rtol=1e-6, atol=1e-9, dt=None, save_at=None,
-               events=(), max_steps=100_000, controller=None, initial=None):
+    def evolve(self, rho0, t1, *, scheme="tsit5", rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL, dt=None,
+               save_at=None, events=(), max_steps=DEFAULT_MAX_STEPS, controller=None, initial=None):
         r"""Evolve to ``t1`` with error control; return a :class:`ctformer.Solution`.
 
         The state is the coefficient vector (with noise followed by :math:`\tau = 0`, the

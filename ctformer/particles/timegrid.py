@@ -22,9 +22,11 @@ from ..backend import floating_info
 from ..discretizations import memory as _memory
 from ..model_inputs import check_step_count
 from ..solvers import SolveInterrupted
+from ..solvers.controller import DEFAULT_ATOL, DEFAULT_MAX_STEPS, DEFAULT_RTOL  # noqa: F401 (the evolves' defaults)
 from ..solvers.restart_identity import computation, recorded, refuse_another, system_fingerprint
 from ..validation import integer, is_real
 from ..labelled_methods import LabelledResult
+from .lawson import NoiseClock, lawson_scheme
 
 __all__ = ["SolveInterrupted", "Trajectory", "check_finite", "saved_count", "available_bytes",
            "check_memory", "time_steps", "march"]
@@ -247,13 +249,13 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
     t0 = 0.0 if start is None else start.t0
     k = 0
     if dt is not None:
-        refuse_error_control(f"dt={dt!r}", rtol, atol, controller, max_steps)
+        refuse_error_control(f"dt={dt!r}", rtol, atol, controller, max_steps, marked=True)
         steps, h = time_steps(t1, dt, 1)
         k = round(t0 / h)  # on the grid: restart_of checked it
         control = (steps - k, h)
         t_end = steps * h
     else:
-        control = controller_for(rtol, atol, controller, max_steps)
+        control = controller_for(rtol, atol, controller, max_steps, marked=True)
         t_end = t1
     fingerprint = None if system is None else system_fingerprint(system)
     if initial is not None:
@@ -275,13 +277,15 @@ def evolve_coefficients(field, rho0, t1, *, scheme, dt, what, axes, size: int, d
 
     The state is the coefficient vector :math:`c` (``size`` entries of ``dtype``,
     ``field.coefficients_of(rho0)``), with noise followed by the integrating factor's clock
-    :math:`\tau = 0`. ``initial`` (``rho0`` None): the last saved state of a Solution or a
-    dataset written from one (:func:`restart_of`), continued bit for bit. With ``dt``, fixed
-    steps refused above ``field.stable_step(t1, scheme, mass_of(c))``. ``options`` are
+    :math:`\tau = 0` (which stays 0 under the Lawson steps of a Runge-Kutta scheme,
+    :func:`~ctformer.particles.lawson.lawson_scheme`). ``initial`` (``rho0`` None): the last
+    saved state of a Solution or a dataset written from one (:func:`restart_of`), continued
+    bit for bit. With ``dt``, fixed steps refused above ``field.stable_step(t1, scheme, mass_of(c))``. ``options`` are
     ``rtol``, ``atol``, ``save_at``, ``events``, ``max_steps``, ``controller`` of :func:`evolve_on`.
     """
     scheme = solvers.get(scheme)
     start = restart_of(initial, t1, dt, scheme)
+    stepper, problem = lawson_scheme(field, scheme)
     if start is None:
         c = field.coefficients_of(rho0, name="rho0")
         state = np.concatenate([c, [0.0]]) if field.noise else c
@@ -297,95 +301,19 @@ def evolve_coefficients(field, rho0, t1, *, scheme, dt, what, axes, size: int, d
         if steps and h > bound:
             raise ValueError(f"dt={h:.6g} is above the stable step {bound:.4g} of scheme {scheme.name!r} "
                              f"for t1={float(t1):.6g}; use dt <= {bound:.4g} or a lower degree")
-    clock = _NoiseClock(field._diffusion) if field.noise else None
+    # Lawson steps (a problem without projections) interpolate by a Lawson step from the step's start
+    lawson = None if problem.has_projections else getattr(stepper, "tableau", None)
+    clock = NoiseClock(field._diffusion, lawson) if field.noise else None
     asked = options.get("save_at")
     if clock is not None:
         options["events"] = tuple(replace(e, condition=clock.condition(e.condition))
                                   for e in options.get("events", ()))
         if asked is not None and asked.times is not None:
             options["save_at"] = replace(asked, dense=True)  # the steps to interpolate in
-    solution = evolve_on(field.problem(), state, t1, scheme=scheme, dt=dt, what=what, start=start,
+    solution = evolve_on(problem, state, t1, scheme=stepper, dt=dt, what=what, start=start,
                          hint="or the density under-resolved (raise degree)", axes=axes,
                          system=field, initial=initial, **options)
     return solution if clock is None else clock.output(solution, asked)
-
-
-class _NoiseClock:
-    r"""States of the noisy (integrating-factor) mean field between step ends, as coefficients.
-
-    The loop's state is :math:`(v, \tau)`, :math:`c = e^{-\nu\Lambda\tau} v`, reset to
-    :math:`(c, 0)` after every step; an interpolant inside a step (``SaveAt(times=...)``, dense
-    output, events) is one of :math:`(v, \tau)`. A dense Runge-Kutta interpolant from the
-    step's stages is one of that smooth flow, and :math:`e^{-\nu\Lambda\tau} v` is the
-    coefficients; the cubic Hermite interpolant is formed in the step's frame,
-    :math:`v_0 = c_0`, :math:`v_1 = e^{\nu\Lambda h} c_1`, slopes :math:`F(c_0)`,
-    :math:`e^{\nu\Lambda h} F(c_1)`, and mapped back by :math:`e^{-\nu\Lambda\theta h}`.
-    """
-
-    def __init__(self, diffusion):
-        self.lap = diffusion
-
-    def reset(self, u):
-        r""":math:`(v, \tau) \to (e^{-\nu\Lambda\tau} v, 0)`, for one state or a stack of them."""
-        u = np.asarray(u)
-        out = np.array(u)
-        out[..., :-1] = np.exp(-self.lap * u[..., -1:].real) * u[..., :-1]
-        out[..., -1] = 0.0
-        return out
-
-    def condition(self, condition):
-        return lambda t, u: condition(t, self.reset(u))
-
-    def interpolate(self, record, t, count=None):
-        """The coefficients (and a zero clock) at ``t`` inside the accepted step ``record``."""
-        theta = min(1.0, max(0.0, (t - record.t0) / record.h))
-        tableau = record.tableau
-        if theta in (0.0, 1.0) or (record.ks is not None and tableau is not None
-                                    and tableau.dense is not None):
-            return self.reset(record(t, count))
-        if record.slopes is None:
-            record.slopes = (record.problem.rhs(record.u0), record.problem.rhs(record.u1))
-            if count is not None:
-                count(2)
-        grow = np.exp(self.lap * record.h)
-        u0, u1 = np.asarray(record.u0), np.asarray(record.u1)
-        f0, f1 = np.asarray(record.slopes[0]), np.asarray(record.slopes[1])
-        v = solvers.solution.hermite(u0[:-1], grow * u1[:-1], f0[:-1], grow * f1[:-1], record.h, theta)
-        return np.concatenate([np.exp(-self.lap * theta * record.h) * v, [0.0]]).astype(u0.dtype)
-
-    def output(self, solution, asked):
-        r"""``solution`` with coefficients in place of :math:`(v, \tau)` wherever it interpolated."""
-        solution.records = [_ClockRecord(r, self) for r in solution.records]
-        states = None if solution.states is None else self.reset(solution.states)
-        if asked is not None and asked.times is not None and solution.records:
-            wanted = np.asarray(asked.times, dtype=np.float64)
-            for i, t in enumerate(np.asarray(solution.times)):
-                if np.any(wanted == t):
-                    states[i] = solution.evaluate(float(t))
-            if not asked.dense:
-                solution.records = []
-        solution.states = states
-        if solution.final is not None:
-            solution.final = self.reset(solution.final)
-        if solution.event_state is not None:
-            solution.event_state = self.reset(solution.event_state)
-        if solution.y_events is not None:
-            solution.y_events = tuple(self.reset(y) for y in solution.y_events)
-        return solution
-
-
-class _ClockRecord:
-    """A step record (``t0``, ``h``) whose interpolant gives coefficients (:class:`_NoiseClock`)."""
-
-    def __init__(self, record, clock: _NoiseClock):
-        self.record, self.clock, self.t0, self.h = record, clock, record.t0, record.h
-
-    def __call__(self, t, count=None):
-        return self.clock.interpolate(self.record, t, count)
-
-    def settle(self, count=None) -> None:
-        """The wrapped record's slopes, which :meth:`_NoiseClock.interpolate` reads."""
-        self.record.settle(count)
 
 
 def _saved_state(field, u0, size: int, dtype):

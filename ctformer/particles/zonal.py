@@ -33,14 +33,13 @@ Discretization:
   (:func:`~ctformer.particles.sphere_basis.kernel_multipliers`): SA uses
   :math:`\lambda_l/\lambda_0 \le 1` (a common factor cancels), USA :math:`\lambda_l` itself
   (:math:`|\beta| \le 700`), finite at every :math:`d` and :math:`\beta`;
-* the noise exactly, by an integrating factor (Lawson): the state is
-  :math:`(v, \tau)` with :math:`c = e^{-\nu\Lambda\tau} v`, :math:`\Lambda = \operatorname{diag}(l(l+d-2))`,
-  :math:`\dot v = e^{\nu\Lambda\tau} F(e^{-\nu\Lambda\tau} v)`, :math:`\dot\tau = 1`, and the
-  split problem's projection resets :math:`(v, \tau) \to (c, 0)` after every step. A
-  Runge-Kutta scheme then keeps its order, the diffusion does not limit the step for
-  stability, and each diffusing mode decays by exactly :math:`e^{-\nu l(l+d-2)\Delta t}` per
-  step; the factor itself must stay inside float64, so the step is at most
-  :math:`700/(\nu L(L+d-2))` (:func:`noise_step`, part of :meth:`ZonalMeanField.stable_step`).
+* the noise exactly, by Lawson Runge-Kutta steps (:mod:`~ctformer.particles.lawson`): every
+  factor :math:`e^{-\nu l(l+d-2)(c_i - c_j)\Delta t}` decays, so each diffusing mode decays by
+  exactly :math:`e^{-\nu l(l+d-2)\Delta t}` per step, the noise does not bound the step, and the
+  order is the scheme's while :math:`\nu L(L+d-2)\Delta t` is moderate. :meth:`ZonalMeanField.problem`
+  is the integrating-factor form :math:`c = e^{-\nu\Lambda\tau} v`, reset to :math:`(c, 0)` after every
+  step; the splitting schemes step that form, whose factor :math:`e^{\nu l(l+d-2)\tau}` must
+  stay inside float64: for them the step is at most :math:`700/(\nu L(L+d-2))` (:func:`noise_step`).
 
 The stable step is the circle's (:meth:`CircleMeanField.stable_step`) for the :math:`L`
 retained degrees and the same velocity bound (1 for SA): in the angle
@@ -65,7 +64,8 @@ from .sphere_labelled import SphereLabelled, zonal_dataset
 from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, check_size, gradient_multipliers,
                            kernel_energy, kernel_multipliers,
                            laplace_eigenvalues, linear_growth_rate, log_sphere_area, sphere_area)
-from .timegrid import check_memory, evolve_coefficients, march, saved_count, time_steps
+from .lawson import exact_noise, lawson_scheme
+from .timegrid import DEFAULT_ATOL, DEFAULT_MAX_STEPS, DEFAULT_RTOL, check_memory, evolve_coefficients, march, saved_count, time_steps
 
 __all__ = ["ZonalMeanField", "ZonalSolution", "linear_growth_rate"]
 
@@ -87,11 +87,17 @@ def noise_step(diffusion) -> float:
     return _FACTOR_LOG_MAX / top if top > 0 else math.inf
 
 
-def noise_clause(field) -> str:
-    """The part of a step refusal that names the noise's bound (empty without noise)."""
-    step = noise_step(field._diffusion)
+def noise_bound(diffusion, scheme) -> float:
+    """:func:`noise_step` for a scheme that steps the integrating-factor form, else inf (Lawson steps)."""
+    return math.inf if exact_noise(scheme) else noise_step(diffusion)
+
+
+def noise_clause(field, scheme) -> str:
+    """The part of a step refusal that names the noise's bound (empty without noise or with Lawson steps)."""
+    step = noise_bound(field._diffusion, scheme)
     return (f"; noise={field.noise:g} needs nu*L*(L+d-2)*dt <= {_FACTOR_LOG_MAX:g} (dt <= {step:.4g}) for its "
-            "integrating factor to stay inside float64") if math.isfinite(step) else ""
+            "integrating factor to stay inside float64; a Runge-Kutta scheme such as 'rk4' takes the noise "
+            "exactly, without this bound") if math.isfinite(step) else ""
 
 
 def _finite_energy(beta) -> None:
@@ -306,10 +312,11 @@ class ZonalMeanField(_FixedSystem):
     def stable_step(self, t1, scheme="rk4", mass: float = 1.0) -> float:
         r"""The largest stable step for a solve to ``t1``: :meth:`CircleMeanField.stable_step` with :math:`K = L`.
 
-        The noise is integrated exactly and enters only through the float64 range of its
-        integrating factor: the step is at most :func:`noise_step`, :math:`700/(\nu L(L+d-2))`.
+        The noise is integrated exactly (Lawson steps) and does not bound the step, except for
+        the splitting schemes, whose integrating factor must stay inside float64: for them the
+        step is at most :func:`noise_step`, :math:`700/(\nu L(L+d-2))`.
         """
-        return min(self._circle.stable_step(t1, scheme, mass), noise_step(self._diffusion))
+        return min(self._circle.stable_step(t1, scheme, mass), noise_bound(self._diffusion, scheme))
 
     # -- time stepping ---------------------------------------------------------------------------
     def solve(self, rho0, t1, dt, save_every=1, scheme="rk4"):
@@ -343,7 +350,7 @@ class ZonalMeanField(_FixedSystem):
             raise ValueError(
                 f"dt={h:.6g} is above the stable step {bound:.4g} of scheme {scheme.name!r} for t1={float(t1):.6g} "
                 f"with degree={self.degree} (transport at up to L*V = {self.degree}*"
-                f"{self._circle.velocity_bound(mass):.4g}{noise_clause(self)}); use dt <= {bound:.4g} or a "
+                f"{self._circle.velocity_bound(mass):.4g}{noise_clause(self, scheme)}); use dt <= {bound:.4g} or a "
                 "lower degree")
         state = np.concatenate([c, [0.0]]) if self.noise else c
         count = saved_count(steps, save_every)
@@ -356,11 +363,11 @@ class ZonalMeanField(_FixedSystem):
             if resolved[0]:
                 resolved[0] = self._check_resolved(u[: self.degree + 1], mass, t_start, t_end)
 
-        return march(scheme, self.problem(), state, steps, h, save_every, states, what="zonal mean-field",
+        return march(*lawson_scheme(self, scheme), state, steps, h, save_every, states, what="zonal mean-field",
                      build=self._solution, hint="or the density under-resolved (raise degree)", on_save=on_save)
 
-    def evolve(self, rho0, t1, *, scheme="tsit5", rtol=1e-6, atol=1e-9, dt=None, save_at=None,
-               events=(), max_steps=100_000, controller=None, initial=None):
+    def evolve(self, rho0, t1, *, scheme="tsit5", rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL, dt=None,
+               save_at=None, events=(), max_steps=DEFAULT_MAX_STEPS, controller=None, initial=None):
         r"""Evolve to ``t1`` with error control; return a :class:`ctformer.Solution`.
 
         The state is the coefficient vector (with noise followed by :math:`\tau = 0`, the

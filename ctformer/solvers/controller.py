@@ -40,6 +40,29 @@ __all__ = ["PIController", "ControllerState"]
 ERR_PREV_FLOOR = 1e-4
 
 
+class _DefaultReal(float):
+    """A keyword's default tolerance: equal to the plain number and shown as it
+    (``rtol=1e-06`` in a signature), but told apart from a value the caller passed by identity
+    (:func:`is_default`), so that an explicit ``rtol=1e-6`` beside fixed steps is refused."""
+
+
+class _DefaultCount(int):
+    """A keyword's default count (``max_steps``), told apart by identity as :class:`_DefaultReal`."""
+
+
+#: The defaults of ``evolve``'s ``rtol``, ``atol`` and ``max_steps`` (PIController's values).
+DEFAULT_RTOL, DEFAULT_ATOL, DEFAULT_MAX_STEPS = _DefaultReal(1e-6), _DefaultReal(1e-9), _DefaultCount(100_000)
+#: The default of ``solve``'s and ``gradient``'s ``steps_per_layer`` (one step a layer).
+DEFAULT_STEPS_PER_LAYER = _DefaultCount(1)
+
+
+def is_default(value) -> bool:
+    """Whether ``value`` is one of the default objects above, not a value a caller passed
+    (arithmetic, ``float()`` and ``int()`` on them give plain numbers)."""
+    return any(value is default for default in (DEFAULT_RTOL, DEFAULT_ATOL, DEFAULT_MAX_STEPS,
+                                                 DEFAULT_STEPS_PER_LAYER))
+
+
 @dataclass(frozen=True)
 class ControllerState:
     """What the controller remembers between steps (a frozen value: updates return a new one).

@@ -82,8 +82,12 @@ def restart_point(initial, *, controlled: bool, boundaries) -> RestartPoint:
         initial = labelled_methods.read(initial)
     times, states, stats, scheme, stop = _parts(initial)
     if times is None or states is None or len(times) == 0:
-        raise ValueError("initial has no saved state to restart from")
+        raise ValueError("initial has no saved state to restart from (its solve stopped before "
+                         "any depth it was to save, the final one by default): solve with "
+                         "SaveAt(steps=True) or SaveAt(layers=True) to restart from where it stops")
     t0, u0 = float(times[-1]), states[-1, ...]
+    if hasattr(initial, "as_solved"):  # a saved file: the states in the solve's own library
+        u0 = initial.as_solved(u0)
     before = _occurred(initial, t0)
     scheme = None if scheme is None else str(scheme)
     stopped = stop is not None and float(stop) == t0

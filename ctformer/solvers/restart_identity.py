@@ -4,7 +4,8 @@ A restart continues the saved solve exactly only with the same right-hand side a
 control. :func:`recorded` reads what a :class:`~ctformer.Solution` (or its file) says about its
 computation: the scheme, the tolerances and error norm of a controlled solve and the
 controller's settings that choose its step sizes (:data:`CONTROL`), each discretization by its
-``repr``, and a fingerprint of the model; :func:`refuse_another` compares them with the
+``repr``, the reference length :math:`L` of positions (``context_length``), and a fingerprint
+of the model; :func:`refuse_another` compares them with the
 continued solve and names every difference.
 
 A particle system or mean field has no parameters of a model: its fingerprint
@@ -131,18 +132,31 @@ def _like(values, where):
 _IDENTITY = ("model_fingerprint", "padding_mask")  # digests: the model, the padding mask
 
 
+def _length(value):
+    """A context length (None, a number, a pair; a file's int, float or array) as one string,
+    ``"7.0"`` or ``"(16.0, 16.0)"``; None stays None (the solve used no positions: nothing to
+    compare)."""
+    if value is None:
+        return None
+    values = np.asarray(value, dtype=np.float64).reshape(-1)
+    return repr(float(values[0])) if np.ndim(value) == 0 else repr(tuple(float(v) for v in values))
+
+
 def recorded(initial) -> dict:
     """What ``initial`` (a Solution, a saved result or its attributes) says about its solve:
     ``rtol``, ``atol``, ``norm``, the :data:`CONTROL` settings, the discretizations' reprs,
-    ``model_fingerprint`` and ``padding_mask``, the keys it has."""
+    the ``context_length`` of positions, ``model_fingerprint`` and ``padding_mask``, the keys it
+    has."""
     attrs = getattr(initial, "attrs", None)
     if isinstance(attrs, dict):  # a file's attributes
         found = {key: attrs.get(key) for key in ("rtol", "atol", "norm", *_IDENTITY, *_GRID_NAMES)}
+        found["context_length"] = _length(attrs.get("context_length"))
         found.update(attrs.get("control") or {})  # written as control_json, read back parsed
     else:
         grids = getattr(initial, "grids", None)
         found = {key: getattr(initial, key, None) for key in ("rtol", "atol", "norm", *_IDENTITY)}
         found.update({key: None if grids is None else repr(getattr(grids, key)) for key in _GRID_NAMES})
+        found["context_length"] = None if grids is None else _length(grids.context_length)
         found.update(getattr(initial, "control", None) or {})
     return {key: value for key, value in found.items() if value is not None}
 
@@ -157,6 +171,8 @@ def computation(fingerprint, control, grids=None) -> dict:
     now = {"model_fingerprint": fingerprint}
     if grids is not None:
         now.update({name: repr(getattr(grids, name)) for name in _GRID_NAMES})
+        if grids.context_length is not None:  # positions p(x) = L x - 1/2: another L, another solve
+            now["context_length"] = _length(grids.context_length)
     if isinstance(control, PIController):
         now.update(rtol=control.rtol, atol=control.atol, norm=control.norm, **control_settings(control))
     else:

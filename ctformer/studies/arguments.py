@@ -85,7 +85,11 @@ def refined_family(spec, argname: str):
     if isinstance(spec, Discretization):
         return spec.name, spec.domain
     if isinstance(spec, str):
-        name = spec.partition(":")[0].strip()
+        name, sep, _ = spec.partition(":")
+        name = name.strip()
+        if sep:  # the size was dropped silently: the levels are the sizes
+            raise ValueError(f"{argname}={spec!r} is refined, so its sizes are the levels: give "
+                             f"the name only ({name!r}), or refine another variable")
         if name not in available():
             raise ValueError(f"unknown discretization {name!r} for {argname}; "
                              f"known: {', '.join(available())}")

@@ -82,8 +82,9 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
         Strictly increasing sizes :math:`n` of the refined variable, or steps per layer for
         ``refine="time"``; at least two (four or more for a meaningful fitted order).
     tokens, features : Discretization, str or tuple, optional
-        The token and feature discretizations. The refined one is a name (``"midpoint"``) or
-        an object whose name and domain are kept; a fixed one is an object, ``"name:n"`` or
+        The token and feature discretizations. The refined one is a name (``"midpoint"``;
+        ``"midpoint:16"`` is refused, the sizes are ``levels``) or an object whose name and
+        domain are kept; a fixed one is an object, ``"name:n"`` or
         ``(name, n)``. Defaults: ``gauss-legendre``, fixed sizes 16 tokens and 12 features.
     head_features, hidden : Discretization, str or tuple, optional
         Discretizations of the per-head feature and FFN hidden variables; ``None`` leaves the
@@ -92,7 +93,8 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
     scheme : str or Scheme, optional
         Time integrator (:func:`ctformer.solvers.get`); default ``"lie"``.
     steps_per_layer : int, optional
-        Fixed steps per layer when not refining time.
+        Fixed steps per layer when not refining time (with ``refine="time"`` the levels are
+        the steps per layer, and a value other than the default 1 is refused).
     u0 : callable, optional
         Initial state :math:`u_0(x, y)`, sampled on every grid; default
         :func:`smooth_initial_state`. An array of shape (tokens, features) is accepted for
@@ -109,13 +111,17 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
         reconstruction needs 6 or more per mesh width at every measured level
         (:math:`\mathrm{fine}\, h / L \ge 6`, :math:`L` the window or domain length); by
         default 200, or :math:`\lceil 6 L / h \rceil` for the finest measured level where
-        that is more. A smaller ``fine`` given here is used, with a warning.
+        that is more. A smaller ``fine`` given here is used, with a warning. Refused where no
+        evaluation points are read: ``refine`` in ``("hidden", "time")``, or
+        ``evaluate="coarsest-nodes"``.
     evaluate : {"interpolate", "coarsest-nodes"}, optional
         Where a refined token or feature variable is compared: at ``fine`` Gauss-Legendre
         points through each level's ``interpolate`` (default), or at the quadrature points of
         the coarsest level with its weights (a discrete norm that leaves out the
         reconstruction error; exact comparison when the levels' nodes are nested, e.g.
-        midpoint with levels :math:`n, 3n, 9n, \dots`).
+        midpoint with levels :math:`n, 3n, 9n, \dots`). Only a refined token or feature
+        variable is compared this way: with ``refine`` in ``("hidden", "time")`` a value
+        other than the default is refused.
     window : tuple of float, optional
         Measure the error only on the subinterval ``(a, b)`` of a refined token or feature
         variable (the ``fine`` points are placed there). For example, causal attention
@@ -151,7 +157,8 @@ def convergence(model, *, refine: str, levels, tokens=None, features=None, head_
     ------
     ValueError
         For an unknown ``refine``, ``error_norm``, ``reference`` or discretization name, bad
-        ``levels``, an array ``u0`` that is not one (tokens, features) state, Richardson
+        ``levels``, an array ``u0`` that is not one (tokens, features) state, an argument
+        the study would not read (``fine``, ``evaluate``, ``steps_per_layer``, as above), Richardson
         extrapolation of a spectral (infinite-order) method or of an
         expected order 0 (a periodic rule on data that are not, in the maximum norm), or a
         ``reference`` that returns NaN or inf.

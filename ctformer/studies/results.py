@@ -52,9 +52,11 @@ class Row:
     level : int
         Index of the level, 0 for the coarsest.
     n : int
-        Number of values of the refined variable, or steps per layer when refining time.
+        Number of values of the refined variable, or steps per layer when refining time
+        (written ``steps`` then by :meth:`ConvergenceResult.to_csv` and ``to_json``).
     h : float
-        Mesh width ``length / n`` of the refined variable, or the time step ``1 / n``.
+        Mesh width ``length / n`` of the refined variable, or the time step ``1 / n``
+        (written ``dt`` when refining time).
     error : float or None
         Error against the reference; ``None`` for the level that *is* the reference.
     order : float or None
@@ -185,7 +187,9 @@ class ConvergenceResult(LabelledResult):
 
     # -- export -----------------------------------------------------------------------
     def to_dict(self) -> dict:
-        """Plain-Python form (what :meth:`to_json` writes)."""
+        """Plain-Python form (what :meth:`to_json` writes); each row's size and step are
+        named as in the printed table and the CSV: ``steps``, ``dt`` when refining time,
+        ``n``, ``h`` otherwise (:meth:`from_dict` reads both)."""
         def clean(x):
             return None if isinstance(x, float) and not math.isfinite(x) else x
 
@@ -196,8 +200,53 @@ class ConvergenceResult(LabelledResult):
             "consistent_limit": self.consistent_limit, "gauss_points": self.gauss_points,
             "limitation": self.limitation,
             "min_feature_std": clean(self.min_feature_std), "wall_seconds": self.wall_seconds,
-            "parameters": self.parameters, "table": [asdict(r) for r in self.table],
+            "parameters": self.parameters, "table": [self._row_dict(r) for r in self.table],
         }
+
+    def _row_dict(self, row) -> dict:
+        """A row as written: its size and step named as the printed table and the CSV name
+        them (``steps``, ``dt`` when refining time; ``n``, ``h`` otherwise)."""
+        names = {"n": self.refinement.size_name, "h": self.refinement.step_name}
+        return {names.get(k, k): v for k, v in asdict(row).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ConvergenceResult":
+        """The result :meth:`to_dict` wrote (or :meth:`to_json`, once parsed).
+
+        Rows may name a level's size and step ``steps, dt`` or ``n, h`` (what files written
+        before the columns followed the printed table hold, for every refined variable). An
+        order written as ``null`` reads back as NaN, an expected order as infinity (JSON has
+        neither; a study's expected order is missing only when it is infinite, spectral).
+
+        Raises
+        ------
+        ValueError
+            If a row has neither ``steps`` nor ``n``, or neither ``dt`` nor ``h``.
+        """
+        def number(value, missing):
+            return missing if value is None else float(value)
+
+        rows = []
+        for i, row in enumerate(data["table"]):
+            size = next((k for k in ("steps", "n") if k in row), None)
+            step = next((k for k in ("dt", "h") if k in row), None)
+            if size is None or step is None:
+                raise ValueError(f"table row {i} of the study has keys {sorted(row)}; expected "
+                                 "'steps' and 'dt' (or 'n' and 'h'): pass what to_dict wrote")
+            rows.append(Row(level=row["level"], n=row[size], h=row[step], error=row["error"],
+                            order=row["order"], seconds=row["seconds"]))
+        return cls(table=rows, observed_order=number(data["observed_order"], math.nan),
+                   expected_order=number(data["expected_order"], math.inf),
+                   refine=data["refine"], method=data["method"], reference=data["reference"],
+                   norm=data["norm"], min_feature_std=number(data["min_feature_std"], math.nan),
+                   wall_seconds=data["wall_seconds"], parameters=data.get("parameters", {}),
+                   consistent_limit=data.get("consistent_limit", True),
+                   gauss_points=data.get("gauss_points"), limitation=data.get("limitation"))
+
+    @classmethod
+    def from_json(cls, path) -> "ConvergenceResult":
+        """The result :meth:`to_json` wrote to ``path`` (see :meth:`from_dict`)."""
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
     def to_json(self, path) -> Path:
         """Write :meth:`to_dict` as JSON to ``path``; returns the path."""

@@ -121,6 +121,7 @@ class StudySpec:
         scheme = solvers.get(scheme)
         window = refinement.check_window(window)
         evaluate = one_of(evaluate, "evaluate", EVALUATIONS)
+        _refuse_unread(refinement, fine, evaluate, steps_per_layer)
         u0 = smooth_initial_state if u0 is None else u0
         if not callable(u0) and refinement.variable in ("tokens", "features"):
             raise ValueError("u0 must be a callable u0(x, y) when refining tokens or features "
@@ -140,3 +141,29 @@ class StudySpec:
         """The four discretization specs by variable."""
         return {"tokens": self.tokens, "features": self.features,
                 "head_features": self.head_features, "hidden": self.hidden}
+
+
+def _refuse_unread(refinement, fine, evaluate, steps_per_layer) -> None:
+    """Refuse an argument this study would not read (it was silently ignored before).
+
+    ``fine`` is read only along a refined token or feature axis with
+    ``evaluate="interpolate"``; ``evaluate`` only along a refined token or feature axis
+    (its default, ``"interpolate"``, is accepted everywhere); ``steps_per_layer`` only when
+    time is not refined (its default, 1, is accepted everywhere).
+    """
+    variable = refinement.variable
+    spatial = variable in ("tokens", "features")
+    if fine is not None and not (spatial and evaluate == "interpolate"):
+        where = f"evaluate={evaluate!r}" if spatial else f"refine={variable!r}"
+        raise ValueError(f"fine={fine} sets the evaluation points of a refined token or "
+                         f"feature axis with evaluate='interpolate'; with {where} no such points "
+                         "are used and it would be ignored: leave fine out")
+    if evaluate != "interpolate" and not spatial:
+        raise ValueError(f"evaluate={evaluate!r} chooses where a refined token or feature axis "
+                         f"is compared; with refine={variable!r} the solutions are compared at "
+                         "the fixed grids' quadrature points and it would be ignored: leave "
+                         "evaluate out")
+    if steps_per_layer != 1 and refinement.refines_depth:
+        raise ValueError(f"steps_per_layer={steps_per_layer} fixes the steps when time is not "
+                         "refined; with refine='time' the steps per layer are the levels and it "
+                         "would be ignored: leave steps_per_layer out")
