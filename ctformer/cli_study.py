@@ -143,6 +143,8 @@ def _run_study(args) -> int:
     scheme = _scheme(args.scheme, args.substep)
     window = _window(args.window)
     out = _out_directory(args.out)
+    names = _output_names()
+    _check_outputs(args.out, out, names)  # before the study runs: its time is not wasted
     model = ContinuousTransformer.random_smooth(
         seed=args.model_seed, layers=args.layers, heads=args.heads, placement=args.placement,
         activation=args.activation, mask=args.mask, diagonal=args.diagonal, beta=args.beta)
@@ -164,10 +166,7 @@ def _run_study(args) -> int:
         result.consistent_limit = False
     reused = _reused(out / "cases", before, len(levels))
     # the files first: a reader that closes standard output early (| head) loses no result
-    paths = [result.to_csv(out / "convergence.csv"), result.to_json(out / "convergence.json")]
-    if _have_matplotlib():
-        _close(result.plot(out / "convergence.png"))
-        paths.append(out / "convergence.png")
+    paths = _write_outputs(result, out, names)
     print(result)
     if reused:
         print(f"reused {reused} of {len(levels)} cases stored in {out / 'cases'} by an earlier run "
@@ -176,6 +175,37 @@ def _run_study(args) -> int:
     if not _have_matplotlib():
         print(f"convergence.png {NO_MATPLOTLIB}")
     return 0
+
+
+def _output_names() -> list[str]:
+    """The files ``study`` writes to ``--out`` (the plot only with matplotlib)."""
+    return ["convergence.csv", "convergence.json"] + (["convergence.png"] if _have_matplotlib() else [])
+
+
+def _check_outputs(text: str, out: Path, names: list) -> None:
+    """Refuse, before anything is computed or written, an output that is a directory."""
+    taken = [name for name in names if (out / name).is_dir()]
+    if taken:
+        verb = "is a directory" if len(taken) == 1 else "are directories"
+        raise UserError(f"--out {text!r}: {', '.join(taken)} {verb} there, where the study writes "
+                        "a file; move or remove it, or give another --out (nothing was written)")
+
+
+def _write_outputs(result, out: Path, names: list) -> list:
+    """Write the files in turn; a failure says which of them were written before it."""
+    writers = {"convergence.csv": result.to_csv, "convergence.json": result.to_json,
+               "convergence.png": lambda path: (_close(result.plot(path)), path)[1]}
+    paths = []
+    for name in names:
+        try:
+            paths.append(writers[name](out / name))
+        except OSError as exc:
+            # the writer's own "(nothing was written)" is about its file only: say it for all
+            why = " ".join(str(exc).replace("(nothing was written)", "").split())
+            done = ", ".join(str(p) for p in paths)
+            written = f"written before it: {done}" if done else "nothing was written"
+            raise UserError(f"cannot write {out / name} ({why}); {written}") from None
+    return paths
 
 
 # -- list -----------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from . import labelled_methods
 from .labelled_attrs import (as_json, common_attrs, convergence_to_xarray, legal_attrs, set_attr,
                              work_precision_to_xarray)
 from .backend import to_host
+from .solvers.restart_identity import fixed_step
 from .labelled_files import (ARRAY_ATTRS, INSTALL_HINT, PART, SavedResult, _xarray, from_xarray,
                              join_parts, open_dataset, split_parts, to_netcdf, to_zarr)
 
@@ -135,7 +136,7 @@ def to_xarray(result, **options):
     for cls in type(result).__mro__:
         if cls in _CONVERTERS:
             ds = _CONVERTERS[cls](result, **options)
-            _add_extra(ds.attrs, extra)
+            labelled_methods.add_extra(ds.attrs, extra)
             arrays = sorted(k for k, v in ds.attrs.items() if isinstance(v, np.ndarray))
             if arrays:  # netCDF reads a 1-D attribute of one value back as a number
                 ds.attrs[ARRAY_ATTRS] = as_json(arrays)
@@ -143,17 +144,6 @@ def to_xarray(result, **options):
     known = ", ".join(sorted(c.__name__ for c in _CONVERTERS))
     raise TypeError(f"to_xarray: no converter for {type(result).__name__}; results with one: "
                     f"{known} (add one with ctformer.labelled.register)")
-
-
-def _add_extra(attrs: dict, extra: dict) -> None:
-    """The caller's attributes, unless one names an attribute of the result: a restart reads
-    ``rtol``, ``scheme``, ``norm`` ... from the file, and the solve's own must stay there."""
-    clash = sorted(name for name in extra if name in attrs)
-    if clash:
-        shown = ", ".join(f"{name} (the result's: {attrs[name]!r})" for name in clash)
-        raise ValueError(f"to_xarray: attrs names attributes that the result writes itself: "
-                         f"{shown}; give your attributes other names (e.g. 'run_{clash[0]}')")
-    attrs.update(extra)
 
 
 def _grid_attrs(attrs: dict, grids) -> None:
@@ -317,8 +307,15 @@ def _named_solution(xr, solution, states, times, attrs):
 def _identity_attrs(solution, attrs) -> dict:
     """The common attributes and what a restart checks (restart_identity), for every solve."""
     out = common_attrs(solution, "Solution", attrs)
-    for name in ("norm", "model_fingerprint", "padding_mask"):
+    # t0: where the solve began (with stats_accepted and step_times, a fixed solve's step)
+    for name in ("norm", "model_fingerprint", "padding_mask", "t0"):
         set_attr(out, name, getattr(solution, name, None))
+    if getattr(solution, "rtol", None) is None:  # fixed steps: the step (a restart compares it)
+        stats = getattr(solution, "stats", None) or {}
+        h = fixed_step(stats.get("accepted"), stats.get("step_times"), getattr(solution, "t0", None))
+        if h is not None and h > 0:
+            set_attr(out, *(("steps_per_layer", round(1.0 / h)) if getattr(solution, "grids", None)
+                            is not None else ("dt", h)))
     # the file holds NumPy values; a torch solve's rounding differs from NumPy's (as_solved)
     values = solution.final if solution.states is None else solution.states
     if values is not None:

@@ -7,7 +7,7 @@ upwards.
 """
 from __future__ import annotations
 
-__all__ = ["LabelledResult", "install", "convert", "read", "legal_attrs", "PART"]
+__all__ = ["LabelledResult", "install", "convert", "read", "legal_attrs", "add_extra", "PART"]
 
 _FUNCTIONS: dict = {}
 #: Labels of the ``part`` axis of complex values (real, imaginary) in every file.
@@ -35,6 +35,18 @@ def convert(result, **options):
 def legal_attrs(extra) -> dict:
     """The attributes ``extra`` in netCDF-legal form, by the rules of :mod:`ctformer.labelled`."""
     return _call("legal_attrs", extra)
+
+
+def add_extra(attrs: dict, extra: dict) -> None:
+    """The caller's attributes ``extra`` into ``attrs``, unless one names an attribute of the
+    result: a restart reads ``rtol``, ``scheme``, ``norm`` ... from the file, and the result's
+    own must stay there (ValueError naming them and another name to use)."""
+    clash = sorted(name for name in extra if name in attrs)
+    if clash:
+        shown = ", ".join(f"{name} (the result's: {attrs[name]!r})" for name in clash)
+        raise ValueError(f"to_xarray: attrs names attributes that the result writes itself: "
+                         f"{shown}; give your attributes other names (e.g. 'run_{clash[0]}')")
+    attrs.update(extra)
 
 
 def read(dataset):

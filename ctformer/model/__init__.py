@@ -204,7 +204,7 @@ class ContinuousTransformer(_Solving):
             or the :math:`L^2` projection for Galerkin rules).
         tokens, features : Discretization or str
             Discretizations of :math:`x` and :math:`y`. A name takes ``n`` from the shape of
-            ``u0`` (which must then be an array).
+            an array ``u0``; ``"NAME:N"`` gives it (it must then agree with an array's shape).
         head_features, hidden : Discretization, str or None
             Discretizations of :math:`\sigma` and :math:`r`. Default: the model's own, else
             ``features``.

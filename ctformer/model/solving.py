@@ -17,6 +17,7 @@ import array_api_compat
 
 from .. import solvers, validation
 from ..discretizations import Discretization, as_discretization
+from ..discretizations import get as get_discretization
 from ..evolution import evolve
 from ..kernels import is_host
 from ..model_inputs import as_state_array
@@ -42,6 +43,27 @@ def _on_state_device(u0):
     except (AssertionError, RuntimeError):  # a CUDA default on a machine without CUDA
         same = False
     return contextlib.nullcontext() if same else torch.device(u0.device)
+
+
+def _names_size(spec) -> bool:
+    """Whether ``spec`` is a ``"NAME:N"`` string, which carries its own size."""
+    return isinstance(spec, str) and ":" in spec
+
+
+def _sized(spec, n: int, name: str, source: str) -> Discretization:
+    """``spec`` as a discretization of ``n`` values; ``source`` says where ``n`` comes from.
+
+    A ``"NAME:N"`` whose ``N`` agrees with ``n`` says the size twice, consistently: accepted.
+    Another ``N`` is refused naming both sizes (a grid of one size cannot hold a state of the
+    other)."""
+    if not _names_size(spec):
+        return as_discretization(spec, n)
+    disc = get_discretization(spec)  # it reports a bad name or a size that is no integer
+    if disc.n != n:
+        raise ValueError(f"{name}={spec!r} asks for {disc.n} values but {source}: give "
+                         f"{name}={spec.partition(':')[0].strip()!r} (the size is then {n}) or "
+                         f"{name}='{spec.partition(':')[0].strip()}:{n}'")
+    return disc
 
 
 class _Solving:
@@ -98,7 +120,10 @@ class _Solving:
         if spec is None:
             return own if own is not None else features
         if isinstance(spec, str):
-            return as_discretization(spec, own.n if own is not None else features.n)
+            if own is None and _names_size(spec):  # the features' size is only a default here
+                return get_discretization(spec)
+            size = own.n if own is not None else features.n
+            return _sized(spec, size, name, f"the model's own {name} have {size}")
         if not isinstance(spec, Discretization):
             raise TypeError(f"{name} must be a Discretization, a name or None, got {type(spec).__name__}")
         return spec
@@ -156,11 +181,14 @@ class _Solving:
     def _initial_state(self, u0, tokens, features, head_features, hidden, context_length):
         if callable(u0) and not hasattr(u0, "shape"):
             for name, spec in (("tokens", tokens), ("features", features)):
-                if not isinstance(spec, Discretization):
+                if not isinstance(spec, Discretization) and not _names_size(spec):
                     raise ValueError(
                         f"{name} given as {spec!r} needs n, which a callable u0 cannot provide; "
-                        "pass a Discretization object"
+                        "pass a Discretization object or 'NAME:N' (e.g. "
+                        f"'{spec if isinstance(spec, str) else 'midpoint'}:16')"
                     )
+            tokens, features = (get_discretization(s) if _names_size(s) else s
+                                for s in (tokens, features))
             grids = self.grids(tokens, features, head_features, hidden, context_length)
             return grids.sample(u0), grids
         u = as_state_array(u0, "u0")
@@ -170,8 +198,10 @@ class _Solving:
         if 0 in tuple(u.shape[-2:]):
             raise ValueError(f"u0 has shape {tuple(u.shape)}: a state needs at least one token and "
                              "one feature")
-        tokens = as_discretization(tokens, u.shape[-2])
-        features = as_discretization(features, u.shape[-1])
+        shape = tuple(u.shape)
+        tokens = _sized(tokens, u.shape[-2], "tokens", f"u0 of shape {shape} has {shape[-2]} tokens")
+        features = _sized(features, u.shape[-1], "features",
+                          f"u0 of shape {shape} has {shape[-1]} features")
         grids = self.grids(tokens, features, head_features, hidden, context_length)
         grids.validate(u, "u0")
         return u, grids

@@ -65,6 +65,10 @@ class MeanFieldSolution(LabelledResult):
     tracers : array, shape (T, m) or None
         Angles of tracer points moved along the characteristics
         :math:`\dot\theta = X[\rho_t](\theta)` (unwrapped, not reduced mod :math:`2\pi`).
+    beta : float or None
+        The inverse temperature :math:`\beta` of the field that solved it (None: not recorded).
+    normalized : bool or None
+        Whether that field was normalized (None: not recorded).
     """
 
     times: np.ndarray
@@ -72,6 +76,9 @@ class MeanFieldSolution(LabelledResult):
     density: object
     coefficients: object
     tracers: object = None
+    # what the field was: written to the file's attributes (a restart compares the fingerprint)
+    beta: float | None = None
+    normalized: bool | None = None
 
     # field by field, arrays by entries (a pickled or copied solution equals its original)
     __eq__, __hash__ = same_fields, None
@@ -143,7 +150,8 @@ class _CircleStates:
         density = backend.fft.irfft(coefficients, n=self.n_modes, axis=-1)
         tracer_path = xp.real(states[:, kept:]) if m else None
         return MeanFieldSolution(times=np.asarray(times), grid=self.grid.copy(), density=density,
-                                 coefficients=coefficients, tracers=tracer_path)
+                                 coefficients=coefficients, tracers=tracer_path,
+                                 beta=float(self.beta), normalized=bool(self.normalized))
 
 
 def _host_angles(tracers) -> np.ndarray:

@@ -22,8 +22,10 @@ a decaying exponential, so no step overflows: the noise does not bound the step.
 Inside a step (``SaveAt(times=...)``, events, dense output) the state at :math:`t_n + \theta h`
 is the Lawson step of size :math:`\theta h` from :math:`c_n`: a continuous extension of the
 tableau's order with the same decaying factors (the saved states, ``Solution.evaluate``, and
-the events of an embedded pair). The events of fixed steps and of step doubling are located
-on the loop's cubic Hermite interpolant, with the slopes :math:`F(c) - \Lambda c`.
+the events, with fixed steps too; a cubic Hermite in :math:`c` with the slopes
+:math:`F(c) - \Lambda c` would overshoot once :math:`\nu l(l+d-2) h \gg 1`). The splitting
+schemes step the integrating-factor form; inside their steps the state is
+:func:`exponential_hermite` of the step's ends.
 
 The state is the coefficients followed by a zero (the clock of the integrating-factor form of
 :meth:`problem`, which saved solves carry).
@@ -31,13 +33,15 @@ The state is the coefficients followed by a zero (the clock of the integrating-f
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 
 from .. import solvers
 from ..solvers.runge_kutta import RungeKutta
 
-__all__ = ["LawsonTableau", "NoiseClock", "lawson_scheme", "noisy_problem", "exact_noise"]
+__all__ = ["LawsonTableau", "NoiseClock", "lawson_scheme", "noisy_problem", "exact_noise",
+           "exponential_hermite"]
 
 
 def exact_noise(scheme) -> bool:
@@ -48,6 +52,57 @@ def exact_noise(scheme) -> bool:
     c = tableau.c
     coupled = all(c[j] <= c[i] for i, row in enumerate(tableau.a) for j, a in enumerate(row) if a != 0)
     return coupled and max(c) <= 1.0
+
+
+def _phi(z):
+    r""":math:`\varphi_k(z) = \int_0^1 e^{-z(1-\sigma)}\sigma^{k-1}/(k-1)!\,d\sigma`, k = 1, 2, 3, for z >= 0.
+
+    Below 1 by their series :math:`\sum_j (-z)^j/(j+k)!` (the recurrence
+    :math:`\varphi_{k+1} = (1/k! - \varphi_k)/z` cancels there), above by the recurrence.
+    """
+    z = np.asarray(z, dtype=np.float64)
+    small = z < 1.0
+    zs = np.where(small, z, 0.0)
+    series = []
+    for k in (1, 2, 3):
+        term, total = np.full_like(z, 1.0 / math.factorial(k)), np.zeros_like(z)
+        for j in range(24):
+            total = total + term
+            term = term * (-zs) / (j + k + 1)
+        series.append(total)
+    zl = np.where(small, 1.0, z)
+    p1 = -np.expm1(-zl) / zl
+    p2 = (1.0 - p1) / zl
+    p3 = (0.5 - p2) / zl
+    return tuple(np.where(small, s, p) for s, p in zip(series, (p1, p2, p3)))
+
+
+def exponential_hermite(c0, c1, f0, f1, lap, h: float, theta: float):
+    r"""The state at :math:`t_0 + \theta h` of :math:`\dot c = F - \Lambda c` from a step's ends.
+
+    With :math:`G(s) = F_0 + \alpha\sigma + \beta\sigma^2`, :math:`\sigma = s/h`, in place of
+    the transport :math:`F(c(s))`, variation of constants gives
+
+    .. math::
+
+        c(\theta h) = e^{-\theta h\Lambda} c_0 + h\bigl(\theta\varphi_1 F_0 + \alpha\theta^2\varphi_2
+        + 2\beta\theta^3\varphi_3\bigr)(\theta h\Lambda),
+
+    with :math:`\alpha + \beta = F_1 - F_0` (:math:`G(h) = F_1`) and
+    :math:`\alpha\varphi_2 + 2\beta\varphi_3 = (c_1 - e^{-h\Lambda}c_0)/h - \varphi_1 F_0`
+    at :math:`h\Lambda` (:math:`c(h) = c_1`); :math:`2\varphi_3 - \varphi_2 < 0`, so both are
+    determined. It matches :math:`c` and :math:`\dot c` at both ends (a cubic Hermite's order
+    where :math:`h\Lambda` is small), is the heat semigroup where :math:`F = 0`, and every
+    factor decays: an error :math:`\epsilon` of :math:`c_1` enters at most
+    :math:`\approx \epsilon\max(1, h\Lambda/4)`.
+    """
+    lap = np.asarray(lap, dtype=np.float64)
+    p1, p2, p3 = _phi(lap * h)
+    beta = ((c1 - np.exp(-lap * h) * c0) / h - p1 * f0 - (f1 - f0) * p2) / (2.0 * p3 - p2)
+    alpha = (f1 - f0) - beta
+    q1, q2, q3 = _phi(lap * (theta * h))
+    return np.exp(-lap * (theta * h)) * c0 + h * (theta * q1 * f0 + alpha * theta ** 2 * q2
+                                                   + 2.0 * beta * theta ** 3 * q3)
 
 
 class _Slope(np.ndarray):
@@ -164,9 +219,12 @@ class NoiseClock:
     :math:`(c, 0)` after every step; an interpolant inside a step (``SaveAt(times=...)``, dense
     output, events) is one of :math:`(v, \tau)`. A dense Runge-Kutta interpolant from the
     step's stages is one of that smooth flow, and :math:`e^{-\nu\Lambda\tau} v` is the
-    coefficients; the cubic Hermite interpolant is formed in the step's frame,
-    :math:`v_0 = c_0`, :math:`v_1 = e^{\nu\Lambda h} c_1`, slopes :math:`F(c_0)`,
-    :math:`e^{\nu\Lambda h} F(c_1)`, and mapped back by :math:`e^{-\nu\Lambda\theta h}`.
+    coefficients. Otherwise (the splitting schemes) the state of a degree with
+    :math:`\nu l(l+d-2) h > 1` is :func:`exponential_hermite` of the step's ends and transports:
+    the cubic Hermite in the frame :math:`v` (:math:`v_0 = c_0`, :math:`v_1 = e^{\nu\Lambda h} c_1`,
+    slopes :math:`F(c_0)`, :math:`e^{\nu\Lambda h} F(c_1)`, mapped back by
+    :math:`e^{-\nu\Lambda\theta h}`), kept for the other degrees, carries
+    :math:`e^{\nu\Lambda(1-\theta)h}` times the end state's error back into the step.
     With Lawson steps (``lawson``, a :class:`~ctformer.particles.lawson.LawsonTableau`) the
     state is :math:`(c, 0)` throughout and the state inside a step is the Lawson step there.
     """
@@ -185,6 +243,10 @@ class NoiseClock:
     def condition(self, condition):
         return lambda t, u: condition(t, self.reset(u))
 
+    def record(self, record):
+        """``record`` (a step of the loop) as one whose states inside the step are :meth:`interpolate`'s."""
+        return _ClockRecord(record, self)
+
     def interpolate(self, record, t, count=None):
         """The coefficients (and a zero clock) at ``t`` inside the accepted step ``record``."""
         theta = min(1.0, max(0.0, (t - record.t0) / record.h))
@@ -199,11 +261,19 @@ class NoiseClock:
             record.slopes = (record.problem.rhs(record.u0), record.problem.rhs(record.u1))
             if count is not None:
                 count(2)
-        grow = np.exp(self.lap * record.h)
-        u0, u1 = np.asarray(record.u0), np.asarray(record.u1)
-        f0, f1 = np.asarray(record.slopes[0]), np.asarray(record.slopes[1])
-        v = solvers.solution.hermite(u0[:-1], grow * u1[:-1], f0[:-1], grow * f1[:-1], record.h, theta)
-        return np.concatenate([np.exp(-self.lap * theta * record.h) * v, [0.0]]).astype(u0.dtype)
+        u0, u1 = self.reset(record.u0), self.reset(record.u1)
+        # at tau = 0 the slope of (v, tau) is (F(c), 1): the transports
+        f0, f1 = np.asarray(record.slopes[0])[:-1], np.asarray(record.slopes[1])[:-1]
+        h, c0, c1 = record.h, u0[:-1], u1[:-1]
+        c = exponential_hermite(c0, c1, f0, f1, self.lap, h, theta)
+        # where nu l(l+d-2) h <= 1 the cubic through e^{Lambda tau} c (the integrating factor's
+        # frame) scales c_1's error by at most e, and is exact where e^{Lambda tau} F is a cubic
+        # (a mode relaxing at its own rate): kept there
+        mild = self.lap * h <= 1.0
+        grow = np.exp(np.where(mild, self.lap * h, 0.0))
+        v = solvers.solution.hermite(c0, grow * c1, f0, grow * f1, h, theta)
+        c = np.where(mild, np.exp(-self.lap * (theta * h)) * v, c)
+        return np.concatenate([c, [0.0]]).astype(u0.dtype)
 
     def output(self, solution, asked):
         r"""``solution`` with coefficients in place of :math:`(v, \tau)` wherever it interpolated."""

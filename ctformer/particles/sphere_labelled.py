@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from ..labelled_methods import PART, LabelledResult, legal_attrs
+from ..labelled_methods import PART, LabelledResult, add_extra, convert, legal_attrs
 
 __all__ = ["zonal_dataset", "spherical_dataset", "SphereLabelled"]
 
@@ -31,11 +31,21 @@ def _xarray():
     return xarray
 
 
-def _attrs(kind: str, extra) -> dict:
-    """Class and version, and the caller's ``extra`` by the rules of every result's attributes
-    (a boolean as 0/1, None left out, a nested value as ``<name>_json``)."""
+def _attrs(kind: str, extra, **own) -> dict:
+    """Class, version and the result's ``own`` attributes, then the caller's ``extra``, both by
+    the rules of every result's attributes (a boolean as 0/1, None left out, a nested value as
+    ``<name>_json``); ValueError when ``extra`` names one of the result's (as
+    :func:`ctformer.labelled.to_xarray`)."""
     version = getattr(sys.modules.get("ctformer"), "__version__", "unknown")
-    return {"ctformer_result": kind, "ctformer_version": version, **legal_attrs(extra)}
+    out = {"ctformer_result": kind, "ctformer_version": version, **legal_attrs(own)}
+    extra = legal_attrs(extra) if extra is not None else {}
+    add_extra(out, extra)
+    return out
+
+
+def _field(solution) -> dict:
+    """``beta``, ``noise`` and ``normalized`` of the field that solved it, those it records."""
+    return {name: getattr(solution, name, None) for name in ("beta", "noise", "normalized")}
 
 
 def zonal_dataset(solution, attrs=None):
@@ -47,9 +57,8 @@ def zonal_dataset(solution, attrs=None):
             "coefficients": (("time", "degree"), c)}
     coords = {"time": np.asarray(solution.times, dtype=np.float64), "node": np.asarray(solution.grid),
               "degree": np.arange(c.shape[1])}
-    out = _attrs("ZonalSolution", attrs)
-    out.update(dimension=int(solution.dimension), max_degree=c.shape[1] - 1,
-               coefficient_normalization="orthonormal Gegenbauer polynomials of s in L2(surface measure)")
+    out = _attrs("ZonalSolution", attrs, **_field(solution), dimension=int(solution.dimension), max_degree=c.shape[1] - 1,
+                 coefficient_normalization="orthonormal Gegenbauer polynomials of s in L2(surface measure)")
     return xr.Dataset(data, coords=coords, attrs=out)
 
 
@@ -67,8 +76,8 @@ def spherical_dataset(solution, attrs=None):
     coords = {"time": np.asarray(solution.times, dtype=np.float64), "colatitude": np.asarray(theta),
               "longitude": np.asarray(phi), "l": (("lm",), l), "m": (("lm",), m),
               "part": np.array(PART, dtype=object)}
-    out = _attrs("SphericalSolution", attrs)
-    out.update(max_degree=lmax, coefficient_normalization="orthonormal spherical harmonics, healpy order")
+    out = _attrs("SphericalSolution", attrs, **_field(solution), max_degree=lmax,
+                 coefficient_normalization="orthonormal spherical harmonics, healpy order")
     return xr.Dataset(data, coords=coords, attrs=out)
 
 
@@ -79,8 +88,9 @@ class SphereLabelled:
     _dataset = None
 
     def to_xarray(self, *, attrs=None):
-        """This solution as an :class:`xarray.Dataset` (:mod:`ctformer.particles.sphere_labelled`)."""
-        return type(self)._dataset(self, attrs)
+        """This solution as an :class:`xarray.Dataset` (:mod:`ctformer.particles.sphere_labelled`):
+        :func:`ctformer.labelled.to_xarray`, which refuses ``attrs`` naming the result's own."""
+        return convert(self, attrs=attrs)
 
     def to_netcdf(self, path, *, attrs=None):
         """Write :meth:`to_xarray` to a netCDF file, atomically."""

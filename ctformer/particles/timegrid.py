@@ -232,7 +232,7 @@ def _grid_times(solution, t0: float, k: int, h: float, steps_only: bool):
 
 def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, max_steps,
               controller, what: str, hint: str = "or the velocities overflow", start=None,
-              axes=None, system=None, initial=None):
+              axes=None, system=None, initial=None, interpolant=None):
     r"""``evolve`` of a particle or mean-field system: one segment :math:`[0, t_1]`, no jump times.
 
     Fixed steps when ``dt`` is given (:func:`time_steps`: :math:`\lceil t_1/\Delta t \rceil`
@@ -240,6 +240,7 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
     The norm weighs every particle (or coefficient) alike: weight :math:`1/n` per particle.
     ``start`` (:func:`restart_of`) continues a saved solve ``initial`` (the same grid, or step
     size and error history) of the same ``system`` and control, else refused by name.
+    ``interpolant(record)``: the dense output events are located on (default: the step's own).
     """
     from ..evolution import controller_for, refuse_error_control
     scheme = solvers.get(scheme)
@@ -264,7 +265,7 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
         solution = solvers.integrate(solvers.Piecewise.single(problem, t_end, t0), state, control,
                                      scheme=scheme, save_at=save_at, events=tuple(events),
                                      order=scheme.nominal_order, what=f"the {what} solution", hint=hint,
-                                     start=start, memory=_memory,  # saved states and dense records
+                                     start=start, memory=_memory, interpolant=interpolant,  # memory: saved states
                                      labels={"axes": axes, "time_axis": "time", "model_fingerprint": fingerprint})
     if k:
         solution = _grid_times(solution, t0, k, h, save_at is None or save_at.times is None)
@@ -308,6 +309,7 @@ def evolve_coefficients(field, rho0, t1, *, scheme, dt, what, axes, size: int, d
     if clock is not None:
         options["events"] = tuple(replace(e, condition=clock.condition(e.condition))
                                   for e in options.get("events", ()))
+        options["interpolant"] = clock.record  # events inside a step: where the saved states are
         if asked is not None and asked.times is not None:
             options["save_at"] = replace(asked, dense=True)  # the steps to interpolate in
     solution = evolve_on(problem, state, t1, scheme=stepper, dt=dt, what=what, start=start,

@@ -115,7 +115,7 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
               events=(), weights=None, order: float | None = None, what: str = "the state",
               layered: bool = False, checkpoint: bool = False, save_every: int = 1, out=None,
               on_save=None, hint: str = "or the parameters too large", start=None,
-              labels=None, groups=None, memory=None) -> Solution:
+              labels=None, groups=None, memory=None, interpolant=None) -> Solution:
     r"""Integrate ``u0`` over ``problem``'s segments with fixed or controlled steps.
 
     Parameters
@@ -162,6 +162,8 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
     memory : module, optional
         :mod:`ctformer.discretizations.memory`: refuse the states ``save_at`` keeps beyond its
         budget (twice their bytes, with ``Solution.states`` stacked from them). None: no check.
+    interpolant : callable, optional
+        ``interpolant(record)``: the dense output events are located on (default the record's own).
 
     Returns
     -------
@@ -194,7 +196,7 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
     # a restart continues a saved solve: no occurrence at its start, the counts go on
     tracker = Tracker(events, getattr(start, "events_before", None), restart=start is not None)
     run = _Run(problem, scheme, saver, counter, tracker, what, layered, hint)
-    run.labels = dict(labels or {})
+    run.labels, run.interpolant = dict(labels or {}), interpolant
     try:
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported by checks
             if controlled:
@@ -235,7 +237,8 @@ class _Run:
     def _check_events(self, record: StepRecord, t_new, u_new) -> bool:
         """Record occurrences in the step just accepted; True when a terminal one ends the solve."""
         # the record's problem is the counted one: its slopes are counted once, there
-        return self.tracker.step(record, t_new, u_new, None)
+        dense = record if self.interpolant is None else self.interpolant(record)
+        return self.tracker.step(dense, t_new, u_new, None)
 
     def _stop_at_event(self, record):
         """A terminal event inside ``record``'s step ends the solve at the event depth."""

@@ -7,7 +7,11 @@ step size the controller proposed there and the error of that step (the PI term)
 controlled :class:`~ctformer.Solution` keeps in ``stats["step_sizes"]`` and
 ``stats["step_errors"]`` (one entry per accepted step, beside ``stats["step_times"]``) and
 :func:`ctformer.labelled.to_netcdf` writes with it. The first stage :math:`F(u)` is recomputed,
-which gives the bits the first-same-as-last stage had. A solve that a terminal event stopped
+which gives the bits the first-same-as-last stage had. A controlled solve that saved only its
+initial state at :math:`t = 0` (``SaveAt(layers=True)``, stopped inside the first layer)
+restarts there as a new solve: the controller chooses the first step as the saved solve did.
+A fixed-step restart continues with the saved solve's step (``dt``, ``steps_per_layer``:
+another one is refused). A solve that a terminal event stopped
 ends inside a step, where the uninterrupted solve has no step end: it is not restarted. Events
 go on as in the uninterrupted solve: a zero of a condition at the restart depth is not a new
 occurrence, and ``terminal=n`` counts the occurrences the saved solve found up to that depth
@@ -109,6 +113,9 @@ def restart_point(initial, *, controlled: bool, boundaries) -> RestartPoint:
     if stopped:
         _refuse_stop(t0)
     hits = np.flatnonzero(step_times == t0)
+    if hits.size == 0 and t0 == 0.0 and len(times) == 1:
+        # only the initial state was saved (stopped inside the first segment): a fresh start
+        return RestartPoint(t0, u0, scheme=scheme, events_before=before)
     if hits.size == 0:
         raise ValueError(f"initial: the last saved depth t={t0!r} is not the end of an accepted "
                          f"step (an interpolated SaveAt time); save with SaveAt(steps=True) or "

@@ -5,8 +5,10 @@ control. :func:`recorded` reads what a :class:`~ctformer.Solution` (or its file)
 computation: the scheme, the tolerances and error norm of a controlled solve and the
 controller's settings that choose its step sizes (:data:`CONTROL`), each discretization by its
 ``repr``, the reference length :math:`L` of positions (``context_length``), and a fingerprint
-of the model; :func:`refuse_another` compares them with the
-continued solve and names every difference.
+of the model, and the step of a fixed-step solve (``dt``: the step :math:`h` of particles and
+mean fields; ``steps_per_layer``: a model's), read from its step statistics as
+:math:`(t_{\rm last} - t_0)/n` over its :math:`n` steps; :func:`refuse_another` compares them with
+the continued solve and names every difference.
 
 A particle system or mean field has no parameters of a model: its fingerprint
 (:func:`system_fingerprint`) digests every public attribute (beta, the head matrices, masks,
@@ -31,7 +33,7 @@ import numpy as np
 from ..backend import to_host
 
 __all__ = ["model_fingerprint", "system_fingerprint", "mask_digest", "recorded", "refuse_another", "computation",
-           "CONTROL", "control_settings"]
+           "CONTROL", "control_settings", "fixed_step"]
 
 #: The :class:`~ctformer.solvers.PIController` settings besides the tolerances that choose the
 #: step sizes (``dt0`` does not: a restart takes its first step from the saved solve; nor do
@@ -142,30 +144,58 @@ def _length(value):
     return repr(float(values[0])) if np.ndim(value) == 0 else repr(tuple(float(v) for v in values))
 
 
+def fixed_step(accepted, step_times, t0):
+    r"""The step :math:`h = (t_{\rm last} - t_0)/n` of a fixed-step solve that took ``accepted``
+    (:math:`n`) steps from ``t0`` to the last entry of ``step_times``; None when one of them is
+    missing (a file written before ``t0`` was recorded) or no step was taken."""
+    if accepted is None or step_times is None or t0 is None:
+        return None
+    times = np.asarray(step_times, dtype=np.float64).reshape(-1)
+    n = int(np.asarray(accepted).reshape(-1)[0])
+    if n < 1 or times.size == 0:
+        return None
+    return (float(times[-1]) - float(t0)) / n
+
+
+def _step_entry(h, layered: bool) -> dict:
+    """``{"steps_per_layer": k}`` (a model: layers of length 1) or ``{"dt": "h"}`` (12 digits:
+    the same step written as t1/steps for another t1 differs in its last bit only)."""
+    if h is None or not h > 0:
+        return {}
+    return {"steps_per_layer": round(1.0 / h)} if layered else {"dt": f"{h:.12g}"}
+
+
 def recorded(initial) -> dict:
-    """What ``initial`` (a Solution, a saved result or its attributes) says about its solve:
+    """What ``initial`` (a Solution or a saved result) says about its solve:
     ``rtol``, ``atol``, ``norm``, the :data:`CONTROL` settings, the discretizations' reprs,
-    the ``context_length`` of positions, ``model_fingerprint`` and ``padding_mask``, the keys it
-    has."""
+    the ``context_length`` of positions, ``model_fingerprint`` and ``padding_mask``, and for
+    fixed steps ``dt`` or ``steps_per_layer`` (:func:`fixed_step`), the keys it has."""
     attrs = getattr(initial, "attrs", None)
     if isinstance(attrs, dict):  # a file's attributes
         found = {key: attrs.get(key) for key in ("rtol", "atol", "norm", *_IDENTITY, *_GRID_NAMES)}
         found["context_length"] = _length(attrs.get("context_length"))
         found.update(attrs.get("control") or {})  # written as control_json, read back parsed
+        h = fixed_step(attrs.get("stats_accepted"), getattr(initial, "arrays", {}).get("step_times"),
+                       attrs.get("t0"))
     else:
         grids = getattr(initial, "grids", None)
         found = {key: getattr(initial, key, None) for key in ("rtol", "atol", "norm", *_IDENTITY)}
         found.update({key: None if grids is None else repr(getattr(grids, key)) for key in _GRID_NAMES})
         found["context_length"] = None if grids is None else _length(grids.context_length)
         found.update(getattr(initial, "control", None) or {})
+        stats = getattr(initial, "stats", None) or {}
+        h = fixed_step(stats.get("accepted"), stats.get("step_times"), getattr(initial, "t0", None))
+    if found.get("rtol") is None:  # fixed steps: the step is part of the computation
+        found.update(_step_entry(h, found.get("tokens") is not None))
     return {key: value for key, value in found.items() if value is not None}
 
 
 def computation(fingerprint, control, grids=None) -> dict:
     """What a solve is, in the terms of :func:`recorded`: the fingerprint of its model or
     system, the discretizations' reprs (``grids``, a model's solve), and the tolerances, norm
-    and :data:`CONTROL` settings of a :class:`~ctformer.solvers.PIController` ``control``
-    (anything else: fixed steps)."""
+    and :data:`CONTROL` settings of a :class:`~ctformer.solvers.PIController` ``control``;
+    fixed steps: ``steps_per_layer`` (``control`` an int, a model's solve) or ``dt`` (``control``
+    a pair ``(steps, h)``)."""
     from .controller import PIController
 
     now = {"model_fingerprint": fingerprint}
@@ -177,6 +207,10 @@ def computation(fingerprint, control, grids=None) -> dict:
         now.update(rtol=control.rtol, atol=control.atol, norm=control.norm, **control_settings(control))
     else:
         now["rtol"] = "none (fixed steps)"
+        if grids is not None:  # a model: steps per layer
+            now["steps_per_layer"] = int(control)
+        elif isinstance(control, tuple):  # (steps, h) of particles and mean fields
+            now["dt"] = f"{float(control[1]):.12g}"
     return now
 
 
@@ -188,11 +222,14 @@ def refuse_another(saved: dict, now: dict) -> None:
         what = "; ".join(f"{key}: saved {_shown(saved[key])}, now {_shown(now[key])}" for key in differ)
         raise ValueError(f"initial belongs to another computation ({what}): a restart continues "
                          "the saved solve only with its model (or particle system, mean field), "
-                         "discretizations and control; pass those, or start a new solve from the "
-                         "state with u0=")
+                         "discretizations and control (tolerances, or the step dt or "
+                         "steps_per_layer of fixed steps); pass those, or start a new solve from "
+                         "the state with u0=")
 
 
 def _shown(value) -> str:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return repr(int(value))
     return repr(value if isinstance(value, str) else float(value))
 
 
