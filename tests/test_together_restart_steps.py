@@ -15,28 +15,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ctformer
-from ctformer import SaveAt, labelled, solvers
-from ctformer.discretizations import GaussLegendre
+from ctformer import SaveAt, solvers
 from ctformer.particles import CircleMeanField, SelfAttentionDynamics, ZonalMeanField
 
 from .conftest import require
+from .test_restart import EVERY, GRIDS, MODEL, _saved, _u0  # the same model, grids and files
 
 require("xarray")
 require("zarr")
 
-EVERY = SaveAt(steps=True)
-MODEL = ctformer.ContinuousTransformer.random_smooth(seed=0, layers=3)
-GRIDS = dict(tokens=GaussLegendre(8), features=GaussLegendre(6))
-
-
-def _u0(x, y):
-    return np.cos(3 * y + np.sin(np.pi * x))
-
-
-def _saved(solution, path):
-    labelled.to_zarr(solution, path)
-    return labelled.open_dataset(path)
 
 
 def _sphere(x):
