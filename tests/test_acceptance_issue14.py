@@ -13,6 +13,7 @@ from ctformer import ContinuousTransformer, Grids
 from ctformer.studies import smooth_initial_state
 
 from .conftest import fitted_order, require
+from .test_gradients import route_differences
 
 pytestmark = pytest.mark.torch
 
@@ -74,21 +75,7 @@ def test_adjoint_route_of_heun_and_parallel_converges_to_autograd(torch, scheme,
     they coincide exactly": for the two schemes the issue's list leaves out, the difference is
     never zero and falls at least at the scheme's order (measured 1.00 for parallel; 3.00 for
     heun, one order above its own, 2)."""
-    from ctformer.adjoint import gradient
-
-    model = ContinuousTransformer.random_smooth(seed=3, layers=1)
-    tokens, features = d.GaussLegendre(4), d.GaussLegendre(3)
-    u0 = torch.tensor(Grids(tokens, features).sample(smooth_initial_state))
-    target = torch.tensor(np.random.default_rng(0).standard_normal(tuple(u0.shape)))
-
-    def loss(u):
-        return ((u - target) ** 2).sum()
-
-    steps, differences = [2, 4, 8], []
-    for k in steps:
-        kw = dict(tokens=tokens, features=features, scheme=scheme, steps_per_layer=k)
-        autograd = gradient(model, u0, loss, route="autograd", **kw)
-        adjoint = gradient(model, u0, loss, route="adjoint", **kw)
-        differences.append(float((autograd - adjoint).abs().max() / autograd.abs().max()))
+    steps = [2, 4, 8]
+    differences = route_differences(torch, scheme, steps, layers=1, sizes=(4, 3))
     assert min(differences) > 1e-12
     assert fitted_order([1.0 / k for k in steps], differences) > low - 0.2, differences
