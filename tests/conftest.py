@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import textwrap
 
 # Tests run in parallel workers (pytest -n 2 on 2 cores): one BLAS/OpenMP thread per worker.
 # torch's thread pool and NumPy's BLAS otherwise oversubscribe the cores (10-20x slowdowns).
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+
+# A suite started in the background of a non-interactive shell inherits SIGINT ignored, and
+# Python then installs no handler: the Ctrl-C tests need Python's own here, and the processes
+# they start get the default (an ignored signal stays ignored across exec, a handler does not).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import numpy as np
 import pytest

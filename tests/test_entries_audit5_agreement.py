@@ -83,13 +83,18 @@ def test_padded_sequence_under_error_control_is_the_sequence_alone():
     x = _start()
     alone = MODEL.evolve(x[:5], tokens=Midpoint(5), features=Midpoint(D), **TOLERANCES)
     mask = np.arange(N) < 5
+    finals = []
     for scale in (0.1, 30.0):   # the padding's values must not steer the steps
         padded = x.copy()
         padded[5:] = scale * _start((2, D), seed=1)
         sol = MODEL.evolve(padded, **GRIDS, padding_mask=mask, **TOLERANCES)
         # before: 11 steps instead of 6 with padding of size 0.1, 3.5e-11 from the sequence alone
         assert sol.stats["accepted"] == alone.stats["accepted"] == 6
-        assert np.array_equal(sol.final[:5], alone.final)
+        # products of 7 and of 5 rows may round differently (the same bits on an AVX-512
+        # OpenBLAS kernel, 1.3e-15 apart on its Haswell kernel, AMD EPYC family 25 model 1)
+        assert np.abs(sol.final[:5] - alone.final).max() <= 1e-14 * np.abs(alone.final).max()
+        finals.append(sol.final[:5])
+    assert np.array_equal(*finals)  # the padded values themselves never reach a real token
     assert np.abs(alone.final - MODEL.evolve(x[:5], tokens=Midpoint(5), features=Midpoint(D),
                                              scheme="rk4", steps_per_layer=400).final).max() < 1e-9
 

@@ -135,10 +135,21 @@ def test_an_interrupt_while_the_blas_limit_is_taken_gives_the_counts_back(monkey
     """A KeyboardInterrupt inside the shared one-thread limit's entry (a signal handler's, at
     the call that sets a count) left every BLAS library on one thread for the rest of the
     process, and its count forgotten (2 threads became 1; or the limit counted as held)."""
-    counts = _blas_counts()
-    if all(c == 1 for c in counts):
+    before = _blas_counts()
+    if all(c == 1 for c in before):
         blas_limits._set_threads(blas_limits._blas_libraries()[0], 2)
-        counts = _blas_counts()
+    try:
+        _interrupted_limit_gives_the_counts_back(monkeypatch)
+    finally:
+        # the suite's one BLAS thread back: later tests in this process would otherwise
+        # multiply on two OpenBLAS threads, which round some products differently from one
+        # thread on its Haswell kernel (AMD EPYC, family 25 model 1)
+        for library, count in zip(blas_limits._blas_libraries(), before):
+            blas_limits._set_threads(library, count)
+
+
+def _interrupted_limit_gives_the_counts_back(monkeypatch):
+    counts = _blas_counts()
     real = blas_limits._set_threads
 
     def interrupted(library, count):

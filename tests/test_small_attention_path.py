@@ -199,8 +199,10 @@ def test_many_heads_on_one_thread_take_fewer_tasks_with_the_same_bits(monkeypatc
     assert len(calls) == 8
     calls.clear()
     alone = []
-    threads.run_workers(lambda next_task: [alone.append(streamed.small_blocks(qs, k, v, None, False, None, (b, h)))
-                                           for _ in iter(next_task, None)], [0], 2)
+    # a group's task, as sequence groups run it: one BLAS thread (a threaded OpenBLAS product
+    # rounds differently from a one-thread one on its Haswell kernel, AMD EPYC family 25 model 1)
+    threads.run_blas_tasks(lambda next_task: [alone.append(streamed.small_blocks(qs, k, v, None, False, None, (b, h)))
+                                              for _ in iter(next_task, None)], [0], True)
     assert calls == [(2, 12), (2, 12)]
     np.testing.assert_array_equal(alone[0], passes)
     s = qs.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2)
