@@ -72,7 +72,7 @@ _TIMED_SHAPES = ((16, 384, 1152), (16, 1536, 384), (16, 384, 384))
 # the tiles' widths (four rows by this many columns) and their kernels: one thread, column blocks
 _TILES = {4: "columns", 3: "columns3"}
 CHECKED = (f"{_INVARIANCE_SHAPES!r} against the rows' own product, on the library's threads; "
-           f"tiles of 4 rows by {tuple(_TILES)} columns")
+           f"tiles of 4 rows by {tuple(_TILES)} columns, timed before the product")
 _MARGIN = 0.92
 
 
@@ -173,9 +173,9 @@ def measure(dtype, best, peer=None, threads: int = 1) -> dict:
     threads, as :class:`FewRowsMatrix` runs them), takes less than ``_MARGIN`` of the time of
     ``peer(a, b, out)`` (the product the rows get otherwise, on as many threads; default
     NumPy's) at ``_TIMED_SHAPES``; else ``"numpy"`` with the reason. Times are compared by the
-    geometric mean of the shapes' ratios, ``best(call)`` a call's best time; at each shape the
-    tiles are timed in the order of ``_TILES``, then the peer. The tile of four columns, the
-    first, is kept unless the other takes less than ``_MARGIN`` of its time.
+    geometric mean of the shapes' ratios, ``best(call)`` a call's best time; the tiles are timed
+    at every shape (in the order of ``_TILES``) before the peer at any. The tile of four
+    columns, the first, is kept unless the other takes less than ``_MARGIN`` of its time.
 
     Timed on the threads the products run on, not on one: at 16 rows OpenBLAS's second thread
     gained 1.08x and the kernel's 1.6-1.9x (AMD EPYC, family 23 model 49), so one thread each
@@ -198,17 +198,20 @@ def measure(dtype, best, peer=None, threads: int = 1) -> dict:
                 if ran and not np.array_equal(one, blocks):
                     return {"provider": "numpy", "reason": f"column blocks round differently at {(m, k, n)}"}
     times = {tile: [] for tile in _TILES}
-    peer_times = []
+    operands = [(rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((n, k)).astype(dtype),
+                 np.empty((m, n), dtype), np.zeros(n, dtype)) for m, k, n in _TIMED_SHAPES]
     limiter = single_thread_blas() if threads <= 1 else None
     with limiter if limiter is not None else nullcontext():
-        for m, k, n in _TIMED_SHAPES:
-            a, w = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((n, k)).astype(dtype)
-            out, zero, w_t = np.empty((m, n), dtype), np.zeros(n, dtype), w.T
+        # every shape's tiles first, the peers after them: OpenBLAS's threads spin for up to
+        # about 0.1 s after a threaded product, and the kernel's OpenMP threads timed right
+        # after one waited for the core they held (a tile timed at 11.8x its time once stored
+        # "numpy" where the kernel takes 0.70 of its time; AMD EPYC, family 25 model 1)
+        for a, w, out, zero in operands:
             for tile in _TILES:
                 if _product(kernels, tile, a, w, zero, out, threads) is None:
                     return {"provider": "numpy", "reason": f"no OpenMP threads here for {threads} threads"}
                 times[tile].append(best(lambda tile=tile: _product(kernels, tile, a, w, zero, out, threads)))
-            peer_times.append(best(lambda: peer(a, w_t, out)))
+        peer_times = [best(lambda: peer(a, w.T, out)) for a, w, out, _ in operands]
     tiles = {tile: _geometric_mean(np.divide(t, peer_times)) for tile, t in times.items()}
     columns = min(tiles, key=tiles.get)
     if tiles[columns] >= _MARGIN * tiles[4]:
