@@ -139,6 +139,46 @@ def test_model_floor_counts_the_calling_threads_feature_products():
     assert (gemm.numpy_rows, few_rows.FewRowsMatrix.__call__, packed.PackedMatrix.__call__) == library
 
 
+def test_peer_share_counts_huggingfaces_own_products():
+    """benchmarks/model.py's ``HF mm``: the share of a HuggingFace call spent in its ``Linear``
+    and GPT-2 ``Conv1D`` modules, timed by forward hooks. A call of nothing but products is
+    almost all product, a product beside a pause of the same length about half, a call with
+    none counts none; the hooks are gone afterwards."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers.pytorch_utils import Conv1D
+
+    model = benchmark_module("model")
+
+    class Pause(torch.nn.Module):
+        def __init__(self, seconds):
+            super().__init__()
+            self.seconds = seconds
+
+        def forward(self, x):
+            time.sleep(self.seconds)
+            return x
+
+    x = torch.ones(600, 600, dtype=torch.float64)
+
+    def timed_call(module):
+        def call():
+            with torch.no_grad():
+                return module(x)
+        call.module = module
+        return call
+
+    products = torch.nn.Sequential(torch.nn.Linear(600, 600).double(), Conv1D(600, 600).double())
+    assert 0.9 < model.peer_product_share(timed_call(products)) <= 1.0
+    start = time.perf_counter()
+    products(x)
+    alone = time.perf_counter() - start
+    half = model.peer_product_share(timed_call(torch.nn.Sequential(products, Pause(alone))))
+    assert 0.25 < half < 0.75
+    assert model.peer_product_share(timed_call(Pause(0.01))) == 0.0
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in products.modules())
+
+
 def test_emulated_avx2_holds_every_library_to_avx2(env, monkeypatch):
     """``--emulate avx2``: a process started with ``emulation_env("avx2")`` runs OpenBLAS's
     Haswell kernel, torch's AVX2 kernels, Numba's Haswell target and NumPy without its AVX-512
