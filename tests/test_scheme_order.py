@@ -83,3 +83,28 @@ def test_a_scheme_declaring_the_old_order_attribute_is_refused_at_definition():
 
             def step(self, problem, u, dt):
                 return u
+
+
+@pytest.mark.parametrize("compare", [lambda o: o == 2, lambda o: 4.0 == o, lambda o: o != 4,
+                                     lambda o: o >= 2, lambda o: float(o)])
+def test_comparing_the_order_method_with_a_number_is_refused(compare):
+    # 0.1 code read the attribute: `scheme.order == 2` compared a bound method and was False
+    rk4 = solvers.get("rk4")
+    with pytest.raises(TypeError, match=r"RK4\.order is a method .*RK4\.order\(problem\).*"
+                                        r"RK4\.nominal_order"):
+        compare(rk4.order)
+    # still a method: called, compared with itself, and a subclass's own order() is wrapped
+    assert rk4.order() == 4.0 and rk4.order == rk4.order and rk4.order != solvers.get("rk4").order
+
+    class _Third(solvers.Scheme):
+        name, nominal_order = "third", 3.0
+
+        def step(self, problem, u, dt):
+            return u
+
+        def order(self, problem=None):
+            return 3.0
+
+    with pytest.raises(TypeError, match=r"_Third\.order is a method"):
+        _Third().order == 3  # noqa: B015
+    assert _Third().order() == 3.0 and solvers.Scheme.order(_Third()) == 3.0

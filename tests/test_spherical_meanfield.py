@@ -217,6 +217,18 @@ def test_labelled_datasets_round_trip(tmp_path):
     assert list(stored.l.values[:8]) == [0, 1, 2, 3, 4, 5, 6, 1] and list(stored.m.values[6:8]) == [0, 1]
 
 
+def test_result_files_record_the_field():
+    """A solve's file says which field made it: beta, noise and normalized, as the field has them
+    (once left out, so a file could not tell two fields' densities apart)."""
+    require("xarray")
+    zonal = ZonalMeanField(2.5, 4, 6, noise=0.125, normalized=False).solve(np.exp, 0.02, 0.005)
+    sphere = SphericalMeanField(-1.5, 4, noise=0.0625).solve(lambda x: np.exp(x[..., 0]), 0.1, 0.05)
+    for solution, expected in ((zonal, (2.5, 0.125, 0)), (sphere, (-1.5, 0.0625, 1))):
+        attrs = solution.to_xarray().attrs
+        assert (attrs["beta"], attrs["noise"], attrs["normalized"]) == expected
+        assert (solution.beta, solution.noise) == expected[:2]
+
+
 def test_evolve_matches_solve():
     """S^2 with noise: evolve at rtol 1e-9 equals a fine RK4 solve to 1e-11."""
     mf = SphericalMeanField(2.0, 8, noise=0.1)

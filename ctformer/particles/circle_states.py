@@ -69,6 +69,9 @@ class MeanFieldSolution(LabelledResult):
         The inverse temperature :math:`\beta` of the field that solved it (None: not recorded).
     normalized : bool or None
         Whether that field was normalized (None: not recorded).
+    noise : float or None
+        The noise :math:`\nu` of that field, on the sphere (:class:`~ctformer.particles.ZonalSolution`,
+        :class:`~ctformer.particles.SphericalSolution`); None on the circle, which has none.
     """
 
     times: np.ndarray
@@ -79,6 +82,7 @@ class MeanFieldSolution(LabelledResult):
     # what the field was: written to the file's attributes (a restart compares the fingerprint)
     beta: float | None = None
     normalized: bool | None = None
+    noise: float | None = None
 
     # field by field, arrays by entries (a pickled or copied solution equals its original)
     __eq__, __hash__ = same_fields, None

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..labelled_methods import PART, LabelledResult, add_extra, convert, legal_attrs
 
-__all__ = ["zonal_dataset", "spherical_dataset", "SphereLabelled"]
+__all__ = ["zonal_dataset", "spherical_dataset", "SphereLabelled", "recorded_field"]
 
 
 def _xarray():
@@ -41,6 +41,11 @@ def _attrs(kind: str, extra, **own) -> dict:
     extra = legal_attrs(extra) if extra is not None else {}
     add_extra(out, extra)
     return out
+
+
+def recorded_field(field) -> dict:
+    """What a solution records of the mean field that solved it: ``beta``, ``normalized``, ``noise``."""
+    return {"beta": float(field.beta), "normalized": bool(field.normalized), "noise": float(field.noise)}
 
 
 def _field(solution) -> dict:

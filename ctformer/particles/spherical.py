@@ -45,7 +45,7 @@ from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning, ci
 from .particle_checks import _FixedSystem
 from .zonal import _finite_energy, noise_bound, noise_clause
 from .lawson import lawson_scheme
-from .sphere_labelled import SphereLabelled, spherical_dataset
+from .sphere_labelled import SphereLabelled, recorded_field, spherical_dataset
 from .sphere_basis import (check_beta, check_noise, check_size, gradient_multipliers, kernel_energy, kernel_multipliers,
                            linear_growth_rate)
 from .timegrid import check_memory, evolve_coefficients, march, saved_count, time_steps
@@ -335,4 +335,4 @@ class SphericalMeanField(_FixedSystem):
         alm = states[:, : self.l.shape[0]]
         density = np.stack([self.synthesis(a) for a in alm]) if len(alm) else np.empty((0,) + self.weights.shape)
         return SphericalSolution(times=np.asarray(times), grid=self.grid, density=density, coefficients=alm,
-                                 weights=self.weights.copy())
+                                 weights=self.weights.copy(), **recorded_field(self))

@@ -60,7 +60,7 @@ from ..backend import to_host
 from ..validation import boolean, integer
 from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning, circle_bytes
 from .particle_checks import _FixedSystem
-from .sphere_labelled import SphereLabelled, zonal_dataset
+from .sphere_labelled import SphereLabelled, recorded_field, zonal_dataset
 from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, check_size, gradient_multipliers,
                            kernel_energy, kernel_multipliers,
                            laplace_eigenvalues, linear_growth_rate, log_sphere_area, sphere_area)
@@ -405,6 +405,6 @@ class ZonalMeanField(_FixedSystem):
         return False
 
     def _solution(self, times, states):
-        c = states[:, : self.degree + 1]
-        return ZonalSolution(times=np.asarray(times), grid=self.grid.copy(), density=c @ self.basis.values.T,
-                             coefficients=c, weights=self.basis.weights.copy(), dimension=self.dimension)
+        c, basis = states[:, : self.degree + 1], self.basis
+        return ZonalSolution(times=np.asarray(times), grid=self.grid.copy(), density=c @ basis.values.T, coefficients=c,
+                             weights=basis.weights.copy(), dimension=self.dimension, **recorded_field(self))

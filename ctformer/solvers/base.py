@@ -204,6 +204,68 @@ def projects(problem) -> bool:
                     f"list or tuple of them, got {type(problem).__name__}")
 
 
+class _OrderMethod:
+    """:meth:`Scheme.order` as a method that refuses to be compared with a number.
+
+    Schemes of ctformer 0.1 had an attribute ``order = p``; code written then, such as
+    ``scheme.order == 2``, would compare a bound method with a number and quietly be
+    ``False``. Read on a scheme, this descriptor gives a :class:`_BoundOrder`, which is called
+    like the method and raises a ``TypeError`` naming the remedy when compared with a number.
+    Read on the class it is the plain function (what documentation tools inspect).
+    """
+
+    def __init__(self, func):
+        self.__func__ = func
+        self.__doc__ = func.__doc__
+        self.__wrapped__ = func
+
+    def __get__(self, scheme, owner=None):
+        return self.__func__ if scheme is None else _BoundOrder(self.__func__, scheme)
+
+
+class _BoundOrder:
+    """``scheme.order``: call it (``scheme.order(problem)``); comparing it with a number raises."""
+
+    __slots__ = ("__func__", "__self__")
+
+    def __init__(self, func, scheme):
+        self.__func__, self.__self__ = func, scheme
+
+    def __call__(self, problem=None) -> float:
+        return self.__func__(self.__self__, problem)
+
+    def _refuse(self, other):
+        if is_real(other):
+            name = type(self.__self__).__name__
+            raise TypeError(f"{name}.order is a method (since ctformer 0.2), not a number: compare "
+                            f"{name}.order(problem) (the order on that problem) or "
+                            f"{name}.nominal_order (on problems whose projections are the identity) "
+                            f"with {other!r}")
+        return NotImplemented
+
+    def __eq__(self, other):
+        if isinstance(other, _BoundOrder):
+            return self.__func__ is other.__func__ and self.__self__ is other.__self__
+        return self._refuse(other)
+
+    def __ne__(self, other):
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __lt__ = __le__ = __gt__ = __ge__ = _refuse
+
+    def __float__(self):
+        name = type(self.__self__).__name__
+        raise TypeError(f"{name}.order is a method (since ctformer 0.2), not a number: call "
+                        f"{name}.order(problem), or read {name}.nominal_order")
+
+    def __hash__(self):
+        return hash((self.__func__, id(self.__self__)))
+
+    def __repr__(self):
+        return f"<bound method order of {self.__self__!r}>"
+
+
 class Scheme(abc.ABC):
     r"""One step ``u -> u(t + dt)`` of a :class:`SplitProblem`; :meth:`order` is its order in dt.
 
@@ -228,6 +290,8 @@ class Scheme(abc.ABC):
             raise TypeError(f"{cls.__name__} sets order = {vars(cls)['order']!r}; declare "
                             f"nominal_order = {vars(cls)['order']!r} instead (order(problem) is a "
                             f"method since ctformer 0.2)")
+        if callable(vars(cls).get("order")) and not isinstance(vars(cls)["order"], _OrderMethod):
+            cls.order = _OrderMethod(vars(cls)["order"])
 
     @abc.abstractmethod
     def step(self, problem: SplitProblem, u, dt: float):
@@ -256,6 +320,8 @@ class Scheme(abc.ABC):
         """
         nominal = float(self.nominal_order)
         return min(1.0, nominal) if projects(problem) else nominal
+
+    order = _OrderMethod(order)
 
     @property
     def label(self) -> str:
