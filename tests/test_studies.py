@@ -345,6 +345,37 @@ def test_executors_give_the_same_table(exact_model):
         convergence(locked, executor=pool, **STUDY)
 
 
+FORKED_AFTER_TORCH = textwrap.dedent("""
+    import concurrent.futures, multiprocessing
+    import numpy as np, torch
+    from ctformer.model import ContinuousTransformer
+    from ctformer.studies import convergence
+    torch.set_num_threads(2)
+    model = ContinuousTransformer.random_smooth(seed=3, layers=2)
+    u0 = torch.from_numpy(np.random.default_rng(0).standard_normal((6, 6))).float()
+    study = dict(refine="time", levels=[1, 2, 4, 8], tokens="midpoint:6", features="midpoint:6",
+                 progress=False, u0=u0)
+    here = convergence(model, **study)          # torch computes on its two threads here
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+        forked = convergence(model, executor=pool, **study)
+    print(repr([r.error for r in here.table]), "|", repr([r.error for r in forked.table]),
+          "|", torch.get_num_threads())
+""")
+
+
+def test_a_forking_pool_after_torch_computed_here_finishes_with_the_same_errors():
+    """torch's OpenMP team does not survive a fork: the cases of a torch-state study on a forking
+    process pool, after the same study here, waited for ever in their first threaded torch call.
+    A forked child now runs torch on one thread; the errors are those of the study here."""
+    require("torch")
+    proc = subprocess.run([sys.executable, "-c", FORKED_AFTER_TORCH], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    here, forked, threads = proc.stdout.strip().split("|")
+    assert eval(here) == eval(forked) and eval(here)[0] > 1e-4
+    assert int(threads) == 2   # the parent keeps its own count
+
+
 def test_dask_local_cluster_matches_in_process():
     distributed = require("distributed")
     from ctformer.model import ContinuousTransformer

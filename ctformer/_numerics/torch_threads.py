@@ -128,12 +128,13 @@ class _torch_threads:
     """torch on ``count`` threads on this thread for the block (OpenMP's setting is per thread,
     so other threads keep theirs). The caller's thread gets its count back after the block;
     the library's own pool threads keep one thread (they never need more, and a count above
-    one would give each of them an OpenMP team of its own)."""
+    one would give each of them an OpenMP team of its own). In a forked child of a process
+    that had imported torch, one thread whatever ``count`` (:func:`_one_thread_after_fork`)."""
 
     __slots__ = ("torch", "count", "before")
 
     def __init__(self, torch, count=1):
-        self.torch, self.count = torch, count
+        self.torch, self.count = torch, 1 if _FORKED else count
 
     def __enter__(self):
         self.before = self.torch.get_num_threads()
@@ -202,6 +203,31 @@ def installed_version(package: str) -> str | None:
     except metadata.PackageNotFoundError:
         return None
 
+
+_FORKED: list = []  # non-empty in a process forked from one that had imported torch
+
+
+def _one_thread_after_fork() -> None:
+    """In a forked child, torch on one thread from the start.
+
+    torch's OpenMP team does not survive a fork: a child of a process that had computed with
+    torch on several threads waited for ever in its first threaded torch call (a study's cases
+    on a forking ``ProcessPoolExecutor``, torch states). On one thread torch never enters that
+    team (as its own data loader's workers do). The bits do not change where ctformer chose the
+    threads: its worker tasks multiply on one thread anyway, and its threaded products only
+    where MKL's strict mode gives every thread count the same bits (:func:`threaded_products`).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or getattr(torch, "set_num_threads", None) is None:  # not (fully) imported
+        return
+    _FORKED.append(True)
+    if _DEFAULT:
+        _DEFAULT[:] = [1]
+    torch.set_num_threads(1)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_one_thread_after_fork)
 
 if getattr(sys.modules.get("torch"), "backends", None) is not None:  # imported after torch:
     _strict_mkl(sys.modules["torch"])  # ask while MKL may not have computed yet
