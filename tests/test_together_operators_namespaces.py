@@ -232,3 +232,20 @@ def test_a_learnable_scalar_temperature_keeps_its_gradient(mask):
     assert (out - ref).abs().max().item() < 1e-14
     assert beta.grad is not None
     assert abs(beta.grad.item() - ref_beta.grad.item()) < 1e-13 * abs(ref_beta.grad.item())
+
+
+@pytest.mark.parametrize("check", [True, False])
+@pytest.mark.parametrize("name", ["beta", "weights"])
+def test_a_learnable_tensor_beside_numpy_inputs_is_refused_checked_or_not(check, name):
+    # unchecked, its NumPy copy had cut it from autograd silently: a result, and grad None
+    q = np.random.default_rng(4).standard_normal((2, 5, 3))
+    learnable = torch.tensor(0.7 if name == "beta" else [1.0] * 5, dtype=torch.float64, requires_grad=True)
+    args = dict(beta=learnable, weights=None) if name == "beta" else dict(beta=0.7, weights=learnable)
+    with pytest.raises(TypeError, match="requires grad beside NumPy inputs.*pass q, k and v as torch tensors"):
+        quadrature_attention(q, q, q, check=check, **args)
+    # detached, it is an ordinary array: softmax(0.7 q q^T) q
+    detached = {key: (value.detach() if key == name else value) for key, value in args.items()}
+    s = 0.7 * q @ q.swapaxes(-1, -2)
+    ref = np.exp(s - s.max(-1, keepdims=True))
+    ref = ref / ref.sum(-1, keepdims=True) @ q
+    assert np.max(np.abs(quadrature_attention(q, q, q, check=check, **detached) - ref)) < 1e-14

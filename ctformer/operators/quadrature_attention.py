@@ -84,7 +84,8 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
         ``weights`` are brought to the inputs' dtype, as with ``check=True``: a NumPy float64
         ``beta`` leaves float32 inputs float32; ``beta``, ``weights`` and a mask given as
         NumPy arrays or lists beside tensors (or as tensors beside NumPy inputs) are
-        converted to the inputs' kind and device first.
+        converted to the inputs' kind and device first; a tensor that requires grad beside
+        NumPy inputs is refused (no gradient would flow), checked or not.
 
     Returns
     -------
@@ -176,7 +177,7 @@ def quadrature_attention(q, k, v, *, beta, weights=None, mask=None, diagonal="fu
         return in_float32(quadrature_attention, q, k, v, beta=beta, weights=weights, mask=mask,
                           diagonal=diagonal, chunk=chunk, check=check)
     if not check:
-        beta, weights, mask = _beside(q, beta), _beside(q, weights), _beside(q, mask)
+        beta, weights, mask = _beside(q, beta, "beta"), _beside(q, weights, "weights"), _beside(q, mask, "mask")
         return _dense.attend_trusted(q, k, v, beta, weights, mask, diagonal, chunk)
     xp, q, k, v, beta, log_w, keep, diag_shift, lead, amax = _validate(q, k, v, beta, weights, mask, diagonal)
     if chunk is not None:
@@ -207,14 +208,19 @@ def in_float32(attend, q, k, v, *args, **options):
     return xp.astype(out, q.dtype)
 
 
-def _beside(q, a):
-    """``a`` (a beta, weights or a mask of an unchecked call) as an array of ``q``'s kind and
-    device: NumPy arrays or lists beside tensors (and tensors beside NumPy) had failed inside
-    the kernels (``'numpy.ndarray' object has no attribute 'to'``). Numbers, strings, None and
-    arrays of ``q``'s type pass as they are (the hot path of a solve)."""
+def _beside(q, a, name):
+    """``a`` (a beta, weights or a mask of an unchecked call, named ``name``) as an array of
+    ``q``'s kind and device: NumPy arrays or lists beside tensors (and tensors beside NumPy) had
+    failed inside the kernels (``'numpy.ndarray' object has no attribute 'to'``). Numbers,
+    strings, None and arrays of ``q``'s type pass as they are (the hot path of a solve). A
+    tensor that requires grad beside NumPy inputs is refused, as with ``check=True``: its
+    NumPy copy had silently cut it from autograd."""
     if a is None or type(a) is type(q) or isinstance(a, (str, int, float)):
         return a
     if type(q) is np.ndarray:
+        if getattr(a, "requires_grad", False):
+            raise TypeError(f"{name} is a torch tensor that requires grad beside NumPy inputs, through "
+                            "which no gradient flows: pass q, k and v as torch tensors, or detach it")
         return to_host(a)
     if isinstance(a, (list, tuple)):
         a = np.asarray(a)  # Python floats are float64 (torch's asarray would read them as float32)
