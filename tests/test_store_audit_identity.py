@@ -106,6 +106,24 @@ def test_another_library_version_recomputes(tmp_path, monkeypatch):
     assert len(list(tmp_path.glob("*.json"))) == 6
 
 
+def test_another_librarys_function_is_its_home_and_release(tmp_path, monkeypatch):
+    """A SciPy ufunc as the activation: identified as ``scipy.special.erf`` of SciPy's installed
+    version (a ufunc names no module: it read as ``numpy.erf``, and a SciPy upgrade that changed
+    it reused the old cases). Another SciPy release recomputes: 3 cases became 6."""
+    scipy = require("scipy")
+    from scipy.special import erf
+
+    assert describe(erf) == {"function": "scipy.special.erf", "release": scipy.__version__}
+    assert describe(np.tanh) == {"function": "numpy.tanh", "release": np.__version__}
+    assert "release" not in describe(sorted) and "release" not in describe(smooth_initial_state)
+    model = ContinuousTransformer.random_smooth(seed=1, layers=1, activation=erf)
+    convergence(model, store=tmp_path, **TOKENS)
+    monkeypatch.setattr(scipy, "__version__", scipy.__version__ + ".post1")
+    stored = convergence(model, store=tmp_path, **TOKENS)
+    assert _errors(stored) == _errors(convergence(model, **TOKENS))
+    assert len(list(tmp_path.glob("*.json"))) == 6
+
+
 @pytest.mark.torch
 def test_a_torch_state_does_not_reuse_the_numpy_cases(tmp_path):
     """The same float64 values as a torch tensor compute in torch (other roundings: the errors

@@ -8,8 +8,9 @@ key is a SHA-256 hash of
   records every option (placements, activations, inverse temperatures, masks, eps), every
   array by its bytes (and, for a torch or CuPy array, its library, device and own dtype),
   every number exactly (a 0-d array as its number), every module-level function or class by
-  its qualified name (one of the user's own code also by its bytecode, defaults and the
-  module-level values it names, a class by its body), a ``functools.partial`` by its
+  its qualified name (one of another installed library also by that library's version, one
+  of the user's own code by its bytecode, defaults and the module-level values it names, a
+  class by its body), a ``functools.partial`` by its
   function, arguments and keywords, a bound method by its function and its instance, and any
   other object by what pickle keeps of it (class, constructor arguments, full state);
 * each discretization (name, n, domain), the scheme and its full state (not its ``repr``),
@@ -84,9 +85,14 @@ def _describe_function(obj, path: str, stack: set):
     name = getattr(obj, "__qualname__", getattr(obj, "__name__", ""))
     if "<lambda>" in name or "<locals>" in name:
         raise _Unhashable(f"{path} is a lambda or a local function ({name})")
-    described = {"function": f"{getattr(obj, '__module__', None) or type(obj).__module__}.{name}"}
-    if id(obj) in stack or _installed(obj):  # a recursion, or fixed by the installed version
+    module = _ufunc_home(obj) if isinstance(obj, np.ufunc) else \
+        getattr(obj, "__module__", None) or type(obj).__module__
+    described = {"function": f"{module}.{name}"}
+    if id(obj) in stack:  # a recursion
         return described
+    if _installed(obj):  # fixed by the installed version: another library's is in the key
+        release = _release(module)
+        return described if release is None else {**described, "release": release}
     stack = stack | {id(obj)}
     if isinstance(obj, types.FunctionType):
         described.update(code=_describe_code(obj.__code__, path, stack),
@@ -110,6 +116,37 @@ def _installed(obj) -> bool:
     if where is None:
         return not isinstance(obj, (types.FunctionType, type))
     return any(os.path.abspath(where).startswith(root + os.sep) for root in _LIBRARY_ROOTS)
+
+
+def _ufunc_home(ufunc) -> str:
+    """The module that offers ``ufunc`` under its name: a ufunc names no module (SciPy's
+    ``erf`` read as ``numpy.erf``), so the loaded public modules are searched, NumPy first."""
+    if getattr(np, ufunc.__name__, None) is ufunc:
+        return "numpy"
+    for name, module in sorted(sys.modules.items()):
+        if not any(part.startswith("_") for part in name.split(".")) and \
+                getattr(module, "__dict__", {}).get(ufunc.__name__) is ufunc:
+            return name
+    return "numpy"
+
+
+def _release(module) -> str | None:
+    """The installed version of the library that defines ``module`` (``scipy.special``: SciPy's),
+    or None for ctformer (its version is in every case key), the standard library, and a module
+    with no version to read: a library upgrade that changes what a function computes (SciPy's
+    ``erf``, torch's ``gelu``) is then another computation, not a stored result to reuse."""
+    top = str(module or "").partition(".")[0]
+    if not top or top == __name__.partition(".")[0] or top in sys.stdlib_module_names:
+        return None
+    version = getattr(sys.modules.get(top), "__version__", None)
+    if version is None:
+        from importlib import metadata
+
+        try:
+            version = metadata.version(top)
+        except (metadata.PackageNotFoundError, ValueError):
+            return None
+    return str(version)
 
 
 _LIBRARY_ROOTS = tuple(sorted({os.path.abspath(path) for key, path in sysconfig.get_paths().items()
