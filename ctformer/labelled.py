@@ -30,13 +30,14 @@ class of the result's method resolution order that has one.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from . import labelled_methods
-from .labelled_attrs import (as_json, common_attrs, convergence_to_xarray, legal_attrs, set_attr,
-                             work_precision_to_xarray)
+from . import labelled_attrs
+from .labelled_attrs import as_json, common_attrs, legal_attrs, set_attr
 from .backend import to_host
 from .solvers.restart_identity import fixed_step
 from .labelled_files import (ARRAY_ATTRS, INSTALL_HINT, PART, SavedResult, _xarray, from_xarray,
@@ -156,6 +157,22 @@ def _grid_attrs(attrs: dict, grids) -> None:
     set_attr(attrs, "context_length", grids.context_length)
 
 
+def _own_attrs_kept(converter):
+    """A converter called directly with ``attrs=`` refuses, as :func:`to_xarray` does, a name
+    that the result writes itself (before, ``solution_to_xarray(s, attrs={"rtol": 1e-3})``
+    wrote 0.001 over the solve's rtol)."""
+    @functools.wraps(converter)
+    def convert(result, *, attrs=None, **options):
+        ds = converter(result, **options)
+        labelled_methods.add_extra(ds.attrs, legal_attrs(attrs))
+        return ds
+    return convert
+
+
+convergence_to_xarray = _own_attrs_kept(labelled_attrs.convergence_to_xarray)
+work_precision_to_xarray = _own_attrs_kept(labelled_attrs.work_precision_to_xarray)
+
+
 # -- arrays ----------------------------------------------------------------------------------------
 def _host(values) -> np.ndarray:
     """A host NumPy copy of a NumPy, CuPy or torch array."""
@@ -246,6 +263,7 @@ def _feature_space(grids, n_features: int):
 
 
 # -- converters --------------------------------------------------------------------------------------
+@_own_attrs_kept
 def solution_to_xarray(solution, *, attrs=None):
     r"""A depth solve: ``state(depth, batch..., token | token_x, token_y, feature)``.
 
@@ -312,7 +330,8 @@ def _identity_attrs(solution, attrs) -> dict:
         set_attr(out, name, getattr(solution, name, None))
     if getattr(solution, "rtol", None) is None:  # fixed steps: the step (a restart compares it)
         stats = getattr(solution, "stats", None) or {}
-        h = fixed_step(stats.get("accepted"), stats.get("step_times"), getattr(solution, "t0", None))
+        h = fixed_step(stats.get("accepted"), stats.get("step_times"), getattr(solution, "t0", None),
+                       bool(getattr(solution, "event_terminal", False)))
         if h is not None and h > 0:
             set_attr(out, *(("steps_per_layer", round(1.0 / h)) if getattr(solution, "grids", None)
                             is not None else ("dt", h)))
@@ -324,6 +343,7 @@ def _identity_attrs(solution, attrs) -> dict:
     return out
 
 
+@_own_attrs_kept
 def trajectory_to_xarray(trajectory, *, attrs=None):
     """Particles: ``positions(time, batch..., particle, dimension)`` (integer coordinates)."""
     xr = _xarray()
@@ -338,6 +358,7 @@ def trajectory_to_xarray(trajectory, *, attrs=None):
                       attrs=common_attrs(trajectory, "Trajectory", attrs))
 
 
+@_own_attrs_kept
 def mean_field_to_xarray(solution, *, attrs=None):
     r"""The mean field: ``density(time, angle)``, ``coefficients(time, wavenumber, part)``.
 

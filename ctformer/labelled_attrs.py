@@ -49,8 +49,21 @@ def legal_attrs(extra) -> dict:
     """The caller's ``extra`` attributes by the rules of :func:`set_attr`."""
     out = {}
     for key, value in (extra or {}).items():
+        if str(key).endswith("_json") and isinstance(value, str) and not _parses(value):
+            # open_dataset parses every text attribute named *_json: the file would not read back
+            raise ValueError(f"attrs: {str(key)!r} ends in '_json', which marks JSON text that "
+                             f"open_dataset parses, but its value {value!r} is not JSON; give "
+                             f"another name (e.g. {str(key)[:-5]!r}), or a dict to be written as JSON")
         set_attr(out, str(key), value)
     return out
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def set_attr(attrs: dict, name: str, value) -> None:

@@ -30,6 +30,7 @@ import weakref
 
 import numpy as np
 
+from .. import labelled_methods
 from ..backend import to_host
 
 __all__ = ["model_fingerprint", "system_fingerprint", "mask_digest", "recorded", "refuse_another", "computation",
@@ -144,14 +145,20 @@ def _length(value):
     return repr(float(values[0])) if np.ndim(value) == 0 else repr(tuple(float(v) for v in values))
 
 
-def fixed_step(accepted, step_times, t0):
+def fixed_step(accepted, step_times, t0, stopped=False):
     r"""The step :math:`h = (t_{\rm last} - t_0)/n` of a fixed-step solve that took ``accepted``
     (:math:`n`) steps from ``t0`` to the last entry of ``step_times``; None when one of them is
-    missing (a file written before ``t0`` was recorded) or no step was taken."""
+    missing (a file written before ``t0`` was recorded) or no step was taken.
+
+    ``stopped``: a terminal event ended the solve, and the last entry is the event's depth inside
+    its step, not a step's end: :math:`h` is read from the :math:`n - 1` steps before it (None
+    for :math:`n = 1`)."""
     if accepted is None or step_times is None or t0 is None:
         return None
     times = np.asarray(step_times, dtype=np.float64).reshape(-1)
     n = int(np.asarray(accepted).reshape(-1)[0])
+    if stopped:  # 0.25-steps stopped at 0.6 gave 0.6 / 3 = 0.2 (steps_per_layer 5, not 4)
+        n, times = n - 1, times[:-1]
     if n < 1 or times.size == 0:
         return None
     return (float(times[-1]) - float(t0)) / n
@@ -166,17 +173,33 @@ def _step_entry(h, layered: bool) -> dict:
 
 
 def recorded(initial) -> dict:
-    """What ``initial`` (a Solution or a saved result) says about its solve:
+    """What ``initial`` (a Solution, a saved result of one or its Dataset) says about its solve:
     ``rtol``, ``atol``, ``norm``, the :data:`CONTROL` settings, the discretizations' reprs,
     the ``context_length`` of positions, ``model_fingerprint`` and ``padding_mask``, and for
-    fixed steps ``dt`` or ``steps_per_layer`` (:func:`fixed_step`), the keys it has."""
+    fixed steps ``dt`` or ``steps_per_layer`` (:func:`fixed_step`), the keys it has.
+
+    Raises
+    ------
+    TypeError
+        If ``initial`` is a saved result of another kind (a ``Trajectory`` or mean field of
+        ``solve``), which records none of these."""
+    if hasattr(initial, "attrs") and hasattr(initial, "data_vars"):
+        # an xarray Dataset: its raw attributes hold control_json, and step_times is a variable
+        initial = labelled_methods.read(initial)
     attrs = getattr(initial, "attrs", None)
+    kind = getattr(initial, "kind", "Solution") if isinstance(attrs, dict) else "Solution"
+    if kind != "Solution":  # in memory such a result is refused already (restart_point)
+        raise TypeError(f"initial is a saved {kind}, the result of solve, which records no "
+                        "fingerprint of its system, no step and no scheme: a restart from it "
+                        "could continue another computation unseen; initial must be a saved "
+                        "ctformer.Solution (the result of evolve); start a new solve from its "
+                        "last state (initial.final) instead")
     if isinstance(attrs, dict):  # a file's attributes
         found = {key: attrs.get(key) for key in ("rtol", "atol", "norm", *_IDENTITY, *_GRID_NAMES)}
         found["context_length"] = _length(attrs.get("context_length"))
         found.update(attrs.get("control") or {})  # written as control_json, read back parsed
         h = fixed_step(attrs.get("stats_accepted"), getattr(initial, "arrays", {}).get("step_times"),
-                       attrs.get("t0"))
+                       attrs.get("t0"), bool(attrs.get("event_terminal", 0)))
     else:
         grids = getattr(initial, "grids", None)
         found = {key: getattr(initial, key, None) for key in ("rtol", "atol", "norm", *_IDENTITY)}
@@ -184,7 +207,8 @@ def recorded(initial) -> dict:
         found["context_length"] = None if grids is None else _length(grids.context_length)
         found.update(getattr(initial, "control", None) or {})
         stats = getattr(initial, "stats", None) or {}
-        h = fixed_step(stats.get("accepted"), stats.get("step_times"), getattr(initial, "t0", None))
+        h = fixed_step(stats.get("accepted"), stats.get("step_times"), getattr(initial, "t0", None),
+                       bool(getattr(initial, "event_terminal", False)))
     if found.get("rtol") is None:  # fixed steps: the step is part of the computation
         found.update(_step_entry(h, found.get("tokens") is not None))
     return {key: value for key, value in found.items() if value is not None}
