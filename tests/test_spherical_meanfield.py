@@ -221,8 +221,8 @@ def test_result_files_record_the_field():
     """A solve's file says which field made it: beta, noise and normalized, as the field has them
     (once left out, so a file could not tell two fields' densities apart)."""
     require("xarray")
-    zonal = ZonalMeanField(2.5, 4, 6, noise=0.125, normalized=False).solve(np.exp, 0.02, 0.005)
-    sphere = SphericalMeanField(-1.5, 4, noise=0.0625).solve(lambda x: np.exp(x[..., 0]), 0.1, 0.05)
+    zonal = ZonalMeanField(2.5, 4, 6, noise=0.125, normalized=False).solve(lambda s: 1 + 0.3 * s, 0.02, 0.005)
+    sphere = SphericalMeanField(-1.5, 4, noise=0.0625).solve(lambda x: 1 + 0.3 * x[..., 0], 0.1, 0.05)
     for solution, expected in ((zonal, (2.5, 0.125, 0)), (sphere, (-1.5, 0.0625, 1))):
         attrs = solution.to_xarray().attrs
         assert (attrs["beta"], attrs["noise"], attrs["normalized"]) == expected

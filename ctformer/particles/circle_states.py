@@ -120,8 +120,11 @@ class _CircleStates:
         xp = backend.xp
         if not bool(xp.all(xp.isfinite(rho))):
             raise ValueError(f"{name} has NaN or infinite values")
-        if float(xp.min(rho)) < 0 or float(xp.sum(rho)) <= 0:
-            raise ValueError(f"{name} must be a nonnegative density with positive mass")
+        with np.errstate(over="ignore"):  # values near 1e308: the mass overflows, refused below by name
+            total = float(xp.sum(rho))
+        if float(xp.min(rho)) < 0 or not 0 < total < math.inf:
+            raise ValueError(f"{name} must be a nonnegative density with positive, finite mass (sum of the "
+                             f"values {total:.3g}, min {float(xp.min(rho)):.3g}); rescale values near 1e308")
         return backend, rho
 
     def _restart_coefficients(self, u0):

@@ -53,6 +53,7 @@ import numpy as np
 
 from .. import solvers
 from ..backend import constant, floating_info, to_host
+from ..validation import boolean
 from .timegrid import (SolveInterrupted, Trajectory, check_memory, evolve_on, march,
                        restart_of,
                        saved_count, time_steps)
@@ -100,7 +101,8 @@ class SelfAttentionDynamics(_ParticleChecks, _FixedSystem):
     Raises
     ------
     TypeError
-        For a ``beta`` that is not a real number, complex or non-numeric matrices or weights.
+        For a ``beta`` that is not a real number, complex or non-numeric matrices or weights, or
+        a ``normalized`` other than True or False.
     ValueError
         For a non-finite ``beta``, inconsistent Q, K, V shapes, a bad mask or bad weights;
         for a dimension mismatch with the particles at :meth:`velocity` / :meth:`solve`, and
@@ -122,7 +124,7 @@ class SelfAttentionDynamics(_ParticleChecks, _FixedSystem):
         self.beta = _check_beta(beta)
         self.Q, self.K, self.V = _as_heads(Q, K, V)
         self.heads = len(self.Q)
-        self.normalized = bool(normalized)
+        self.normalized = boolean(normalized, "normalized")  # bool("False") would be SA
         self._mask_host = None
         if isinstance(mask, str):
             if mask != "causal":
@@ -311,7 +313,8 @@ class SelfAttentionDynamics(_ParticleChecks, _FixedSystem):
         positions = xp.empty((count, *x.shape), dtype=x.dtype, device=array_api_compat.device(x))
         positions[0, ...] = x
         return march(scheme, self.problem(x), x, steps, h, save_every, positions, what="particle",
-                     build=lambda times, kept: Trajectory(times=np.asarray(times), positions=kept))
+                     build=lambda times, kept: Trajectory(times=np.asarray(times), positions=kept, beta=float(self.beta),
+                                                          normalized=self.normalized, dt=h))
 
     def evolve(self, x0, t1, *, scheme="tsit5", rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL, dt=None,
                save_at=None, events=(), max_steps=DEFAULT_MAX_STEPS, controller=None, normalize=False,

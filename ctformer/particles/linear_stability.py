@@ -24,6 +24,7 @@ import numpy as np
 from scipy import special
 
 from .. import solvers
+from ..validation import boolean
 from .particle_checks import _check_beta
 
 __all__ = ["linear_growth_rate", "stability_function"]
@@ -74,6 +75,8 @@ def linear_growth_rate(k, beta, normalized=True, dimension=2, noise=0.0):
         For a ``beta`` that is not finite, wavenumbers that are not non-negative integers, a
         ``dimension`` below 2 or a negative ``noise``; for USA with :math:`|\beta| > 700`
         where ``dimension`` or ``noise`` is given.
+    TypeError
+        For a ``normalized`` other than True or False (``bool("False")`` would be SA).
     OverflowError
         USA on the circle without noise with :math:`|\beta|` above :func:`math.log` of the
         largest float64 (about 709.8), where :math:`e^{|\beta|}` overflows.
@@ -82,7 +85,7 @@ def linear_growth_rate(k, beta, normalized=True, dimension=2, noise=0.0):
         # every other sphere, or noise: the general formula (equal on the circle to rounding)
         from .sphere_basis import linear_growth_rate as on_the_sphere
         return on_the_sphere(k, beta, normalized, dimension, noise)
-    beta = _check_beta(beta)
+    beta, normalized = _check_beta(beta), boolean(normalized, "normalized")
     if not normalized and abs(beta) >= _LOG_FLOAT_MAX:
         raise OverflowError(f"USA (normalized=False) growth rates carry exp(|beta|) = exp({abs(beta)}), "
                             f"beyond the float64 range (|beta| < {_LOG_FLOAT_MAX:.1f}); use the "

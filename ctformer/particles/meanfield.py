@@ -57,7 +57,7 @@ from scipy import optimize, special
 
 from .. import solvers
 from ..backend import backend_of, constant, to_host
-from ..validation import integer
+from ..validation import boolean, integer
 from .circle_states import _NEGATIVE_TOLERANCE, MeanFieldSolution, ResolutionWarning, _CircleStates, _host_angles
 from .linear_stability import linear_growth_rate, stability_function
 from .particle_checks import _FixedSystem, _check_beta
@@ -97,7 +97,7 @@ class CircleMeanField(_CircleStates, _FixedSystem):
     ValueError
         For a non-finite ``beta`` (or :math:`|\beta| > 700` for USA) or ``n_modes`` < 4.
     TypeError
-        For a non-integer ``n_modes``.
+        For a non-integer ``n_modes``, or a ``normalized`` other than True or False.
 
     Notes
     -----
@@ -108,7 +108,7 @@ class CircleMeanField(_CircleStates, _FixedSystem):
 
     def __init__(self, beta, n_modes, normalized=True, backend=None):
         self.beta = _check_beta(beta)
-        self.normalized = bool(normalized)
+        self.normalized = boolean(normalized, "normalized")  # bool("False") would be SA
         if not self.normalized and abs(self.beta) > _USA_BETA_MAX:
             raise ValueError(
                 f"USA (normalized=False) needs |beta| <= {_USA_BETA_MAX}: its velocity carries the factor "

@@ -259,11 +259,12 @@ class SphericalMeanField(_FixedSystem):
                              f"got shape {values.shape}")
         if not np.all(np.isfinite(values)):
             raise ValueError(f"{name} has NaN or infinite values: it is not an integrable density")
-        mass = float(np.sum(values * self.weights))
-        if values.min() < 0 or mass <= 0:
-            raise ValueError(f"{name} must be a nonnegative density with positive mass (min {values.min():.3g}, "
-                             f"mass {mass:.3g})")
-        return self.analysis(values)
+        with np.errstate(over="ignore", invalid="ignore"):  # values near 1e308 overflow: refused below, by name
+            mass, alm = float(np.sum(values * self.weights)), self.analysis(values)
+        if values.min() < 0 or not (mass > 0 and np.all(np.isfinite(alm))):
+            raise ValueError(f"{name} must be a nonnegative density with positive mass whose coefficients fit "
+                             f"float64 (min {values.min():.3g}, mass {mass:.3g}); rescale values near 1e308")
+        return alm
 
     def stable_step(self, t1, scheme="rk4", mass: float = 1.0) -> float:
         """The circle's stable step for K = L (splitting schemes with noise: at most
@@ -298,7 +299,7 @@ class SphericalMeanField(_FixedSystem):
             if not resolved[0]:
                 return
             alm = u[: self.l.shape[0]]
-            power = self._power(alm)
+            power = self._power(alm / np.max(np.abs(alm)))  # scale-safe: |a|^2 is 0 below 1e-162, inf above 1e154
             tail = float(power[self.degree - self.degree // 4:].sum() / power.sum()) if self.degree >= 4 else 0.0
             lowest = float(self.synthesis(alm).min())
             if lowest < floor or tail > _TAIL_TOLERANCE:

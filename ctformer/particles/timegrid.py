@@ -42,10 +42,16 @@ class Trajectory(LabelledResult):
         Saved times, the first 0 and the last ``t1``.
     positions : array, shape (T, n, d) or (T, batch, n, d)
         Positions on the sphere at ``times`` (same array library as the initial condition).
+    beta, normalized, dt : float, bool, float or None
+        The inverse temperature and SA / USA of the system that solved it, and its step
+        (None: not recorded); written to the file's attributes.
     """
 
     times: np.ndarray
     positions: object
+    beta: float | None = None
+    normalized: bool | None = None
+    dt: float | None = None
 
     # field by field, arrays by entries (a pickled or copied trajectory equals its original)
     __eq__, __hash__ = solvers.solution.same_fields, None
@@ -95,7 +101,9 @@ def available_bytes(like):
 def check_memory(count: int, like, save_every: int, steps: int) -> None:
     """Refuse, before any step, ``count`` states like ``like`` beyond the free memory where it lives or
     the memory budget (``CTFORMER_MEMORY_BUDGET``; on the host by default half the available memory)."""
-    per_state = math.prod(like.shape) * (floating_info(like.dtype).bits // 8)
+    # finfo's bits are the real part's: a complex entry (circle, S^2 coefficients) holds two
+    parts = 2 if array_api_compat.array_namespace(like).isdtype(like.dtype, "complex floating") else 1
+    per_state = math.prod(like.shape) * parts * (floating_info(like.dtype).bits // 8)
     needed, free = count * per_state, available_bytes(like)
     device = getattr(getattr(like, "device", None), "type", "cpu") != "cpu" or array_api_compat.is_cupy_array(like)
     budget = _memory.memory_budget() if not device or os.environ.get(_memory.MEMORY_BUDGET_ENV) else None

@@ -62,8 +62,7 @@ from .meanfield import CircleMeanField, MeanFieldSolution, ResolutionWarning, ci
 from .particle_checks import _FixedSystem
 from .sphere_labelled import SphereLabelled, recorded_field, zonal_dataset
 from .sphere_basis import (GegenbauerBasis, check_beta, check_dimension, check_noise, check_size, gradient_multipliers,
-                           kernel_energy, kernel_multipliers,
-                           laplace_eigenvalues, linear_growth_rate, log_sphere_area, sphere_area)
+                           kernel_energy, kernel_multipliers, laplace_eigenvalues, linear_growth_rate, log_sphere_area, sphere_area)
 from .lawson import exact_noise, lawson_scheme
 from .timegrid import DEFAULT_ATOL, DEFAULT_MAX_STEPS, DEFAULT_RTOL, check_memory, evolve_coefficients, march, saved_count, time_steps
 
@@ -198,8 +197,7 @@ class ZonalMeanField(_FixedSystem):
 
     def __repr__(self) -> str:
         kind = "SA" if self.normalized else "USA"
-        return (f"ZonalMeanField({kind}, beta={self.beta}, dimension={self.dimension}, "
-                f"degree={self.degree}, noise={self.noise})")
+        return f"ZonalMeanField({kind}, beta={self.beta}, dimension={self.dimension}, degree={self.degree}, noise={self.noise})"
 
     @property
     def grid(self) -> np.ndarray:
@@ -287,7 +285,7 @@ class ZonalMeanField(_FixedSystem):
         Raises
         ------
         ValueError
-            For NaN or infinite values, a wrong shape, negative values or zero mass.
+            For NaN or infinite values, a wrong shape, negative values, zero mass or coefficients beyond float64.
         TypeError
             For complex or non-numeric values.
         """
@@ -303,10 +301,12 @@ class ZonalMeanField(_FixedSystem):
                              f"got shape {values.shape}")
         if not np.all(np.isfinite(values)):
             raise ValueError(f"{name} has NaN or infinite values: it is not an integrable density")
-        if values.min() < 0 or values @ self.basis.weights <= 0:
-            raise ValueError(f"{name} must be a nonnegative density with positive mass "
-                             f"(min {values.min():.3g}, mass {values @ self.basis.weights:.3g})")
-        return self.basis.project(values)
+        with np.errstate(over="ignore", invalid="ignore"):  # values near 1e308 overflow: refused below, by name
+            mass, c = values @ self.basis.weights, self.basis.project(values)
+        if values.min() < 0 or not (mass > 0 and np.all(np.isfinite(c))):
+            raise ValueError(f"{name} must be a nonnegative density with positive mass whose coefficients "
+                             f"fit float64 (min {values.min():.3g}, mass {mass:.3g}); rescale values near 1e308")
+        return c
 
     # -- stable steps --------------------------------------------------------------------------
     def stable_step(self, t1, scheme="rk4", mass: float = 1.0) -> float:
@@ -393,7 +393,7 @@ class ZonalMeanField(_FixedSystem):
         """Warn once when the density goes negative or its top degrees stop decaying."""
         lowest = float((self.basis.values @ c).min()) / (mass * self.uniform)
         top = c[self.degree - self.degree // 4:] if self.degree >= 4 else c[-1:]
-        tail = float(top @ top) / float(c @ c)
+        tail = (math.hypot(*top) / math.hypot(*c)) ** 2  # scale-safe: c @ c is 0 below |c| ~ 1e-162, inf above 1e154
         if lowest >= -_NEGATIVE_TOLERANCE and tail <= _TAIL_TOLERANCE:
             return True
         negative = lowest < -_NEGATIVE_TOLERANCE
