@@ -121,3 +121,27 @@ def test_a_converter_called_directly_keeps_the_results_own_attributes():
     trajectory = SelfAttentionDynamics(beta=1.0).solve(_sphere(), 0.5, dt=0.25)
     with pytest.raises(ValueError, match=r"ctformer_result \(the result's: 'Trajectory'\)"):
         labelled.trajectory_to_xarray(trajectory, attrs={"ctformer_result": "mine"})
+
+
+@pytest.mark.parametrize("name", ["rtol", "atol", "norm", "control", "steps_per_layer", "event_time"])
+def test_names_a_restart_reads_are_refused_even_where_the_result_writes_none(tmp_path, name):
+    # a fixed-step solve writes no rtol: attrs={"rtol": 1e-3} was written, and the file then
+    # claimed error control (a restart from it was refused with a confusing message)
+    system = SelfAttentionDynamics(beta=1.0)
+    fixed = system.evolve(_sphere(), 0.5, dt=0.1)
+    assert "rtol" not in fixed.to_xarray().attrs
+    with pytest.raises(ValueError, match=rf"{name}(_json)? \(read by a restart from the file\)"):
+        fixed.to_xarray(attrs={name: {"a": 1} if name == "control" else 1e-3})
+    ds = fixed.to_xarray(attrs={"run_rtol": 1e-3})   # another name is written as given
+    assert ds.attrs["run_rtol"] == 1e-3 and ds.attrs["dt"] == 0.1
+
+
+def test_an_attribute_and_its_json_twin_are_refused(tmp_path):
+    # open_dataset reads "x_json" back as "x": writing both kept one of them on reading
+    fixed = SelfAttentionDynamics(beta=1.0).evolve(_sphere(), 0.5, dt=0.1)
+    with pytest.raises(ValueError, match=r"both 'note' and 'note_json'.*keep one"):
+        fixed.to_xarray(attrs={"note": "a", "note_json": '{"b": 2}'})
+    with pytest.raises(ValueError, match=r"stats_rejected_json \(read back as the result's 'stats_rejected'\)"):
+        fixed.to_xarray(attrs={"stats_rejected_json": "[7]"})
+    back = labelled.open_dataset(labelled.to_netcdf(fixed, tmp_path / "f.nc", attrs={"note_json": '{"b": 2}'}))
+    assert back.attrs["note"] == {"b": 2} and back.attrs["stats_rejected"] == fixed.stats["rejected"]
