@@ -130,3 +130,15 @@ def test_particle_trajectories_record_their_system_and_refuse_a_string_normalize
     for bad in ("False", None):
         with pytest.raises(TypeError, match="normalized must be True or False"):
             SelfAttentionDynamics(beta=1.0, normalized=bad)
+
+
+def test_an_overflowing_negative_beta_energy_names_its_logarithm():
+    """beta < 0 refuses log=True (E < 0), yet the overflow message told users to pass it. For the
+    uniform density on S^2 (c_0 = 1, orthonormal), E = 4 pi sinh(beta) / (2 beta^2): at beta = -740,
+    log|E| = log(pi) + 740 - 2 log(740) (sinh(-740) = -e^740 / 2 in float64's reach of logs)."""
+    field = ZonalMeanField(-740.0, 3, 8)
+    with pytest.raises(OverflowError, match=r"E is negative \(beta < 0\), log\|E\| = (\S+), and log=True") as info:
+        field.energy(np.eye(9)[0])
+    reported = float(str(info.value).split("log|E| = ")[1].split(",")[0])
+    assert abs(reported - (math.log(math.pi) + 740.0 - 2 * math.log(740.0))) < 1e-12 * 740
+    assert abs(ZonalMeanField(740.0, 3, 8).energy(np.eye(9)[0], log=True) - reported) < 1e-12 * 740

@@ -250,8 +250,11 @@ def kernel_energy(power, beta, dimension, log=False):
     if log:
         return log_e
     if np.max(log_e, initial=-np.inf) >= math.log(np.finfo(np.float64).max):
-        raise OverflowError(f"the energy (1/(2 beta)) sum_l lambda_l |c_l|^2 = exp({np.max(log_e):.1f}) at "
-                            f"beta={beta} is beyond the float64 range; use energy(..., log=True) for log E")
+        # log=True is refused for beta < 0 (E < 0): there the message gives log|E| itself
+        remedy = ("use energy(..., log=True) for log E" if beta > 0 else
+                  f"E is negative (beta < 0), log|E| = {np.max(log_e):.17g}, and log=True needs beta > 0")
+        raise OverflowError(f"the energy (1/(2 beta)) sum_l lambda_l |c_l|^2 = {'-' if beta < 0 else ''}"
+                            f"exp({np.max(log_e):.1f}) at beta={beta} is beyond the float64 range; {remedy}")
     return np.sign(scaled) * math.copysign(1.0, beta) * np.exp(log_e)
 
 
