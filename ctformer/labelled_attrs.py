@@ -72,6 +72,8 @@ def set_attr(attrs: dict, name: str, value) -> None:
         return
     if isinstance(value, (bool, np.bool_)):
         attrs[name] = int(value)
+    elif isinstance(value, int) and not -2 ** 63 <= value < 2 ** 63:  # no netCDF type holds it: JSON, exact
+        attrs[f"{name}_json"] = as_json(value)
     elif isinstance(value, (str, int, float, np.integer, np.floating)):
         attrs[name] = value.item() if isinstance(value, np.generic) else value
     elif isinstance(value, (list, tuple, np.ndarray)) and np.asarray(value).dtype.kind in "iuf" \

@@ -145,3 +145,13 @@ def test_an_attribute_and_its_json_twin_are_refused(tmp_path):
         fixed.to_xarray(attrs={"stats_rejected_json": "[7]"})
     back = labelled.open_dataset(labelled.to_netcdf(fixed, tmp_path / "f.nc", attrs={"note_json": '{"b": 2}'}))
     assert back.attrs["note"] == {"b": 2} and back.attrs["stats_rejected"] == fixed.stats["rejected"]
+
+
+def test_an_integer_beyond_int64_is_written_and_read_back_exactly(tmp_path):
+    # no netCDF type holds 2**70: h5py had failed ("Object dtype has no native HDF5 equivalent")
+    fixed = SelfAttentionDynamics(beta=1.0).evolve(_sphere(), 0.5, dt=0.1)
+    big, small = 2 ** 70 + 1, -(2 ** 63)
+    path = labelled.to_netcdf(fixed, tmp_path / "big.nc", attrs={"seed": big, "offset": small})
+    back = labelled.open_dataset(path)
+    assert back.attrs["seed"] == big and type(back.attrs["seed"]) is int
+    assert back.attrs["offset"] == small
