@@ -39,10 +39,11 @@ def effective_order(result) -> float:
     -------
     float
         ``2 q`` when ``result.gauss_points`` is ``q`` (Galerkin elements refined in the hidden
-        variable), else ``result.expected_order`` (``inf`` for spectral rules); NaN when the
+        variable) and no ``result.limitation`` lowers it, else ``result.expected_order`` (``inf`` for spectral rules); NaN when the
         study has no consistent limit.
     """
     if not result.consistent_limit:
         return float("nan")
     q = result.gauss_points
-    return float(2 * q) if q else float(result.expected_order)
+    # a limitation (piecewise-constant kernels) caps the composite rule too: its expected_order
+    return float(2 * q) if q and not result.limitation else float(result.expected_order)

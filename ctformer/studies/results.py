@@ -201,6 +201,8 @@ class ConvergenceResult(LabelledResult):
             "limitation": self.limitation,
             "min_feature_std": clean(self.min_feature_std), "wall_seconds": self.wall_seconds,
             "parameters": self.parameters, "table": [self._row_dict(r) for r in self.table],
+            # the floor the fit left errors out at: a float32 study read back keeps it
+            "floor": clean(self.floor), "rounding": clean(self.rounding),
         }
 
     def _row_dict(self, row) -> dict:
@@ -241,7 +243,8 @@ class ConvergenceResult(LabelledResult):
                    norm=data["norm"], min_feature_std=number(data["min_feature_std"], math.nan),
                    wall_seconds=data["wall_seconds"], parameters=data.get("parameters", {}),
                    consistent_limit=data.get("consistent_limit", True),
-                   gauss_points=data.get("gauss_points"), limitation=data.get("limitation"))
+                   gauss_points=data.get("gauss_points"), limitation=data.get("limitation"),
+                   floor=data.get("floor"), rounding=data.get("rounding"))
 
     @classmethod
     def from_json(cls, path) -> "ConvergenceResult":

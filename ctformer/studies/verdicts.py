@@ -96,9 +96,9 @@ def headline(result) -> str:
                + (" (the finest level is the reference)" if result.reference == "finest" else "")
                + (f"; the error is 0 at {zeros} level(s), which the fit leaves out"
                   if zeros else ""))
-        return f"{why}; expected {result.expected_order:g}"
+        return f"{why}; expected {effective_order(result):g}"
     q = result.gauss_points
-    if q:
+    if q and not result.limitation:  # a limitation (jumping kernels) caps the Gauss rule too
         return (f"observed order {observed} (expected {2 * q}: the hidden variable carries no "
                 f"state and enters only the FFN integral, which {result.method} evaluates at {q} "
                 f"Gauss points per element - a composite Gauss rule of order {2 * q}; the "
