@@ -20,6 +20,7 @@ from .discretizations import memory as _memory
 from .model_inputs import check_padding_mask, check_steps
 from .shared_tensors import check_unchanged
 from .solvers.controller import DEFAULT_ATOL, DEFAULT_MAX_STEPS, DEFAULT_RTOL, is_default
+from .solvers.events import check_events
 from .solvers.restart import restart_point
 from .solvers.restart_identity import computation, mask_digest, model_fingerprint, recorded, refuse_another
 from .solvers.runge_kutta import summing
@@ -44,8 +45,9 @@ def controller_for(rtol, atol, controller, max_steps, *, marked=False):
         raise TypeError(f"controller must be a ctformer.solvers.PIController or None, got "
                         f"{type(controller).__name__}")
     given = {"rtol": (rtol, 1e-6), "atol": (atol, 1e-9), "max_steps": (max_steps, 100_000)}
+    # an array of several values is no setting of the controller (its != is no bool either)
     clash = [f"{name}={value!r}" for name, (value, default) in given.items()
-             if _passed(value, default, marked) and value != getattr(controller, name)]
+             if _passed(value, default, marked) and (np.ndim(value) != 0 or bool(value != getattr(controller, name)))]
     if clash:
         raise ValueError(f"{', '.join(clash)} contradict{'s' if len(clash) == 1 else ''} the "
                          f"controller's ({controller!r}); set them on the controller only")
@@ -153,7 +155,7 @@ def evolve(model, u0, *, tokens, features, head_features=None, hidden=None, sche
     # large NumPy states on torch's threads, where its products run (the same bits)
     with fixed_threads(), summing(threaded_add):
         return solvers.integrate(problem, u, control, scheme=integrator, save_at=save_at,
-                                 events=tuple(events), weights=weights,
+                                 events=check_events(events), weights=weights,
                                  order=None if steps_per_layer is not None else integrator.order(model),
                                  what="the state", layered=True,
                                  checkpoint=checkpoint,

@@ -271,7 +271,7 @@ def evolve_on(problem, state, t1, *, scheme, rtol, atol, dt, save_at, events, ma
         refuse_another(recorded(initial), computation(fingerprint, control))
     with fixed_threads():
         solution = solvers.integrate(solvers.Piecewise.single(problem, t_end, t0), state, control,
-                                     scheme=scheme, save_at=save_at, events=tuple(events),
+                                     scheme=scheme, save_at=save_at, events=solvers.events.check_events(events),
                                      order=scheme.nominal_order, what=f"the {what} solution", hint=hint,
                                      start=start, memory=_memory, interpolant=interpolant,  # memory: saved states
                                      labels={"axes": axes, "time_axis": "time", "model_fingerprint": fingerprint})

@@ -29,7 +29,7 @@ from scipy.optimize import brentq
 
 from .. import validation
 
-__all__ = ["Event", "Tracker", "evaluate_condition", "locate"]
+__all__ = ["Event", "Tracker", "check_events", "evaluate_condition", "locate"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,22 @@ class Event:
         return math.inf if self.terminal is False else float(self.terminal)
 
 
+def check_events(events) -> tuple:
+    """``events`` as a tuple of :class:`Event`, refusing by name anything else (a bare function
+    would fail deep inside the solve, on its missing ``condition``)."""
+    if isinstance(events, Event) or callable(events) or not hasattr(events, "__iter__"):
+        raise TypeError(f"events must be a sequence of ctformer.Event, got "
+                        f"{type(events).__name__}; pass events=[ctformer.Event(condition)]")
+    events = tuple(events)
+    for i, e in enumerate(events):
+        if not isinstance(e, Event):
+            name = getattr(e, "__name__", "")
+            remedy = (f"wrap it: ctformer.Event({name if name.isidentifier() else 'condition'})"
+                      if callable(e) else "pass ctformer.Event(condition)")
+            raise TypeError(f"events[{i}] must be a ctformer.Event, got {type(e).__name__}; {remedy}")
+    return events
+
+
 def evaluate_condition(event: Event, t: float, u, index: int) -> float:
     """``event.condition(t, u)`` as a float, refusing a non-scalar or non-real value by name."""
     value = event.condition(t, u)
@@ -169,7 +185,7 @@ class Tracker:
     """
 
     def __init__(self, events, before=None, restart: bool = False):
-        self.events = tuple(events)
+        self.events = check_events(events)
         if before is not None and len(before) != len(self.events):
             if any(e.terminal is not True and e.terminal is not False for e in self.events):
                 raise ValueError(f"events: the saved solve had {len(before)} events, this one "

@@ -12,9 +12,8 @@ fields and the adjoint, with
 - a :class:`~ctformer.solvers.controller.PIController`: embedded pairs estimate their error
   themselves, every other scheme by step doubling (:mod:`ctformer.solvers.steppers`).
 
-Saved states (:class:`~ctformer.solvers.solution.SaveAt`), events
-(:class:`~ctformer.solvers.events.Event`) and Ctrl-C (:class:`SolveInterrupted`, with what was
-computed) are handled here once for all of them.
+Saved states (:class:`~ctformer.solvers.solution.SaveAt`), events (:class:`~ctformer.solvers.events.Event`)
+and Ctrl-C (:class:`SolveInterrupted`, with what was computed) are handled here once for all of them.
 """
 from __future__ import annotations
 
@@ -83,8 +82,7 @@ class Piecewise:
         if not (math.isfinite(t0) and math.isfinite(t1)):
             raise ValueError(f"t0 and t1 must be finite, got t0={t0!r}, t1={t1!r}")
         if not t0 < t1:
-            raise ValueError(f"the interval [t0, t1] = [{t0!r}, {t1!r}] is empty: t1 must exceed "
-                             f"the depth the solve starts from")
+            raise ValueError(f"the interval [t0, t1] = [{t0!r}, {t1!r}] is empty: t1 must exceed the depth the solve starts from")
         return cls((t0, t1), (problem,))
 
     @property
@@ -93,17 +91,20 @@ class Piecewise:
 
 
 class _Counter:
-    """Sub-flow evaluations of every segment's problem (for ``stats['rhs_evaluations']``)."""
+    """Sub-flow calls by flow count ``k`` (``stats['rhs_evaluations']``: ``k`` calls a right-hand side)."""
 
     def __init__(self):
-        self.calls = 0
+        self.calls = {}
 
     def wrap(self, problem):
         from .base import SplitProblem
 
+        k = len(problem.flows)
+        self.calls.setdefault(k, 0)
+
         def counted(f):  # a bare closure: functools.wraps took 2.5 us per flow and solve
             def flow(u):
-                self.calls += 1
+                self.calls[k] += 1
                 return f(u)
             return flow
 
@@ -181,6 +182,8 @@ def integrate(problem: Piecewise, u0, control, *, scheme, save_at: SaveAt | None
     SolveInterrupted
         On Ctrl-C, with the solution so far.
     """
+    if save_at is not None and not isinstance(save_at, SaveAt):  # else an AttributeError deep inside
+        raise TypeError(f"save_at must be a ctformer.SaveAt or None, got {type(save_at).__name__}; pass e.g. save_at=ctformer.SaveAt(times=[...])")
     save_at = SaveAt() if save_at is None else save_at
     counter = _Counter()
     problem = Piecewise(problem.boundaries, tuple(counter.wrap(p) for p in problem.problems))
@@ -228,9 +231,6 @@ class _Run:
         self.step_sizes, self.step_errors = [], []  # after each accepted step: for restarts
 
     # -- shared -----------------------------------------------------------------------------
-    def _xp(self):
-        return array_api_compat.array_namespace(self.u)
-
     def _start_events(self, t, u):
         self.tracker.start(t, u)
 
@@ -281,7 +281,7 @@ class _Run:
                 self.u = _segment(self.scheme, problem, self.u, steps, h, checkpoint)
                 self.done += steps
                 self.t = b
-                self.step_times.append(b)
+                self.step_times.extend([a + s * h for s in range(1, steps)] + [b])  # as _fixed_segment
                 self._nonfinite(a, b, h)
                 self.saver.boundary(b, self.u)
                 continue
@@ -325,9 +325,9 @@ class _Run:
             elapsed = time.perf_counter() - began
             if failed is not None:
                 self._raise_nonfinite(*chunk[failed])
-            for _, b, _ in chunk:
+            for a, b, h in chunk:
                 self.done += steps
-                self.step_times.append(b)
+                self.step_times.extend([a + s * h for s in range(1, steps)] + [b])
             for (_, b, _), u in zip(chunk if layers else chunk[-1:], states):
                 self.saver.boundary(b, u)
             self.u, self.t = states[-1], chunk[-1][1]
@@ -356,7 +356,7 @@ class _Run:
         controlled = isinstance(control, PIController)
         stats = {"accepted": self.accepted if controlled or self.accepted else self.done,
                  "rejected": self.rejected,
-                 "rhs_evaluations": self.counter.calls / len(self.problem.problems[0].flows),
+                 "rhs_evaluations": sum(c / k for k, c in self.counter.calls.items()),
                  "step_times": np.asarray(self.step_times, dtype=np.float64),
                  "initial_step": self.h0,
                  "events": list(self.tracker.fired)}

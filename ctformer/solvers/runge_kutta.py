@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .base import Scheme, SplitProblem, check_dt, register
+from .base import Scheme, SplitProblem, available, check_dt, register
 from .butcher import (TABLEAUS, ButcherTableau, _check_dense, _check_error, _check_fsal,  # noqa: F401
                       _check_shape, _close, _floats, _paired)
 from .combination import _IN_PLACE_MIN, _SUMMING, _combine, summing  # noqa: F401
@@ -98,13 +98,16 @@ def register_tableau(tableau: ButcherTableau, scheme: type | None = None) -> But
     TypeError
         If ``tableau`` is not a :class:`ButcherTableau`.
     ValueError
-        If a tableau of that name is registered already.
+        If a tableau or a scheme of that name is registered already.
     """
     if not isinstance(tableau, ButcherTableau):
         raise TypeError(f"tableau must be a ButcherTableau, got {type(tableau).__name__}")
     if tableau.name in TABLEAUS:
         raise ValueError(f"a tableau named {tableau.name!r} is registered already; choose another "
                          "name")
+    if tableau.name in available():  # a splitting scheme's name: get() would give this method
+        raise ValueError(f"tableau name {tableau.name!r} is the name of a registered scheme "
+                         f"({', '.join(available())}); choose another name")
     if scheme is None:
         scheme = type(tableau.name.capitalize(), (RungeKutta,),
                       {"__doc__": f"The Runge-Kutta method {tableau.name!r} on the full right-hand "
