@@ -298,7 +298,7 @@ def rows_product(a, b, bias=None, prepared=None):
                 (inside or threaded_products()):
             out = np.empty((*a.shape[:-1], b.shape[1]), dtype=a.dtype)
             rows, flat = a.reshape(-1, a.shape[-1]), out.reshape(-1, b.shape[1])
-            if inside and not _strides_ok(rows, b):
+            if not _strides_ok(rows, b):  # torch.from_numpy refuses negative strides
                 return plus_bias(np.matmul(rows, b, out=flat).reshape(out.shape), bias)
             torch = _torch()
             ta, tb, tout = _tensor(torch, rows), _tensor(torch, b), _tensor(torch, flat)
