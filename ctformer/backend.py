@@ -297,6 +297,11 @@ def _convert(value, like, namespace):
     # other namespaces (torch, array_api_strict) get their own writable copy
     value = np.array(value)
     device = array_api_compat.device(like)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor) and torch.is_inference_mode_enabled():
+        # cached for every later solve: an inference tensor would poison autograd solves
+        with torch.inference_mode(False):
+            return xp.asarray(value, dtype=like.dtype if floating else None, device=device)
     if floating:
         return xp.asarray(value, dtype=like.dtype, device=device)
     return xp.asarray(value, device=device)

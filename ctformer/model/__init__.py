@@ -40,8 +40,8 @@ from ..state import Grids
 # Block, parameter checks and a solve's steps have modules of their own; old names stay importable.
 from . import block
 from .block import PLACEMENTS, Block, _compose
-from .checks import (_check_shared, _check_parameter_names, _check_parameter_shape, _check_tensor_kinds,
-                     _checked_parameter, _checked_parameters, _device)
+from .checks import (_check_shared, _copy_to_assign, _check_parameter_names, _check_parameter_shape,
+                     _check_tensor_kinds, _checked_parameter, _checked_parameters, _device)
 from .solving import DEFAULT_STEPS_PER_LAYER as _ONE_STEP, _Solving, _on_state_device
 
 __all__ = ["Block", "ContinuousTransformer", "InconsistentDepthLimitWarning", "PLACEMENTS"]
@@ -169,10 +169,8 @@ class ContinuousTransformer(_Solving):
             For an array of another shape, one holding NaN or inf, a NumPy value beside tensors
             that overflows their dtype, or names of one weight shared by layers given two values.
         """
-        import copy
-
         checked = _checked_parameters(self, params)
-        model = copy.deepcopy(self)
+        model = _copy_to_assign(self)
         for name, value in checked.items():
             assign_parameter(model, name, value)
         return _check_shared(model, checked)

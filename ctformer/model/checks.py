@@ -45,6 +45,9 @@ def _checked_parameter(name: str, value, shape: tuple):
         if not bool(xp.all(xp.isfinite(value))):
             raise ValueError(f"{what} holds NaN or inf; parameters must be finite")
         return value
+    if np.ma.is_masked(value):  # np.asarray would silently use the hidden entries
+        raise ValueError(f"{what} is a masked array with masked entries; a parameter has a value "
+                         f"at every entry: pass {what}.filled(value)")
     array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic, Real, list, tuple)) \
         else None
     if array is None or array.dtype.kind not in "iuf":
@@ -128,6 +131,15 @@ def _checked_parameters(model, params) -> dict:
                for name, value in params.items()}
     _check_tensor_kinds(checked)
     return _as_tensors_like(checked)
+
+
+def _copy_to_assign(model):
+    """A deep copy of ``model`` whose every parameter is assigned next: its tensor parameters
+    are kept, not copied (torch deep-copies graph leaves only: a tensor computed from one, a
+    reparametrized weight, raised), as the assignment replaces each of them anyway."""
+    import copy
+
+    return copy.deepcopy(model, {id(v): v for v in model.parameters().values() if not is_host(v)})
 
 
 def _check_shared(model, given: dict):
